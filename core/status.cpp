@@ -1,0 +1,35 @@
+#include "kvstream/status.hpp"
+
+namespace kvstream {
+
+std::string_view status_code_name(StatusCode code) noexcept {
+  switch (code) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::invalid_argument: return "invalid_argument";
+    case StatusCode::out_of_range: return "out_of_range";
+    case StatusCode::not_found: return "not_found";
+    case StatusCode::already_exists: return "already_exists";
+    case StatusCode::corrupt_data: return "corrupt_data";
+    case StatusCode::unsupported: return "unsupported";
+    case StatusCode::unavailable: return "unavailable";
+    case StatusCode::timed_out: return "timed_out";
+    case StatusCode::cancelled: return "cancelled";
+    case StatusCode::permission_denied: return "permission_denied";
+    case StatusCode::io_error: return "io_error";
+    case StatusCode::resource_exhausted: return "resource_exhausted";
+    case StatusCode::internal: return "internal";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (ok()) return "ok";
+  return fmt::format("{}: {}", status_code_name(code_), message_);
+}
+
+Status Status::with_context(std::string_view context) const {
+  if (ok()) return *this;
+  return Status(code_, fmt::format("{}: {}", context, message_));
+}
+
+}  // namespace kvstream
