@@ -302,6 +302,38 @@ Status Model::forward(State& st, std::span<const int> tokens, std::span<float> l
   return {};
 }
 
+std::vector<float> Model::kv_sensitivity() const {
+  const int D = cfg_.dim, KV = cfg_.kv_dim(), hs = cfg_.head_size(), group = cfg_.n_heads / cfg_.n_kv_heads;
+  std::vector<float> w(size_t(cfg_.n_layers) * 2 * KV, 0.0f);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const Layer& ly = layers_[l];
+    float* k = &w[size_t(l) * 2 * KV];
+    float* v = k + KV;
+    for (int j = 0; j < KV; ++j) {
+      const int g = j / hs, d = j % hs;
+      double e = 0;
+      for (int h = g * group; h < (g + 1) * group; ++h) {
+        const int o = h * hs + d;  // query channel that multiplies K channel j
+        for (int i = 0; i < D; ++i) {
+          const double wq = ly.wq[size_t(i) * D + o] * ly.rms_att[i];  // wq stored transposed: [in][out]
+          e += wq * wq;
+        }
+      }
+      k[j] = float(e);
+      double c = 0;
+      for (int h = g * group; h < (g + 1) * group; ++h)
+        for (int r = 0; r < D; ++r) {
+          const double wo = ly.wo[size_t(h * hs + d) * D + r];  // column (h*hs+d) of wo
+          c += wo * wo;
+        }
+      v[j] = float(c / group);
+    }
+    // RoPE mixes each (2i, 2i+1) pair across positions: give both the pair's mean.
+    for (int j = 0; j + 1 < KV; j += 2) k[j] = k[j + 1] = 0.5f * (k[j] + k[j + 1]);
+  }
+  return w;
+}
+
 Result<kvstream::KvCache> Model::calculate_kv(std::span<const int> tokens) const {
   State st(*this);
   KVS_RETURN_IF_ERROR(forward(st, tokens, {}));

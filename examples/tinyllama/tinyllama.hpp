@@ -109,6 +109,12 @@ class Model {
   /// early when the model emits BOS, as llama2.c does.
   [[nodiscard]] Result<std::vector<int>> generate_with_kv(const kvstream::KvView& kv, std::span<const int> tokens,
                                                           int n) const;
+  /// A weights-only sensitivity estimate per (layer, plane, channel), laid out as
+  /// [layer][K|V][channel]: for K, the energy the query heads sharing a KV head put on
+  /// the channel (assuming unit-RMS normalised inputs), averaged over its RoPE pair;
+  /// for V, the squared norm of the output-projection column the channel feeds.
+  [[nodiscard]] std::vector<float> kv_sensitivity() const;
+
   /// Greedy continuation without a cache.
   [[nodiscard]] Result<std::vector<int>> generate(std::span<const int> tokens, int n) const;
 

@@ -1,0 +1,39 @@
+// The chunk bitstream's header: layout, writing and checked parsing.
+// The format is documented in docs/bitstream.md; keep the two in step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvstream/codec.hpp"
+
+namespace kvstream::codec {
+
+inline constexpr char kChunkMagic[4] = {'K', 'V', 'S', 'C'};
+inline constexpr uint16_t kChunkVersion = 1;
+inline constexpr size_t kChunkHeaderBytes = 64;  // fixed part, before the substream length table
+inline constexpr uint32_t kMaxChunkTokens = 1u << 20;
+inline constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 36;
+
+/// Header fields, as written. `substream_bytes` has layers * planes entries.
+struct ChunkHeader {
+  ChunkInfo info;
+  uint16_t group_size = 0;
+  uint8_t flags = 0;  // bit 0: K coded before RoPE
+  std::vector<uint32_t> substream_bytes;
+};
+
+/// Reserves the header and length table at the front of `out` (from `at`); the
+/// caller fills the substreams after it, then calls finish_header.
+void begin_header(std::vector<uint8_t>& out, size_t at, uint32_t substreams);
+/// Writes the header fields, lengths and both checksums into the reserved space.
+void finish_header(std::vector<uint8_t>& out, size_t at, const ChunkHeader& h);
+
+/// Parses and checks the header and lengths (not the payload checksum). On success
+/// `payload_offset` is where the first substream begins.
+Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload_offset);
+/// Verifies the payload checksum of a stream whose header parsed.
+Status verify_payload(std::span<const uint8_t> bytes, size_t payload_offset);
+
+}  // namespace kvstream::codec

@@ -1,0 +1,176 @@
+// Chunk decoder (CPU): entropy-decode each (layer, plane) substream into int8
+// symbols, dequantize row by row (mirroring the encoder's closed loop), redo RoPE on
+// K, and store each row straight into the caller's KV view.
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "codec/bitstream.hpp"
+#include "codec/byte_io.hpp"
+#include "codec/chunk_plan.hpp"
+
+namespace kvstream::codec {
+
+struct DecodeScratch::Impl {
+  std::vector<int8_t> plain, anchors;
+  std::vector<float> row, pred;
+  std::vector<uint32_t> out_index;
+  std::vector<float> out_value;
+  MatrixPlan plan;
+  RopeTable rope;
+};
+
+DecodeScratch::DecodeScratch() : impl_(std::make_unique<Impl>()) {}
+DecodeScratch::~DecodeScratch() = default;
+DecodeScratch::DecodeScratch(DecodeScratch&&) noexcept = default;
+DecodeScratch& DecodeScratch::operator=(DecodeScratch&&) noexcept = default;
+
+namespace {
+
+// Kept out of line and cloned for AVX2 so the loop vectorises on either machine.
+__attribute__((target_clones("avx2", "default"))) void dequant_row(const int8_t* q, const float* pred,
+                                                                    const float* step, float* out, uint32_t n) {
+  for (uint32_t c = 0; c < n; ++c) out[c] = pred[c] + float(q[c]) * step[c];
+}
+
+struct ChunkContext {
+  const Profile::Impl* p;
+  std::span<const uint8_t> bytes;
+  const ChunkHeader* h;
+  std::vector<size_t> offsets;  // start of each substream in bytes
+  const KvView* out;
+};
+
+Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScratch::Impl& s) {
+  const Profile::Impl& p = *cx.p;
+  const uint32_t C = p.geom.channels(), T = cx.h->info.tokens, G = p.group_size;
+  const size_t si = size_t(l) * p.geom.planes() + pl;
+  const std::span<const uint8_t> sub = cx.bytes.subspan(cx.offsets[si], cx.h->substream_bytes[si]);
+  auto where = [&] { return fmt::format("layer {} plane {}", l, pl); };
+
+  MatrixPlan& plan = s.plan;
+  plan.build(p, cx.h->info.level, l, pl);
+  const uint32_t n_anchor_rows = plan.has_anchor ? (T + G - 1) / G : 0;
+  const uint32_t n_plain_rows = T - n_anchor_rows;
+
+  ByteReader r(sub, "substream");
+  const uint32_t n_out = r.get<uint32_t>();
+  if (!r.ok() || uint64_t(n_out) > uint64_t(T) * C || uint64_t(n_out) * 8 > r.rest().size())
+    return make_status(StatusCode::corrupt_data, "{}: bad outlier count", where());
+  s.out_index.resize(n_out), s.out_value.resize(n_out);
+  for (uint32_t i = 0; i < n_out; ++i) {
+    s.out_index[i] = r.get<uint32_t>();
+    s.out_value[i] = r.get<float>();
+    if (uint64_t(s.out_index[i]) >= uint64_t(T) * C || (i > 0 && s.out_index[i] <= s.out_index[i - 1]) || !std::isfinite(s.out_value[i]))
+      return make_status(StatusCode::corrupt_data, "{}: bad outlier {}", where(), i);
+  }
+  std::span<const uint8_t> rest = r.rest();
+  const RansTables& tables = *p.levels[cx.h->info.level].rans;
+  s.plain.resize(size_t(n_plain_rows) * C);
+  s.anchors.resize(size_t(n_anchor_rows) * C);
+  if (n_plain_rows) {
+    KVS_ASSIGN_OR_RETURN(size_t len, rans_coded_size(rest));
+    if (len > rest.size()) return make_status(StatusCode::corrupt_data, "{}: truncated symbols", where());
+    Status st = rans_decode(tables, {plan.table_plain, C}, rest.first(len), s.plain.data(), n_plain_rows, C);
+    if (!st.ok()) return st.with_context(where());
+    rest = rest.subspan(len);
+  }
+  if (n_anchor_rows) {
+    KVS_ASSIGN_OR_RETURN(size_t len, rans_coded_size(rest));
+    if (len > rest.size()) return make_status(StatusCode::corrupt_data, "{}: truncated anchors", where());
+    Status st = rans_decode(tables, {plan.table_anchor, C}, rest.first(len), s.anchors.data(), n_anchor_rows, C);
+    if (!st.ok()) return st.with_context(where());
+    rest = rest.subspan(len);
+  }
+  if (!rest.empty()) return make_status(StatusCode::corrupt_data, "{}: {} trailing bytes", where(), rest.size());
+
+  const bool rotate = unrotates(p, pl);
+  s.row.resize(C);
+  s.pred.assign(plan.base.begin(), plan.base.end());
+  size_t next_out = 0;
+  for (uint32_t t = 0; t < T; ++t) {
+    const bool arow = plan.has_anchor && is_anchor_row(t, G);
+    const int8_t* q = arow ? &s.anchors[size_t(t / G) * C] : &s.plain[size_t(plain_row(t, G, plan.has_anchor)) * C];
+    dequant_row(q, arow ? plan.base.data() : s.pred.data(), plan.step.data(), s.row.data(), C);
+    for (; next_out < n_out && s.out_index[next_out] / C == t; ++next_out)
+      s.row[s.out_index[next_out] % C] = s.out_value[next_out];
+    if (arow)
+      for (uint32_t c = 0; c < C; ++c)
+        if (plan.anchor[c]) s.pred[c] = s.row[c];
+    if (rotate) s.rope.rotate(s.row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, false);
+    cx.out->store_row(l, pl, t, s.row.data());
+  }
+  return {};
+}
+
+Result<ChunkContext> open_chunk(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
+                                ChunkHeader& h) {
+  const Profile::Impl& p = profile.impl();
+  size_t off = 0;
+  KVS_ASSIGN_OR_RETURN(h, parse_header(bytes, &off));
+  if (h.info.profile_hash != p.hash)
+    return make_status(StatusCode::invalid_argument,
+                       "chunk was encoded with codec profile {:016x}, not with this one ({:016x})",
+                       h.info.profile_hash, p.hash);
+  if (!(h.info.geometry == p.geom) || h.group_size != p.group_size || (h.flags & 1) != uint8_t(p.k_before_rope))
+    return make_status(StatusCode::corrupt_data, "chunk header disagrees with its own profile");
+  if (h.info.level >= p.levels.size())
+    return make_status(StatusCode::corrupt_data, "chunk level {} of a {}-level profile", h.info.level, p.levels.size());
+  if (!(out.geometry() == p.geom))
+    return make_status(StatusCode::invalid_argument, "output view geometry does not match the chunk");
+  if (out.tokens() != h.info.tokens)
+    return make_status(StatusCode::invalid_argument, "output view has {} tokens, the chunk {}", out.tokens(),
+                       h.info.tokens);
+  KVS_RETURN_IF_ERROR(verify_payload(bytes, off));
+  ChunkContext cx{&p, bytes, nullptr, {}, &out};
+  for (uint32_t len : h.substream_bytes) {
+    cx.offsets.push_back(off);
+    off += len;
+  }
+  return cx;
+}
+
+}  // namespace
+
+Status decode_chunk(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
+                    DecodeScratch* scratch) {
+  ChunkHeader h;
+  KVS_ASSIGN_OR_RETURN(ChunkContext cx, open_chunk(profile, bytes, out, h));
+  cx.h = &h;
+  DecodeScratch local;
+  DecodeScratch::Impl& s = scratch ? scratch->impl() : local.impl();
+  const Profile::Impl& p = profile.impl();
+  if (unrotates(p, 0)) s.rope.build(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens);
+  for (uint32_t l = 0; l < p.geom.layers; ++l)
+    for (uint32_t pl = 0; pl < p.geom.planes(); ++pl) KVS_RETURN_IF_ERROR(decode_matrix(cx, l, pl, s));
+  return {};
+}
+
+Status decode_chunk_parallel(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
+                             unsigned threads) {
+  if (threads <= 1) return decode_chunk(profile, bytes, out);
+  ChunkHeader h;
+  KVS_ASSIGN_OR_RETURN(ChunkContext cx, open_chunk(profile, bytes, out, h));
+  cx.h = &h;
+  const Profile::Impl& p = profile.impl();
+  const uint32_t n = p.geom.layers * p.geom.planes();
+  std::atomic<uint32_t> next{0};
+  std::vector<Status> errors(threads);
+  auto work = [&](unsigned id) {
+    DecodeScratch scratch;
+    DecodeScratch::Impl& s = scratch.impl();
+    if (unrotates(p, 0)) s.rope.build(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens);
+    for (uint32_t i; (i = next.fetch_add(1)) < n;) {
+      Status st = decode_matrix(cx, i / p.geom.planes(), i % p.geom.planes(), s);
+      if (!st.ok() && errors[id].ok()) errors[id] = st;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& t : pool) t.join();
+  for (const Status& e : errors) KVS_RETURN_IF_ERROR(e);
+  return {};
+}
+
+}  // namespace kvstream::codec

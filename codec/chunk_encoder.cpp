@@ -1,0 +1,99 @@
+// Chunk encoder: predict, quantize (closed loop, so the encoder's reconstruction is
+// exactly the decoder's), entropy-code each (layer, plane) as an independent substream.
+#include <cstring>
+
+#include "codec/bitstream.hpp"
+#include "codec/byte_io.hpp"
+#include "codec/chunk_plan.hpp"
+
+namespace kvstream::codec {
+
+namespace {
+
+struct Outlier {
+  uint32_t index;  // t * channels + c
+  float value;
+};
+
+// Encodes one (layer, plane) of the chunk and appends its substream to `out`.
+Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level, uint32_t l, uint32_t pl,
+                     const RopeTable* rope, std::vector<uint8_t>& out) {
+  const uint32_t C = p.geom.channels(), T = uint32_t(chunk.tokens()), G = p.group_size;
+  MatrixPlan plan;
+  plan.build(p, level, l, pl);
+  const uint32_t n_anchor_rows = plan.has_anchor ? (T + G - 1) / G : 0;
+  std::vector<int8_t> plain(size_t(T - n_anchor_rows) * C), anchors(size_t(n_anchor_rows) * C);
+  std::vector<Outlier> outliers;
+  std::vector<float> row(C), anchor_recon(C, 0.0f);
+  for (uint32_t t = 0; t < T; ++t) {
+    chunk.load_row(l, pl, t, row.data());
+    if (rope) rope->rotate(row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
+    const bool arow = plan.has_anchor && is_anchor_row(t, G);
+    int8_t* sym = arow ? &anchors[size_t(t / G) * C] : &plain[size_t(plain_row(t, G, plan.has_anchor)) * C];
+    for (uint32_t c = 0; c < C; ++c) {
+      const float pred = plan.anchor[c] && !arow ? anchor_recon[c] : plan.base[c];
+      const int q = quantize(row[c] - pred, plan.inv[c]);
+      float recon;
+      if (q == INT32_MIN) {
+        outliers.push_back({t * C + c, row[c]});
+        sym[c] = 0;
+        recon = row[c];
+      } else {
+        sym[c] = int8_t(q);
+        recon = pred + float(q) * plan.step[c];
+      }
+      if (arow && plan.anchor[c]) anchor_recon[c] = recon;
+    }
+  }
+  for (const Outlier& o : outliers)
+    if (!std::isfinite(o.value))
+      return make_status(StatusCode::invalid_argument, "layer {} plane {} token {} channel {} is not finite", l, pl,
+                         o.index / C, o.index % C);
+  ByteWriter w(out);
+  w.put(uint32_t(outliers.size()));
+  for (const Outlier& o : outliers) w.put(o.index), w.put(o.value);
+  const RansTables& tables = *p.levels[level].rans;
+  if (T > n_anchor_rows)
+    KVS_RETURN_IF_ERROR(rans_encode(tables, {plan.table_plain, C}, plain.data(), T - n_anchor_rows, C, out));
+  if (n_anchor_rows)
+    KVS_RETURN_IF_ERROR(rans_encode(tables, {plan.table_anchor, C}, anchors.data(), n_anchor_rows, C, out));
+  return {};
+}
+
+}  // namespace
+
+Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out) {
+  const Profile::Impl& p = profile.impl();
+  if (!(chunk.geometry() == p.geom))
+    return make_status(StatusCode::invalid_argument, "chunk geometry does not match the codec profile");
+  if (level >= p.levels.size())
+    return make_status(StatusCode::out_of_range, "level {} of a {}-level profile", level, p.levels.size());
+  if (chunk.tokens() == 0 || chunk.tokens() > kMaxChunkTokens)
+    return make_status(StatusCode::invalid_argument, "chunk of {} tokens (1..{})", chunk.tokens(), kMaxChunkTokens);
+  const uint32_t T = uint32_t(chunk.tokens());
+  if (uint64_t(T) * p.geom.channels() >= (uint64_t(1) << 32))
+    return make_status(StatusCode::invalid_argument, "chunk of {} tokens x {} channels is too large for one bitstream",
+                       T, p.geom.channels());
+  RopeTable rope;
+  if (unrotates(p, 0)) rope.build(p.rope, p.geom.head_dim, chunk.first_position(), T);
+
+  std::vector<uint8_t> body;
+  ChunkHeader h;
+  h.info = {p.geom, chunk.dtype(), chunk.first_position(), T, level, p.hash, 0};
+  h.group_size = uint16_t(p.group_size);
+  h.flags = p.k_before_rope ? 1 : 0;
+  begin_header(body, 0, p.geom.layers * p.geom.planes());
+  for (uint32_t l = 0; l < p.geom.layers; ++l)
+    for (uint32_t pl = 0; pl < p.geom.planes(); ++pl) {
+      const size_t before = body.size();
+      KVS_RETURN_IF_ERROR(encode_matrix(p, chunk, level, l, pl, unrotates(p, pl) ? &rope : nullptr, body));
+      const size_t len = body.size() - before;
+      if (len > UINT32_MAX) return make_status(StatusCode::out_of_range, "substream of {} bytes", len);
+      h.substream_bytes.push_back(uint32_t(len));
+    }
+  finish_header(body, 0, h);
+  out.insert(out.end(), body.begin(), body.end());
+  return {};
+}
+
+}  // namespace kvstream::codec

@@ -1,0 +1,90 @@
+// Per-(level, layer, plane) quantization plan and the RoPE table of a chunk: the
+// numbers the encoder and every decoder must compute identically.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "codec/profile_impl.hpp"
+
+namespace kvstream::codec {
+
+/// One (layer, plane) matrix's per-channel constants at one level.
+struct MatrixPlan {
+  std::vector<float> step;    // quantization step per channel
+  std::vector<float> inv;     // 1 / step
+  std::vector<float> base;    // prediction for plain and anchor rows: the mean, or 0
+  std::vector<uint8_t> anchor;  // 1 for channels coded against their group's anchor
+  bool has_anchor = false;
+  const uint8_t* table_plain = nullptr;
+  const uint8_t* table_anchor = nullptr;
+
+  void build(const Profile::Impl& p, uint32_t level, uint32_t l, uint32_t pl) {
+    const uint32_t C = p.geom.channels();
+    step.resize(C), inv.resize(C), base.resize(C), anchor.resize(C);
+    const float s0 = p.levels[level].info.step;
+    const size_t b = p.idx(l, pl, 0);
+    has_anchor = false;
+    for (uint32_t c = 0; c < C; ++c) {
+      step[c] = s0 * p.step_scale[b + c];
+      inv[c] = 1.0f / step[c];
+      const auto pred = Predictor(p.predictor[b + c]);
+      base[c] = pred == Predictor::none ? 0.0f : p.mean[b + c];
+      anchor[c] = pred == Predictor::anchor;
+      has_anchor |= anchor[c] != 0;
+    }
+    table_plain = p.levels[level].table_of[kRolePlain].data() + b;
+    table_anchor = p.levels[level].table_of[kRoleAnchor].data() + b;
+  }
+};
+
+/// cos/sin of every (token, rotary pair) of a chunk, with the formula rope_rotate uses.
+struct RopeTable {
+  std::vector<float> cos, sin;
+  uint32_t pairs = 0;
+  void build(const RopeParams& r, uint32_t head_dim, uint64_t first_position, uint32_t tokens) {
+    const uint32_t rot = r.rotary_dim == 0 || r.rotary_dim > head_dim ? head_dim : r.rotary_dim;
+    pairs = rot / 2;
+    cos.resize(size_t(tokens) * pairs), sin.resize(size_t(tokens) * pairs);
+    std::vector<float> freq(pairs);
+    for (uint32_t i = 0; i < pairs; ++i) freq[i] = 1.0f / std::pow(r.base, float(2 * i) / float(rot));
+    for (uint32_t t = 0; t < tokens; ++t)
+      for (uint32_t i = 0; i < pairs; ++i) {
+        const float a = float(int64_t(first_position + t)) * freq[i];
+        cos[size_t(t) * pairs + i] = std::cos(a);
+        sin[size_t(t) * pairs + i] = std::sin(a);
+      }
+  }
+  /// Rotates every head of one token's row (inverse = undo).
+  void rotate(float* row, uint32_t heads, uint32_t head_dim, RopePairing pairing, uint32_t t, bool inverse) const {
+    const float* cs = &cos[size_t(t) * pairs];
+    const float* sn = &sin[size_t(t) * pairs];
+    const float sign = inverse ? -1.0f : 1.0f;
+    for (uint32_t h = 0; h < heads; ++h) {
+      float* v = row + size_t(h) * head_dim;
+      for (uint32_t i = 0; i < pairs; ++i) {
+        const uint32_t a = pairing == RopePairing::interleaved ? 2 * i : i;
+        const uint32_t b = pairing == RopePairing::interleaved ? 2 * i + 1 : i + pairs;
+        const float s = sign * sn[i];
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs[i] - x1 * s;
+        v[b] = x0 * s + x1 * cs[i];
+      }
+    }
+  }
+};
+
+/// Quantizes one residual; values beyond the symbol range become outliers.
+inline int quantize(float r, float inv) {
+  const float q = std::nearbyint(r * inv);
+  if (!(q >= -127.0f && q <= 127.0f)) return INT32_MIN;  // also catches NaN
+  return int(q);
+}
+
+/// Flat index of token t's row in the plain matrix and, for anchor rows, the anchor matrix.
+inline bool is_anchor_row(uint32_t t, uint32_t group) { return t % group == 0; }
+inline uint32_t plain_row(uint32_t t, uint32_t group, bool has_anchor) {
+  return has_anchor ? t - (t / group + 1) : t;
+}
+
+}  // namespace kvstream::codec

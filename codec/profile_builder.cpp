@@ -1,0 +1,248 @@
+// Offline profile build: per-channel statistics, predictor choice, per-level static
+// entropy tables (clustered so they stay cache-resident), and measured sizes.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "codec/chunk_plan.hpp"
+#include "core/log.hpp"
+
+namespace kvstream::codec {
+
+namespace {
+
+using Hist = std::array<uint64_t, 256>;
+
+// The samples in the coding domain: per (layer, plane) a [token][channel] float
+// matrix per sample, K with RoPE undone when the profile codes K before RoPE.
+struct SampleSet {
+  std::vector<uint32_t> tokens;                    // per sample
+  std::vector<std::vector<std::vector<float>>> x;  // [sample][lp] -> T*C floats
+};
+
+SampleSet load_samples(const Profile::Impl& p, std::span<const KvView> samples) {
+  SampleSet s;
+  const uint32_t C = p.geom.channels(), P = p.geom.planes();
+  for (const KvView& v : samples) {
+    const uint32_t T = uint32_t(v.tokens());
+    RopeTable rope;
+    if (unrotates(p, 0)) rope.build(p.rope, p.geom.head_dim, v.first_position(), T);
+    s.tokens.push_back(T);
+    auto& per = s.x.emplace_back(size_t(p.geom.layers) * P);
+    for (uint32_t l = 0; l < p.geom.layers; ++l)
+      for (uint32_t pl = 0; pl < P; ++pl) {
+        auto& m = per[size_t(l) * P + pl];
+        m.resize(size_t(T) * C);
+        for (uint32_t t = 0; t < T; ++t) {
+          float* row = &m[size_t(t) * C];
+          v.load_row(l, pl, t, row);
+          if (unrotates(p, pl)) rope.rotate(row, p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
+        }
+      }
+  }
+  return s;
+}
+
+// Runs the encoder's closed loop for one channel and adds its symbols to the
+// histograms (plain and anchor roles). Outliers are counted apart.
+void channel_symbols(const SampleSet& s, size_t lp, uint32_t C, uint32_t c, uint32_t G, Predictor pred, float mean,
+                     float step, Hist& plain, Hist& anchor, uint64_t& outliers) {
+  const float inv = 1.0f / step;
+  const float base = pred == Predictor::none ? 0.0f : mean;
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    const std::vector<float>& m = s.x[i][lp];
+    float anchor_recon = 0.0f;
+    for (uint32_t t = 0; t < s.tokens[i]; ++t) {
+      const float x = m[size_t(t) * C + c];
+      const bool arow = pred == Predictor::anchor && is_anchor_row(t, G);
+      const float pr = pred == Predictor::anchor && !arow ? anchor_recon : base;
+      const int q = quantize(x - pr, inv);
+      float recon = x;
+      if (q == INT32_MIN) {
+        ++outliers;
+        ++plain[128];  // the symbol slot still codes a 0
+      } else {
+        recon = pr + float(q) * step;
+        (arow ? anchor : plain)[size_t(q + 128)]++;
+      }
+      if (arow) anchor_recon = recon;
+    }
+  }
+}
+
+double hist_bits(const Hist& h) {
+  uint64_t n = 0;
+  for (uint64_t v : h) n += v;
+  return FreqTable::entropy_bits(h) * double(n);
+}
+
+// Groups histograms onto at most k tables by Lloyd iterations under coded cost.
+Result<std::pair<std::vector<FreqTable>, std::vector<uint32_t>>> cluster(const std::vector<Hist>& ctx, size_t k) {
+  const size_t n = ctx.size();
+  k = std::max<size_t>(1, std::min(k, n));
+  // Start from contexts sorted by entropy, cut into k equal runs.
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<double> ent(n);
+  for (size_t i = 0; i < n; ++i) ent[i] = FreqTable::entropy_bits(ctx[i]);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ent[a] < ent[b]; });
+  std::vector<uint32_t> assign(n);
+  for (size_t r = 0; r < n; ++r) assign[order[r]] = uint32_t(r * k / n);
+  std::vector<FreqTable> tables;
+  for (int iter = 0; iter < 4; ++iter) {
+    std::vector<Hist> sum(k, Hist{});
+    for (size_t i = 0; i < n; ++i)
+      for (size_t v = 0; v < 256; ++v) sum[assign[i]][v] += ctx[i][v];
+    tables.clear();
+    std::vector<std::array<double, 256>> bits(k);
+    for (size_t j = 0; j < k; ++j) {
+      Hist h = sum[j];
+      if (std::accumulate(h.begin(), h.end(), uint64_t(0)) == 0) h[128] = 1;  // an empty cluster still needs a table
+      KVS_ASSIGN_OR_RETURN(FreqTable t, FreqTable::from_counts(h));
+      for (int v = -128; v < 128; ++v) {
+        Hist one{};
+        one[size_t(v + 128)] = 1;
+        bits[j][size_t(v + 128)] = t.cost_bits(one);
+      }
+      tables.push_back(std::move(t));
+    }
+    if (iter == 3) break;
+    for (size_t i = 0; i < n; ++i) {
+      double best = 1e300;
+      for (size_t j = 0; j < k; ++j) {
+        double cst = 0;
+        for (size_t v = 0; v < 256; ++v)
+          if (ctx[i][v]) cst += double(ctx[i][v]) * bits[j][v];
+        if (cst < best) best = cst, assign[i] = uint32_t(j);
+      }
+    }
+  }
+  return std::make_pair(std::move(tables), std::move(assign));
+}
+
+}  // namespace
+
+Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const RopeParams& rope,
+                                      const ProfileOptions& opt) {
+  if (samples.empty()) return make_status(StatusCode::invalid_argument, "profile build needs at least one sample");
+  auto impl = std::make_unique<Profile::Impl>();
+  Profile::Impl& p = *impl;
+  p.geom = samples[0].geometry();
+  KVS_RETURN_IF_ERROR(p.geom.validate());
+  for (const KvView& v : samples)
+    if (!(v.geometry() == p.geom)) return make_status(StatusCode::invalid_argument, "profile samples differ in geometry");
+  p.rope = rope;
+  p.k_before_rope = opt.code_k_before_rope && rope.enabled && p.geom.kind != AttentionKind::mla;
+  if (opt.group_size == 0 || opt.group_size > 65535)
+    return make_status(StatusCode::invalid_argument, "group size {} (1..65535)", opt.group_size);
+  p.group_size = opt.group_size;
+  if (opt.level_steps.empty() || opt.level_steps.size() > kMaxLevels)
+    return make_status(StatusCode::invalid_argument, "{} levels (1..{})", opt.level_steps.size(), kMaxLevels);
+  if (opt.max_tables_per_level == 0 || opt.max_tables_per_level > RANS_MAX_TABLES)
+    return make_status(StatusCode::invalid_argument, "max_tables_per_level {}", opt.max_tables_per_level);
+  const size_t N = p.channels_total();
+  const uint32_t C = p.geom.channels(), G = p.group_size;
+  if (!opt.channel_weights.empty() && opt.channel_weights.size() != N)
+    return make_status(StatusCode::invalid_argument, "{} channel weights for {} channels", opt.channel_weights.size(), N);
+
+  const SampleSet s = load_samples(p, samples);
+  // Mean and variance per channel.
+  p.mean.assign(N, 0.0f);
+  std::vector<double> var(N, 0.0);
+  for (size_t lp = 0; lp < N / C; ++lp)
+    for (uint32_t c = 0; c < C; ++c) {
+      double sum = 0, sq = 0;
+      uint64_t n = 0;
+      for (size_t i = 0; i < s.tokens.size(); ++i)
+        for (uint32_t t = 0; t < s.tokens[i]; ++t) {
+          const double x = s.x[i][lp][size_t(t) * C + c];
+          sum += x, sq += x * x, ++n;
+        }
+      const double mu = sum / double(n);
+      p.mean[lp * C + c] = float(mu);
+      var[lp * C + c] = std::max(sq / double(n) - mu * mu, 1e-12);
+    }
+  // Step scale: 1/sqrt(weight), normalised so that the geometric mean of step/sigma
+  // is 1 (level steps are then in units of a typical channel's deviation).
+  p.step_scale.resize(N);
+  double log_ratio = 0;
+  for (size_t i = 0; i < N; ++i) {
+    const double w = opt.channel_weights.empty() ? 1.0 / var[i] : std::max<double>(opt.channel_weights[i], 1e-30);
+    p.step_scale[i] = float(1.0 / std::sqrt(w));
+    log_ratio += std::log(p.step_scale[i] / std::sqrt(var[i]));
+  }
+  const double norm = std::exp(-log_ratio / double(N));
+  for (float& m : p.step_scale) m = float(m * norm);
+
+  // Predictor per channel: the cheapest residuals at the middle level.
+  const float mid_step = opt.level_steps[opt.level_steps.size() / 2];
+  p.predictor.assign(N, uint8_t(Predictor::mean));
+  for (size_t i = 0; i < N; ++i) {
+    const size_t lp = i / C;
+    const uint32_t c = uint32_t(i % C);
+    double best = 1e300;
+    for (Predictor pr : {Predictor::mean, Predictor::none, Predictor::anchor}) {
+      if ((pr == Predictor::anchor && !opt.allow_anchor) || (pr == Predictor::mean && !opt.allow_mean)) continue;
+      Hist a{}, b{};
+      uint64_t outl = 0;
+      channel_symbols(s, lp, C, c, G, pr, p.mean[i], mid_step * p.step_scale[i], a, b, outl);
+      const double bits = hist_bits(a) + hist_bits(b) + double(outl) * 64.0;
+      if (bits < best * 0.995) best = bits, p.predictor[i] = uint8_t(pr);  // a simpler predictor wins ties
+    }
+  }
+
+  // Per level: histograms per (channel, role), clustered onto shared tables.
+  for (float step : opt.level_steps) {
+    if (!(step > 0.0f)) return make_status(StatusCode::invalid_argument, "level step {} must be > 0", step);
+    Profile::Impl::Level lv;
+    lv.info.step = step;
+    std::vector<Hist> ctx;
+    std::vector<size_t> ctx_plain(N), ctx_anchor(N);
+    for (size_t i = 0; i < N; ++i) {
+      Hist a{}, b{};
+      uint64_t outl = 0;
+      const auto pr = Predictor(p.predictor[i]);
+      channel_symbols(s, i / C, C, uint32_t(i % C), G, pr, p.mean[i], step * p.step_scale[i], a, b, outl);
+      ctx_plain[i] = ctx.size();
+      ctx.push_back(a);
+      if (pr == Predictor::anchor) {
+        ctx_anchor[i] = ctx.size();
+        ctx.push_back(b);
+      } else {
+        ctx_anchor[i] = ctx_plain[i];  // anchor rows of other channels look like their plain rows
+      }
+    }
+    KVS_ASSIGN_OR_RETURN(auto clustered, cluster(ctx, opt.max_tables_per_level));
+    lv.tables = std::move(clustered.first);
+    for (uint32_t r = 0; r < kRoles; ++r) lv.table_of[r].resize(N);
+    for (size_t i = 0; i < N; ++i) {
+      lv.table_of[kRolePlain][i] = uint8_t(clustered.second[ctx_plain[i]]);
+      lv.table_of[kRoleAnchor][i] = uint8_t(clustered.second[ctx_anchor[i]]);
+    }
+    p.levels.push_back(std::move(lv));
+  }
+  KVS_RETURN_IF_ERROR(p.finalize());
+  Profile profile(std::move(impl));
+
+  // Measured size per level: encode every sample, count every byte.
+  uint64_t elems = 0;
+  for (const KvView& v : samples) elems += v.tokens() * p.geom.elements_per_token();
+  for (uint32_t L = 0; L < profile.levels(); ++L) {
+    uint64_t bytes = 0;
+    std::vector<uint8_t> out;
+    for (const KvView& v : samples) {
+      out.clear();
+      KVS_RETURN_IF_ERROR(encode_chunk(profile, v, L, out));
+      bytes += out.size();
+    }
+    profile.impl_->levels[L].info.bits_per_element = double(bytes) * 8.0 / double(elems);
+  }
+  KVS_RETURN_IF_ERROR(profile.impl_->finalize());
+  const auto counts = profile.predictor_counts();
+  KVS_LOG_INFO("codec profile built: {} channels (none {}, mean {}, anchor {}), {} levels, {:.2f}..{:.2f} bits/element",
+               N, counts[0], counts[1], counts[2], profile.levels(), profile.level(0).bits_per_element,
+               profile.level(profile.levels() - 1).bits_per_element);
+  return profile;
+}
+
+}  // namespace kvstream::codec

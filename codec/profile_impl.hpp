@@ -1,0 +1,58 @@
+// The inside of a codec Profile, shared by the builder, the encoder and the decoders.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "codec/entropy/rans.hpp"
+#include "kvstream/codec.hpp"
+
+namespace kvstream::codec {
+
+inline constexpr uint32_t kProfileVersion = 1;
+inline constexpr uint32_t kMaxLevels = 32;
+
+/// Role of a coded matrix: a chunk's tokens are coded as one matrix of "plain" rows
+/// (predictor none/mean, and the deltas of anchor channels), plus, when a (layer,
+/// plane) has anchor channels, one matrix of the groups' anchor rows.
+enum Role : uint32_t { kRolePlain = 0, kRoleAnchor = 1, kRoles = 2 };
+
+struct Profile::Impl {
+  KvGeometry geom{};
+  RopeParams rope{};
+  bool k_before_rope = false;
+  uint32_t group_size = 10;
+  // Per channel, index (layer * planes + plane) * channels + c.
+  std::vector<uint8_t> predictor;
+  std::vector<float> mean;
+  std::vector<float> step_scale;  // the channel's step = level step * step_scale
+  struct Level {
+    LevelInfo info;
+    std::vector<FreqTable> tables;
+    // Table id per (role, layer, plane, channel): [role][lp * channels + c].
+    std::vector<uint8_t> table_of[kRoles];
+    // Derived on load, never serialized.
+    std::shared_ptr<const RansTables> rans;
+  };
+  std::vector<Level> levels;
+  uint64_t hash = 0;
+
+  [[nodiscard]] size_t channels_total() const { return size_t(geom.layers) * geom.planes() * geom.channels(); }
+  [[nodiscard]] size_t idx(uint32_t l, uint32_t p, uint32_t c) const {
+    return (size_t(l) * geom.planes() + p) * geom.channels() + c;
+  }
+  /// True when some channel of (layer, plane) uses the anchor predictor.
+  [[nodiscard]] bool has_anchor(uint32_t l, uint32_t p) const;
+
+  /// Serializes everything but the hash (the hash covers exactly these bytes).
+  [[nodiscard]] std::vector<uint8_t> body() const;
+  /// Builds the RansTables of every level and the hash; call after any change.
+  Status finalize();
+};
+
+/// K is rotated back (RoPE undone) before coding when the profile says so.
+inline bool unrotates(const Profile::Impl& p, uint32_t plane) {
+  return p.k_before_rope && plane == 0 && p.rope.enabled && p.geom.kind != AttentionKind::mla;
+}
+
+}  // namespace kvstream::codec

@@ -1,0 +1,160 @@
+// kvstream-profile: builds a codec profile offline from tinyllama KV caches of the
+// first half of the eval text, with per-channel sensitivity from the model's weights
+// scaled per (layer, plane) by a measured noise-injection experiment, then measures
+// every level's quality on held-out windows of the same first half.
+#include <cmath>
+#include <random>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "examples/tinyllama/eval_harness.hpp"
+#include "kvstream/codec.hpp"
+
+using namespace kvstream;
+
+namespace {
+
+int fail(const Status& s) {
+  fmt::print(stderr, "kvstream-profile: {}\n", s.to_string());
+  return 1;
+}
+
+// Per-channel standard deviation of the sample caches.
+std::vector<double> channel_sigma(const std::vector<KvCache>& caches) {
+  const KvGeometry g = caches[0].geometry();
+  const uint32_t C = g.channels();
+  std::vector<double> sum(size_t(g.layers) * 2 * C), sq(sum.size());
+  double n = 0;
+  for (const KvCache& kv : caches) {
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (uint32_t p = 0; p < 2; ++p)
+        for (uint64_t t = 0; t < kv.tokens(); ++t)
+          for (uint32_t c = 0; c < C; ++c) {
+            const double x = kv.at(l, p, t, c);
+            sum[(l * 2 + p) * C + c] += x, sq[(l * 2 + p) * C + c] += x * x;
+          }
+    n += double(kv.tokens());
+  }
+  std::vector<double> s(sum.size());
+  for (size_t i = 0; i < s.size(); ++i) s[i] = std::sqrt(std::max(sq[i] / n - (sum[i] / n) * (sum[i] / n), 1e-12));
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Build a kvstream codec profile from tinyllama KV caches (first half of the eval text)"};
+  std::string data, out = "tinyllama.kvsprofile";
+  int sample_windows = 48, quality_windows = 24, sens_windows = 8;
+  unsigned threads = 0;
+  bool no_sensitivity = false;
+  std::vector<float> steps = codec::ProfileOptions{}.level_steps;
+  app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
+  app.add_option("--out", out, "profile file to write")->capture_default_str();
+  app.add_option("--sample-windows", sample_windows, "windows whose context KV trains the tables")->capture_default_str();
+  app.add_option("--quality-windows", quality_windows, "held-out first-half windows that measure each level")
+      ->capture_default_str();
+  app.add_option("--steps", steps, "base quantization step per level, finest first");
+  app.add_option("--threads", threads, "worker threads (0: all cores)");
+  app.add_flag("--no-sensitivity", no_sensitivity, "plain per-channel normalisation instead of measured sensitivity");
+  CLI11_PARSE(app, argc, argv);
+
+  auto d = tinyllama::load_eval_data(tinyllama::data_dir(data));
+  if (!d.ok()) return fail(d.status());
+  const tinyllama::EvalSetup setup;
+  // Training windows first, then held-out quality windows, all from the first half.
+  auto windows = tinyllama::make_windows(d->first_half, setup, sample_windows + quality_windows);
+  if (int(windows.size()) < sample_windows + 1) return fail(make_status(StatusCode::invalid_argument, "too few windows"));
+  std::vector<std::vector<int>> train(windows.begin(), windows.begin() + sample_windows);
+  std::vector<std::vector<int>> held(windows.begin() + sample_windows, windows.end());
+
+  std::vector<KvCache> caches;
+  std::vector<KvView> samples;
+  for (const auto& w : train) {
+    auto kv = d->model.calculate_kv(std::span<const int>(w).first(size_t(setup.context)));
+    if (!kv.ok()) return fail(kv.status());
+    caches.push_back(std::move(kv).value());
+  }
+  for (const KvCache& kv : caches)
+    for (int b = 0; b < setup.context; b += setup.chunk_tokens) {
+      auto v = kv.view().slice({uint64_t(b), uint64_t(std::min(b + setup.chunk_tokens, setup.context))});
+      if (!v.ok()) return fail(v.status());
+      samples.push_back(*v);
+    }
+
+  codec::ProfileOptions opt;
+  opt.level_steps = steps;
+  if (!no_sensitivity) {
+    // Weight proxy, normalised per (layer, plane) so that unit noise means "one
+    // typical channel deviation"; then one noise experiment per (layer, plane) says
+    // how much the model cares about that group as a whole.
+    const std::vector<float> proxy = d->model.kv_sensitivity();
+    const std::vector<double> sigma = channel_sigma(caches);
+    const KvGeometry g = d->model.geometry();
+    const uint32_t C = g.channels();
+    std::vector<double> shape(proxy.size());
+    for (uint32_t lp = 0; lp < g.layers * 2; ++lp) {
+      double lr = 0;
+      for (uint32_t c = 0; c < C; ++c) lr += std::log((1.0 / std::sqrt(proxy[lp * C + c])) / sigma[lp * C + c]);
+      const double norm = std::exp(-lr / C);
+      for (uint32_t c = 0; c < C; ++c) shape[lp * C + c] = norm / std::sqrt(proxy[lp * C + c]);  // noise std per unit
+    }
+    auto sens_w = std::vector<std::vector<int>>(held.begin(), held.begin() + std::min<size_t>(held.size(), sens_windows));
+    auto ref = tinyllama::score_reference(d->model, sens_w, setup, threads);
+    if (!ref.ok()) return fail(ref.status());
+    const double tau = 0.1;
+    opt.channel_weights.resize(proxy.size());
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (uint32_t p = 0; p < 2; ++p) {
+        const uint32_t lp = l * 2 + p;
+        tinyllama::KvTransform noise = [&, l, p, lp](KvCache& kv) -> Status {
+          std::mt19937 rng(1234 + lp);
+          std::normal_distribution<float> n01;
+          for (uint64_t t = 0; t < kv.tokens(); ++t)
+            for (uint32_t c = 0; c < C; ++c) kv.set(l, p, t, c, kv.at(l, p, t, c) + float(tau * shape[lp * C + c]) * n01(rng));
+          return {};
+        };
+        auto q = tinyllama::evaluate(d->model, sens_w, *ref, setup, noise, threads);
+        if (!q.ok()) return fail(q.status());
+        const double s = std::max(q->kl_nats_per_token, 1e-9) / (tau * tau);
+        fmt::print(stderr, "sensitivity layer {} {}: KL {:.5f} nats at noise {:.2f} sigma\n", l, p ? "V" : "K",
+                   q->kl_nats_per_token, tau);
+        for (uint32_t c = 0; c < C; ++c)
+          opt.channel_weights[lp * C + c] = float(s / (shape[lp * C + c] * shape[lp * C + c]));
+      }
+  }
+  auto profile = codec::ProfileBuilder::build(samples, d->model.rope(), opt);
+  if (!profile.ok()) return fail(profile.status());
+
+  // Quality of every level on held-out first-half windows.
+  auto ref = tinyllama::score_reference(d->model, held, setup, threads);
+  if (!ref.ok()) return fail(ref.status());
+  fmt::print("{:>5} {:>8} {:>10} {:>12} {:>10}\n", "level", "step", "bits/elem", "ppl incr %", "KL nats");
+  for (uint32_t L = 0; L < profile->levels(); ++L) {
+    const codec::Profile& prof = *profile;
+    tinyllama::KvTransform codec_rt = [&prof, L, &setup](KvCache& kv) -> Status {
+      KVS_ASSIGN_OR_RETURN(KvCache f16, KvCache::create(kv.geometry(), DType::f16, kv.tokens()));
+      std::vector<uint8_t> bytes;
+      for (uint64_t b = 0; b < kv.tokens(); b += uint64_t(setup.chunk_tokens)) {
+        const TokenRange r{b, std::min<uint64_t>(kv.tokens(), b + uint64_t(setup.chunk_tokens))};
+        KVS_ASSIGN_OR_RETURN(KvView src, kv.view().slice(r));
+        KVS_ASSIGN_OR_RETURN(KvView dst, f16.view().slice(r));
+        bytes.clear();
+        KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, src, L, bytes));
+        KVS_RETURN_IF_ERROR(codec::decode_chunk(prof, bytes, dst));
+      }
+      return copy_kv(f16.view(), kv.view());
+    };
+    auto q = tinyllama::evaluate(d->model, held, *ref, setup, codec_rt, threads);
+    if (!q.ok()) return fail(q.status());
+    if (auto s = profile->set_level_quality(L, q->ppl_increase_pct, q->kl_nats_per_token); !s.ok()) return fail(s);
+    fmt::print("{:>5} {:>8.3f} {:>10.3f} {:>12.3f} {:>10.5f}\n", L, profile->level(L).step,
+               profile->level(L).bits_per_element, q->ppl_increase_pct, q->kl_nats_per_token);
+  }
+  if (auto s = profile->save_file(out); !s.ok()) return fail(s);
+  const auto pc = profile->predictor_counts();
+  fmt::print("wrote {} (hash {:016x}; predictors: none {}, mean {}, anchor {})\n", out, profile->hash(), pc[0], pc[1],
+             pc[2]);
+  return 0;
+}

@@ -1,0 +1,154 @@
+// The KV codec: CacheGen-style encoding of a chunk of tokens into a compact,
+// self-checking bitstream at one of several compression levels, and its decoding
+// straight into a runtime's KV memory (any layout the KV view describes).
+//
+// Everything a decoder needs besides the bitstream lives in a Profile, built offline
+// from sample KV caches: per (layer, plane, channel) the predictor, mean and step
+// weight; per level the step and the static entropy tables; per level its measured
+// size and quality. A bitstream names its profile's hash, so decoding with another
+// profile is an error rather than garbage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstream/kv_model.hpp"
+#include "kvstream/status.hpp"
+
+namespace kvstream::codec {
+
+/// How a channel's values are predicted before quantization.
+enum class Predictor : uint8_t {
+  none = 0,    ///< code the value itself
+  mean = 1,    ///< code value - the channel's mean (from the profile)
+  anchor = 2,  ///< CacheGen's delta coding: the first token of each group is coded
+               ///< against the mean, the others against that anchor's reconstruction
+};
+
+/// What the profile recorded about one compression level.
+struct LevelInfo {
+  float step = 0;                 ///< base quantization step (scaled per channel by its weight)
+  double bits_per_element = 0;    ///< measured on the profile's samples, every byte counted
+  double ppl_increase_pct = -1;   ///< measured quality (-1: not measured)
+  double kl_nats = -1;            ///< mean KL divergence per scored token (-1: not measured)
+};
+
+/// Per-channel statistics that the profile builder needs (one per layer x plane x channel).
+struct ChannelStats;
+
+/// An immutable, hashed codec profile.
+class Profile {
+ public:
+  Profile();
+  ~Profile();
+  Profile(Profile&&) noexcept;
+  Profile& operator=(Profile&&) noexcept;
+  Profile(const Profile&);
+  Profile& operator=(const Profile&);
+
+  /// Parses a serialized profile, verifying version, bounds and content hash.
+  static Result<Profile> load(std::span<const uint8_t> bytes);
+  static Result<Profile> load_file(const std::string& path);
+  /// The serialized form (what load() reads back).
+  [[nodiscard]] std::vector<uint8_t> serialize() const;
+  /// Writes atomically (temporary file, fsync, rename).
+  Status save_file(const std::string& path) const;
+
+  /// Content hash (xxh3-64 of the serialized body); bitstreams carry it.
+  [[nodiscard]] uint64_t hash() const noexcept;
+  [[nodiscard]] const KvGeometry& geometry() const noexcept;
+  [[nodiscard]] const RopeParams& rope() const noexcept;
+  /// True when K is coded before RoPE (the rotation is undone on encode, redone on decode).
+  [[nodiscard]] bool codes_k_before_rope() const noexcept;
+  [[nodiscard]] uint32_t group_size() const noexcept;
+  [[nodiscard]] uint32_t levels() const noexcept;
+  [[nodiscard]] const LevelInfo& level(uint32_t i) const;
+  [[nodiscard]] Predictor predictor(uint32_t layer, uint32_t plane, uint32_t channel) const;
+  /// Number of channels that use each predictor (index by Predictor value).
+  [[nodiscard]] std::vector<uint64_t> predictor_counts() const;
+
+  /// Records a level's measured quality (the content hash changes accordingly).
+  Status set_level_quality(uint32_t level, double ppl_increase_pct, double kl_nats);
+
+  struct Impl;
+  [[nodiscard]] const Impl& impl() const noexcept { return *impl_; }
+
+ private:
+  explicit Profile(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  friend class ProfileBuilder;
+};
+
+/// Options of the offline profile build.
+struct ProfileOptions {
+  uint32_t group_size = 10;          ///< tokens per anchor group
+  bool code_k_before_rope = true;    ///< undo RoPE on K before coding (needs the cache's RopeParams)
+  /// Base steps, finest first; each level's step per channel is step * weight_scale(channel).
+  std::vector<float> level_steps = {0.05f, 0.08f, 0.12f, 0.18f, 0.27f, 0.4f, 0.6f, 0.9f};
+  /// Optional sensitivity per (layer, plane, channel), larger = more sensitive; the
+  /// step of a channel scales with 1/sqrt(weight). Empty: 1/variance (plain
+  /// per-channel normalization).
+  std::vector<float> channel_weights;
+  /// Which predictors the builder may choose from (it picks per channel the one whose
+  /// residuals cost fewest bits at the middle level).
+  bool allow_anchor = true;
+  bool allow_mean = true;
+  uint32_t max_tables_per_level = 128;  ///< static entropy tables per level (<= 256)
+};
+
+/// Builds profiles from sample KV caches.
+class ProfileBuilder {
+ public:
+  /// All samples must share one geometry and RoPE (the first sample's).
+  static Result<Profile> build(std::span<const KvView> samples, const RopeParams& rope, const ProfileOptions& opt);
+};
+
+/// What a bitstream's header says (readable without the profile).
+struct ChunkInfo {
+  KvGeometry geometry;
+  DType dtype = DType::f16;     ///< element type of the encoded source
+  uint64_t first_position = 0;  ///< position of the chunk's first token
+  uint32_t tokens = 0;
+  uint32_t level = 0;
+  uint64_t profile_hash = 0;
+  uint64_t total_bytes = 0;     ///< size of the whole bitstream
+};
+
+/// Encodes `chunk` (all its tokens, every layer and plane) at `level`, appending the
+/// bitstream to `out`. The chunk's geometry must match the profile's; its first
+/// position feeds RoPE. Errors: invalid_argument, out_of_range (level).
+Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out);
+
+/// Reads and checks a bitstream's header (magic, version, bounds, header checksum).
+Result<ChunkInfo> inspect_chunk(std::span<const uint8_t> bytes);
+
+/// Reusable decode scratch so steady-state decoding does not allocate.
+class DecodeScratch {
+ public:
+  DecodeScratch();
+  ~DecodeScratch();
+  DecodeScratch(DecodeScratch&&) noexcept;
+  DecodeScratch& operator=(DecodeScratch&&) noexcept;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Decodes a bitstream into `out`, which must have the chunk's geometry and token
+/// count (any dtype and layout, packed or paged). Checks the profile hash and the
+/// payload checksum before touching `out`; on error `out` may be partly written only
+/// for errors found after the checksum passed (none are expected). Errors:
+/// corrupt_data, invalid_argument (profile or view mismatch).
+Status decode_chunk(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
+                    DecodeScratch* scratch = nullptr);
+
+/// Decodes with `threads` workers sharing the (layer, plane) substreams.
+Status decode_chunk_parallel(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
+                             unsigned threads);
+
+}  // namespace kvstream::codec

@@ -1,0 +1,34 @@
+// kvstream-bench: shared declarations of its subcommands.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvstream/status.hpp"
+
+namespace kvstream::bench {
+
+struct CodecBenchOptions {
+  std::string data;       ///< tinyllama directory ("" = default)
+  std::string profile;    ///< codec profile file (kvstream-profile output)
+  std::string json, plot; ///< optional outputs
+  int windows = 0;        ///< test windows from the second half (0 = all, about 96)
+  int train_windows = 48; ///< first-half windows that train static baseline tables
+  unsigned threads = 0;   ///< 0 = all cores
+  double ppl_bound = 1.0; ///< quality bound for the headline ratios, percent
+  bool speed_all = false; ///< time every method (default: kvstream, int8 and fp16)
+  std::vector<std::string> methods;  ///< families to run (empty = all)
+};
+int run_codec_bench(const CodecBenchOptions& o);
+
+/// One curve of a plot.
+struct PlotSeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;
+};
+/// Writes a PNG with gnuplot (a clear error when gnuplot is not installed).
+Status plot_xy(const std::vector<PlotSeries>& series, const std::string& xlabel, const std::string& ylabel,
+               bool log_y, const std::string& png);
+
+}  // namespace kvstream::bench

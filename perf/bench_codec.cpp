@@ -1,0 +1,293 @@
+// kvstream-bench codec: rate/quality/speed of the kvstream codec and every baseline on
+// genuine tinyllama KV caches, with the protocol of perf/README.md.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "codec/baselines/baseline.hpp"
+#include "examples/tinyllama/eval_harness.hpp"
+#include "kvstream/codec.hpp"
+#include "perf/bench.hpp"
+
+namespace kvstream::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One method at one setting, as the benchmark drives it.
+struct Method {
+  std::string method, config, level;
+  std::function<Status(const KvView& chunk, std::vector<uint8_t>& out)> encode;
+  std::function<Status(std::span<const uint8_t> bytes, const KvView& out)> decode;
+};
+
+struct Row {
+  Method m;
+  double bits = 0;
+  tinyllama::Quality q;
+  double enc_1t = 0, dec_1t = 0, dec_mt = 0;
+};
+
+double memcpy_rate() {
+  const size_t n = size_t(256) << 20;
+  std::vector<uint8_t> a(n, 1), b(n, 0);  // touched first: page faults are not memcpy
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::max(best, double(n) / seconds_since(t0));
+    a[i] = b[i + 1];
+  }
+  return best;
+}
+
+// Chunks of the context of each window, 128 tokens each (positions 0, 128, 256).
+struct ChunkSet {
+  std::vector<KvCache> caches;
+  std::vector<KvView> chunks;
+  uint64_t elements = 0;
+};
+
+Result<ChunkSet> context_chunks(const tinyllama::Model& m, const std::vector<std::vector<int>>& windows,
+                                const tinyllama::EvalSetup& s) {
+  ChunkSet cs;
+  for (const auto& w : windows) {
+    KVS_ASSIGN_OR_RETURN(KvCache kv, m.calculate_kv(std::span<const int>(w).first(size_t(s.context))));
+    cs.caches.push_back(std::move(kv));
+  }
+  for (const KvCache& kv : cs.caches)
+    for (int b = 0; b < s.context; b += s.chunk_tokens) {
+      KVS_ASSIGN_OR_RETURN(KvView v, kv.view().slice({uint64_t(b), uint64_t(std::min(b + s.chunk_tokens, s.context))}));
+      cs.chunks.push_back(v);
+      cs.elements += v.tokens() * v.geometry().elements_per_token();
+    }
+  return cs;
+}
+
+// Sizes, quality and speed of one method.
+Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::vector<std::vector<int>>& windows,
+                    const tinyllama::Reference& ref, const tinyllama::EvalSetup& s, const ChunkSet& test,
+                    unsigned threads, bool speed) {
+  Row row{m};
+  // Encode every test chunk once (one thread, timed), keep the bytes for decoding.
+  std::vector<std::vector<uint8_t>> coded(test.chunks.size());
+  uint64_t bytes = 0;
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < test.chunks.size(); ++i) {
+    KVS_RETURN_IF_ERROR(m.encode(test.chunks[i], coded[i]));
+    bytes += coded[i].size();
+  }
+  row.enc_1t = double(test.elements) / seconds_since(t0);
+  row.bits = double(bytes) * 8.0 / double(test.elements);
+
+  if (speed) {
+    // Decode into fp16 runtime memory, as a GPU host holds KV.
+    const KvGeometry g = test.chunks[0].geometry();
+    std::vector<KvCache> outs;
+    for (unsigned t = 0; t < std::max(1u, threads); ++t) {
+      KVS_ASSIGN_OR_RETURN(KvCache o, KvCache::create(g, DType::f16, test.chunks[0].tokens()));
+      outs.push_back(std::move(o));
+    }
+    auto decode_range = [&](size_t begin, size_t step, const KvCache& out) -> Status {
+      for (size_t i = begin; i < coded.size(); i += step) KVS_RETURN_IF_ERROR(m.decode(coded[i], out.view()));
+      return {};
+    };
+    KVS_RETURN_IF_ERROR(decode_range(0, 1, outs[0]));  // warm-up
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      t0 = Clock::now();
+      KVS_RETURN_IF_ERROR(decode_range(0, 1, outs[0]));
+      best = std::max(best, double(test.elements) / seconds_since(t0));
+    }
+    row.dec_1t = best;
+    best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      std::vector<Status> errs(threads);
+      std::vector<std::thread> pool;
+      t0 = Clock::now();
+      for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] { errs[t] = decode_range(t, threads, outs[t]); });
+      for (auto& th : pool) th.join();
+      best = std::max(best, double(test.elements) / seconds_since(t0));
+      for (auto& e : errs) KVS_RETURN_IF_ERROR(e);
+    }
+    row.dec_mt = best;
+  }
+
+  // Quality: each window's context KV goes through the codec chunk by chunk and lands
+  // in fp16 memory, which the model then reads.
+  tinyllama::KvTransform transform = [&m, &s](KvCache& kv) -> Status {
+    KVS_ASSIGN_OR_RETURN(KvCache f16, KvCache::create(kv.geometry(), DType::f16, kv.tokens()));
+    std::vector<uint8_t> buf;
+    for (uint64_t b = 0; b < kv.tokens(); b += uint64_t(s.chunk_tokens)) {
+      const TokenRange r{b, std::min<uint64_t>(kv.tokens(), b + uint64_t(s.chunk_tokens))};
+      KVS_ASSIGN_OR_RETURN(KvView src, kv.view().slice(r));
+      KVS_ASSIGN_OR_RETURN(KvView dst, f16.view().slice(r));
+      buf.clear();
+      KVS_RETURN_IF_ERROR(m.encode(src, buf));
+      KVS_RETURN_IF_ERROR(m.decode(buf, dst));
+    }
+    return copy_kv(f16.view(), kv.view());
+  };
+  KVS_ASSIGN_OR_RETURN(row.q, tinyllama::evaluate(d.model, windows, ref, s, transform, threads));
+  return row;
+}
+
+// Bits per element at which a method's curve crosses `ppl_pct` (linear interpolation
+// between its settings sorted by bits; the cheapest setting already within the bound
+// if the curve starts inside it). Negative when no setting reaches it.
+double bits_at_quality(std::vector<const Row*> rows, double ppl_pct) {
+  std::sort(rows.begin(), rows.end(), [](const Row* a, const Row* b) { return a->bits < b->bits; });
+  // Pareto front: keep settings that improve quality as bits grow.
+  std::vector<const Row*> front;
+  for (const Row* r : rows) {
+    while (!front.empty() && front.back()->q.ppl_increase_pct >= r->q.ppl_increase_pct &&
+           front.back()->bits >= r->bits)
+      front.pop_back();
+    if (front.empty() || r->q.ppl_increase_pct < front.back()->q.ppl_increase_pct) front.push_back(r);
+  }
+  for (size_t i = 0; i < front.size(); ++i) {
+    if (front[i]->q.ppl_increase_pct <= ppl_pct) {
+      if (i == 0) return front[i]->bits;
+      const Row *a = front[i - 1], *b = front[i];
+      const double f = (a->q.ppl_increase_pct - ppl_pct) / (a->q.ppl_increase_pct - b->q.ppl_increase_pct);
+      return a->bits + f * (b->bits - a->bits);
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+int run_codec_bench(const CodecBenchOptions& o) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "kvstream-bench codec: {}\n", s.to_string());
+    return 1;
+  };
+  const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  auto d = tinyllama::load_eval_data(tinyllama::data_dir(o.data));
+  if (!d.ok()) return fail(d.status());
+  const tinyllama::EvalSetup setup;
+  const auto test_windows = tinyllama::make_windows(d->second_half, setup, o.windows);
+  const auto train_windows = tinyllama::make_windows(d->first_half, setup, o.train_windows);
+  fmt::print(stderr, "{} test windows (second half), {} training windows (first half)\n", test_windows.size(),
+             train_windows.size());
+
+  auto profile = o.profile.empty() ? Result<codec::Profile>(make_status(StatusCode::not_found, "no profile"))
+                                   : codec::Profile::load_file(o.profile);
+  if (!profile.ok()) return fail(profile.status().with_context("load the profile (build it with kvstream-profile)"));
+  auto train = context_chunks(d->model, train_windows, setup);
+  if (!train.ok()) return fail(train.status());
+  auto test = context_chunks(d->model, test_windows, setup);
+  if (!test.ok()) return fail(test.status());
+  auto ref = tinyllama::score_reference(d->model, test_windows, setup, threads);
+  if (!ref.ok()) return fail(ref.status());
+  const double memcpy_bps = memcpy_rate();
+
+  std::vector<Method> methods;
+  const codec::Profile& prof = *profile;
+  auto want = [&](const std::string& family) {
+    return o.methods.empty() || std::find(o.methods.begin(), o.methods.end(), family) != o.methods.end();
+  };
+  if (want("kvstream"))
+    for (uint32_t L = 0; L < prof.levels(); ++L) {
+      methods.push_back({"kvstream", fmt::format("step{:.3g}", prof.level(L).step), std::to_string(L),
+                         [&prof, L](const KvView& c, std::vector<uint8_t>& out) {
+                           return codec::encode_chunk(prof, c, L, out);
+                         },
+                         [&prof](std::span<const uint8_t> b, const KvView& out) {
+                           thread_local codec::DecodeScratch scratch;
+                           return codec::decode_chunk(prof, b, out, &scratch);
+                         }});
+    }
+  std::vector<std::unique_ptr<codec::baselines::BaselineCodec>> baselines =
+      codec::baselines::make_all_baselines(d->model.geometry());
+  for (auto& b : baselines) {
+    if (!want(b->method())) continue;
+    if (b->needs_training())
+      if (auto s = b->train(train->chunks); !s.ok()) return fail(s.with_context(b->name()));
+    const codec::baselines::BaselineCodec* bp = b.get();
+    methods.push_back({b->method(), b->config(), "",
+                       [bp](const KvView& c, std::vector<uint8_t>& out) -> Status {
+                         KVS_ASSIGN_OR_RETURN(out, bp->encode(c));
+                         return {};
+                       },
+                       [bp](std::span<const uint8_t> bytes, const KvView& out) { return bp->decode(bytes, out); }});
+  }
+
+  std::vector<Row> rows;
+  fmt::print("{:<16} {:<22} {:>5} {:>7} {:>8} {:>8} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9}\n", "method", "config", "level",
+             "bits", "ppl", "incr%", "se", "KL", "top1", "enc M/s", "dec M/s", "dec mt");
+  for (const Method& m : methods) {
+    const bool speed = o.speed_all || m.method == "kvstream" || m.config == "int8" || m.config == "fp16";
+    auto r = measure(m, *d, test_windows, *ref, setup, *test, threads, speed);
+    if (!r.ok()) return fail(r.status().with_context(m.method + "/" + m.config));
+    rows.push_back(std::move(r).value());
+    const Row& w = rows.back();
+    fmt::print("{:<16} {:<22} {:>5} {:>7.3f} {:>8.4f} {:>8.3f} {:>7.3f} {:>9.5f} {:>6.4f} {:>9.1f} {:>9.1f} {:>9.1f}\n",
+               w.m.method, w.m.config, w.m.level, w.bits, w.q.ppl, w.q.ppl_increase_pct, w.q.ppl_increase_se,
+               w.q.kl_nats_per_token, w.q.top1_agreement, w.enc_1t / 1e6, w.dec_1t / 1e6, w.dec_mt / 1e6);
+    std::fflush(stdout);
+  }
+
+  // Headline ratios at the quality bound.
+  std::map<std::string, std::vector<const Row*>> by_method;
+  for (const Row& r : rows) by_method[r.m.method].push_back(&r);
+  fmt::print("\nbits per element at a perplexity increase of at most {:.2f}% (interpolated along each method):\n",
+             o.ppl_bound);
+  double ours = -1, best_other = -1, int8 = -1;
+  std::string best_name;
+  for (auto& [name, rs] : by_method) {
+    const double b = bits_at_quality(rs, o.ppl_bound);
+    fmt::print("  {:<16} {}\n", name, b < 0 ? std::string("does not reach it") : fmt::format("{:.3f}", b));
+    if (name == "kvstream") ours = b;
+    else if (b > 0 && (best_other < 0 || b < best_other)) best_other = b, best_name = name;
+  }
+  for (const Row& r : rows)
+    if (r.m.config == "int8") int8 = r.bits;
+  if (ours > 0) {
+    if (best_other > 0) fmt::print("kvstream vs best baseline ({}): {:.2f}x fewer bits\n", best_name, best_other / ours);
+    if (int8 > 0) fmt::print("kvstream vs int-token int8: {:.2f}x fewer bits\n", int8 / ours);
+  }
+  fmt::print("memcpy one thread: {:.2f} GB/s\n", memcpy_bps / 1e9);
+
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["memcpy_bytes_per_s_1t"] = memcpy_bps;
+    j["ppl_bound_pct"] = o.ppl_bound;
+    j["test_windows"] = test_windows.size();
+    j["rows"] = nlohmann::json::array();
+    for (const Row& r : rows)
+      j["rows"].push_back({{"method", r.m.method}, {"config", r.m.config}, {"level", r.m.level},
+                           {"bits_per_element", r.bits}, {"ppl_exact", r.q.ppl_exact}, {"ppl", r.q.ppl},
+                           {"ppl_increase_pct", r.q.ppl_increase_pct}, {"ppl_increase_se", r.q.ppl_increase_se},
+                           {"kl_nats_per_token", r.q.kl_nats_per_token}, {"top1_agreement", r.q.top1_agreement},
+                           {"encode_elems_per_s_1t", r.enc_1t}, {"decode_elems_per_s_1t", r.dec_1t},
+                           {"decode_elems_per_s_mt", r.dec_mt}});
+    std::ofstream f(o.json);
+    f << j.dump(1) << "\n";
+    if (!f) return fail(make_status(StatusCode::io_error, "cannot write {}", o.json));
+  }
+  if (!o.plot.empty()) {
+    std::vector<PlotSeries> series;
+    for (auto& [name, rs] : by_method) {
+      PlotSeries ps{name, {}};
+      for (const Row* r : rs) ps.points.push_back({r->bits, std::max(r->q.ppl_increase_pct, 1e-3)});
+      std::sort(ps.points.begin(), ps.points.end());
+      series.push_back(std::move(ps));
+    }
+    if (auto s = plot_xy(series, "bits per element", "perplexity increase (%)", true, o.plot); !s.ok()) return fail(s);
+  }
+  return 0;
+}
+
+}  // namespace kvstream::bench

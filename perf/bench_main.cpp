@@ -1,0 +1,25 @@
+// kvstream-bench: benchmarks, each measured against an anchor run in the same process.
+#include <CLI/CLI.hpp>
+
+#include "perf/bench.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvstream benchmarks"};
+  app.require_subcommand(1);
+  kvstream::bench::CodecBenchOptions co;
+  auto* codec = app.add_subcommand("codec", "rate, quality and speed of the codec and its baselines on tinyllama KV");
+  codec->add_option("--data", co.data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
+  codec->add_option("--profile", co.profile, "codec profile from kvstream-profile")->required();
+  codec->add_option("--json", co.json, "write the rows as JSON");
+  codec->add_option("--plot", co.plot, "write a rate/quality PNG (gnuplot)");
+  codec->add_option("--windows", co.windows, "test windows from the second half (0: all)");
+  codec->add_option("--train-windows", co.train_windows, "first-half windows that train static baseline tables");
+  codec->add_option("--threads", co.threads, "threads for quality runs and the multi-thread decode (0: all)");
+  codec->add_option("--ppl-bound", co.ppl_bound, "quality bound of the headline ratios (percent)");
+  codec->add_option("--methods", co.methods, "families to run: kvstream fp16 int-token kivi zstd-fp16 cachegen-code "
+                                             "cachegen-static cachegen-paper (default: all)");
+  codec->add_flag("--speed-all", co.speed_all, "time every method, not only kvstream, int8 and fp16");
+  CLI11_PARSE(app, argc, argv);
+  if (*codec) return kvstream::bench::run_codec_bench(co);
+  return 0;
+}
