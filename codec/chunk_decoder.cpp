@@ -13,8 +13,8 @@ namespace kvstream::codec {
 
 struct DecodeScratch::Impl {
   std::vector<int8_t> plain, anchors;
-  std::vector<float> row, pred;
-  std::vector<uint32_t> out_index;
+  std::vector<float> row, pred, z, tile, tile2;
+  std::vector<uint32_t> out_index, nz;
   std::vector<float> out_value;
   MatrixPlan plan;
   RopeTable rope;
@@ -27,11 +27,79 @@ DecodeScratch& DecodeScratch::operator=(DecodeScratch&&) noexcept = default;
 
 namespace {
 
-// Kept out of line and cloned for AVX2 so the loop vectorises on either machine.
-__attribute__((target_clones("avx2", "default"))) void dequant_row(const int8_t* q, const float* pred,
-                                                                    const float* step, float* out, uint32_t n) {
-  for (uint32_t c = 0; c < n; ++c) out[c] = pred[c] + float(q[c]) * step[c];
+// The stages below are cloned for AVX-512 and AVX2 so their loops vectorise on
+// either machine; the arithmetic (no fused multiply-add, fixed order) is identical.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_tile(const int8_t* q, const float* pred,
+                                                                               const float* step, float* out,
+                                                                               uint32_t rows, uint32_t n) {
+  for (uint32_t r = 0; r < rows; ++r, q += n, out += n)
+    for (uint32_t c = 0; c < n; ++c) out[c] = pred[c] + float(q[c]) * step[c];
 }
+
+// x = mean + scale * (U y) over blocks of n channels. Only nonzero components are
+// summed, in increasing index order: every decoder reproduces this order bit for bit.
+// The nonzero indices are gathered first without branches, because at useful rates
+// about half the components are zero at random and a branch per component would
+// mispredict constantly.
+typedef float v16f __attribute__((vector_size(64)));
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void klt_inverse_tile(
+    const float* ut, uint32_t n, uint32_t C, uint32_t rows, const float* y, const float* mean, const float* scale,
+    float* z, uint32_t* nz, float* out) {
+  for (uint32_t r = 0; r < rows; ++r, y += C, out += C) {
+    for (uint32_t b = 0; b < C; b += n) {
+      uint32_t k = 0;
+      for (uint32_t j = 0; j < n; ++j) {
+        nz[k] = j;
+        k += y[b + j] != 0.0f;
+      }
+      const float* blk = ut + size_t(b) * n;
+      // Accumulate 16 channels at a time in a vector register (accumulating through
+      // memory serialises on store forwarding; GCC lowers v16f to 1, 2 or 4
+      // registers on AVX-512, AVX2 or SSE2).
+      uint32_t c0 = 0;
+      for (; c0 + 16 <= n; c0 += 16) {
+        v16f acc = {};
+        for (uint32_t i = 0; i < k; ++i) {
+          v16f col;
+          std::memcpy(&col, blk + size_t(nz[i]) * n + c0, sizeof col);
+          acc += col * y[b + nz[i]];
+        }
+        std::memcpy(z + b + c0, &acc, sizeof acc);
+      }
+      for (; c0 < n; ++c0) {
+        float acc = 0.0f;
+        for (uint32_t i = 0; i < k; ++i) acc += blk[size_t(nz[i]) * n + c0] * y[b + nz[i]];
+        z[b + c0] = acc;
+      }
+    }
+    for (uint32_t c = 0; c < C; ++c) out[c] = mean[c] + scale[c] * z[c];
+  }
+}
+
+}  // namespace
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rope_forward_tile(
+    float* x, uint32_t rows, uint32_t first_t, uint32_t heads, uint32_t head_dim, uint32_t rot, bool interleaved,
+    const float* ec, const float* es, const uint32_t* partner) {
+  float tmp[1024];
+  for (uint32_t r = 0; r < rows; ++r) {
+    const float* c = ec + size_t(first_t + r) * rot;
+    const float* s = es + size_t(first_t + r) * rot;
+    for (uint32_t h = 0; h < heads; ++h) {
+      float* v = x + (size_t(r) * heads + h) * head_dim;
+      if (interleaved) {
+        // Pairs are adjacent: the partner of d is d ^ 1, which vectorises as a shuffle.
+        for (uint32_t d = 0; d < rot; ++d) tmp[d] = v[d] * c[d] + v[d ^ 1u] * s[d];
+      } else {
+        for (uint32_t d = 0; d < rot; ++d) tmp[d] = v[d] * c[d] + v[partner[d]] * s[d];
+      }
+      for (uint32_t d = 0; d < rot; ++d) v[d] = tmp[d];
+    }
+  }
+}
+
+namespace {
 
 struct ChunkContext {
   const Profile::Impl* p;
@@ -40,6 +108,31 @@ struct ChunkContext {
   std::vector<size_t> offsets;  // start of each substream in bytes
   const KvView* out;
 };
+
+// Row-by-row reconstruction for matrices with anchor channels, whose predictions
+// depend on the reconstruction of the group's anchor row.
+Status reconstruct_rows(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScratch::Impl& s, uint32_t n_out) {
+  const Profile::Impl& p = *cx.p;
+  const MatrixPlan& plan = s.plan;
+  const uint32_t C = p.geom.channels(), T = cx.h->info.tokens, G = p.group_size;
+  const bool rotate = unrotates(p, pl);
+  s.row.resize(C);
+  s.pred.assign(plan.base.begin(), plan.base.end());
+  size_t next_out = 0;
+  for (uint32_t t = 0; t < T; ++t) {
+    const bool arow = is_anchor_row(t, G);
+    const int8_t* q = arow ? &s.anchors[size_t(t / G) * C] : &s.plain[size_t(plain_row(t, G, true)) * C];
+    dequant_tile(q, arow ? plan.base.data() : s.pred.data(), plan.step.data(), s.row.data(), 1, C);
+    for (; next_out < n_out && s.out_index[next_out] / C == t; ++next_out)
+      s.row[s.out_index[next_out] % C] = s.out_value[next_out];
+    if (arow)
+      for (uint32_t c = 0; c < C; ++c)
+        if (plan.anchor[c]) s.pred[c] = s.row[c];
+    if (rotate) s.rope.rotate_tile(s.row.data(), 1, t, p.geom.kv_heads, p.geom.head_dim);
+    cx.out->store_row(l, pl, t, s.row.data());
+  }
+  return {};
+}
 
 Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScratch::Impl& s) {
   const Profile::Impl& p = *cx.p;
@@ -85,20 +178,25 @@ Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScra
   if (!rest.empty()) return make_status(StatusCode::corrupt_data, "{}: {} trailing bytes", where(), rest.size());
 
   const bool rotate = unrotates(p, pl);
-  s.row.resize(C);
-  s.pred.assign(plan.base.begin(), plan.base.end());
+  if (plan.has_anchor) return reconstruct_rows(cx, l, pl, s, n_out);
+  // No anchors: every row depends only on its own symbols, so work a tile of rows per
+  // stage (dequantize, outliers, KLT, RoPE, store) to keep the loops long.
+  const uint32_t tile = std::max<uint32_t>(1, 8192 / C);
+  s.tile.resize(size_t(tile) * C);
+  if (plan.block) s.tile2.resize(size_t(tile) * C), s.z.resize(C), s.nz.resize(plan.block);
   size_t next_out = 0;
-  for (uint32_t t = 0; t < T; ++t) {
-    const bool arow = plan.has_anchor && is_anchor_row(t, G);
-    const int8_t* q = arow ? &s.anchors[size_t(t / G) * C] : &s.plain[size_t(plain_row(t, G, plan.has_anchor)) * C];
-    dequant_row(q, arow ? plan.base.data() : s.pred.data(), plan.step.data(), s.row.data(), C);
-    for (; next_out < n_out && s.out_index[next_out] / C == t; ++next_out)
-      s.row[s.out_index[next_out] % C] = s.out_value[next_out];
-    if (arow)
-      for (uint32_t c = 0; c < C; ++c)
-        if (plan.anchor[c]) s.pred[c] = s.row[c];
-    if (rotate) s.rope.rotate(s.row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, false);
-    cx.out->store_row(l, pl, t, s.row.data());
+  for (uint32_t t0 = 0; t0 < T; t0 += tile) {
+    const uint32_t rows = std::min(tile, T - t0);
+    float* dq = plan.block ? s.tile2.data() : s.tile.data();
+    dequant_tile(&s.plain[size_t(t0) * C], plan.base.data(), plan.step.data(), dq, rows, C);
+    const uint64_t end = uint64_t(t0 + rows) * C;
+    for (; next_out < n_out && s.out_index[next_out] < end; ++next_out)
+      dq[s.out_index[next_out] - uint64_t(t0) * C] = s.out_value[next_out];
+    if (plan.block)
+      klt_inverse_tile(plan.ut, plan.block, C, rows, dq, plan.mean, plan.scale, s.z.data(), s.nz.data(),
+                       s.tile.data());
+    if (rotate) s.rope.rotate_tile(s.tile.data(), rows, t0, p.geom.kv_heads, p.geom.head_dim);
+    for (uint32_t r = 0; r < rows; ++r) cx.out->store_row(l, pl, t0 + r, &s.tile[size_t(r) * C]);
   }
   return {};
 }

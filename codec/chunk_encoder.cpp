@@ -5,6 +5,7 @@
 #include "codec/bitstream.hpp"
 #include "codec/byte_io.hpp"
 #include "codec/chunk_plan.hpp"
+#include "codec/klt.hpp"
 
 namespace kvstream::codec {
 
@@ -24,10 +25,16 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
   const uint32_t n_anchor_rows = plan.has_anchor ? (T + G - 1) / G : 0;
   std::vector<int8_t> plain(size_t(T - n_anchor_rows) * C), anchors(size_t(n_anchor_rows) * C);
   std::vector<Outlier> outliers;
-  std::vector<float> row(C), anchor_recon(C, 0.0f);
+  std::vector<float> row(C), anchor_recon(C, 0.0f), z(plan.block ? C : 0);
   for (uint32_t t = 0; t < T; ++t) {
     chunk.load_row(l, pl, t, row.data());
     if (rope) rope->rotate(row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
+    if (plan.block) {
+      // Code the components y = U^T ((x - mean) / scale); outliers keep their exact y.
+      for (uint32_t c = 0; c < C; ++c) z[c] = (row[c] - plan.mean[c]) / plan.scale[c];
+      for (uint32_t b = 0; b < C; b += plan.block)
+        klt_forward(plan.u + size_t(b) * plan.block, plan.block, &z[b], &row[b]);
+    }
     const bool arow = plan.has_anchor && is_anchor_row(t, G);
     int8_t* sym = arow ? &anchors[size_t(t / G) * C] : &plain[size_t(plain_row(t, G, plan.has_anchor)) * C];
     for (uint32_t c = 0; c < C; ++c) {

@@ -16,6 +16,13 @@ struct MatrixPlan {
   std::vector<float> base;    // prediction for plain and anchor rows: the mean, or 0
   std::vector<uint8_t> anchor;  // 1 for channels coded against their group's anchor
   bool has_anchor = false;
+  // KLT path: components are quantized with the level step and reconstructed as
+  // x = mean + scale * (U y).
+  uint32_t block = 0;
+  const float* u = nullptr;    // U, blocks of block x block, row-major (encoder)
+  const float* ut = nullptr;   // U^T per block (decoder)
+  const float* mean = nullptr;
+  const float* scale = nullptr;
   const uint8_t* table_plain = nullptr;
   const uint8_t* table_anchor = nullptr;
 
@@ -25,6 +32,18 @@ struct MatrixPlan {
     const float s0 = p.levels[level].info.step;
     const size_t b = p.idx(l, pl, 0);
     has_anchor = false;
+    const size_t lp = size_t(l) * p.geom.planes() + pl;
+    block = p.block_of(lp);
+    if (block) {
+      u = p.transform[lp].data();
+      ut = p.transform_t[lp].data();
+      mean = &p.mean[b];
+      scale = &p.step_scale[b];
+      for (uint32_t c = 0; c < C; ++c) step[c] = s0, inv[c] = 1.0f / s0, base[c] = 0.0f, anchor[c] = 0;
+      table_plain = p.levels[level].table_of[kRolePlain].data() + b;
+      table_anchor = p.levels[level].table_of[kRoleAnchor].data() + b;
+      return;
+    }
     for (uint32_t c = 0; c < C; ++c) {
       step[c] = s0 * p.step_scale[b + c];
       inv[c] = 1.0f / step[c];
@@ -38,14 +57,30 @@ struct MatrixPlan {
   }
 };
 
+void rope_forward_tile(float* x, uint32_t rows, uint32_t first_t, uint32_t heads, uint32_t head_dim, uint32_t rot,
+                       bool interleaved, const float* ec, const float* es, const uint32_t* partner);
+
 /// cos/sin of every (token, rotary pair) of a chunk, with the formula rope_rotate uses.
 struct RopeTable {
   std::vector<float> cos, sin;
-  uint32_t pairs = 0;
+  // Per (token, rotary channel): the channel's cosine, its signed sine and partner,
+  // so that the forward rotation is out[d] = x[d] * ec[d] + x[partner[d]] * es[d]
+  // (the same products and sums as the pairwise formula, hence the same bits).
+  std::vector<float> ec, es;
+  std::vector<uint32_t> partner;
+  uint32_t pairs = 0, rot = 0;
+  RopePairing pairing = RopePairing::interleaved;
   void build(const RopeParams& r, uint32_t head_dim, uint64_t first_position, uint32_t tokens) {
-    const uint32_t rot = r.rotary_dim == 0 || r.rotary_dim > head_dim ? head_dim : r.rotary_dim;
+    rot = r.rotary_dim == 0 || r.rotary_dim > head_dim ? head_dim : r.rotary_dim;
     pairs = rot / 2;
+    pairing = r.pairing;
     cos.resize(size_t(tokens) * pairs), sin.resize(size_t(tokens) * pairs);
+    ec.resize(size_t(tokens) * rot), es.resize(size_t(tokens) * rot), partner.resize(rot);
+    for (uint32_t i = 0; i < pairs; ++i) {
+      const uint32_t a = r.pairing == RopePairing::interleaved ? 2 * i : i;
+      const uint32_t b = r.pairing == RopePairing::interleaved ? 2 * i + 1 : i + pairs;
+      partner[a] = b, partner[b] = a;
+    }
     std::vector<float> freq(pairs);
     for (uint32_t i = 0; i < pairs; ++i) freq[i] = 1.0f / std::pow(r.base, float(2 * i) / float(rot));
     for (uint32_t t = 0; t < tokens; ++t)
@@ -53,7 +88,17 @@ struct RopeTable {
         const float a = float(int64_t(first_position + t)) * freq[i];
         cos[size_t(t) * pairs + i] = std::cos(a);
         sin[size_t(t) * pairs + i] = std::sin(a);
+        const uint32_t ia = r.pairing == RopePairing::interleaved ? 2 * i : i;
+        const uint32_t ib = r.pairing == RopePairing::interleaved ? 2 * i + 1 : i + pairs;
+        ec[size_t(t) * rot + ia] = ec[size_t(t) * rot + ib] = std::cos(a);
+        es[size_t(t) * rot + ia] = -std::sin(a);
+        es[size_t(t) * rot + ib] = std::sin(a);
       }
+  }
+  /// Forward rotation (decoder) of `rows` rows of tokens first_t.. (view-relative).
+  void rotate_tile(float* x, uint32_t rows, uint32_t first_t, uint32_t heads, uint32_t head_dim) const {
+    rope_forward_tile(x, rows, first_t, heads, head_dim, rot, pairing == RopePairing::interleaved, ec.data(),
+                      es.data(), partner.data());
   }
   /// Rotates every head of one token's row (inverse = undo).
   void rotate(float* row, uint32_t heads, uint32_t head_dim, RopePairing pairing, uint32_t t, bool inverse) const {

@@ -30,6 +30,10 @@ std::vector<uint8_t> Profile::Impl::body() const {
   w.put(uint8_t(rope.enabled)), w.put(rope.base), w.put(rope.rotary_dim), w.put(uint8_t(rope.pairing));
   w.put(uint8_t(k_before_rope)), w.put(group_size);
   w.put_array(predictor), w.put_array(mean), w.put_array(step_scale);
+  for (size_t lp = 0; lp < size_t(geom.layers) * geom.planes(); ++lp) {
+    w.put(block_of(lp));
+    if (block_of(lp)) w.put_array(transform[lp]);
+  }
   w.put(uint32_t(levels.size()));
   for (const Level& lv : levels) {
     w.put(lv.info.step), w.put(lv.info.bits_per_element), w.put(lv.info.ppl_increase_pct), w.put(lv.info.kl_nats);
@@ -41,6 +45,20 @@ std::vector<uint8_t> Profile::Impl::body() const {
 }
 
 Status Profile::Impl::finalize() {
+  const size_t LP = size_t(geom.layers) * geom.planes();
+  transform_block.resize(LP, 0);
+  transform.resize(LP);
+  transform_t.assign(LP, {});
+  for (size_t lp = 0; lp < LP; ++lp) {
+    const uint32_t B = transform_block[lp];
+    if (!B) continue;
+    const std::vector<float>& u = transform[lp];
+    std::vector<float>& t = transform_t[lp];
+    t.resize(u.size());
+    for (size_t b = 0; b < u.size() / (size_t(B) * B); ++b)
+      for (uint32_t r = 0; r < B; ++r)
+        for (uint32_t c = 0; c < B; ++c) t[b * B * B + size_t(c) * B + r] = u[b * B * B + size_t(r) * B + c];
+  }
   for (Level& lv : levels) {
     KVS_ASSIGN_OR_RETURN(RansTables t, RansTables::build(lv.tables));
     lv.rans = std::make_shared<const RansTables>(std::move(t));
@@ -128,11 +146,28 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
   KVS_RETURN_IF_ERROR(p.geom.validate().with_context("codec profile"));
   if (uint8_t(p.rope.pairing) > 1 || !(p.rope.base > 1.0f) || p.rope.rotary_dim > p.geom.head_dim)
     return make_status(StatusCode::corrupt_data, "codec profile: bad RoPE parameters");
+  if (p.k_before_rope && (p.rope.rotary_dim ? p.rope.rotary_dim : p.geom.head_dim) > 1024)
+    return make_status(StatusCode::corrupt_data, "codec profile: RoPE over more than 1024 channels per head");
   if (p.group_size == 0 || p.group_size > 65535)
     return make_status(StatusCode::corrupt_data, "codec profile: group size {}", p.group_size);
   const size_t n = p.channels_total();
   if (n > (size_t(1) << 26)) return make_status(StatusCode::corrupt_data, "codec profile: {} channels", n);
   b.get_array(p.predictor, n), b.get_array(p.mean, n), b.get_array(p.step_scale, n);
+  const size_t LP = size_t(p.geom.layers) * p.geom.planes();
+  p.transform_block.resize(LP);
+  p.transform.resize(LP);
+  for (size_t lp = 0; lp < LP; ++lp) {
+    const uint32_t B = b.get<uint32_t>();
+    KVS_RETURN_IF_ERROR(b.status());
+    if (B != 0 && (B > 1024 || p.geom.channels() % B != 0))
+      return make_status(StatusCode::corrupt_data, "codec profile: transform block {} for {} channels", B,
+                         p.geom.channels());
+    p.transform_block[lp] = B;
+    if (!B) continue;
+    if (!b.get_array(p.transform[lp], size_t(p.geom.channels()) * B)) return b.status();
+    for (float u : p.transform[lp])
+      if (!(std::fabs(u) <= 1.0001f)) return make_status(StatusCode::corrupt_data, "codec profile: bad transform entry");
+  }
   const uint32_t nlevels = b.get<uint32_t>();
   KVS_RETURN_IF_ERROR(b.status());
   for (size_t i = 0; i < n; ++i) {

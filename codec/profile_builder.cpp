@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "codec/chunk_plan.hpp"
+#include "codec/klt.hpp"
 #include "core/log.hpp"
 
 namespace kvstream::codec {
@@ -13,12 +14,30 @@ namespace {
 
 using Hist = std::array<uint64_t, 256>;
 
+double hist_bits_free(const Hist& h) {
+  uint64_t n = 0;
+  for (uint64_t v : h) n += v;
+  return FreqTable::entropy_bits(h) * double(n);
+}
+double hist_bits(const Hist& h) { return hist_bits_free(h); }
+
 // The samples in the coding domain: per (layer, plane) a [token][channel] float
 // matrix per sample, K with RoPE undone when the profile codes K before RoPE.
 struct SampleSet {
   std::vector<uint32_t> tokens;                    // per sample
   std::vector<std::vector<std::vector<float>>> x;  // [sample][lp] -> T*C floats
 };
+
+// Bits to code a set of values quantized with `step` (order-0 entropy of the symbols).
+double value_bits(const std::vector<float>& v, float step) {
+  Hist h{};
+  uint64_t outl = 0;
+  for (float x : v) {
+    const int q = quantize(x, 1.0f / step);
+    if (q == INT32_MIN) ++outl; else ++h[size_t(q + 128)];
+  }
+  return hist_bits_free(h) + double(outl) * 64.0;
+}
 
 SampleSet load_samples(const Profile::Impl& p, std::span<const KvView> samples) {
   SampleSet s;
@@ -70,11 +89,6 @@ void channel_symbols(const SampleSet& s, size_t lp, uint32_t C, uint32_t c, uint
   }
 }
 
-double hist_bits(const Hist& h) {
-  uint64_t n = 0;
-  for (uint64_t v : h) n += v;
-  return FreqTable::entropy_bits(h) * double(n);
-}
 
 // Groups histograms onto at most k tables by Lloyd iterations under coded cost.
 Result<std::pair<std::vector<FreqTable>, std::vector<uint32_t>>> cluster(const std::vector<Hist>& ctx, size_t k) {
@@ -133,6 +147,8 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
     if (!(v.geometry() == p.geom)) return make_status(StatusCode::invalid_argument, "profile samples differ in geometry");
   p.rope = rope;
   p.k_before_rope = opt.code_k_before_rope && rope.enabled && p.geom.kind != AttentionKind::mla;
+  if (p.k_before_rope && (rope.rotary_dim ? rope.rotary_dim : p.geom.head_dim) > 1024)
+    return make_status(StatusCode::unsupported, "coding K before RoPE supports up to 1024 rotary channels per head");
   if (opt.group_size == 0 || opt.group_size > 65535)
     return make_status(StatusCode::invalid_argument, "group size {} (1..65535)", opt.group_size);
   p.group_size = opt.group_size;
@@ -145,7 +161,7 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   if (!opt.channel_weights.empty() && opt.channel_weights.size() != N)
     return make_status(StatusCode::invalid_argument, "{} channel weights for {} channels", opt.channel_weights.size(), N);
 
-  const SampleSet s = load_samples(p, samples);
+  SampleSet s = load_samples(p, samples);
   // Mean and variance per channel.
   p.mean.assign(N, 0.0f);
   std::vector<double> var(N, 0.0);
@@ -177,6 +193,7 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   // Predictor per channel: the cheapest residuals at the middle level.
   const float mid_step = opt.level_steps[opt.level_steps.size() / 2];
   p.predictor.assign(N, uint8_t(Predictor::mean));
+  std::vector<double> channel_bits(N, 0.0);
   for (size_t i = 0; i < N; ++i) {
     const size_t lp = i / C;
     const uint32_t c = uint32_t(i % C);
@@ -189,6 +206,65 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
       const double bits = hist_bits(a) + hist_bits(b) + double(outl) * 64.0;
       if (bits < best * 0.995) best = bits, p.predictor[i] = uint8_t(pr);  // a simpler predictor wins ties
     }
+    channel_bits[i] = best;
+  }
+
+  // Decorrelating transform per (layer, plane), where it measurably pays.
+  const size_t LP = N / C;
+  p.transform_block.assign(LP, 0);
+  p.transform.assign(LP, {});
+  std::vector<uint32_t> candidates;
+  if (opt.allow_transform) {
+    if (p.geom.head_dim < C && p.geom.head_dim <= opt.max_transform_block) candidates.push_back(p.geom.head_dim);
+    if (C <= opt.max_transform_block && C > 1) candidates.push_back(C);
+  }
+  uint64_t total_tokens = 0;
+  for (uint32_t t : s.tokens) total_tokens += t;
+  for (size_t lp = 0; lp < LP && !candidates.empty(); ++lp) {
+    double identity = 0;
+    for (uint32_t c = 0; c < C; ++c) identity += channel_bits[lp * C + c];
+    // The normalised residuals z = (x - mean) / scale of every sample token.
+    std::vector<float> z(total_tokens * C);
+    size_t row = 0;
+    for (size_t i = 0; i < s.tokens.size(); ++i)
+      for (uint32_t t = 0; t < s.tokens[i]; ++t, ++row)
+        for (uint32_t c = 0; c < C; ++c)
+          z[row * C + c] = (s.x[i][lp][size_t(t) * C + c] - p.mean[lp * C + c]) / p.step_scale[lp * C + c];
+    double best_bits = identity * (1.0 - opt.transform_min_gain);
+    uint32_t best_b = 0;
+    std::vector<float> best_u, best_y;
+    for (uint32_t B : candidates) {
+      std::vector<float> u(size_t(C) * B), y(z.size());
+      for (uint32_t b0 = 0; b0 < C; b0 += B) {
+        std::vector<double> cov(size_t(B) * B, 0.0);
+        for (size_t r = 0; r < total_tokens; ++r) {
+          const float* zr = &z[r * C + b0];
+          for (uint32_t a = 0; a < B; ++a)
+            for (uint32_t b = 0; b < B; ++b) cov[size_t(a) * B + b] += double(zr[a]) * zr[b];
+        }
+        const std::vector<float> ub = klt_basis(cov, B);
+        std::copy(ub.begin(), ub.end(), u.begin() + size_t(b0) * B);
+        for (size_t r = 0; r < total_tokens; ++r) klt_forward(ub.data(), B, &z[r * C + b0], &y[r * C + b0]);
+      }
+      double bits = 0;
+      std::vector<float> comp(total_tokens);
+      for (uint32_t j = 0; j < C; ++j) {
+        for (size_t r = 0; r < total_tokens; ++r) comp[r] = y[r * C + j];
+        bits += value_bits(comp, mid_step);
+      }
+      if (bits < best_bits) best_bits = bits, best_b = B, best_u = std::move(u), best_y = std::move(y);
+    }
+    if (!best_b) continue;
+    KVS_LOG_DEBUG("layer {} plane {}: KLT blocks of {} save {:.1f}% of the bits", lp / p.geom.planes(),
+                  lp % p.geom.planes(), best_b, 100.0 * (1.0 - best_bits / identity));
+    p.transform_block[lp] = best_b;
+    p.transform[lp] = std::move(best_u);
+    for (uint32_t c = 0; c < C; ++c) p.predictor[lp * C + c] = uint8_t(Predictor::mean);
+    // From here on this (layer, plane)'s samples are its components.
+    row = 0;
+    for (size_t i = 0; i < s.tokens.size(); ++i)
+      for (uint32_t t = 0; t < s.tokens[i]; ++t, ++row)
+        std::copy_n(&best_y[row * C], C, &s.x[i][lp][size_t(t) * C]);
   }
 
   // Per level: histograms per (channel, role), clustered onto shared tables.
@@ -202,7 +278,10 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
       Hist a{}, b{};
       uint64_t outl = 0;
       const auto pr = Predictor(p.predictor[i]);
-      channel_symbols(s, i / C, C, uint32_t(i % C), G, pr, p.mean[i], step * p.step_scale[i], a, b, outl);
+      if (p.transform_block[i / C])  // components: no predictor, the level step as it is
+        channel_symbols(s, i / C, C, uint32_t(i % C), G, Predictor::none, 0.0f, step, a, b, outl);
+      else
+        channel_symbols(s, i / C, C, uint32_t(i % C), G, pr, p.mean[i], step * p.step_scale[i], a, b, outl);
       ctx_plain[i] = ctx.size();
       ctx.push_back(a);
       if (pr == Predictor::anchor) {

@@ -26,6 +26,12 @@ struct Profile::Impl {
   std::vector<uint8_t> predictor;
   std::vector<float> mean;
   std::vector<float> step_scale;  // the channel's step = level step * step_scale
+  // Per (layer, plane): 0 = channels coded as they are; B = coded in a KLT basis of
+  // blocks of B channels: y = U^T ((x - mean) / step_scale), quantized with the level
+  // step. transform[lp] holds C/B blocks of B x B row-major U (column j = component j).
+  std::vector<uint32_t> transform_block;
+  std::vector<std::vector<float>> transform;
+  std::vector<std::vector<float>> transform_t;  // derived: each block transposed (decoder)
   struct Level {
     LevelInfo info;
     std::vector<FreqTable> tables;
@@ -41,6 +47,7 @@ struct Profile::Impl {
   [[nodiscard]] size_t idx(uint32_t l, uint32_t p, uint32_t c) const {
     return (size_t(l) * geom.planes() + p) * geom.channels() + c;
   }
+  [[nodiscard]] uint32_t block_of(size_t lp) const { return transform_block.empty() ? 0 : transform_block[lp]; }
   /// True when some channel of (layer, plane) uses the anchor predictor.
   [[nodiscard]] bool has_anchor(uint32_t l, uint32_t p) const;
 

@@ -18,6 +18,7 @@ struct CodecBenchOptions {
   unsigned threads = 0;   ///< 0 = all cores
   double ppl_bound = 1.0; ///< quality bound for the headline ratios, percent
   bool speed_all = false; ///< time every method (default: kvstream, int8 and fp16)
+  bool speed_only = false;///< sizes and speed only, no quality runs
   std::vector<std::string> methods;  ///< families to run (empty = all)
 };
 int run_codec_bench(const CodecBenchOptions& o);

@@ -76,7 +76,7 @@ Result<ChunkSet> context_chunks(const tinyllama::Model& m, const std::vector<std
 // Sizes, quality and speed of one method.
 Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::vector<std::vector<int>>& windows,
                     const tinyllama::Reference& ref, const tinyllama::EvalSetup& s, const ChunkSet& test,
-                    unsigned threads, bool speed) {
+                    unsigned threads, bool speed, bool quality) {
   Row row{m};
   // Encode every test chunk once (one thread, timed), keep the bytes for decoding.
   std::vector<std::vector<uint8_t>> coded(test.chunks.size());
@@ -138,7 +138,9 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
     }
     return copy_kv(f16.view(), kv.view());
   };
-  KVS_ASSIGN_OR_RETURN(row.q, tinyllama::evaluate(d.model, windows, ref, s, transform, threads));
+  if (quality) {
+    KVS_ASSIGN_OR_RETURN(row.q, tinyllama::evaluate(d.model, windows, ref, s, transform, threads));
+  }
   return row;
 }
 
@@ -229,7 +231,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
              "bits", "ppl", "incr%", "se", "KL", "top1", "enc M/s", "dec M/s", "dec mt");
   for (const Method& m : methods) {
     const bool speed = o.speed_all || m.method == "kvstream" || m.config == "int8" || m.config == "fp16";
-    auto r = measure(m, *d, test_windows, *ref, setup, *test, threads, speed);
+    auto r = measure(m, *d, test_windows, *ref, setup, *test, threads, speed, !o.speed_only);
     if (!r.ok()) return fail(r.status().with_context(m.method + "/" + m.config));
     rows.push_back(std::move(r).value());
     const Row& w = rows.back();
@@ -242,6 +244,10 @@ int run_codec_bench(const CodecBenchOptions& o) {
   // Headline ratios at the quality bound.
   std::map<std::string, std::vector<const Row*>> by_method;
   for (const Row& r : rows) by_method[r.m.method].push_back(&r);
+  if (o.speed_only) {
+    fmt::print("memcpy one thread: {:.2f} GB/s\n", memcpy_bps / 1e9);
+    return 0;
+  }
   fmt::print("\nbits per element at a perplexity increase of at most {:.2f}% (interpolated along each method):\n",
              o.ppl_bound);
   double ours = -1, best_other = -1, int8 = -1;

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   codec->add_option("--ppl-bound", co.ppl_bound, "quality bound of the headline ratios (percent)");
   codec->add_option("--methods", co.methods, "families to run: kvstream fp16 int-token kivi zstd-fp16 cachegen-code "
                                              "cachegen-static cachegen-paper (default: all)");
+  codec->add_flag("--speed-only", co.speed_only, "sizes and speed only (skips the quality runs)");
   codec->add_flag("--speed-all", co.speed_all, "time every method, not only kvstream, int8 and fp16");
   CLI11_PARSE(app, argc, argv);
   if (*codec) return kvstream::bench::run_codec_bench(co);

@@ -97,6 +97,13 @@ struct ProfileOptions {
   bool allow_anchor = true;
   bool allow_mean = true;
   uint32_t max_tables_per_level = 128;  ///< static entropy tables per level (<= 256)
+  /// Whether a (layer, plane) may be coded in a decorrelating (KLT) basis; the builder
+  /// uses one only where it saves at least `transform_min_gain` of the bits.
+  bool allow_transform = true;
+  /// Largest KLT block (channels); decode costs about one multiply-add per element per
+  /// block channel, so big models keep blocks at a head or less.
+  uint32_t max_transform_block = 128;
+  double transform_min_gain = 0.03;
 };
 
 /// Builds profiles from sample KV caches.
