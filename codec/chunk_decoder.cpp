@@ -14,8 +14,8 @@ namespace kvstream::codec {
 struct DecodeScratch::Impl {
   std::vector<int8_t> plain, anchors;
   std::vector<float> row, pred, z, tile, tile2;
-  std::vector<uint32_t> out_index, nz;
-  std::vector<float> out_value;
+  std::vector<uint32_t> out_index, direct_index, nz;
+  std::vector<float> out_value, direct_value;
   MatrixPlan plan;
   RopeTable rope;
 };
@@ -147,16 +147,26 @@ Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScra
   const uint32_t n_plain_rows = T - n_anchor_rows;
 
   ByteReader r(sub, "substream");
-  const uint32_t n_out = r.get<uint32_t>();
-  if (!r.ok() || uint64_t(n_out) > uint64_t(T) * C || uint64_t(n_out) * 8 > r.rest().size())
-    return make_status(StatusCode::corrupt_data, "{}: bad outlier count", where());
-  s.out_index.resize(n_out), s.out_value.resize(n_out);
-  for (uint32_t i = 0; i < n_out; ++i) {
-    s.out_index[i] = r.get<uint32_t>();
-    s.out_value[i] = r.get<float>();
-    if (uint64_t(s.out_index[i]) >= uint64_t(T) * C || (i > 0 && s.out_index[i] <= s.out_index[i - 1]) || !std::isfinite(s.out_value[i]))
-      return make_status(StatusCode::corrupt_data, "{}: bad outlier {}", where(), i);
-  }
+  // Two outlier lists: values in the quantized domain, then (KLT planes only) exact
+  // values that replace the reconstruction.
+  auto read_outliers = [&](std::vector<uint32_t>& index, std::vector<float>& value) -> Status {
+    const uint32_t n = r.get<uint32_t>();
+    if (!r.ok() || uint64_t(n) > uint64_t(T) * C || uint64_t(n) * 8 > r.rest().size())
+      return make_status(StatusCode::corrupt_data, "{}: bad outlier count", where());
+    index.resize(n), value.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      index[i] = r.get<uint32_t>();
+      value[i] = r.get<float>();
+      if (uint64_t(index[i]) >= uint64_t(T) * C || (i > 0 && index[i] <= index[i - 1]) || !std::isfinite(value[i]))
+        return make_status(StatusCode::corrupt_data, "{}: bad outlier {}", where(), i);
+    }
+    return {};
+  };
+  KVS_RETURN_IF_ERROR(read_outliers(s.out_index, s.out_value));
+  KVS_RETURN_IF_ERROR(read_outliers(s.direct_index, s.direct_value));
+  const uint32_t n_out = uint32_t(s.out_index.size()), n_direct = uint32_t(s.direct_index.size());
+  if (n_direct && !plan.block)
+    return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where());
   std::span<const uint8_t> rest = r.rest();
   const RansTables& tables = *p.levels[cx.h->info.level].rans;
   s.plain.resize(size_t(n_plain_rows) * C);
@@ -184,7 +194,7 @@ Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScra
   const uint32_t tile = std::max<uint32_t>(1, 8192 / C);
   s.tile.resize(size_t(tile) * C);
   if (plan.block) s.tile2.resize(size_t(tile) * C), s.z.resize(C), s.nz.resize(plan.block);
-  size_t next_out = 0;
+  size_t next_out = 0, next_direct = 0;
   for (uint32_t t0 = 0; t0 < T; t0 += tile) {
     const uint32_t rows = std::min(tile, T - t0);
     float* dq = plan.block ? s.tile2.data() : s.tile.data();
@@ -195,6 +205,8 @@ Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScra
     if (plan.block)
       klt_inverse_tile(plan.ut, plan.block, C, rows, dq, plan.mean, plan.scale, s.z.data(), s.nz.data(),
                        s.tile.data());
+    for (; next_direct < n_direct && s.direct_index[next_direct] < end; ++next_direct)
+      s.tile[s.direct_index[next_direct] - uint64_t(t0) * C] = s.direct_value[next_direct];
     if (rotate) s.rope.rotate_tile(s.tile.data(), rows, t0, p.geom.kv_heads, p.geom.head_dim);
     for (uint32_t r = 0; r < rows; ++r) cx.out->store_row(l, pl, t0 + r, &s.tile[size_t(r) * C]);
   }

@@ -24,14 +24,24 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
   plan.build(p, level, l, pl);
   const uint32_t n_anchor_rows = plan.has_anchor ? (T + G - 1) / G : 0;
   std::vector<int8_t> plain(size_t(T - n_anchor_rows) * C), anchors(size_t(n_anchor_rows) * C);
-  std::vector<Outlier> outliers;
+  std::vector<Outlier> outliers;  // exact values in the quantized domain (x, or y for KLT planes)
+  std::vector<Outlier> direct;    // KLT planes: exact pre-transform values, set after the inverse
   std::vector<float> row(C), anchor_recon(C, 0.0f), z(plan.block ? C : 0);
   for (uint32_t t = 0; t < T; ++t) {
     chunk.load_row(l, pl, t, row.data());
     if (rope) rope->rotate(row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
     if (plan.block) {
-      // Code the components y = U^T ((x - mean) / scale); outliers keep their exact y.
-      for (uint32_t c = 0; c < C; ++c) z[c] = (row[c] - plan.mean[c]) / plan.scale[c];
+      // Code the components y = U^T ((x - mean) / scale). A value far outside its
+      // channel's range would smear over every component: it is kept exact aside
+      // and enters the transform as the mean.
+      const float limit = 64.0f * plan.step[0];
+      for (uint32_t c = 0; c < C; ++c) {
+        z[c] = (row[c] - plan.mean[c]) / plan.scale[c];
+        if (!(std::fabs(z[c]) <= limit)) {
+          direct.push_back({t * C + c, row[c]});
+          z[c] = 0.0f;
+        }
+      }
       for (uint32_t b = 0; b < C; b += plan.block)
         klt_forward(plan.u + size_t(b) * plan.block, plan.block, &z[b], &row[b]);
     }
@@ -52,13 +62,16 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
       if (arow && plan.anchor[c]) anchor_recon[c] = recon;
     }
   }
-  for (const Outlier& o : outliers)
-    if (!std::isfinite(o.value))
+  for (const std::vector<Outlier>* list : {&outliers, &direct})
+    for (const Outlier& o : *list)
+      if (!std::isfinite(o.value))
       return make_status(StatusCode::invalid_argument, "layer {} plane {} token {} channel {} is not finite", l, pl,
                          o.index / C, o.index % C);
   ByteWriter w(out);
-  w.put(uint32_t(outliers.size()));
-  for (const Outlier& o : outliers) w.put(o.index), w.put(o.value);
+  for (const std::vector<Outlier>* list : {&outliers, &direct}) {
+    w.put(uint32_t(list->size()));
+    for (const Outlier& o : *list) w.put(o.index), w.put(o.value);
+  }
   const RansTables& tables = *p.levels[level].rans;
   if (T > n_anchor_rows)
     KVS_RETURN_IF_ERROR(rans_encode(tables, {plan.table_plain, C}, plain.data(), T - n_anchor_rows, C, out));

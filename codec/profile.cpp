@@ -139,10 +139,13 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
   ByteReader b(body, "codec profile body");
   p.geom.layers = b.get<uint32_t>(), p.geom.kv_heads = b.get<uint32_t>(), p.geom.head_dim = b.get<uint32_t>();
   p.geom.q_heads = b.get<uint32_t>(), p.geom.kind = AttentionKind(b.get<uint8_t>());
-  p.rope.enabled = b.get<uint8_t>() != 0, p.rope.base = b.get<float>(), p.rope.rotary_dim = b.get<uint32_t>();
+  const uint8_t rope_enabled = b.get<uint8_t>();
+  p.rope.enabled = rope_enabled != 0, p.rope.base = b.get<float>(), p.rope.rotary_dim = b.get<uint32_t>();
   p.rope.pairing = RopePairing(b.get<uint8_t>());
-  p.k_before_rope = b.get<uint8_t>() != 0, p.group_size = b.get<uint32_t>();
+  const uint8_t k_before = b.get<uint8_t>();
+  p.k_before_rope = k_before != 0, p.group_size = b.get<uint32_t>();
   KVS_RETURN_IF_ERROR(b.status());
+  if (rope_enabled > 1 || k_before > 1) return make_status(StatusCode::corrupt_data, "codec profile: bad flag byte");
   KVS_RETURN_IF_ERROR(p.geom.validate().with_context("codec profile"));
   if (uint8_t(p.rope.pairing) > 1 || !(p.rope.base > 1.0f) || p.rope.rotary_dim > p.geom.head_dim)
     return make_status(StatusCode::corrupt_data, "codec profile: bad RoPE parameters");

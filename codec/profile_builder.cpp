@@ -189,6 +189,17 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   }
   const double norm = std::exp(-log_ratio / double(N));
   for (float& m : p.step_scale) m = float(m * norm);
+  if (!opt.layer_plane_step.empty()) {
+    if (opt.layer_plane_step.size() != N / C)
+      return make_status(StatusCode::invalid_argument, "{} layer/plane step multipliers for {} layer-planes",
+                         opt.layer_plane_step.size(), N / C);
+    for (size_t i = 0; i < N; ++i) {
+      const float f = opt.layer_plane_step[i / C];
+      if (!(f > 0.0f) || !std::isfinite(f))
+        return make_status(StatusCode::invalid_argument, "layer/plane step multiplier {} must be > 0", f);
+      p.step_scale[i] *= f;
+    }
+  }
 
   // Predictor per channel: the cheapest residuals at the middle level.
   const float mid_step = opt.level_steps[opt.level_steps.size() / 2];

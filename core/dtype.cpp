@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -25,7 +26,13 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, flo
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
   for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
 }
-const bool kHaveF16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+// CPUID leaf 1, ECX bit 29 is F16C (asked directly: older compilers do not know the
+// "f16c" name in __builtin_cpu_supports).
+bool cpu_has_f16c() {
+  unsigned a, b, c, d;
+  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+const bool kHaveF16c = cpu_has_f16c();
 #else
 constexpr bool kHaveF16c = false;
 #endif

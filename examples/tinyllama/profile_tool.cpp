@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   int sample_windows = 48, quality_windows = 24, sens_windows = 8;
   unsigned threads = 0;
   bool no_sensitivity = false;
+  std::vector<float> group_steps;
+  uint32_t max_block = codec::ProfileOptions{}.max_transform_block;
+  bool no_transform = false;
   std::vector<float> steps = codec::ProfileOptions{}.level_steps;
   app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
   app.add_option("--out", out, "profile file to write")->capture_default_str();
@@ -57,6 +60,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--steps", steps, "base quantization step per level, finest first");
   app.add_option("--threads", threads, "worker threads (0: all cores)");
+  app.add_option("--layer-group-steps", group_steps,
+                 "step multipliers for equal groups of layers, e.g. 0.5 1 1.5 (CacheGen's three groups)");
+  app.add_option("--max-transform-block", max_block, "largest KLT block in channels")->capture_default_str();
+  app.add_flag("--no-transform", no_transform, "never code in a KLT basis");
   app.add_flag("--no-sensitivity", no_sensitivity, "plain per-channel normalisation instead of measured sensitivity");
   CLI11_PARSE(app, argc, argv);
 
@@ -85,6 +92,13 @@ int main(int argc, char** argv) {
 
   codec::ProfileOptions opt;
   opt.level_steps = steps;
+  opt.max_transform_block = max_block;
+  opt.allow_transform = !no_transform;
+  if (!group_steps.empty()) {
+    const uint32_t L = d->model.geometry().layers;
+    for (uint32_t l = 0; l < L; ++l)
+      for (int p = 0; p < 2; ++p) opt.layer_plane_step.push_back(group_steps[l * group_steps.size() / L]);
+  }
   if (!no_sensitivity) {
     // Weight proxy, normalised per (layer, plane) so that unit noise means "one
     // typical channel deviation"; then one noise experiment per (layer, plane) says

@@ -87,11 +87,15 @@ struct ProfileOptions {
   uint32_t group_size = 10;          ///< tokens per anchor group
   bool code_k_before_rope = true;    ///< undo RoPE on K before coding (needs the cache's RopeParams)
   /// Base steps, finest first; each level's step per channel is step * weight_scale(channel).
-  std::vector<float> level_steps = {0.05f, 0.08f, 0.12f, 0.18f, 0.27f, 0.4f, 0.6f, 0.9f};
+  std::vector<float> level_steps = {0.08f, 0.15f, 0.27f, 0.45f, 0.7f, 1.0f, 1.2f, 1.4f, 1.7f, 2.0f, 2.8f};
   /// Optional sensitivity per (layer, plane, channel), larger = more sensitive; the
   /// step of a channel scales with 1/sqrt(weight). Empty: 1/variance (plain
   /// per-channel normalization).
   std::vector<float> channel_weights;
+  /// Optional extra step multiplier per (layer, plane) ([layer][plane]); 1 when empty.
+  /// CacheGen's three layer groups with bins 0.5/1/1.5 are expressed here as
+  /// multipliers 0.5, 1 and 1.5 on the layers of each group.
+  std::vector<float> layer_plane_step;
   /// Which predictors the builder may choose from (it picks per channel the one whose
   /// residuals cost fewest bits at the middle level).
   bool allow_anchor = true;
