@@ -5,6 +5,10 @@
 #include <cstring>
 #include <thread>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "codec/bitstream.hpp"
 #include "codec/byte_io.hpp"
 #include "codec/chunk_plan.hpp"
@@ -14,7 +18,7 @@ namespace kvstream::codec {
 struct DecodeScratch::Impl {
   std::vector<int8_t> plain, anchors;
   std::vector<float> row, pred, z, tile, tile2;
-  std::vector<uint32_t> out_index, direct_index, nz;
+  std::vector<uint32_t> out_index, direct_index;
   std::vector<float> out_value, direct_value;
   MatrixPlan plan;
   RopeTable rope;
@@ -36,44 +40,93 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_tile(c
     for (uint32_t c = 0; c < n; ++c) out[c] = pred[c] + float(q[c]) * step[c];
 }
 
-// x = mean + scale * (U y) over blocks of n channels. Only nonzero components are
-// summed, in increasing index order: every decoder reproduces this order bit for bit.
-// The nonzero indices are gathered first without branches, because at useful rates
-// about half the components are zero at random and a branch per component would
-// mispredict constantly.
+// x = mean + scale * (U y) over blocks of n channels. For each channel the products
+// of the nonzero components are summed in increasing component order, without fused
+// multiply-add, and a zero result is emitted as +0. Adding a zero product changes at
+// most the sign of a zero sum, which that last rule erases, so decoders may skip zero
+// components or not (this one skips those zero in both of a pair of rows) and still
+// agree bit for bit.
 typedef float v16f __attribute__((vector_size(64)));
+
+// Bit j set when y[j] != 0, for j < width (a multiple of 4, at most 32).
+inline uint32_t nonzero_mask(const float* y, uint32_t width) {
+  uint32_t m = 0;
+#if defined(__x86_64__)
+  const __m128 zero = _mm_setzero_ps();  // SSE2 is in every x86-64 clone
+  for (uint32_t j = 0; j < width; j += 4)
+    m |= uint32_t(_mm_movemask_ps(_mm_cmpneq_ps(_mm_loadu_ps(y + j), zero))) << j;
+#else
+  for (uint32_t j = 0; j < width; ++j) m |= uint32_t(y[j] != 0.0f) << j;
+#endif
+  return m;
+}
+
+// Two rows of one block of 16 * NV channels; accumulators stay in registers and the
+// two rows give independent add chains.
+template <int NV>
+inline __attribute__((always_inline)) void klt_block_2rows(const float* ut, const float* ya, const float* yb,
+                                                           float* za, float* zb, bool two) {
+  constexpr uint32_t n = 16 * NV;
+  v16f acc_a[NV] = {}, acc_b[NV] = {};
+  for (uint32_t j0 = 0; j0 < n; j0 += 32) {
+    const uint32_t width = n - j0 < 32 ? n - j0 : 32;
+    uint32_t m = nonzero_mask(ya + j0, width);
+    if (two) m |= nonzero_mask(yb + j0, width);
+    while (m) {
+      const uint32_t j = j0 + uint32_t(__builtin_ctz(m));
+      m &= m - 1;
+      const float* col = ut + size_t(j) * n;
+      const float a = ya[j], b = two ? yb[j] : 0.0f;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        v16f c;
+        std::memcpy(&c, col + 16 * v, sizeof c);
+        acc_a[v] += c * a;
+        acc_b[v] += c * b;
+      }
+    }
+  }
+  std::memcpy(za, acc_a, sizeof acc_a);
+  if (two) std::memcpy(zb, acc_b, sizeof acc_b);
+}
+
+// Any block size: the same sums, one row at a time.
+inline void klt_block_generic(const float* ut, uint32_t n, const float* y, float* z) {
+  for (uint32_t c = 0; c < n; ++c) z[c] = 0.0f;
+  for (uint32_t j = 0; j < n; ++j) {
+    const float yj = y[j];
+    if (yj == 0.0f) continue;
+    const float* col = ut + size_t(j) * n;
+    for (uint32_t c = 0; c < n; ++c) z[c] += col[c] * yj;
+  }
+}
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void klt_inverse_tile(
     const float* ut, uint32_t n, uint32_t C, uint32_t rows, const float* y, const float* mean, const float* scale,
-    float* z, uint32_t* nz, float* out) {
-  for (uint32_t r = 0; r < rows; ++r, y += C, out += C) {
+    float* z, float* out) {
+  for (uint32_t r = 0; r < rows; r += 2) {
+    const bool two = r + 1 < rows;
+    const float* ya = y + size_t(r) * C;
+    const float* yb = two ? ya + C : ya;
+    float* za = z;
+    float* zb = z + C;
     for (uint32_t b = 0; b < C; b += n) {
-      uint32_t k = 0;
-      for (uint32_t j = 0; j < n; ++j) {
-        nz[k] = j;
-        k += y[b + j] != 0.0f;
-      }
       const float* blk = ut + size_t(b) * n;
-      // Accumulate 16 channels at a time in a vector register (accumulating through
-      // memory serialises on store forwarding; GCC lowers v16f to 1, 2 or 4
-      // registers on AVX-512, AVX2 or SSE2).
-      uint32_t c0 = 0;
-      for (; c0 + 16 <= n; c0 += 16) {
-        v16f acc = {};
-        for (uint32_t i = 0; i < k; ++i) {
-          v16f col;
-          std::memcpy(&col, blk + size_t(nz[i]) * n + c0, sizeof col);
-          acc += col * y[b + nz[i]];
-        }
-        std::memcpy(z + b + c0, &acc, sizeof acc);
-      }
-      for (; c0 < n; ++c0) {
-        float acc = 0.0f;
-        for (uint32_t i = 0; i < k; ++i) acc += blk[size_t(nz[i]) * n + c0] * y[b + nz[i]];
-        z[b + c0] = acc;
+      switch (n) {
+        case 16: klt_block_2rows<1>(blk, ya + b, yb + b, za + b, zb + b, two); break;
+        case 32: klt_block_2rows<2>(blk, ya + b, yb + b, za + b, zb + b, two); break;
+        case 64: klt_block_2rows<4>(blk, ya + b, yb + b, za + b, zb + b, two); break;
+        case 128: klt_block_2rows<8>(blk, ya + b, yb + b, za + b, zb + b, two); break;
+        default:
+          klt_block_generic(blk, n, ya + b, za + b);
+          if (two) klt_block_generic(blk, n, yb + b, zb + b);
       }
     }
-    for (uint32_t c = 0; c < C; ++c) out[c] = mean[c] + scale[c] * z[c];
+    for (uint32_t k = 0; k < (two ? 2u : 1u); ++k) {
+      float* o = out + size_t(r + k) * C;
+      const float* zz = z + size_t(k) * C;
+      for (uint32_t c = 0; c < C; ++c) o[c] = (mean[c] + scale[c] * zz[c]) + 0.0f;  // + 0: a zero is +0
+    }
   }
 }
 
@@ -191,9 +244,9 @@ Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScra
   if (plan.has_anchor) return reconstruct_rows(cx, l, pl, s, n_out);
   // No anchors: every row depends only on its own symbols, so work a tile of rows per
   // stage (dequantize, outliers, KLT, RoPE, store) to keep the loops long.
-  const uint32_t tile = std::max<uint32_t>(1, 8192 / C);
+  const uint32_t tile = std::max<uint32_t>(1, 2048 / C);
   s.tile.resize(size_t(tile) * C);
-  if (plan.block) s.tile2.resize(size_t(tile) * C), s.z.resize(C), s.nz.resize(plan.block);
+  if (plan.block) s.tile2.resize(size_t(tile) * C), s.z.resize(2 * size_t(C));
   size_t next_out = 0, next_direct = 0;
   for (uint32_t t0 = 0; t0 < T; t0 += tile) {
     const uint32_t rows = std::min(tile, T - t0);
@@ -203,12 +256,11 @@ Status decode_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, DecodeScra
     for (; next_out < n_out && s.out_index[next_out] < end; ++next_out)
       dq[s.out_index[next_out] - uint64_t(t0) * C] = s.out_value[next_out];
     if (plan.block)
-      klt_inverse_tile(plan.ut, plan.block, C, rows, dq, plan.mean, plan.scale, s.z.data(), s.nz.data(),
-                       s.tile.data());
+      klt_inverse_tile(plan.ut, plan.block, C, rows, dq, plan.mean, plan.scale, s.z.data(), s.tile.data());
     for (; next_direct < n_direct && s.direct_index[next_direct] < end; ++next_direct)
       s.tile[s.direct_index[next_direct] - uint64_t(t0) * C] = s.direct_value[next_direct];
     if (rotate) s.rope.rotate_tile(s.tile.data(), rows, t0, p.geom.kv_heads, p.geom.head_dim);
-    for (uint32_t r = 0; r < rows; ++r) cx.out->store_row(l, pl, t0 + r, &s.tile[size_t(r) * C]);
+    cx.out->store_rows(l, pl, t0, rows, s.tile.data());
   }
   return {};
 }

@@ -34,7 +34,7 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
       // Code the components y = U^T ((x - mean) / scale). A value far outside its
       // channel's range would smear over every component: it is kept exact aside
       // and enters the transform as the mean.
-      const float limit = 64.0f * plan.step[0];
+      const float limit = std::max(127.0f * plan.step[0], 32.0f);
       for (uint32_t c = 0; c < C; ++c) {
         z[c] = (row[c] - plan.mean[c]) / plan.scale[c];
         if (!(std::fabs(z[c]) <= limit)) {

@@ -226,8 +226,9 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   p.transform.assign(LP, {});
   std::vector<uint32_t> candidates;
   if (opt.allow_transform) {
-    if (p.geom.head_dim < C && p.geom.head_dim <= opt.max_transform_block) candidates.push_back(p.geom.head_dim);
-    if (C <= opt.max_transform_block && C > 1) candidates.push_back(C);
+    // Whole heads first, then groups of 2, 4, ... heads, up to the block limit.
+    for (uint32_t B = p.geom.head_dim; B <= C && B <= opt.max_transform_block; B *= 2)
+      if (C % B == 0 && B > 1) candidates.push_back(B);
   }
   uint64_t total_tokens = 0;
   for (uint32_t t : s.tokens) total_tokens += t;

@@ -136,6 +136,15 @@ void KvView::store_row(uint32_t layer, uint32_t plane, uint64_t t, const float* 
   for (uint32_t c = 0; c < n; ++c) store_element(p, dtype_, size_t(int64_t(c) * channel_stride_), in[c]);
 }
 
+void KvView::store_rows(uint32_t layer, uint32_t plane, uint64_t t, uint64_t n, const float* in) const noexcept {
+  const uint32_t C = geom_.channels();
+  if (!paged_ && channel_stride_ == 1 && strides_.token == int64_t(C)) {
+    convert_elements(in, DType::f32, row(layer, plane, t), dtype_, size_t(n) * C);
+    return;
+  }
+  for (uint64_t r = 0; r < n; ++r) store_row(layer, plane, t + r, in + r * C);
+}
+
 Status copy_kv(const KvView& src, const KvView& dst) {
   if (!(src.geometry() == dst.geometry()))
     return make_status(StatusCode::invalid_argument, "copy_kv: geometries differ");

@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
   std::vector<float> group_steps;
   uint32_t max_block = codec::ProfileOptions{}.max_transform_block;
   bool no_transform = false;
+  uint32_t max_tables = codec::ProfileOptions{}.max_tables_per_level;
+  double min_gain = codec::ProfileOptions{}.transform_min_gain;
   std::vector<float> steps = codec::ProfileOptions{}.level_steps;
   app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
   app.add_option("--out", out, "profile file to write")->capture_default_str();
@@ -63,6 +65,9 @@ int main(int argc, char** argv) {
   app.add_option("--layer-group-steps", group_steps,
                  "step multipliers for equal groups of layers, e.g. 0.5 1 1.5 (CacheGen's three groups)");
   app.add_option("--max-transform-block", max_block, "largest KLT block in channels")->capture_default_str();
+  app.add_option("--max-tables", max_tables, "static entropy tables per level (1..256)")->capture_default_str();
+  app.add_option("--transform-min-gain", min_gain, "bit saving a KLT must bring to be used (fraction)")
+      ->capture_default_str();
   app.add_flag("--no-transform", no_transform, "never code in a KLT basis");
   app.add_flag("--no-sensitivity", no_sensitivity, "plain per-channel normalisation instead of measured sensitivity");
   CLI11_PARSE(app, argc, argv);
@@ -93,6 +98,8 @@ int main(int argc, char** argv) {
   codec::ProfileOptions opt;
   opt.level_steps = steps;
   opt.max_transform_block = max_block;
+  opt.max_tables_per_level = max_tables;
+  opt.transform_min_gain = min_gain;
   opt.allow_transform = !no_transform;
   if (!group_steps.empty()) {
     const uint32_t L = d->model.geometry().layers;

@@ -135,6 +135,9 @@ class KvView {
   void load_row(uint32_t layer, uint32_t plane, uint64_t t, float* out) const noexcept;
   /// Writes one row from floats (rounded to the view's type).
   void store_row(uint32_t layer, uint32_t plane, uint64_t t, const float* in) const noexcept;
+  /// Writes `n` consecutive rows (tokens t..t+n-1) from n x channels floats; one
+  /// conversion pass when those rows are adjacent in memory.
+  void store_rows(uint32_t layer, uint32_t plane, uint64_t t, uint64_t n, const float* in) const noexcept;
 
  private:
   std::byte* base_ = nullptr;
