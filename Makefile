@@ -38,9 +38,12 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
+# Until the end-to-end demo exists: the tinyllama runtime, then the codec on a real
+# story (the profile is built once, offline, from the first half of the eval text).
 demo: build
-	$(BUILD)/bin/kvstream-tinyllama generate --steps 120
-	$(BUILD)/bin/kvstream-tinyllama ppl
+	$(BUILD)/bin/kvstream-tinyllama generate --steps 60
+	@test -f $(BUILD)/tinyllama.kvsprofile || $(BUILD)/bin/kvstream-profile --out $(BUILD)/tinyllama.kvsprofile
+	$(BUILD)/bin/kvstream-codec-demo --profile $(BUILD)/tinyllama.kvsprofile
 
 clean:
 	rm -rf $(BUILD)

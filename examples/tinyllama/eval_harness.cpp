@@ -56,8 +56,10 @@ Result<Reference> score_reference(const Model& m, const std::vector<std::vector<
                                   unsigned threads) {
   Reference ref;
   ref.windows.resize(windows.size());
+  ref.context_kv.resize(windows.size());
   KVS_RETURN_IF_ERROR(parallel_for(windows.size(), threads, [&](size_t i) -> Status {
-    KVS_ASSIGN_OR_RETURN(ref.windows[i], score_window(m, windows[i], s.context, {}, true));
+    KVS_ASSIGN_OR_RETURN(ref.context_kv[i], m.calculate_kv(std::span<const int>(windows[i]).first(size_t(s.context))));
+    KVS_ASSIGN_OR_RETURN(ref.windows[i], score_window_with_kv(m, windows[i], ref.context_kv[i], {}, true));
     return {};
   }));
   double nll = 0, n = 0;
@@ -67,7 +69,8 @@ Result<Reference> score_reference(const Model& m, const std::vector<std::vector<
 }
 
 Result<Quality> evaluate(const Model& m, const std::vector<std::vector<int>>& windows, const Reference& ref,
-                         const EvalSetup& s, const KvTransform& transform, unsigned threads) {
+                         const EvalSetup& /*s: the context length is in ref*/, const KvTransform& transform,
+                         unsigned threads) {
   const int vocab = m.config().vocab_size;
   struct Per {
     double nll = 0, kl = 0, agree = 0;
@@ -75,7 +78,7 @@ Result<Quality> evaluate(const Model& m, const std::vector<std::vector<int>>& wi
   };
   std::vector<Per> per(windows.size());
   KVS_RETURN_IF_ERROR(parallel_for(windows.size(), threads, [&](size_t i) -> Status {
-    KVS_ASSIGN_OR_RETURN(WindowScore w, score_window(m, windows[i], s.context, transform, true));
+    KVS_ASSIGN_OR_RETURN(WindowScore w, score_window_with_kv(m, windows[i], ref.context_kv[i], transform, true));
     const WindowScore& e = ref.windows[i];
     Per& p = per[i];
     p.nll = w.nll_sum, p.n = w.scored;

@@ -32,6 +32,7 @@ std::vector<std::vector<int>> make_windows(const std::vector<int>& text, const E
 /// Per-window exact scores, computed once and compared against every codec.
 struct Reference {
   std::vector<WindowScore> windows;  // with log-probabilities
+  std::vector<kvstream::KvCache> context_kv;  // exact KV of each window's context
   double mean_nll = 0;
 };
 Result<Reference> score_reference(const Model& m, const std::vector<std::vector<int>>& windows, const EvalSetup& s,

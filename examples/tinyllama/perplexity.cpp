@@ -23,27 +23,12 @@ void log_softmax(const float* logits, float* out, int n) {
 }
 }  // namespace
 
-Result<WindowScore> score_window(const Model& m, std::span<const int> tokens, int context_tokens,
-                                 const KvTransform& transform, bool keep_logprobs) {
+namespace {
+// Scores tokens[first+1, n) from positions first..n-2, with `st` holding positions
+// [0, first) already.
+Result<WindowScore> score_from(const Model& m, State& st, std::span<const int> tokens, int first, bool keep_logprobs) {
   const int n = int(tokens.size());
   const int vocab = m.config().vocab_size;
-  if (n < 2) return make_status(StatusCode::invalid_argument, "a window needs at least 2 tokens, got {}", n);
-  if (context_tokens >= n)
-    return make_status(StatusCode::invalid_argument, "context of {} tokens leaves nothing to score in {}",
-                       context_tokens, n);
-  State st(m);
-  // Predictions start at position `first`: BOS (0) without a context, else the last context position.
-  int first = 0;
-  if (context_tokens > 1) {
-    KVS_ASSIGN_OR_RETURN(kvstream::KvCache kv, m.calculate_kv(tokens.first(size_t(context_tokens))));
-    if (transform) KVS_RETURN_IF_ERROR(transform(kv).with_context("KV transform"));
-    if (kv.tokens() != uint64_t(context_tokens))
-      return make_status(StatusCode::internal, "KV transform changed the cache from {} to {} tokens", context_tokens,
-                         kv.tokens());
-    KVS_RETURN_IF_ERROR(st.load_kv(kv.view()));
-    first = context_tokens - 1;
-    KVS_RETURN_IF_ERROR(st.truncate(first));
-  }
   const int rows = n - 1 - first;  // positions first..n-2 predict tokens first+1..n-1
   std::vector<float> logits(size_t(rows) * vocab);
   KVS_RETURN_IF_ERROR(m.forward(st, tokens.subspan(size_t(first), size_t(rows)), logits));
@@ -57,6 +42,41 @@ Result<WindowScore> score_window(const Model& m, std::span<const int> tokens, in
   }
   if (keep_logprobs) ws.logprobs = std::move(logits);
   return ws;
+}
+}  // namespace
+
+Result<WindowScore> score_window_with_kv(const Model& m, std::span<const int> tokens, const kvstream::KvCache& context_kv,
+                                         const KvTransform& transform, bool keep_logprobs) {
+  const int n = int(tokens.size());
+  const int context_tokens = int(context_kv.tokens());
+  if (context_tokens < 2 || context_tokens >= n)
+    return make_status(StatusCode::invalid_argument, "context of {} tokens for a {}-token window", context_tokens, n);
+  kvstream::KvCache kv = context_kv;
+  if (transform) KVS_RETURN_IF_ERROR(transform(kv).with_context("KV transform"));
+  if (kv.tokens() != uint64_t(context_tokens))
+    return make_status(StatusCode::internal, "KV transform changed the cache from {} to {} tokens", context_tokens,
+                       kv.tokens());
+  State st(m);
+  KVS_RETURN_IF_ERROR(st.load_kv(kv.view()));
+  // The last context position is recomputed against the transformed cache.
+  const int first = context_tokens - 1;
+  KVS_RETURN_IF_ERROR(st.truncate(first));
+  return score_from(m, st, tokens, first, keep_logprobs);
+}
+
+Result<WindowScore> score_window(const Model& m, std::span<const int> tokens, int context_tokens,
+                                 const KvTransform& transform, bool keep_logprobs) {
+  const int n = int(tokens.size());
+  if (n < 2) return make_status(StatusCode::invalid_argument, "a window needs at least 2 tokens, got {}", n);
+  if (context_tokens >= n)
+    return make_status(StatusCode::invalid_argument, "context of {} tokens leaves nothing to score in {}",
+                       context_tokens, n);
+  if (context_tokens > 1) {
+    KVS_ASSIGN_OR_RETURN(kvstream::KvCache kv, m.calculate_kv(tokens.first(size_t(context_tokens))));
+    return score_window_with_kv(m, tokens, kv, transform, keep_logprobs);
+  }
+  State st(m);
+  return score_from(m, st, tokens, 0, keep_logprobs);
 }
 
 Result<PerplexityResult> perplexity(const Model& m, std::span<const int> text, const PerplexityOptions& opt) {

@@ -167,6 +167,11 @@ struct PerplexityResult {
 Result<WindowScore> score_window(const Model& m, std::span<const int> tokens, int context_tokens,
                                  const KvTransform& transform, bool keep_logprobs);
 
+/// As score_window with a context, given the context's exact KV cache (of
+/// tokens[0, context_kv.tokens())); a copy of it goes through `transform`.
+Result<WindowScore> score_window_with_kv(const Model& m, std::span<const int> tokens, const kvstream::KvCache& context_kv,
+                                         const KvTransform& transform, bool keep_logprobs);
+
 /// Perplexity of a token stream cut into non-overlapping windows of BOS +
 /// (window - 1) tokens (the last window may be shorter).
 Result<PerplexityResult> perplexity(const Model& m, std::span<const int> text_tokens, const PerplexityOptions& opt);
