@@ -1,0 +1,147 @@
+// Transport: moves framed messages between a client and a storage node over one of
+// several backends (tcp over io_uring, UCX, libfabric), each declaring what it can do.
+//
+// A message is a small header (the chunk protocol's fields, at most
+// kMaxHeaderBytes) and an optional body that is sent from, and received straight
+// into, registered memory. Every blocking call takes a deadline and a cancel token;
+// a peer that dies or stalls yields an error by the deadline, never a hang.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstream/status.hpp"
+
+namespace kvstream::transport {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+/// A deadline `ms` milliseconds from now.
+inline Deadline deadline_in(std::chrono::milliseconds ms) { return Clock::now() + ms; }
+
+/// Largest message header: headers carry protocol fields, never payload.
+inline constexpr size_t kMaxHeaderBytes = 4096;
+
+/// Where a buffer lives.
+enum class MemoryType : uint8_t { host = 0, cuda = 1 };
+
+/// "host" or "cuda".
+std::string_view memory_type_name(MemoryType t) noexcept;
+
+/// Shared cancellation flag: cancel() makes every call waiting on it return
+/// StatusCode::cancelled promptly. Cheap to copy.
+class CancelToken {
+ public:
+  CancelToken() : flag_(std::make_shared<std::atomic<bool>>(false)) {}
+  void cancel() const noexcept { flag_->store(true, std::memory_order_release); }
+  [[nodiscard]] bool cancelled() const noexcept { return flag_->load(std::memory_order_acquire); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> flag_;
+};
+
+/// What a backend can do, declared so callers choose paths explicitly instead of
+/// discovering a slow fallback.
+struct Capabilities {
+  std::string backend;          ///< "tcp", "ucx", "libfabric"
+  std::string provider;         ///< what carries it: "io_uring", UCX transports, libfabric provider
+  bool host_memory = true;      ///< bodies in host memory
+  bool cuda_memory = false;     ///< bodies straight to/from GPU memory (GPUDirect)
+  bool one_sided_read = false;  ///< RMA reads of registered remote memory
+  bool notifications = false;   ///< completion notifications to the remote side
+  uint64_t max_message_bytes = 0;
+};
+
+/// A registered buffer (RAII: deregistered when the last handle goes away). Backends
+/// cache registrations, so registering the same range again is cheap.
+class MemoryRegion {
+ public:
+  struct Impl;
+  MemoryRegion() = default;
+  explicit MemoryRegion(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  [[nodiscard]] std::byte* data() const noexcept;
+  [[nodiscard]] size_t size() const noexcept;
+  [[nodiscard]] MemoryType type() const noexcept;
+  [[nodiscard]] bool valid() const noexcept { return impl_ != nullptr; }
+  /// The registered span [offset, offset + n); empty when out of range.
+  [[nodiscard]] std::span<std::byte> span(size_t offset, size_t n) const noexcept;
+  [[nodiscard]] const std::shared_ptr<Impl>& impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// One connected peer. One thread may send while another receives; two concurrent
+/// senders (or receivers) on one connection must serialise themselves.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  /// Sends one message. `body` must lie in memory registered with this connection's
+  /// backend (or be empty). Returns once the message is handed to the transport
+  /// (the buffers may be reused).
+  virtual Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
+                      const CancelToken& cancel) = 0;
+
+  /// Receives the next message's header into `header` (resized) and returns the size
+  /// of its body, which must then be read with recv_body before the next message.
+  virtual Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) = 0;
+
+  /// Receives the body announced by recv_header into `dest` (registered memory, at
+  /// least that large), or discards it when `dest` is empty.
+  virtual Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) = 0;
+
+  /// "tcp 127.0.0.1:7471 (io_uring)" and the like: backend, address, path.
+  [[nodiscard]] virtual std::string describe() const = 0;
+};
+
+/// Accepts connections on an address.
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  /// Waits for the next connection until `deadline`; timed_out when none came.
+  virtual Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) = 0;
+  /// The address peers connect to (with the port actually bound).
+  [[nodiscard]] virtual std::string address() const = 0;
+};
+
+/// Settings of one backend instance (one struct, documented defaults).
+struct BackendConfig {
+  std::string name = "tcp";         ///< "tcp", "ucx" or "libfabric"
+  MemoryType memory = MemoryType::host;  ///< memory type bodies will use; asking for
+                                         ///< one the backend lacks is an error
+  std::string ucx_tls;              ///< UCX: transports (UCX_TLS); empty = UCX's default
+  std::string ofi_provider = "tcp;ofi_rxm";  ///< libfabric provider
+  uint32_t tcp_queue_depth = 64;    ///< io_uring submission queue entries per connection
+};
+
+/// A transport backend: creates listeners and connections, registers memory.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  [[nodiscard]] virtual const Capabilities& capabilities() const = 0;
+  /// Listens on "host:port" (port 0: any free port).
+  virtual Result<std::unique_ptr<Listener>> listen(const std::string& address) = 0;
+  /// Connects to "host:port" by `deadline`.
+  virtual Result<std::unique_ptr<Connection>> connect(const std::string& address, Deadline deadline,
+                                                      const CancelToken& cancel) = 0;
+  /// Registers [data, data + size) of type `type` for message bodies.
+  virtual Result<MemoryRegion> register_memory(void* data, size_t size, MemoryType type) = 0;
+};
+
+/// Names of the backends compiled into this build.
+std::vector<std::string> available_backends();
+
+/// Creates a backend. Errors: unsupported when the backend is not built in or cannot
+/// serve `config.memory` (the message says which path is missing), unavailable when
+/// its runtime cannot start. The chosen backend and path are logged.
+Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& config);
+
+}  // namespace kvstream::transport
