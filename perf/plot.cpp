@@ -27,7 +27,9 @@ Status plot_xy(const std::vector<PlotSeries>& series, const std::string& xlabel,
   if (log_y) g << "set logscale y\n";
   g << "plot ";
   for (size_t i = 0; i < series.size(); ++i)
-    g << (i ? ", " : "") << "'" << dat << "' index " << i << " with linespoints title '" << series[i].name << "'";
+    // Sweeps of many settings are clouds, not curves: points only.
+    g << (i ? ", " : "") << "'" << dat << "' index " << i << " with "
+      << (series[i].points.size() > 12 ? "points" : "linespoints") << " title '" << series[i].name << "'";
   g << "\n";
   g.close();
   if (std::system(fmt::format("gnuplot '{}'", gp).c_str()) != 0)
