@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 # What the build, the tests and the benchmarks need from Debian 12.
 DEB_PACKAGES := cmake ninja-build g++ clang pkg-config \
   libfmt-dev libspdlog-dev libgtest-dev libzstd-dev libxxhash-dev libcli11-dev nlohmann-json3-dev \
-  libucx-dev libfabric-dev liburing-dev
+  libucx-dev libfabric-dev liburing-dev libssl-dev
 
 .PHONY: all deps configure build test demo clean
 

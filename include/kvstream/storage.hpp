@@ -1,0 +1,130 @@
+// The storage node and its client: encoded chunks (every level of every chunk) kept
+// per namespace and context, served over any transport backend.
+//
+// Namespaces are isolated by per-namespace secrets proven by challenge-response
+// (HMAC-SHA256 of a server nonce; the secret never crosses the wire). Every call has
+// a deadline and can be cancelled; a chunk's checksum is verified before its bytes
+// are handed to the caller.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstream/status.hpp"
+#include "kvstream/transport.hpp"
+
+namespace kvstream::storage {
+
+/// Default port of kvstream-server.
+inline constexpr uint16_t kDefaultPort = 7471;
+/// Bounds that every peer enforces on the wire.
+inline constexpr size_t kMaxNamespaceBytes = 64;
+inline constexpr size_t kMaxContextBytes = 200;
+inline constexpr uint32_t kMaxLevels = 32;
+inline constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
+
+/// Checks a namespace or context id: 1..max bytes of [A-Za-z0-9._-], not "." or
+/// "..", so it can never name a path outside the store. Errors: invalid_argument.
+Status validate_id(std::string_view id, size_t max_bytes, std::string_view what);
+
+/// Sizes of every stored level of one chunk (0: that level is absent).
+struct ChunkStat {
+  uint32_t chunk = 0;
+  std::vector<uint64_t> level_bytes;
+  bool operator==(const ChunkStat&) const = default;
+};
+
+/// Storage node settings (one struct; defaults documented per field).
+struct ServerConfig {
+  std::string address = "127.0.0.1:7471";  ///< loopback unless told otherwise; port 0 = any
+  transport::BackendConfig backend;        ///< transport backend (default tcp)
+  std::string directory;                   ///< where chunks live (required)
+  std::map<std::string, std::string> secrets;  ///< namespace -> secret; only these namespaces exist
+  uint64_t cache_bytes = uint64_t(256) << 20;  ///< in-memory cache of hot chunks
+  uint32_t max_connections = 256;          ///< further connections are refused
+  uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure
+  std::chrono::milliseconds idle_timeout{60000};  ///< a silent client is disconnected after this
+};
+
+/// A running storage node. Stops (and joins its threads) on destruction.
+class Server {
+ public:
+  virtual ~Server() = default;
+  /// Starts listening and serving. Errors: invalid_argument (config), io_error
+  /// (directory), and the backend's errors.
+  static Result<std::unique_ptr<Server>> start(const ServerConfig& config);
+  /// The address clients connect to (actual port when 0 was asked).
+  [[nodiscard]] virtual std::string address() const = 0;
+  /// Stops accepting, closes connections, waits for the threads.
+  virtual void stop() = 0;
+  struct Counters {
+    uint64_t requests = 0, errors = 0, bytes_out = 0, bytes_in = 0, cache_hits = 0, auth_failures = 0;
+  };
+  [[nodiscard]] virtual Counters counters() const = 0;
+};
+
+/// Client settings.
+struct ClientConfig {
+  std::string address;                  ///< "host:port" of the storage node
+  transport::BackendConfig backend;     ///< must match the server's backend
+  std::string name_space;               ///< namespace to use
+  std::string secret;                   ///< its secret
+  uint32_t connections = 1;             ///< parallel connections (requests are spread over them)
+};
+
+/// Completion of an asynchronous get: bytes written into the destination, or why not.
+using GetCallback = std::function<void(Result<size_t>)>;
+
+/// A connection (or several) to one storage node. Thread-safe.
+class Client {
+ public:
+  virtual ~Client() = default;
+  /// Connects and authenticates. Errors: permission_denied (wrong namespace or
+  /// secret; no hint of what exists), unavailable, timed_out.
+  static Result<std::unique_ptr<Client>> connect(const ClientConfig& config, transport::Deadline deadline,
+                                                 const transport::CancelToken& cancel = {});
+
+  /// Registers a buffer with the client's backend (chunks land in it directly).
+  virtual Result<transport::MemoryRegion> register_memory(void* data, size_t size) = 0;
+
+  /// Stores one level of one chunk (replacing it). Durable when this returns ok.
+  virtual Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                     transport::Deadline deadline, const transport::CancelToken& cancel = {}) = 0;
+
+  /// Fetches one level of one chunk straight into dest[offset, offset + capacity).
+  /// Pipelined: many gets may be in flight; `done` runs on a client thread once the
+  /// bytes are in place and their checksum verified (or on error, including
+  /// timed_out at the deadline and cancelled). After `done` the client no longer
+  /// touches the destination.
+  virtual void get_async(const std::string& context, uint32_t chunk, uint32_t level, transport::MemoryRegion dest,
+                         size_t offset, size_t capacity, transport::Deadline deadline,
+                         const transport::CancelToken& cancel, GetCallback done) = 0;
+
+  /// Blocking get; returns the chunk's size.
+  Result<size_t> get(const std::string& context, uint32_t chunk, uint32_t level, transport::MemoryRegion dest,
+                     size_t offset, size_t capacity, transport::Deadline deadline,
+                     const transport::CancelToken& cancel = {});
+  /// The same as a future.
+  std::future<Result<size_t>> get_future(const std::string& context, uint32_t chunk, uint32_t level,
+                                         transport::MemoryRegion dest, size_t offset, size_t capacity,
+                                         transport::Deadline deadline, const transport::CancelToken& cancel = {});
+
+  /// Sizes of every level of every chunk of a context (what the level chooser needs
+  /// before fetching). Errors: not_found.
+  virtual Result<std::vector<ChunkStat>> stat(const std::string& context, transport::Deadline deadline,
+                                              const transport::CancelToken& cancel = {}) = 0;
+  /// Deletes a context. Errors: not_found.
+  virtual Status remove(const std::string& context, transport::Deadline deadline,
+                        const transport::CancelToken& cancel = {}) = 0;
+  /// Contexts of the namespace.
+  virtual Result<std::vector<std::string>> list(transport::Deadline deadline,
+                                                const transport::CancelToken& cancel = {}) = 0;
+};
+
+}  // namespace kvstream::storage

@@ -1,0 +1,209 @@
+// kvstream-perf: point-to-point transport benchmark in the tradition of ucx_perftest
+// and nixlbench. One side runs --server, the other --client HOST; the client sweeps
+// block sizes, keeps `batch` messages in flight per iteration, and reports bandwidth
+// and latency percentiles per block size.
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvstream/transport.hpp"
+
+using namespace kvstream;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint16_t kDefaultPort = 7472;
+
+// Control header of every message: what it is and, for a read request, what to send.
+struct Ctl {
+  uint32_t op;  // 1 write (body follows), 2 ack, 3 read request, 4 read data, 5 done
+  uint32_t batch;
+  uint64_t block;
+};
+std::span<const std::byte> as_bytes(const Ctl& c) { return {reinterpret_cast<const std::byte*>(&c), sizeof c}; }
+
+struct Options {
+  bool server = false;
+  std::string client;
+  uint16_t port = kDefaultPort;
+  BackendConfig backend;
+  uint64_t min_block = 4096, max_block = uint64_t(64) << 20, only_block = 0;
+  uint32_t batch = 16, iterations = 0, warmup = 0;
+  std::string mode = "write";
+  std::string json;
+  double seconds_per_size = 1.0;
+};
+
+int fail(const Status& s) {
+  fmt::print(stderr, "kvstream-perf: {}\n", s.to_string());
+  return 1;
+}
+
+Status serve_one(Backend& b, Connection& c, std::vector<std::byte>& buf, const MemoryRegion& mr) {
+  std::vector<std::byte> h;
+  for (;;) {
+    KVS_ASSIGN_OR_RETURN(size_t len, c.recv_header(h, deadline_in(60s), {}));
+    if (h.size() != sizeof(Ctl)) return make_status(StatusCode::corrupt_data, "bad control header");
+    Ctl ctl;
+    std::memcpy(&ctl, h.data(), sizeof ctl);
+    if (len > buf.size()) return make_status(StatusCode::out_of_range, "message of {} bytes", len);
+    KVS_RETURN_IF_ERROR(c.recv_body(mr.span(0, len), deadline_in(60s), {}));
+    if (ctl.op == 5) return {};
+    if (ctl.op == 1) {
+      Ctl ack{2, 1, len};
+      KVS_RETURN_IF_ERROR(c.send(as_bytes(ack), {}, deadline_in(60s), {}));
+    } else if (ctl.op == 3) {
+      if (ctl.block > buf.size() || ctl.batch > 4096) return make_status(StatusCode::out_of_range, "read request");
+      for (uint32_t i = 0; i < ctl.batch; ++i) {
+        Ctl data{4, ctl.batch, ctl.block};
+        KVS_RETURN_IF_ERROR(c.send(as_bytes(data), mr.span(0, ctl.block), deadline_in(60s), {}));
+      }
+    } else {
+      return make_status(StatusCode::corrupt_data, "unexpected op {}", ctl.op);
+    }
+  }
+  (void)b;
+}
+
+int run_server(const Options& o) {
+  auto b = create_backend(o.backend);
+  if (!b.ok()) return fail(b.status());
+  auto l = (*b)->listen(fmt::format("{}:{}", o.client.empty() ? "127.0.0.1" : o.client, o.port));
+  if (!l.ok()) return fail(l.status());
+  fmt::print("kvstream-perf server on {} ({})\n", (*l)->address(), (*b)->capabilities().provider);
+  std::fflush(stdout);
+  std::vector<std::byte> buf(o.max_block);
+  auto mr = (*b)->register_memory(buf.data(), buf.size(), MemoryType::host);
+  if (!mr.ok()) return fail(mr.status());
+  for (;;) {
+    auto c = (*l)->accept(deadline_in(3600s), {});
+    if (!c.ok()) return fail(c.status());
+    if (Status s = serve_one(**b, **c, buf, *mr); !s.ok()) fmt::print(stderr, "session ended: {}\n", s.to_string());
+    else return 0;  // the client said done
+  }
+}
+
+struct Row {
+  uint64_t block;
+  uint32_t batch;
+  double bytes_per_s, avg, p50, p99, p999;
+};
+
+int run_client(const Options& o) {
+  auto b = create_backend(o.backend);
+  if (!b.ok()) return fail(b.status());
+  auto c = (*b)->connect(fmt::format("{}:{}", o.client, o.port), deadline_in(10s), {});
+  if (!c.ok()) return fail(c.status());
+  fmt::print("# {} {} batch {}\n", (*c)->describe(), o.mode, o.batch);
+  std::vector<std::byte> buf(o.max_block);
+  std::memset(buf.data(), 0x5a, buf.size());  // touch every page before timing
+  auto mr = (*b)->register_memory(buf.data(), buf.size(), MemoryType::host);
+  if (!mr.ok()) return fail(mr.status());
+  std::vector<uint64_t> sizes;
+  if (o.only_block) sizes.push_back(o.only_block);
+  else
+    for (uint64_t s = o.min_block; s <= o.max_block; s *= 4) sizes.push_back(s);
+  fmt::print("{:>12} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "block", "batch", "GB/s", "avg us", "p50 us",
+             "p99 us", "p999 us");
+  std::vector<Row> rows;
+  std::vector<std::byte> h;
+  for (uint64_t block : sizes) {
+    auto one_batch = [&]() -> Status {
+      if (o.mode == "write") {
+        for (uint32_t i = 0; i < o.batch; ++i) {
+          Ctl w{1, o.batch, block};
+          KVS_RETURN_IF_ERROR((*c)->send(as_bytes(w), mr->span(0, block), deadline_in(30s), {}));
+        }
+        for (uint32_t i = 0; i < o.batch; ++i) {
+          KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, deadline_in(30s), {}));
+          KVS_RETURN_IF_ERROR((*c)->recv_body({}, deadline_in(30s), {}));
+          (void)len;
+        }
+      } else {
+        Ctl r{3, o.batch, block};
+        KVS_RETURN_IF_ERROR((*c)->send(as_bytes(r), {}, deadline_in(30s), {}));
+        for (uint32_t i = 0; i < o.batch; ++i) {
+          KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, deadline_in(30s), {}));
+          KVS_RETURN_IF_ERROR((*c)->recv_body(mr->span(0, len), deadline_in(30s), {}));
+        }
+      }
+      return {};
+    };
+    // Iterations: as given, else as many as fit in seconds_per_size.
+    const uint32_t warm = o.warmup ? o.warmup : 3;
+    for (uint32_t i = 0; i < warm; ++i)
+      if (Status s = one_batch(); !s.ok()) return fail(s);
+    std::vector<double> lat;
+    const auto start = Clock::now();
+    while (true) {
+      const auto t0 = Clock::now();
+      if (Status s = one_batch(); !s.ok()) return fail(s);
+      lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      if (o.iterations ? lat.size() >= o.iterations
+                       : (Clock::now() - start > std::chrono::duration<double>(o.seconds_per_size) && lat.size() >= 10))
+        break;
+    }
+    const double total = std::chrono::duration<double>(Clock::now() - start).count();
+    std::sort(lat.begin(), lat.end());
+    auto pct = [&](double p) { return lat[std::min(lat.size() - 1, size_t(p * double(lat.size())))]; };
+    double avg = 0;
+    for (double v : lat) avg += v;
+    avg /= double(lat.size());
+    Row r{block, o.batch, double(block) * o.batch * double(lat.size()) / total, avg, pct(0.5), pct(0.99), pct(0.999)};
+    rows.push_back(r);
+    fmt::print("{:>12} {:>6} {:>10.3f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f}\n", block, o.batch, r.bytes_per_s / 1e9,
+               r.avg, r.p50, r.p99, r.p999);
+    std::fflush(stdout);
+  }
+  Ctl done{5, 0, 0};
+  (void)(*c)->send(as_bytes(done), {}, deadline_in(5s), {});
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["rows"] = nlohmann::json::array();
+    for (const Row& r : rows)
+      j["rows"].push_back({{"backend", o.backend.name}, {"mode", o.mode}, {"block_bytes", r.block}, {"batch", r.batch},
+                           {"bytes_per_s", r.bytes_per_s}, {"lat_us_avg", r.avg}, {"lat_us_p50", r.p50},
+                           {"lat_us_p99", r.p99}, {"lat_us_p999", r.p999}});
+    std::ofstream(o.json) << j.dump(1) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvstream point-to-point transport benchmark"};
+  Options o;
+  app.add_flag("--server", o.server, "run the server side");
+  app.add_option("--client", o.client, "server host to connect to (with --server: address to bind, default 127.0.0.1)");
+  app.add_option("--port", o.port, "port")->capture_default_str();
+  app.add_option("--backend", o.backend.name, "tcp, ucx or libfabric")->capture_default_str();
+  app.add_option("--ucx-tls", o.backend.ucx_tls, "UCX transports (UCX_TLS)");
+  app.add_option("--ofi-provider", o.backend.ofi_provider, "libfabric provider")->capture_default_str();
+  app.add_option("--memory", o.backend.memory, "host or cuda")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, MemoryType>{{"host", MemoryType::host},
+                                                                          {"cuda", MemoryType::cuda}}));
+  app.add_option("--min-block", o.min_block, "smallest block of the sweep")->capture_default_str();
+  app.add_option("--max-block", o.max_block, "largest block of the sweep (and buffer size)")->capture_default_str();
+  app.add_option("--block", o.only_block, "one block size instead of the sweep");
+  app.add_option("--batch", o.batch, "messages in flight per iteration")->capture_default_str();
+  app.add_option("--iterations", o.iterations, "timed iterations per size (0: --seconds worth)");
+  app.add_option("--warmup", o.warmup, "untimed iterations per size (default 3)");
+  app.add_option("--seconds", o.seconds_per_size, "time per block size when --iterations is 0")->capture_default_str();
+  app.add_option("--mode", o.mode, "write (client sends) or read (server sends)")
+      ->check(CLI::IsMember({"write", "read"}))
+      ->capture_default_str();
+  app.add_option("--json", o.json, "write the rows as JSON");
+  CLI11_PARSE(app, argc, argv);
+  if (o.only_block > o.max_block) o.max_block = o.only_block;
+  if (o.server) return run_server(o);
+  if (o.client.empty()) return fmt::print(stderr, "kvstream-perf: give --server or --client HOST\n"), 2;
+  return run_client(o);
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Transport anchors in one run: iperf3 (-l 1M), ucx_perftest (tag_bw, am_lat) and
+# kvstream-perf on the same sizes, on loopback and (as root) across two network
+# namespaces joined by a veth pair shaped with tc tbf; prints each ratio.
+#
+#   perf/transport-anchors.sh [build-dir]          (default: build)
+#
+# Needs iperf3 and ucx-utils (installed when missing and running as root).
+set -euo pipefail
+BUILD=${1:-build}
+PERF="$BUILD/bin/kvstream-perf"
+SECS=${SECS:-5}
+RATE=${RATE:-3gbit}
+[ -x "$PERF" ] || { echo "build first: $PERF missing" >&2; exit 1; }
+if [ "$(id -u)" = 0 ]; then
+  for p in iperf3 ucx-utils; do
+    dpkg-query -W -f='${Status}' $p 2>/dev/null | grep -q "install ok installed" || \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $p >/dev/null
+  done
+fi
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"; cleanup_ns 2>/dev/null || true' EXIT
+
+gbps() { awk -v b="$1" 'BEGIN { printf "%.3f", b * 8 / 1e9 }'; }
+
+# iperf3 -l 1M: Gbit/s of the receiver.
+iperf() {  # [netns-prefix-for-server] [netns-prefix-for-client] host
+  local srv=$1 cli=$2 host=$3
+  $srv iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+  sleep 0.5
+  $cli iperf3 -c "$host" -p 5299 -l 1M -t "$SECS" -J > "$tmp/iperf.json"
+  wait
+  python3 -c "import json;print(json.load(open('$tmp/iperf.json'))['end']['sum_received']['bits_per_second']/1e9)"
+}
+
+# kvstream-perf, 1 MiB blocks: Gbit/s.
+kvperf() {  # srv-prefix cli-prefix host backend [extra args]
+  local srv=$1 cli=$2 host=$3 backend=$4; shift 4
+  $srv "$PERF" --server --client "$host" --port 7472 --backend "$backend" --max-block 1048576 "$@" >/dev/null 2>&1 &
+  sleep 0.5
+  $cli "$PERF" --client "$host" --port 7472 --backend "$backend" --block 1048576 --batch 16 --seconds "$SECS" \
+    --json "$tmp/kv.json" "$@" >/dev/null
+  wait
+  python3 -c "import json;print(json.load(open('$tmp/kv.json'))['rows'][0]['bytes_per_s']*8/1e9)"
+}
+kvlat() {  # host backend: small-message round trip (us), batch 1
+  "$PERF" --server --client "$1" --port 7473 --backend "$2" --max-block 64 "${@:3}" >/dev/null 2>&1 &
+  sleep 0.5
+  "$PERF" --client "$1" --port 7473 --backend "$2" --block 8 --batch 1 --seconds 2 --json "$tmp/lat.json" "${@:3}" >/dev/null
+  wait
+  python3 -c "import json;print(json.load(open('$tmp/lat.json'))['rows'][0]['lat_us_p50'])"
+}
+
+ucxbw() {  # tls -> MB/s of tag_bw 1 MiB
+  UCX_TLS=$1 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13337 >/dev/null 2>&1 &
+  sleep 0.5
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t tag_bw -s 1048576 -n 2000 -p 13337 2>/dev/null | awk '/Final:/ {print $(NF-2)}'
+  wait
+}
+ucxlat() {  # tls -> am_lat round trip (us) of 8-byte messages
+  UCX_TLS=$1 ucx_perftest -t am_lat -s 8 -n 20000 -p 13338 >/dev/null 2>&1 &
+  sleep 0.5
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t am_lat -s 8 -n 20000 -p 13338 2>/dev/null | awk '/Final:/ {print $4 * 2}'
+  wait
+}
+
+echo "== loopback"
+ip=$(iperf "" "" 127.0.0.1)
+tcp=$(kvperf "" "" 127.0.0.1 tcp)
+printf "iperf3 -l 1M        %8.2f Gbit/s\n" "$ip"
+printf "kvstream tcp 1 MiB  %8.2f Gbit/s   ratio %.2f (figure >= 0.9)\n" "$tcp" "$(echo "$tcp / $ip" | bc -l)"
+if command -v ucx_perftest >/dev/null && "$PERF" --help >/dev/null; then
+  for tls in tcp sm; do
+    ref=$(ucxbw $tls)
+    [ -n "$ref" ] || continue
+    refg=$(echo "$ref * 1048576 * 8 / 1e9" | bc -l)
+    ours=$(kvperf "" "" 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0)
+    printf "ucx_perftest tag_bw UCX_TLS=%-4s %8.2f Gbit/s; kvstream ucx %8.2f Gbit/s   ratio %.2f (figure >= 0.9)\n" \
+      $tls "$refg" "$ours" "$(echo "$ours / $refg" | bc -l)"
+    rl=$(ucxlat $tls)
+    ol=$(kvlat 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0)
+    printf "am_lat round trip UCX_TLS=%-4s %8.2f us;   kvstream ucx 8 B round trip %8.2f us   ratio %.2f (figure <= 1.5)\n" \
+      $tls "$rl" "$ol" "$(echo "$ol / $rl" | bc -l)"
+  done
+fi
+
+cleanup_ns() { ip netns del kvs-a 2>/dev/null; ip netns del kvs-b 2>/dev/null; }
+if [ "$(id -u)" = 0 ] && ip netns add kvs-probe 2>/dev/null; then
+  ip netns del kvs-probe
+  echo "== two namespaces over veth, tbf $RATE"
+  cleanup_ns
+  ip netns add kvs-a && ip netns add kvs-b
+  ip link add kvs-va type veth peer name kvs-vb
+  ip link set kvs-va netns kvs-a && ip link set kvs-vb netns kvs-b
+  ip -n kvs-a addr add 169.254.77.1/24 dev kvs-va && ip -n kvs-b addr add 169.254.77.2/24 dev kvs-vb
+  ip -n kvs-a link set kvs-va up && ip -n kvs-b link set kvs-vb up
+  ip -n kvs-a link set lo up && ip -n kvs-b link set lo up
+  for ns in kvs-a kvs-b; do
+    dev=$([ $ns = kvs-a ] && echo kvs-va || echo kvs-vb)
+    ip netns exec $ns tc qdisc add dev $dev root tbf rate "$RATE" burst 1mb latency 50ms
+  done
+  A="ip netns exec kvs-a" B="ip netns exec kvs-b"
+  ip=$(iperf "$A" "$B" 169.254.77.1)
+  tcp=$(kvperf "$A" "$B" 169.254.77.1 tcp)
+  rate_g=$(echo "$RATE" | sed 's/gbit//')
+  printf "iperf3 -l 1M        %8.3f Gbit/s (%.1f%% of %s)\n" "$ip" "$(echo "$ip / $rate_g * 100" | bc -l)" "$RATE"
+  printf "kvstream tcp 1 MiB  %8.3f Gbit/s (%.1f%% of %s; figure >= 95%%)   ratio to iperf3 %.2f\n" "$tcp" \
+    "$(echo "$tcp / $rate_g * 100" | bc -l)" "$RATE" "$(echo "$tcp / $ip" | bc -l)"
+  cleanup_ns
+else
+  echo "== shaped veth: skipped (needs root and network namespaces)"
+fi

@@ -1,0 +1,245 @@
+// libfabric-specific tests (the shared contract is in test_conformance.cpp): each
+// provider we expect on a single machine, cuda refusal, connections sharing one
+// listener endpoint, the "bye" on orderly close, and a throughput figure.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "kvstream/transport.hpp"
+
+using namespace kvstream;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool have_libfabric() {
+  auto v = available_backends();
+  return std::find(v.begin(), v.end(), "libfabric") != v.end();
+}
+
+BackendConfig ofi_config(const std::string& provider) {
+  BackendConfig cfg;
+  cfg.name = "libfabric";
+  cfg.ofi_provider = provider;
+  return cfg;
+}
+
+std::vector<std::byte> fill(size_t n, uint8_t seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::byte(uint8_t(i * 131 + seed));
+  return v;
+}
+
+struct OfiPair {
+  std::unique_ptr<Backend> server_backend, client_backend;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<Connection> server, client;
+};
+
+Result<OfiPair> make_ofi_pair(const std::string& provider) {
+  OfiPair p;
+  KVS_ASSIGN_OR_RETURN(p.server_backend, create_backend(ofi_config(provider)));
+  KVS_ASSIGN_OR_RETURN(p.client_backend, create_backend(ofi_config(provider)));
+  KVS_ASSIGN_OR_RETURN(p.listener, p.server_backend->listen("127.0.0.1:0"));
+  auto accepted = std::async(std::launch::async, [&] { return p.listener->accept(deadline_in(10s), {}); });
+  KVS_ASSIGN_OR_RETURN(p.client, p.client_backend->connect(p.listener->address(), deadline_in(10s), {}));
+  auto s = accepted.get();
+  if (!s.ok()) return s.status();
+  p.server = std::move(s).value();
+  return p;
+}
+
+class LibfabricProvider : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+    auto b = create_backend(ofi_config(GetParam()));
+    if (!b.ok()) GTEST_SKIP() << "provider " << GetParam() << " not available: " << b.status().to_string();
+  }
+};
+
+TEST_P(LibfabricProvider, DeclaresProviderAndRoundTrips) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const Capabilities& caps = p->client_backend->capabilities();
+  EXPECT_EQ(caps.backend, "libfabric");
+  EXPECT_EQ(caps.provider, GetParam());
+  EXPECT_GE(caps.max_message_bytes, uint64_t(1) << 30);
+  EXPECT_FALSE(caps.cuda_memory);
+  const std::string d = p->client->describe();
+  EXPECT_EQ(d, "libfabric " + p->listener->address() + " (" + GetParam() + ")");
+  EXPECT_EQ(p->server->describe().rfind("libfabric ", 0), 0u) << p->server->describe();
+
+  const size_t max = size_t(3) << 20;
+  std::vector<std::byte> sbuf(max), rbuf(max);
+  auto smr = p->client_backend->register_memory(sbuf.data(), max, MemoryType::host);
+  auto rmr = p->server_backend->register_memory(rbuf.data(), max, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && rmr.ok());
+  for (size_t n : {size_t(0), size_t(1), size_t(63), size_t(4097), size_t(200000), max}) {
+    auto body = fill(n, uint8_t(n));
+    std::memcpy(sbuf.data(), body.data(), n);
+    auto header = fill(16 + n % 100, 3);
+    ASSERT_TRUE(p->client->send(header, smr->span(0, n), deadline_in(10s), {}).ok()) << n;
+    std::vector<std::byte> h;
+    auto len = p->server->recv_header(h, deadline_in(10s), {});
+    ASSERT_TRUE(len.ok()) << len.status().to_string();
+    ASSERT_EQ(*len, n);
+    EXPECT_EQ(h, header);
+    std::memset(rbuf.data(), 0, n);
+    ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(10s), {}).ok());
+    EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
+    // And back, with the body discarded on the client.
+    ASSERT_TRUE(p->server->send(header, rmr->span(0, n), deadline_in(10s), {}).ok());
+    len = p->client->recv_header(h, deadline_in(10s), {});
+    ASSERT_TRUE(len.ok()) << len.status().to_string();
+    ASSERT_EQ(*len, n);
+    ASSERT_TRUE(p->client->recv_body({}, deadline_in(10s), {}).ok());
+  }
+}
+
+TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
+  auto sb = create_backend(ofi_config(GetParam()));
+  auto cb = create_backend(ofi_config(GetParam()));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  std::unique_ptr<Connection> clients[2], servers[2];
+  for (int i = 0; i < 2; ++i) {
+    auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(10s), {}); });
+    auto c = (*cb)->connect((*l)->address(), deadline_in(10s), {});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto s = acc.get();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    clients[i] = std::move(c).value();
+    servers[i] = std::move(s).value();
+  }
+  const size_t n = 300000;
+  std::vector<std::byte> buf(4 * n);
+  auto mr = (*cb)->register_memory(buf.data(), 2 * n, MemoryType::host);
+  auto rmr = (*sb)->register_memory(buf.data() + 2 * n, 2 * n, MemoryType::host);
+  ASSERT_TRUE(mr.ok() && rmr.ok());
+  std::memset(buf.data(), 0xA0, n);
+  std::memset(buf.data() + n, 0xB1, n);
+  // Interleave: connection 1 first, then 0, several messages each.
+  for (int k = 0; k < 5; ++k)
+    for (int i : {1, 0}) {
+      std::byte h[2] = {std::byte(i), std::byte(k)};
+      ASSERT_TRUE(clients[i]->send(h, mr->span(size_t(i) * n, n - k), deadline_in(10s), {}).ok());
+    }
+  for (int i : {0, 1})
+    for (int k = 0; k < 5; ++k) {
+      std::vector<std::byte> h;
+      auto len = servers[i]->recv_header(h, deadline_in(10s), {});
+      ASSERT_TRUE(len.ok()) << len.status().to_string();
+      ASSERT_EQ(h.size(), 2u);
+      EXPECT_EQ(int(h[0]), i);
+      EXPECT_EQ(int(h[1]), k);
+      ASSERT_EQ(*len, n - k);
+      ASSERT_TRUE(servers[i]->recv_body(rmr->span(0, *len), deadline_in(10s), {}).ok());
+      const std::byte want = std::byte(i ? 0xB1 : 0xA0);
+      EXPECT_TRUE(std::all_of(buf.data() + 2 * n, buf.data() + 2 * n + *len, [&](std::byte b) { return b == want; }));
+    }
+}
+
+TEST_P(LibfabricProvider, OrderlyCloseIsSeenAtOnceAfterPendingMessages) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  std::byte h[3] = {std::byte(1), std::byte(2), std::byte(3)};
+  ASSERT_TRUE(p->client->send(h, {}, deadline_in(5s), {}).ok());
+  p->client.reset();
+  std::vector<std::byte> got;
+  auto len = p->server->recv_header(got, deadline_in(5s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();  // sent before the close: still delivered
+  EXPECT_EQ(got.size(), 3u);
+  const auto t0 = Clock::now();
+  auto r = p->server->recv_header(got, deadline_in(5s), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
+  EXPECT_LT(Clock::now() - t0, 1s);
+}
+
+TEST_P(LibfabricProvider, TimedOutBodyCanBeRetried) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  std::vector<std::byte> h;
+  // Nothing sent: a header wait times out and the message that comes later is not lost.
+  EXPECT_EQ(p->server->recv_header(h, deadline_in(50ms), {}).status().code(), StatusCode::timed_out);
+  const size_t n = 100000;
+  std::vector<std::byte> s(n, std::byte(7)), r(n);
+  auto smr = p->client_backend->register_memory(s.data(), n, MemoryType::host);
+  auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && rmr.ok());
+  std::byte hdr[1] = {std::byte(9)};
+  ASSERT_TRUE(p->client->send(hdr, smr->span(0, n), deadline_in(5s), {}).ok());
+  auto len = p->server->recv_header(h, deadline_in(5s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  ASSERT_EQ(*len, n);
+  ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(5s), {}).ok());
+  EXPECT_EQ(r, s);
+}
+
+TEST_P(LibfabricProvider, ThroughputOneMiB) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const size_t n = size_t(1) << 20;
+  const int count = 256;
+  std::vector<std::byte> s(n, std::byte(1)), r(n);
+  auto smr = p->client_backend->register_memory(s.data(), n, MemoryType::host);
+  auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && rmr.ok());
+  const auto t0 = Clock::now();
+  std::thread rx([&] {
+    std::vector<std::byte> h;
+    for (int i = 0; i < count; ++i) {
+      auto len = p->server->recv_header(h, deadline_in(30s), {});
+      ASSERT_TRUE(len.ok()) << len.status().to_string();
+      ASSERT_TRUE(p->server->recv_body(rmr->span(0, *len), deadline_in(30s), {}).ok());
+    }
+  });
+  std::byte h[8] = {};
+  for (int i = 0; i < count; ++i) ASSERT_TRUE(p->client->send(h, smr->span(0, n), deadline_in(30s), {}).ok());
+  rx.join();
+  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double mibs = count / sec;
+  std::printf("[ libfabric %s ] %d x 1 MiB one way: %.0f MiB/s\n", GetParam().c_str(), count, mibs);
+  RecordProperty("MiB_per_s", int(mibs));
+  EXPECT_GT(mibs, 10.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, LibfabricProvider, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("libfabric_shm") : std::string("libfabric_tcp_rxm");
+                         });
+
+TEST(libfabric, CudaMemoryIsAClearErrorWithoutHmem) {
+  if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+  BackendConfig cfg = ofi_config("tcp;ofi_rxm");
+  cfg.memory = MemoryType::cuda;
+  auto b = create_backend(cfg);
+  if (b.ok()) {
+    EXPECT_TRUE((*b)->capabilities().cuda_memory);  // a provider with FI_HMEM
+    return;
+  }
+  EXPECT_EQ(b.status().code(), StatusCode::unsupported) << b.status().to_string();
+  EXPECT_NE(b.status().message().find("cuda"), std::string::npos) << b.status().to_string();
+  // And host backends refuse cuda registrations.
+  auto h = create_backend(ofi_config("tcp;ofi_rxm"));
+  ASSERT_TRUE(h.ok());
+  std::vector<std::byte> buf(4096);
+  auto r = (*h)->register_memory(buf.data(), buf.size(), MemoryType::cuda);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::unsupported);
+}
+
+TEST(libfabric, UnknownProviderIsUnavailable) {
+  if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+  auto b = create_backend(ofi_config("no_such_provider"));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::unavailable) << b.status().to_string();
+}
+
+}  // namespace

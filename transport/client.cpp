@@ -1,0 +1,378 @@
+// Storage client: requests are pipelined over one or more connections; a receiver
+// thread per connection matches responses to requests by id and lands each chunk
+// straight in the caller's registered buffer, verifying its checksum first.
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <thread>
+
+#include "core/log.hpp"
+#include "transport/protocol.hpp"
+
+namespace kvstream::storage {
+
+using namespace std::chrono_literals;
+using transport::CancelToken;
+using transport::Clock;
+using transport::Connection;
+using transport::Deadline;
+using transport::deadline_in;
+using transport::MemoryRegion;
+
+namespace {
+
+// One outstanding request.
+struct Pending {
+  Op op = Op::get;
+  MemoryRegion dest;  // where the body lands (get), or empty
+  size_t offset = 0, capacity = 0;
+  Deadline deadline;
+  CancelToken cancel;
+  std::function<void(Result<size_t>, std::vector<std::byte>&&)> done;
+  bool abandoned = false;  // completed early (deadline/cancel): its late body is discarded
+};
+
+class Channel {
+ public:
+  Channel(std::unique_ptr<Connection> c, transport::Backend* backend) : conn_(std::move(c)), backend_(backend) {
+    receiver_ = std::thread([this] { receive_loop(); });
+  }
+  ~Channel() {
+    stop_.cancel();
+    if (receiver_.joinable()) receiver_.join();
+    fail_all(make_status(StatusCode::cancelled, "client closed"));
+  }
+
+  // Sends a request; `p.done` runs exactly once.
+  void submit(Request req, std::span<const std::byte> body, Pending p) {
+    auto done = p.done;
+    // A request that is already over never reaches the wire (and cannot break it).
+    if (p.cancel.cancelled()) return done(make_status(StatusCode::cancelled, "request cancelled"), {});
+    if (Clock::now() >= p.deadline) return done(make_status(StatusCode::timed_out, "request past its deadline"), {});
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_.ok()) {
+        done(broken_, {});
+        return;
+      }
+      req.id = next_id_++;
+      pending_.emplace(req.id, std::move(p));
+    }
+    Status st;
+    {
+      std::lock_guard lock(send_mu_);
+      st = conn_->send(encode(req), body, pending_deadline(req.id), stop_);
+    }
+    if (!st.ok()) {
+      mark_broken(st);
+      complete(req.id, st, {});
+    }
+  }
+
+  [[nodiscard]] bool alive() {
+    std::lock_guard lock(mu_);
+    return broken_.ok();
+  }
+
+ private:
+  std::unique_ptr<Connection> conn_;
+  transport::Backend* backend_;
+  CancelToken stop_;
+  std::thread receiver_;
+  std::mutex send_mu_, mu_;
+  std::map<uint64_t, Pending> pending_;
+  uint64_t next_id_ = 1;
+  Status broken_;
+
+  Deadline pending_deadline(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    return it == pending_.end() ? Clock::now() : it->second.deadline;
+  }
+
+  void mark_broken(const Status& s) {
+    std::lock_guard lock(mu_);
+    if (broken_.ok()) broken_ = s;
+  }
+
+  // Completes request `id` (if still waiting) outside the lock.
+  void complete(uint64_t id, Result<size_t> r, std::vector<std::byte>&& body) {
+    std::function<void(Result<size_t>, std::vector<std::byte>&&)> done;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      if (!it->second.abandoned) done = std::move(it->second.done);
+      pending_.erase(it);
+    }
+    if (done) done(std::move(r), std::move(body));
+  }
+
+  void fail_all(const Status& s) {
+    std::map<uint64_t, Pending> all;
+    {
+      std::lock_guard lock(mu_);
+      all.swap(pending_);
+    }
+    for (auto& [id, p] : all)
+      if (!p.abandoned && p.done) p.done(s, {});
+  }
+
+  // Requests past their deadline or cancelled complete now; the slot stays so their
+  // response, if it ever comes, is recognised and its body discarded.
+  void expire() {
+    std::vector<std::pair<std::function<void(Result<size_t>, std::vector<std::byte>&&)>, Status>> due;
+    {
+      std::lock_guard lock(mu_);
+      const auto now = Clock::now();
+      for (auto& [id, p] : pending_) {
+        if (p.abandoned) continue;
+        if (p.cancel.cancelled())
+          due.emplace_back(std::move(p.done), make_status(StatusCode::cancelled, "request {} cancelled", id));
+        else if (now >= p.deadline)
+          due.emplace_back(std::move(p.done), make_status(StatusCode::timed_out, "request {} passed its deadline", id));
+        else
+          continue;
+        p.abandoned = true;
+        p.dest = {};
+      }
+    }
+    for (auto& [done, st] : due) done(st, {});
+  }
+
+  void receive_loop() {
+    std::vector<std::byte> header;
+    while (!stop_.cancelled()) {
+      expire();
+      // Short waits so deadlines and cancels are seen promptly.
+      auto len = conn_->recv_header(header, deadline_in(20ms), stop_);
+      if (!len.ok()) {
+        if (len.status().code() == StatusCode::timed_out) continue;
+        if (len.status().code() == StatusCode::cancelled) return;
+        mark_broken(len.status());
+        fail_all(len.status().with_context("storage connection lost"));
+        return;
+      }
+      auto resp = decode_response(header);
+      if (!resp.ok()) {
+        mark_broken(resp.status());
+        fail_all(resp.status().with_context("malformed response"));
+        return;
+      }
+      Status st = land(*resp, *len);
+      if (!st.ok()) {
+        mark_broken(st);
+        fail_all(st);
+        return;
+      }
+    }
+  }
+
+  // Receives the body of `r` into its request's destination and completes it.
+  Status land(const Response& r, size_t len) {
+    MemoryRegion dest;
+    size_t offset = 0, capacity = 0;
+    bool known = false, abandoned = false;
+    Op op = Op::get;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pending_.find(r.id);
+      if (it != pending_.end()) {
+        known = true;
+        abandoned = it->second.abandoned;
+        dest = it->second.dest;
+        offset = it->second.offset, capacity = it->second.capacity;
+        op = it->second.op;
+      }
+    }
+    if (!known) return make_status(StatusCode::corrupt_data, "response to unknown request {}", r.id);
+    const auto body_deadline = deadline_in(30s);
+    if (abandoned || r.code != StatusCode::ok) {
+      KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
+      complete(r.id, r.code == StatusCode::ok ? Status{} : Status(r.code, r.message), {});
+      return {};
+    }
+    if (op == Op::get) {
+      if (len > capacity) {
+        KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));
+        complete(r.id, make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", len, capacity), {});
+        return {};
+      }
+      const auto span = dest.span(offset, len);
+      KVS_RETURN_IF_ERROR(conn_->recv_body(span, body_deadline, stop_));
+      if (body_checksum(span) != r.checksum) {
+        complete(r.id, make_status(StatusCode::corrupt_data, "chunk failed its checksum in transit"), {});
+        return {};
+      }
+      complete(r.id, len, {});
+      return {};
+    }
+    // Small bodies (stat, list) go through a buffer of our own.
+    if (len > (size_t(64) << 20)) return make_status(StatusCode::corrupt_data, "response body of {} bytes", len);
+    std::vector<std::byte> body(len);
+    if (len) {
+      KVS_ASSIGN_OR_RETURN(auto mr, backend_->register_memory(body.data(), len, transport::MemoryType::host));
+      KVS_RETURN_IF_ERROR(conn_->recv_body(mr.span(0, len), body_deadline, stop_));
+    } else {
+      KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));
+    }
+    if (body_checksum(body) != r.checksum) {
+      complete(r.id, make_status(StatusCode::corrupt_data, "response failed its checksum in transit"), {});
+      return {};
+    }
+    complete(r.id, len, std::move(body));
+    return {};
+  }
+};
+
+class ClientImpl final : public Client {
+ public:
+  static Result<std::unique_ptr<Client>> create(const ClientConfig& cfg, Deadline deadline, const CancelToken& cancel) {
+    KVS_RETURN_IF_ERROR(validate_id(cfg.name_space, kMaxNamespaceBytes, "namespace"));
+    if (cfg.connections == 0 || cfg.connections > 64)
+      return make_status(StatusCode::invalid_argument, "{} connections (1..64)", cfg.connections);
+    auto c = std::make_unique<ClientImpl>();
+    KVS_ASSIGN_OR_RETURN(c->backend_, transport::create_backend(cfg.backend));
+    for (uint32_t i = 0; i < cfg.connections; ++i) {
+      KVS_ASSIGN_OR_RETURN(auto conn, c->backend_->connect(cfg.address, deadline, cancel));
+      KVS_RETURN_IF_ERROR(authenticate(*conn, cfg, deadline, cancel));
+      c->channels_.push_back(std::make_unique<Channel>(std::move(conn), c->backend_.get()));
+    }
+    return std::unique_ptr<Client>(std::move(c));
+  }
+
+  Result<MemoryRegion> register_memory(void* data, size_t size) override {
+    return backend_->register_memory(data, size, transport::MemoryType::host);
+  }
+
+  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+             Deadline deadline, const CancelToken& cancel) override {
+    KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
+    if (level >= kMaxLevels || bytes.size() > kMaxChunkBytes)
+      return make_status(StatusCode::out_of_range, "level {} / {} bytes beyond the protocol's bounds", level,
+                         bytes.size());
+    MemoryRegion mr;
+    if (!bytes.empty()) {
+      KVS_ASSIGN_OR_RETURN(mr, register_memory(const_cast<std::byte*>(bytes.data()), bytes.size()));
+    }
+    Request req;
+    req.op = Op::put, req.context = context, req.chunk = chunk, req.level = level;
+    KVS_ASSIGN_OR_RETURN(auto r, call(req, bytes, deadline, cancel));
+    (void)r;
+    return {};
+  }
+
+  void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
+                 size_t capacity, Deadline deadline, const CancelToken& cancel, GetCallback done) override {
+    if (Status s = validate_id(context, kMaxContextBytes, "context id"); !s.ok()) return done(s);
+    if (level >= kMaxLevels) return done(make_status(StatusCode::out_of_range, "level {}", level));
+    if (dest.span(offset, capacity).size() != capacity || (capacity > 0 && !dest.valid()))
+      return done(make_status(StatusCode::invalid_argument, "destination [{}, {}) is outside its registered region",
+                              offset, offset + capacity));
+    Request req;
+    req.op = Op::get, req.context = context, req.chunk = chunk, req.level = level;
+    Pending p;
+    p.op = Op::get, p.dest = std::move(dest), p.offset = offset, p.capacity = capacity;
+    p.deadline = deadline, p.cancel = cancel;
+    p.done = [done = std::move(done)](Result<size_t> r, std::vector<std::byte>&&) { done(std::move(r)); };
+    pick().submit(std::move(req), {}, std::move(p));
+  }
+
+  Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
+                                      const CancelToken& cancel) override {
+    KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
+    Request req;
+    req.op = Op::stat, req.context = context;
+    KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
+    return decode_stats(body);
+  }
+
+  Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
+    KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
+    Request req;
+    req.op = Op::remove, req.context = context;
+    KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
+    (void)body;
+    return {};
+  }
+
+  Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
+    Request req;
+    req.op = Op::list;
+    KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
+    return decode_names(body);
+  }
+
+ private:
+  std::unique_ptr<transport::Backend> backend_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::atomic<uint64_t> rr_{0};
+
+  static Status authenticate(Connection& c, const ClientConfig& cfg, Deadline deadline, const CancelToken& cancel) {
+    std::vector<std::byte> header;
+    KVS_ASSIGN_OR_RETURN(size_t len, c.recv_header(header, deadline, cancel));
+    KVS_RETURN_IF_ERROR(c.recv_body({}, deadline, cancel));
+    KVS_ASSIGN_OR_RETURN(Response hello, decode_response(header));
+    if (hello.op != Op::hello || len != 0) return make_status(StatusCode::corrupt_data, "server did not say hello");
+    Request auth;
+    auth.op = Op::auth;
+    auth.name_space = cfg.name_space;
+    auth.mac = auth_mac(cfg.secret, hello.nonce, cfg.name_space);
+    KVS_RETURN_IF_ERROR(c.send(encode(auth), {}, deadline, cancel));
+    KVS_ASSIGN_OR_RETURN(len, c.recv_header(header, deadline, cancel));
+    KVS_RETURN_IF_ERROR(c.recv_body({}, deadline, cancel));
+    KVS_ASSIGN_OR_RETURN(Response r, decode_response(header));
+    if (r.code != StatusCode::ok)
+      return detail::log_error(make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'",
+                                           cfg.address, cfg.name_space));
+    return {};
+  }
+
+  // Picks a live channel, round robin.
+  Channel& pick() {
+    const size_t n = channels_.size();
+    const size_t start = size_t(rr_.fetch_add(1));
+    for (size_t i = 0; i < n; ++i)
+      if (channels_[(start + i) % n]->alive()) return *channels_[(start + i) % n];
+    return *channels_[start % n];
+  }
+
+  // A blocking request whose small response body comes back as bytes.
+  Result<std::vector<std::byte>> call(Request req, std::span<const std::byte> body, Deadline deadline,
+                                      const CancelToken& cancel) {
+    auto promise = std::make_shared<std::promise<Result<std::vector<std::byte>>>>();
+    auto future = promise->get_future();
+    Pending p;
+    p.op = req.op, p.deadline = deadline, p.cancel = cancel;
+    p.done = [promise](Result<size_t> r, std::vector<std::byte>&& b) {
+      if (r.ok()) promise->set_value(std::move(b));
+      else promise->set_value(r.status());
+    };
+    pick().submit(std::move(req), body, std::move(p));
+    return future.get();
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,
+                                                const CancelToken& cancel) {
+  return ClientImpl::create(config, deadline, cancel);
+}
+
+Result<size_t> Client::get(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest,
+                           size_t offset, size_t capacity, Deadline deadline, const CancelToken& cancel) {
+  return get_future(context, chunk, level, std::move(dest), offset, capacity, deadline, cancel).get();
+}
+
+std::future<Result<size_t>> Client::get_future(const std::string& context, uint32_t chunk, uint32_t level,
+                                               MemoryRegion dest, size_t offset, size_t capacity, Deadline deadline,
+                                               const CancelToken& cancel) {
+  auto promise = std::make_shared<std::promise<Result<size_t>>>();
+  auto f = promise->get_future();
+  get_async(context, chunk, level, std::move(dest), offset, capacity, deadline, cancel,
+            [promise](Result<size_t> r) { promise->set_value(std::move(r)); });
+  return f;
+}
+
+}  // namespace kvstream::storage

@@ -1,0 +1,41 @@
+// libfabric backend (RDM endpoints): internals shared by ofi_backend.cpp only.
+//
+// RDM endpoints are connectionless, so connections are built on top of them:
+//  * a Listener owns one RDM endpoint bound to host:port and keeps a few "hello"
+//    receives posted; a client opens its own endpoint, inserts the listener's address
+//    into its address vector and sends a hello carrying its own address (fi_getname)
+//    and a nonce; the listener's accept() inserts that address, assigns the connection
+//    an id and answers with a hello-ack (tagged with the nonce) carrying the id.
+//  * every message is tagged: | type:4 | connection id:20 | sequence:24 | segment:16 |
+//    so many connections share the listener's endpoint and many messages can be in
+//    flight; a receive always names the exact message it wants (no reliance on the
+//    provider's ordering between tags).
+//  * a message is a header message (16-byte prefix carrying the header and body sizes,
+//    then the header) and, when the body is not empty, the body as one or more tagged
+//    segments (each at most the provider's max_msg_size, capped at 1 GiB), received
+//    straight into the caller's registered buffer.
+//  * sends copy into an internal buffer (or use fi_tinject) and return once posted: a
+//    rendezvous send would otherwise not complete before the receiver posts its
+//    receive, and the interface lets a sender run ahead of its peer. Bytes in flight
+//    per endpoint are bounded (kMaxInflightBytes): send() then waits, by its deadline.
+//  * an orderly Connection destruction sends "bye" with the number of messages sent;
+//    a receiver that has consumed all of them gets StatusCode::unavailable at once.
+//  * progress: the provider's data progress is manual, so each endpoint has a progress
+//    thread (busy only while its sends are in flight, else it naps 1 ms), and every
+//    waiting call polls the completion queue itself. The domain is FI_THREAD_SAFE and
+//    completions are routed to their operation by context, whichever thread reaps them.
+#pragma once
+
+#include <memory>
+
+#include "transport/backend_impl.hpp"
+
+namespace kvstream::transport::ofi {
+
+/// Bytes of internal send buffers one endpoint may have in flight before send() waits.
+inline constexpr size_t kMaxInflightBytes = size_t(256) << 20;
+
+/// Largest single tagged message, whatever the provider allows.
+inline constexpr size_t kMaxSegmentBytes = size_t(1) << 30;
+
+}  // namespace kvstream::transport::ofi

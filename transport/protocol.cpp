@@ -1,0 +1,232 @@
+#include "transport/protocol.hpp"
+
+#include <cstring>
+
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <xxhash.h>
+
+namespace kvstream::storage {
+
+namespace {
+constexpr uint32_t kRequestMagic = 0x5153564b;   // "KVSQ"
+constexpr uint32_t kResponseMagic = 0x5253564b;  // "KVSR"
+constexpr uint8_t kVersion = 1;
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T v) {
+    const size_t at = out.size();
+    out.resize(at + sizeof v);
+    std::memcpy(out.data() + at, &v, sizeof v);
+  }
+  void put_str8(const std::string& s) {  // callers bound the length to < 256
+    put(uint8_t(s.size()));
+    put_bytes(s.data(), s.size());
+  }
+  void put_str16(const std::string& s) {
+    put(uint16_t(s.size()));
+    put_bytes(s.data(), s.size());
+  }
+  void put_bytes(const void* p, size_t n) {
+    const size_t at = out.size();
+    out.resize(at + n);
+    if (n) std::memcpy(out.data() + at, p, n);
+  }
+  std::vector<std::byte> out;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> in) : in_(in) {}
+  template <typename T>
+  T get() {
+    T v{};
+    if (!ok_ || in_.size() - pos_ < sizeof v) return ok_ = false, v;
+    std::memcpy(&v, in_.data() + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  std::string get_str(size_t n, size_t max) {
+    if (!ok_ || n > max || in_.size() - pos_ < n) return ok_ = false, std::string();
+    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  void get_bytes(void* p, size_t n) {
+    if (!ok_ || in_.size() - pos_ < n) return void(ok_ = false);
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+  }
+  [[nodiscard]] bool ok() const { return ok_; }
+  [[nodiscard]] bool done() const { return ok_ && pos_ == in_.size(); }
+
+ private:
+  std::span<const std::byte> in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+bool op_valid(uint8_t op) { return op >= uint8_t(Op::hello) && op <= uint8_t(Op::list); }
+bool has_context(Op op) { return op == Op::put || op == Op::get || op == Op::stat || op == Op::remove; }
+}  // namespace
+
+Status validate_id(std::string_view id, size_t max_bytes, std::string_view what) {
+  if (id.empty() || id.size() > max_bytes)
+    return make_status(StatusCode::invalid_argument, "{} must be 1..{} bytes", what, max_bytes);
+  if (id == "." || id == "..") return make_status(StatusCode::invalid_argument, "{} '{}' is not allowed", what, id);
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+          c == '-'))
+      return make_status(StatusCode::invalid_argument, "{} may hold only [A-Za-z0-9._-]", what);
+  return {};
+}
+
+std::vector<std::byte> encode(const Request& r) {
+  Writer w;
+  w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint16_t(0));
+  w.put(r.id), w.put(r.chunk), w.put(r.level);
+  if (has_context(r.op)) w.put_str8(r.context);
+  if (r.op == Op::auth) {
+    w.put_str8(r.name_space);
+    w.put_bytes(r.mac.data(), r.mac.size());
+  }
+  return std::move(w.out);
+}
+
+Result<Request> decode_request(std::span<const std::byte> header) {
+  Reader rd(header);
+  Request r;
+  const uint32_t magic = rd.get<uint32_t>();
+  const uint8_t version = rd.get<uint8_t>(), op = rd.get<uint8_t>();
+  rd.get<uint16_t>();
+  r.id = rd.get<uint64_t>(), r.chunk = rd.get<uint32_t>(), r.level = rd.get<uint32_t>();
+  if (!rd.ok() || magic != kRequestMagic) return make_status(StatusCode::corrupt_data, "not a kvstream request");
+  if (version != kVersion) return make_status(StatusCode::unsupported, "request version {}", version);
+  if (!op_valid(op) || Op(op) == Op::hello) return make_status(StatusCode::corrupt_data, "request op {}", op);
+  r.op = Op(op);
+  if (has_context(r.op)) {
+    const uint8_t n = rd.get<uint8_t>();
+    r.context = rd.get_str(n, kMaxContextBytes);
+  }
+  if (r.op == Op::auth) {
+    const uint8_t n = rd.get<uint8_t>();
+    r.name_space = rd.get_str(n, kMaxNamespaceBytes);
+    rd.get_bytes(r.mac.data(), r.mac.size());
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed request header");
+  if (r.level >= kMaxLevels) return make_status(StatusCode::out_of_range, "level {} (limit {})", r.level, kMaxLevels);
+  if (r.chunk >= kMaxChunksPerContext)
+    return make_status(StatusCode::out_of_range, "chunk {} (limit {})", r.chunk, kMaxChunksPerContext);
+  if (has_context(r.op)) KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
+  if (r.op == Op::auth) KVS_RETURN_IF_ERROR(validate_id(r.name_space, kMaxNamespaceBytes, "namespace"));
+  return r;
+}
+
+std::vector<std::byte> encode(const Response& r) {
+  Writer w;
+  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(r.code)), w.put(uint8_t(0));
+  w.put(r.id), w.put(r.checksum);
+  std::string msg = r.message.substr(0, kMaxMessageBytes);
+  w.put_str16(msg);
+  if (r.op == Op::hello) w.put_bytes(r.nonce.data(), r.nonce.size());
+  return std::move(w.out);
+}
+
+Result<Response> decode_response(std::span<const std::byte> header) {
+  Reader rd(header);
+  Response r;
+  const uint32_t magic = rd.get<uint32_t>();
+  const uint8_t version = rd.get<uint8_t>(), op = rd.get<uint8_t>(), code = rd.get<uint8_t>();
+  rd.get<uint8_t>();
+  r.id = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>();
+  const uint16_t n = rd.get<uint16_t>();
+  r.message = rd.get_str(n, kMaxMessageBytes);
+  if (!rd.ok() || magic != kResponseMagic) return make_status(StatusCode::corrupt_data, "not a kvstream response");
+  if (version != kVersion) return make_status(StatusCode::unsupported, "response version {}", version);
+  if (!op_valid(op) || code > uint8_t(StatusCode::internal))
+    return make_status(StatusCode::corrupt_data, "response op {} code {}", op, code);
+  r.op = Op(op);
+  r.code = StatusCode(code);
+  if (r.op == Op::hello) rd.get_bytes(r.nonce.data(), r.nonce.size());
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed response header");
+  return r;
+}
+
+std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats) {
+  Writer w;
+  w.put(uint32_t(stats.size()));
+  for (const ChunkStat& s : stats) {
+    w.put(s.chunk), w.put(uint8_t(s.level_bytes.size()));
+    for (uint64_t b : s.level_bytes) w.put(b);
+  }
+  return std::move(w.out);
+}
+
+Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body) {
+  Reader rd(body);
+  const uint32_t n = rd.get<uint32_t>();
+  if (!rd.ok() || n > kMaxChunksPerContext || n > body.size() / 5)
+    return make_status(StatusCode::corrupt_data, "stat body: {} chunks", n);
+  std::vector<ChunkStat> out(n);
+  for (ChunkStat& s : out) {
+    s.chunk = rd.get<uint32_t>();
+    const uint8_t levels = rd.get<uint8_t>();
+    if (levels > kMaxLevels) return make_status(StatusCode::corrupt_data, "stat body: {} levels", levels);
+    s.level_bytes.resize(levels);
+    for (uint64_t& b : s.level_bytes) {
+      b = rd.get<uint64_t>();
+      if (b > kMaxChunkBytes) return make_status(StatusCode::corrupt_data, "stat body: level of {} bytes", b);
+    }
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed stat body");
+  return out;
+}
+
+std::vector<std::byte> encode_names(const std::vector<std::string>& names) {
+  Writer w;
+  w.put(uint32_t(names.size()));
+  for (const std::string& s : names) w.put_str8(s);
+  return std::move(w.out);
+}
+
+Result<std::vector<std::string>> decode_names(std::span<const std::byte> body) {
+  Reader rd(body);
+  const uint32_t n = rd.get<uint32_t>();
+  if (!rd.ok() || n > body.size()) return make_status(StatusCode::corrupt_data, "list body: {} names", n);
+  std::vector<std::string> out(n);
+  for (std::string& s : out) {
+    const uint8_t len = rd.get<uint8_t>();
+    s = rd.get_str(len, kMaxContextBytes);
+    if (rd.ok()) KVS_RETURN_IF_ERROR(validate_id(s, kMaxContextBytes, "listed context id"));
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed list body");
+  return out;
+}
+
+uint64_t body_checksum(std::span<const std::byte> body) { return XXH3_64bits(body.data(), body.size()); }
+
+std::array<uint8_t, kMacBytes> auth_mac(const std::string& secret, std::span<const uint8_t> nonce,
+                                        const std::string& name_space) {
+  std::vector<uint8_t> msg(nonce.begin(), nonce.end());
+  msg.insert(msg.end(), name_space.begin(), name_space.end());
+  std::array<uint8_t, kMacBytes> mac{};
+  unsigned len = 0;
+  HMAC(EVP_sha256(), secret.data(), int(secret.size()), msg.data(), msg.size(), mac.data(), &len);
+  return mac;
+}
+
+Result<std::array<uint8_t, kNonceBytes>> make_nonce() {
+  std::array<uint8_t, kNonceBytes> n{};
+  if (RAND_bytes(n.data(), int(n.size())) != 1)
+    return make_status(StatusCode::internal, "no randomness for the authentication nonce");
+  return n;
+}
+
+bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace kvstream::storage

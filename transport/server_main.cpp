@@ -1,0 +1,55 @@
+// kvstream-server: a storage node serving encoded chunks over any backend.
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvstream/storage.hpp"
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvstream storage node"};
+  kvstream::storage::ServerConfig cfg;
+  std::string secrets_file;
+  uint64_t cache_mb = cfg.cache_bytes >> 20;
+  app.add_option("--listen", cfg.address, "host:port to listen on (loopback unless told otherwise)")
+      ->capture_default_str();
+  app.add_option("--backend", cfg.backend.name, "tcp, ucx or libfabric")->capture_default_str();
+  app.add_option("--ucx-tls", cfg.backend.ucx_tls, "UCX transports (UCX_TLS)");
+  app.add_option("--ofi-provider", cfg.backend.ofi_provider, "libfabric provider")->capture_default_str();
+  app.add_option("--dir", cfg.directory, "storage directory")->required();
+  app.add_option("--secrets", secrets_file,
+                 "JSON file {\"namespace\": \"secret\", ...} (secrets of at least 16 bytes)")
+      ->required();
+  app.add_option("--cache-mb", cache_mb, "in-memory cache of hot chunks")->capture_default_str();
+  app.add_option("--max-connections", cfg.max_connections, "connection limit")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  cfg.cache_bytes = cache_mb << 20;
+
+  std::ifstream f(secrets_file);
+  if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", secrets_file), 1;
+  try {
+    for (auto& [ns, secret] : nlohmann::json::parse(f).items()) cfg.secrets[ns] = secret.get<std::string>();
+  } catch (const std::exception& e) {
+    return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of strings: {}\n", secrets_file, e.what()), 1;
+  }
+  auto server = kvstream::storage::Server::start(cfg);
+  if (!server.ok()) return fmt::print(stderr, "kvstream-server: {}\n", server.status().to_string()), 1;
+  fmt::print("listening on {}\n", (*server)->address());
+  std::fflush(stdout);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  (*server)->stop();
+  const auto c = (*server)->counters();
+  fmt::print("served {} requests ({} errors, {} cache hits), {} bytes out, {} bytes in, {} failed logins\n", c.requests,
+             c.errors, c.cache_hits, c.bytes_out, c.bytes_in, c.auth_failures);
+  return 0;
+}

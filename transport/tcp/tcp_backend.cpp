@@ -1,0 +1,719 @@
+// tcp backend over io_uring. Framing: transport/tcp/tcp_framing.hpp, docs/wire-tcp.md.
+#include "transport/tcp/tcp_backend.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "core/log.hpp"
+#include "transport/backend_impl.hpp"
+#include "transport/tcp/tcp_framing.hpp"
+
+namespace kvstream::transport {
+namespace tcp {
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+/// unavailable for errors that mean "the peer or the path is gone", io_error otherwise.
+StatusCode code_for_errno(int err) {
+  switch (err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ENOTCONN:
+    case ECONNABORTED:
+    case ECONNREFUSED:
+    case ESHUTDOWN:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case EHOSTDOWN:
+      return StatusCode::unavailable;
+    default:
+      return StatusCode::io_error;
+  }
+}
+
+std::string format_address(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf);
+    return fmt::format("{}:{}", buf, ntohs(in->sin_port));
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof buf);
+    return fmt::format("[{}]:{}", buf, ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
+/// Resolves "host:port" (numeric hosts without a lookup).
+Status resolve(const std::string& address, bool passive, std::vector<sockaddr_storage>& out) {
+  std::string host;
+  uint16_t port = 0;
+  KVS_RETURN_IF_ERROR(parse_host_port(address, host, port));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* res = nullptr;
+  const std::string port_text = std::to_string(port);
+  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res);
+  if (rc != 0)
+    return make_status(StatusCode::invalid_argument, "tcp: cannot resolve '{}': {}", address, gai_strerror(rc));
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    if (ai->ai_addrlen > sizeof(sockaddr_storage)) continue;
+    sockaddr_storage ss{};
+    std::memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    out.push_back(ss);
+  }
+  freeaddrinfo(res);
+  if (out.empty()) return make_status(StatusCode::invalid_argument, "tcp: '{}' resolves to no address", address);
+  return {};
+}
+
+socklen_t sockaddr_len(const sockaddr_storage& ss) {
+  return ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+void configure_socket(int fd, const TcpOptions& opt) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (opt.socket_buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &opt.socket_buffer_bytes, sizeof opt.socket_buffer_bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &opt.socket_buffer_bytes, sizeof opt.socket_buffer_bytes);
+  }
+}
+
+// ---- io_uring helpers ----------------------------------------------------------------
+
+/// One io_uring, used by one thread at a time (callers hold the direction's mutex).
+class Ring {
+ public:
+  Ring() = default;
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+  ~Ring() {
+    if (ready_) io_uring_queue_exit(&ring_);
+  }
+
+  Status init(unsigned depth) {
+    // COOP_TASKRUN: completions are processed when we enter the kernel to wait,
+    // which is the only way this ring is ever waited on; saves an interrupt per op.
+    int rc = io_uring_queue_init(depth, &ring_, IORING_SETUP_COOP_TASKRUN);
+    if (rc == -EINVAL) rc = io_uring_queue_init(depth, &ring_, 0);  // older kernel
+    if (rc < 0)
+      return make_status(StatusCode::unavailable, "tcp: io_uring_queue_init({}) failed: {}", depth, errno_text(-rc));
+    ready_ = true;
+    return {};
+  }
+
+  io_uring* get() { return &ring_; }
+  uint64_t next_id() { return ++last_id_; }
+
+  /// A free SQE (flushing the queue if it is full).
+  io_uring_sqe* sqe() {
+    io_uring_sqe* s = io_uring_get_sqe(&ring_);
+    if (!s) {
+      io_uring_submit(&ring_);
+      s = io_uring_get_sqe(&ring_);
+    }
+    return s;
+  }
+
+ private:
+  io_uring ring_{};
+  bool ready_ = false;
+  uint64_t last_id_ = 0;
+};
+
+struct Completion {
+  uint64_t user_data = 0;
+  int res = 0;
+  uint32_t flags = 0;
+};
+
+/// Submits what is queued and waits for the next completion, in slices of at most
+/// kTcpWaitSlice. Errors: timed_out at `deadline`, cancelled when `cancel` fires
+/// (nothing is reaped then), io_error when the ring itself fails.
+Status next_completion(Ring& ring, Completion& out, Deadline deadline, const CancelToken* cancel) {
+  for (;;) {
+    io_uring_cqe* cqe = nullptr;
+    if (io_uring_peek_cqe(ring.get(), &cqe) == 0 && cqe) {
+      out = Completion{cqe->user_data, cqe->res, cqe->flags};
+      io_uring_cqe_seen(ring.get(), cqe);
+      return {};
+    }
+    if (cancel && cancel->cancelled()) return Status(StatusCode::cancelled, "cancelled");
+    const auto now = Clock::now();
+    if (now >= deadline) return Status(StatusCode::timed_out, "deadline passed");
+    const auto slice = std::min<Clock::duration>(deadline - now, kTcpWaitSlice);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+    __kernel_timespec ts{};
+    ts.tv_sec = ns / 1000000000;
+    ts.tv_nsec = std::max<long long>(ns % 1000000000, ns > 0 ? 0 : 1000);
+    const int rc = io_uring_submit_and_wait_timeout(ring.get(), &cqe, 1, &ts, nullptr);
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+      return make_status(StatusCode::io_error, "io_uring wait failed: {}", errno_text(-rc));
+  }
+}
+
+/// Runs the submitted operation `id` to its end: its result and, for zero-copy
+/// sends, the notification that the kernel no longer reads the buffers. On a
+/// deadline or cancel the operation is cancelled in the kernel and reaped before
+/// this returns, so nothing writes to (or reads from) caller memory afterwards;
+/// `res` then holds what the operation did anyway (bytes moved, or -ECANCELED) and
+/// `got` whether it reported at all. When the kernel does not let go within a
+/// second, the socket is shut down, which ends any socket operation.
+Status await_op(Ring& ring, int fd, uint64_t id, Deadline deadline, const CancelToken& cancel, int& res, bool& got) {
+  got = false;
+  bool need_notif = false;
+  Status st;
+  for (;;) {
+    Completion c;
+    st = next_completion(ring, c, deadline, &cancel);
+    if (!st.ok()) break;
+    if (c.user_data != id) continue;  // a stale completion (an earlier cancel request)
+    if (c.flags & IORING_CQE_F_NOTIF) {
+      need_notif = false;
+    } else {
+      res = c.res;
+      got = true;
+      need_notif = (c.flags & IORING_CQE_F_MORE) != 0;
+    }
+    if (got && !need_notif) return {};
+  }
+  if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) {
+    // The ring failed: nothing more can be waited for safely; stop the socket.
+    shutdown(fd, SHUT_RDWR);
+    return st;
+  }
+  if (!got) {
+    if (io_uring_sqe* s = ring.sqe()) {
+      io_uring_prep_cancel64(s, id, 0);
+      io_uring_sqe_set_data64(s, ring.next_id());
+    }
+  }
+  bool shut = false;
+  Deadline drain_until = Clock::now() + std::chrono::seconds(1);
+  const CancelToken never;
+  while (!got || need_notif) {
+    Completion c;
+    Status w = next_completion(ring, c, drain_until, &never);
+    if (w.code() == StatusCode::timed_out) {
+      if (!shut) {
+        shutdown(fd, SHUT_RDWR);
+        shut = true;
+      } else {
+        KVS_LOG_WARN("tcp: still waiting for the kernel to release an operation on fd {}", fd);
+      }
+      drain_until = Clock::now() + std::chrono::seconds(5);
+      continue;
+    }
+    if (!w.ok()) return w;  // the ring itself failed
+    if (c.user_data != id) continue;
+    if (c.flags & IORING_CQE_F_NOTIF) {
+      need_notif = false;
+    } else {
+      res = c.res;
+      got = true;
+      need_notif = (c.flags & IORING_CQE_F_MORE) != 0;
+    }
+  }
+  return st;
+}
+
+// ---- memory ---------------------------------------------------------------------------
+
+/// A tcp registration only records the range: sends and receives use ordinary
+/// (non-fixed) io_uring buffers, so there is no kernel handle to release.
+struct TcpRegion final : MemoryRegion::Impl {};
+
+// ---- connection -----------------------------------------------------------------------
+
+class TcpConnection final : public Connection {
+ public:
+  TcpConnection(int fd, std::string peer, const TcpOptions& opt) : fd_(fd), peer_(std::move(peer)), opt_(opt) {
+    rx_buf_.resize(kTcpRxBufferBytes);
+  }
+  ~TcpConnection() override {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  Status init(unsigned depth) {
+    KVS_RETURN_IF_ERROR(tx_.init(depth));
+    return rx_.init(depth);
+  }
+
+  /// Connects the (not yet connected) socket to `addr` through the send ring.
+  Status connect_to(const sockaddr_storage& addr, Deadline deadline, const CancelToken& cancel) {
+    std::lock_guard lock(tx_mu_);
+    io_uring_sqe* s = tx_.sqe();
+    const uint64_t id = tx_.next_id();
+    io_uring_prep_connect(s, fd_, reinterpret_cast<const sockaddr*>(&addr), sockaddr_len(addr));
+    io_uring_sqe_set_data64(s, id);
+    int res = 0;
+    bool got = false;
+    Status st = await_op(tx_, fd_, id, deadline, cancel, res, got);
+    if (!st.ok()) return st.with_context(fmt::format("tcp: connecting to {}", peer_));
+    if (res < 0)
+      return make_status(code_for_errno(-res), "tcp: cannot connect to {}: {}", peer_, errno_text(-res));
+    return {};
+  }
+
+  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
+              const CancelToken& cancel) override {
+    std::lock_guard lock(tx_mu_);
+    KVS_RETURN_IF_ERROR(check_usable());
+    if (header.size() > kMaxHeaderBytes)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}",
+                                           peer_, header.size(), kMaxHeaderBytes));
+    if (body.size() > kTcpMaxBodyBytes)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}",
+                                           peer_, body.size(), kTcpMaxBodyBytes));
+    if (!body.empty() && body.data() == nullptr)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: null body", peer_));
+    // Nothing has been written yet: a deadline or cancel here leaves the stream intact.
+    KVS_RETURN_IF_ERROR(check_wait(deadline, cancel, "send"));
+
+    encode_prefix(tx_buf_.data(), uint32_t(header.size()), body.size());
+    if (!header.empty()) std::memcpy(tx_buf_.data() + kTcpPrefixBytes, header.data(), header.size());
+    iovec iov[2];
+    int iov_count = 1;
+    iov[0] = {tx_buf_.data(), kTcpPrefixBytes + header.size()};
+    if (!body.empty()) iov[iov_count++] = {const_cast<std::byte*>(body.data()), body.size()};
+    const bool zc = opt_.send_zc && body.size() >= opt_.send_zc_min_bytes;
+
+    // One sendmsg gathers prefix + header + body; a short send (the socket was shut
+    // or a signal) continues where it stopped.
+    uint64_t left = kTcpPrefixBytes + header.size() + body.size();
+    int first = 0;
+    while (left > 0) {
+      msghdr msg{};
+      msg.msg_iov = iov + first;
+      msg.msg_iovlen = size_t(iov_count - first);
+      io_uring_sqe* s = tx_.sqe();
+      const uint64_t id = tx_.next_id();
+      if (zc)
+        io_uring_prep_sendmsg_zc(s, fd_, &msg, MSG_NOSIGNAL | MSG_WAITALL);
+      else
+        io_uring_prep_sendmsg(s, fd_, &msg, MSG_NOSIGNAL | MSG_WAITALL);
+      io_uring_sqe_set_data64(s, id);
+      int res = 0;
+      bool got = false;
+      Status st = await_op(tx_, fd_, id, deadline, cancel, res, got);
+      if (!st.ok()) {
+        // Part of the message may be on the wire: the stream position is lost.
+        return fail(st.with_context(fmt::format("tcp send to {} ({} of {} bytes left)", peer_, left,
+                                                kTcpPrefixBytes + header.size() + body.size())));
+      }
+      if (res < 0)
+        return fail(make_status(code_for_errno(-res), "tcp send to {}: {}", peer_, errno_text(-res)));
+      if (res == 0) return fail(make_status(StatusCode::unavailable, "tcp send to {}: connection closed", peer_));
+      left -= uint64_t(res);
+      size_t done = size_t(res);
+      while (done > 0 && first < iov_count) {
+        const size_t take = std::min(done, iov[first].iov_len);
+        iov[first].iov_base = static_cast<std::byte*>(iov[first].iov_base) + take;
+        iov[first].iov_len -= take;
+        done -= take;
+        if (iov[first].iov_len == 0) ++first;
+      }
+    }
+    return {};
+  }
+
+  Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override {
+    std::lock_guard lock(rx_mu_);
+    KVS_RETURN_IF_ERROR(check_usable());
+    if (body_pending_ && body_left_ > 0)
+      return detail::log_error(make_status(StatusCode::invalid_argument,
+                                           "tcp recv from {}: {} body bytes of the previous message were not read "
+                                           "(call recv_body, with an empty span to discard)",
+                                           peer_, body_left_));
+    body_pending_ = false;
+    // Prefix and header accumulate in rx_buf_, so a deadline or cancel here loses
+    // nothing: the next recv_header continues the same message.
+    KVS_RETURN_IF_ERROR(fill(kTcpPrefixBytes, deadline, cancel));
+    const TcpPrefix p = decode_prefix(rx_buf_.data() + rx_begin_);
+    if (p.magic != kTcpMagic)
+      return fail(make_status(StatusCode::corrupt_data, "tcp recv from {}: bad frame magic {:#010x} (want {:#010x})",
+                              peer_, p.magic, kTcpMagic));
+    if (p.header_len > kMaxHeaderBytes)
+      return fail(make_status(StatusCode::corrupt_data, "tcp recv from {}: header length {} exceeds {}", peer_,
+                              p.header_len, kMaxHeaderBytes));
+    if (p.body_len > kTcpMaxBodyBytes)
+      return fail(make_status(StatusCode::corrupt_data, "tcp recv from {}: body length {} exceeds {}", peer_,
+                              p.body_len, kTcpMaxBodyBytes));
+    KVS_RETURN_IF_ERROR(fill(kTcpPrefixBytes + p.header_len, deadline, cancel));
+    const std::byte* h = rx_buf_.data() + rx_begin_ + kTcpPrefixBytes;
+    header.assign(h, h + p.header_len);
+    rx_begin_ += kTcpPrefixBytes + p.header_len;
+    body_pending_ = true;
+    body_left_ = p.body_len;
+    return size_t(p.body_len);
+  }
+
+  Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override {
+    std::lock_guard lock(rx_mu_);
+    KVS_RETURN_IF_ERROR(check_usable());
+    if (!body_pending_)
+      return detail::log_error(
+          make_status(StatusCode::invalid_argument, "tcp recv_body from {}: no message header was received", peer_));
+    if (!dest.empty() && dest.size() < body_left_)
+      return detail::log_error(make_status(StatusCode::invalid_argument,
+                                           "tcp recv_body from {}: destination of {} bytes is smaller than the {} "
+                                           "byte body",
+                                           peer_, dest.size(), body_left_));
+    if (!dest.empty() && dest.data() == nullptr)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp recv_body from {}: null destination", peer_));
+    if (body_left_ == 0) {
+      body_pending_ = false;
+      return {};
+    }
+    KVS_RETURN_IF_ERROR(check_wait(deadline, cancel, "recv_body"));
+    const bool discard = dest.empty();
+    const uint64_t total = body_left_;
+    uint64_t off = 0;
+    // Body bytes that came in with the header (bounded by kTcpRxBufferBytes).
+    const size_t buffered = std::min<uint64_t>(rx_end_ - rx_begin_, body_left_);
+    if (buffered > 0) {
+      if (!discard) std::memcpy(dest.data(), rx_buf_.data() + rx_begin_, buffered);
+      rx_begin_ += buffered;
+      off += buffered;
+    }
+    if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
+    // The rest goes straight into dest (or through rx_buf_ when discarding).
+    while (off < total) {
+      std::byte* to = discard ? rx_buf_.data() : dest.data() + off;
+      const uint64_t want = discard ? std::min<uint64_t>(total - off, rx_buf_.size())
+                                    : std::min<uint64_t>(total - off, uint64_t(1) << 30);
+      io_uring_sqe* s = rx_.sqe();
+      const uint64_t id = rx_.next_id();
+      io_uring_prep_recv(s, fd_, to, size_t(want), MSG_WAITALL);
+      io_uring_sqe_set_data64(s, id);
+      int res = 0;
+      bool got = false;
+      Status st = await_op(rx_, fd_, id, deadline, cancel, res, got);
+      if (!st.ok())
+        return fail(st.with_context(
+            fmt::format("tcp recv_body from {} ({} of {} body bytes received)", peer_, off, total)));
+      if (res == 0)
+        return fail(make_status(StatusCode::unavailable,
+                                "tcp recv_body: peer {} closed the connection after {} of {} body bytes", peer_, off,
+                                total));
+      if (res < 0) return fail(make_status(code_for_errno(-res), "tcp recv_body from {}: {}", peer_, errno_text(-res)));
+      off += uint64_t(res);
+    }
+    body_left_ = 0;
+    body_pending_ = false;
+    return {};
+  }
+
+  [[nodiscard]] std::string describe() const override {
+    return fmt::format("tcp {} (io_uring{})", peer_, opt_.send_zc ? ", send_zc" : "");
+  }
+
+ private:
+  /// unavailable once the connection was closed by an earlier error.
+  Status check_usable() {
+    if (!broken_.load(std::memory_order_acquire)) return {};
+    std::lock_guard lock(broken_mu_);
+    return make_status(StatusCode::unavailable, "tcp connection to {} is closed after an earlier error: {}", peer_,
+                       broken_why_);
+  }
+
+  Status check_wait(Deadline deadline, const CancelToken& cancel, std::string_view what) const {
+    if (cancel.cancelled()) return make_status(StatusCode::cancelled, "tcp {} to {}: cancelled", what, peer_);
+    if (Clock::now() >= deadline) return make_status(StatusCode::timed_out, "tcp {} to {}: deadline passed", what, peer_);
+    return {};
+  }
+
+  /// Marks the connection broken, shuts the socket down (the peer sees the close,
+  /// the other direction's call ends) and returns `why` (logged unless it is a
+  /// deadline or cancel, which the caller asked for).
+  Status fail(Status why) {
+    {
+      std::lock_guard lock(broken_mu_);
+      if (!broken_.load(std::memory_order_relaxed)) broken_why_ = why.to_string();
+      broken_.store(true, std::memory_order_release);
+    }
+    shutdown(fd_, SHUT_RDWR);
+    if (why.code() == StatusCode::timed_out || why.code() == StatusCode::cancelled) {
+      KVS_LOG_DEBUG("{}", why.to_string());
+      return why;
+    }
+    return detail::log_error(std::move(why));
+  }
+
+  /// Reads until rx_buf_ holds at least `need` unread bytes (need <= buffer size).
+  Status fill(size_t need, Deadline deadline, const CancelToken& cancel) {
+    while (rx_end_ - rx_begin_ < need) {
+      if (rx_buf_.size() - rx_begin_ < need) {  // not enough room behind: compact
+        std::memmove(rx_buf_.data(), rx_buf_.data() + rx_begin_, rx_end_ - rx_begin_);
+        rx_end_ -= rx_begin_;
+        rx_begin_ = 0;
+      }
+      KVS_RETURN_IF_ERROR(check_wait(deadline, cancel, "recv_header"));
+      io_uring_sqe* s = rx_.sqe();
+      const uint64_t id = rx_.next_id();
+      io_uring_prep_recv(s, fd_, rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, 0);
+      io_uring_sqe_set_data64(s, id);
+      int res = 0;
+      bool got = false;
+      Status st = await_op(rx_, fd_, id, deadline, cancel, res, got);
+      if (got && res > 0) rx_end_ += size_t(res);  // kept even when the wait ended first
+      if (!st.ok()) {
+        if (st.code() == StatusCode::timed_out || st.code() == StatusCode::cancelled) {
+          const Status out = st.with_context(fmt::format("tcp recv_header from {}", peer_));
+          KVS_LOG_DEBUG("{}", out.to_string());
+          return out;
+        }
+        return fail(st.with_context(fmt::format("tcp recv_header from {}", peer_)));
+      }
+      if (res == 0) {
+        const size_t partial = rx_end_ - rx_begin_;
+        if (partial == 0)
+          return fail(make_status(StatusCode::unavailable, "tcp recv from {}: peer closed the connection", peer_));
+        return fail(make_status(StatusCode::unavailable,
+                                "tcp recv from {}: peer closed the connection in the middle of a message ({} bytes "
+                                "of its prefix/header received)",
+                                peer_, partial));
+      }
+      if (res < 0) return fail(make_status(code_for_errno(-res), "tcp recv from {}: {}", peer_, errno_text(-res)));
+    }
+    return {};
+  }
+
+  const int fd_;
+  const std::string peer_;
+  const TcpOptions opt_;
+
+  std::atomic<bool> broken_{false};
+  std::mutex broken_mu_;
+  std::string broken_why_;
+
+  std::mutex tx_mu_;
+  Ring tx_;
+  std::array<std::byte, kTcpPrefixBytes + kMaxHeaderBytes> tx_buf_{};
+
+  std::mutex rx_mu_;
+  Ring rx_;
+  std::vector<std::byte> rx_buf_;
+  size_t rx_begin_ = 0, rx_end_ = 0;
+  bool body_pending_ = false;
+  uint64_t body_left_ = 0;
+};
+
+// ---- listener -------------------------------------------------------------------------
+
+class TcpListener final : public Listener {
+ public:
+  TcpListener(int fd, std::string address, const TcpOptions& opt, unsigned depth)
+      : fd_(fd), address_(std::move(address)), opt_(opt), depth_(depth) {}
+  ~TcpListener() override {
+    if (pending_fd_ >= 0) close(pending_fd_);
+    close(fd_);
+  }
+
+  Status init() { return ring_.init(4); }
+
+  Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
+    std::lock_guard lock(mu_);
+    int cfd = -1;
+    sockaddr_storage peer{};
+    if (pending_fd_ >= 0) {  // accepted by an earlier call just as its wait ended
+      cfd = pending_fd_;
+      peer = pending_peer_;
+      pending_fd_ = -1;
+    } else {
+      if (cancel.cancelled()) return make_status(StatusCode::cancelled, "tcp accept on {}: cancelled", address_);
+      socklen_t len = sizeof peer;
+      io_uring_sqe* s = ring_.sqe();
+      const uint64_t id = ring_.next_id();
+      io_uring_prep_accept(s, fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC);
+      io_uring_sqe_set_data64(s, id);
+      int res = 0;
+      bool got = false;
+      Status st = await_op(ring_, fd_, id, deadline, cancel, res, got);
+      if (!st.ok()) {
+        if (got && res >= 0) {  // a connection arrived as we gave up: keep it for the next call
+          pending_fd_ = res;
+          pending_peer_ = peer;
+        }
+        return st.with_context(fmt::format("tcp accept on {}", address_));
+      }
+      if (res < 0)
+        return detail::log_error(
+            make_status(code_for_errno(-res), "tcp accept on {}: {}", address_, errno_text(-res)));
+      cfd = res;
+    }
+    configure_socket(cfd, opt_);
+    auto conn = std::make_unique<TcpConnection>(cfd, format_address(reinterpret_cast<sockaddr*>(&peer)), opt_);
+    if (Status st = conn->init(depth_); !st.ok()) return detail::log_error(st);
+    return std::unique_ptr<Connection>(std::move(conn));
+  }
+
+  [[nodiscard]] std::string address() const override { return address_; }
+
+ private:
+  const int fd_;
+  const std::string address_;
+  const TcpOptions opt_;
+  const unsigned depth_;
+  std::mutex mu_;
+  Ring ring_;
+  int pending_fd_ = -1;
+  sockaddr_storage pending_peer_{};
+};
+
+// ---- backend --------------------------------------------------------------------------
+
+class TcpBackend final : public Backend {
+ public:
+  TcpBackend(const BackendConfig& config, const TcpOptions& opt) : opt_(opt), depth_(config.tcp_queue_depth) {
+    caps_.backend = "tcp";
+    caps_.provider = "io_uring";
+    caps_.host_memory = true;
+    caps_.cuda_memory = false;
+    caps_.one_sided_read = false;
+    caps_.notifications = false;
+    caps_.max_message_bytes = kTcpMaxBodyBytes;
+  }
+
+  [[nodiscard]] const Capabilities& capabilities() const override { return caps_; }
+
+  Result<std::unique_ptr<Listener>> listen(const std::string& address) override {
+    std::vector<sockaddr_storage> addrs;
+    if (Status st = resolve(address, true, addrs); !st.ok()) return detail::log_error(st);
+    Status last;
+    for (const sockaddr_storage& a : addrs) {
+      const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        last = make_status(StatusCode::io_error, "tcp listen on {}: socket: {}", address, errno_text(errno));
+        continue;
+      }
+      const int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      configure_socket(fd, opt_);  // accepted sockets inherit the buffer sizes
+      if (bind(fd, reinterpret_cast<const sockaddr*>(&a), sockaddr_len(a)) != 0 || ::listen(fd, 512) != 0) {
+        const int err = errno;
+        last = make_status(err == EADDRINUSE || err == EACCES || err == EADDRNOTAVAIL ? StatusCode::unavailable
+                                                                                        : StatusCode::io_error,
+                           "tcp listen on {}: {}", address, errno_text(err));
+        close(fd);
+        continue;
+      }
+      sockaddr_storage bound{};
+      socklen_t len = sizeof bound;
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+      auto l = std::make_unique<TcpListener>(fd, format_address(reinterpret_cast<sockaddr*>(&bound)), opt_, depth_);
+      if (Status st = l->init(); !st.ok()) return detail::log_error(st);
+      KVS_LOG_DEBUG("tcp: listening on {}", l->address());
+      return std::unique_ptr<Listener>(std::move(l));
+    }
+    return detail::log_error(last);
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const std::string& address, Deadline deadline,
+                                              const CancelToken& cancel) override {
+    std::vector<sockaddr_storage> addrs;
+    if (Status st = resolve(address, false, addrs); !st.ok()) return detail::log_error(st);
+    Status last;
+    for (const sockaddr_storage& a : addrs) {
+      const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        last = make_status(StatusCode::io_error, "tcp connect to {}: socket: {}", address, errno_text(errno));
+        continue;
+      }
+      configure_socket(fd, opt_);
+      auto conn = std::make_unique<TcpConnection>(fd, format_address(reinterpret_cast<const sockaddr*>(&a)), opt_);
+      if (Status st = conn->init(depth_); !st.ok()) return detail::log_error(st);
+      last = conn->connect_to(a, deadline, cancel);
+      if (last.ok()) return std::unique_ptr<Connection>(std::move(conn));
+      if (last.code() == StatusCode::timed_out || last.code() == StatusCode::cancelled) break;
+    }
+    return detail::log_error(last);
+  }
+
+  Result<MemoryRegion> register_memory(void* data, size_t size, MemoryType type) override {
+    if (type != MemoryType::host)
+      return detail::log_error(make_status(StatusCode::unsupported,
+                                           "tcp backend registers host memory only, not {} memory",
+                                           memory_type_name(type)));
+    if (data == nullptr || size == 0)
+      return detail::log_error(make_status(StatusCode::invalid_argument,
+                                           "tcp register_memory: empty range (data {}, size {})", data, size));
+    if (auto hit = cache_.find(data, size, type)) return MemoryRegion(hit);
+    auto region = std::make_shared<TcpRegion>();
+    region->data = static_cast<std::byte*>(data);
+    region->size = size;
+    region->type = type;
+    cache_.insert(region);
+    return MemoryRegion(std::move(region));
+  }
+
+ private:
+  Capabilities caps_;
+  TcpOptions opt_;
+  unsigned depth_;
+  RegistrationCache cache_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_tcp_backend_with(const BackendConfig& config, const TcpOptions& options) {
+  if (config.memory != MemoryType::host)
+    return make_status(StatusCode::unsupported,
+                       "tcp backend moves host memory only: {} memory needs a GPUDirect-capable backend (ucx)",
+                       memory_type_name(config.memory));
+  if (config.tcp_queue_depth < 4 || config.tcp_queue_depth > 32768)
+    return make_status(StatusCode::invalid_argument, "tcp_queue_depth {} is outside [4, 32768]",
+                       config.tcp_queue_depth);
+  TcpOptions opt = options;
+  {
+    // Probe io_uring once (it may be disabled by sysctl or seccomp) and the opcodes used.
+    Ring probe_ring;
+    KVS_RETURN_IF_ERROR(probe_ring.init(4));
+    io_uring_probe* probe = io_uring_get_probe_ring(probe_ring.get());
+    if (!probe) return make_status(StatusCode::unavailable, "tcp: io_uring opcode probe failed");
+    const bool basic = io_uring_opcode_supported(probe, IORING_OP_SENDMSG) &&
+                       io_uring_opcode_supported(probe, IORING_OP_RECV) &&
+                       io_uring_opcode_supported(probe, IORING_OP_ACCEPT) &&
+                       io_uring_opcode_supported(probe, IORING_OP_CONNECT) &&
+                       io_uring_opcode_supported(probe, IORING_OP_ASYNC_CANCEL);
+    const bool zc = io_uring_opcode_supported(probe, IORING_OP_SENDMSG_ZC);
+    io_uring_free_probe(probe);
+    if (!basic) return make_status(StatusCode::unavailable, "tcp: this kernel's io_uring lacks socket opcodes");
+    if (opt.send_zc && !zc) {
+      KVS_LOG_WARN("tcp: IORING_OP_SENDMSG_ZC is not supported by this kernel; using plain sends");
+      opt.send_zc = false;
+    }
+  }
+  return std::unique_ptr<Backend>(std::make_unique<TcpBackend>(config, opt));
+}
+
+}  // namespace tcp
+
+Result<std::unique_ptr<Backend>> make_tcp_backend(const BackendConfig& config) {
+  return tcp::make_tcp_backend_with(config, tcp::TcpOptions{});
+}
+
+}  // namespace kvstream::transport

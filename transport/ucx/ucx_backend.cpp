@@ -1,0 +1,991 @@
+// UCX (UCP) transport backend.
+//
+// Wire format: every connection has, on each side, a receive tag space chosen by
+// that side (rx_id, unique within its worker) and announced to the peer in a small
+// "hello" active message sent on connect/accept (the AM handler learns the sending
+// endpoint from reply_ep, which is how the two ends pair up; UCP tag matching is
+// per worker, not per endpoint). A message is then
+//   header: tag = peer_rx_id | kHeader | seq, payload = u64 body size + header bytes
+//   body:   tag = peer_rx_id | kBody   | seq, payload = the body (absent when empty)
+// so header and body of one message pair up and many messages can be in flight.
+//
+// Progress: each backend owns one ucp_worker (UCS_THREAD_MODE_SERIALIZED) guarded by
+// one mutex held only around UCX calls. A waiting call progresses the worker itself
+// (a short spin, then ucp_worker_arm + poll on the worker's event fd with <= 10 ms
+// timeouts). A background thread progresses the worker while no call is waiting:
+// without it a large send could never complete when the receiving process is not
+// inside a recv call (UCX's rendezvous needs the receiver to make progress).
+//
+// Receive staging: a body whose header has arrived but which the application has not
+// started to receive within kStageGrace is received by the background thread into a
+// staging buffer (bounded by kStageLimit per backend), so a sender never waits
+// forever on a receiver that reads later. Bodies received while the application is
+// waiting go straight into the caller's buffer (no copy).
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <deque>
+
+#include "core/log.hpp"
+#include "transport/backend_impl.hpp"
+
+namespace kvstream::transport {
+namespace ucx_detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kHeaderKind = 1;
+constexpr uint64_t kBodyKind = 2;
+constexpr unsigned kHelloAmId = 7;
+constexpr uint32_t kHelloMagic = 0x4b565543;  // "KVUC"
+constexpr size_t kPrefix = 8;                 // u64 body size in front of the header bytes
+constexpr size_t kHeaderRing = 32;            // header receives posted ahead per connection
+constexpr auto kSpin = 200us;                 // busy progress before sleeping on the event fd
+constexpr auto kStageGrace = 2ms;
+constexpr size_t kStageLimit = size_t(512) << 20;
+constexpr uint32_t kRxIdMask = 0xffffff;  // 24 bits of rx id, 8 of kind, 32 of sequence
+
+uint64_t make_tag(uint32_t rx_id, uint64_t kind, uint32_t seq) {
+  return (uint64_t(rx_id & kRxIdMask) << 40) | (kind << 32) | seq;
+}
+
+std::string sockaddr_to_string(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+    return fmt::format("{}:{}", host, port);
+  }
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+    return fmt::format("[{}]:{}", host, port);
+  }
+  return "?";
+}
+
+/// One UCX request we wait for. Completion fields are written by callbacks, which run
+/// inside ucp_worker_progress with the engine mutex held.
+struct Op {
+  void* req = nullptr;  // UCX request while pending
+  bool done = true;
+  ucs_status_t status = UCS_OK;
+  size_t length = 0;
+  Clock::time_point done_at{};
+  ucp_tag_recv_info_t info{};
+
+  void complete(ucs_status_t s) {
+    done = true;
+    status = s;
+    done_at = Clock::now();
+  }
+  /// Takes the outcome of a *_nbx call. Returns false when it failed at once.
+  bool track(ucs_status_ptr_t p) {
+    if (p == nullptr) {
+      complete(UCS_OK);
+      length = info.length;
+      return true;
+    }
+    if (UCS_PTR_IS_ERR(p)) {
+      complete(UCS_PTR_STATUS(p));
+      return false;
+    }
+    req = p;
+    return true;
+  }
+  /// Frees the request of a completed op.
+  void release() {
+    if (req) ucp_request_free(req);
+    req = nullptr;
+  }
+  void arm() {
+    done = false;
+    status = UCS_INPROGRESS;
+    length = 0;
+    req = nullptr;
+  }
+};
+
+void send_cb(void* /*request*/, ucs_status_t status, void* user) { static_cast<Op*>(user)->complete(status); }
+
+void recv_cb(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* op = static_cast<Op*>(user);
+  if (info) op->length = info->length;
+  op->complete(status);
+}
+
+struct Context {
+  ucp_context_h h = nullptr;
+  ~Context() {
+    if (h) ucp_cleanup(h);
+  }
+};
+
+struct UcxRegion : MemoryRegion::Impl {
+  std::shared_ptr<Context> ctx;
+  ucp_mem_h memh = nullptr;
+  ~UcxRegion() override {
+    if (memh) ucp_mem_unmap(ctx->h, memh);
+  }
+};
+
+class Engine;
+
+/// Per-connection state, guarded by the engine mutex.
+struct ConnState {
+  Engine* eng = nullptr;
+  ucp_ep_h ep = nullptr;
+  std::string peer;
+  std::string tls = "?";
+  uint32_t rx_id = 0;
+  uint32_t peer_rx_id = 0;
+  bool hello = false;
+  bool failed = false;
+  bool closed = false;
+  std::string fail_msg;
+  uint32_t hello_out[2] = {kHelloMagic, 0};
+  Op hello_op;
+
+  struct Slot {
+    std::array<std::byte, kPrefix + kMaxHeaderBytes> buf;
+    Op op;
+    uint32_t seq = 0;
+  };
+  std::unique_ptr<std::array<Slot, kHeaderRing>> ring = std::make_unique<std::array<Slot, kHeaderRing>>();
+  uint32_t rx_next = 0;
+  bool body_pending = false;
+  bool body_claimed = false;
+  uint32_t body_seq = 0;
+  size_t body_size = 0;
+
+  struct Staged {
+    std::unique_ptr<std::byte[]> buf;
+    size_t size = 0;
+    Op op;
+  };
+  std::map<uint32_t, std::unique_ptr<Staged>> staged;
+  uint32_t tx_next = 0;
+
+  Status failure() const {
+    return make_status(StatusCode::unavailable, "ucx: {}", fail_msg.empty() ? "connection to " + peer + " failed" : fail_msg);
+  }
+};
+
+void ep_error_cb(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* cs = static_cast<ConnState*>(arg);
+  if (!cs->failed) {
+    cs->failed = true;
+    cs->fail_msg = fmt::format("peer {} failed: {}", cs->peer, ucs_status_string(status));
+    KVS_LOG_DEBUG("ucx: {}", cs->fail_msg);
+  }
+}
+
+struct ListenState {
+  ucp_listener_h h = nullptr;
+  std::deque<ucp_conn_request_h> pending;
+};
+
+void conn_cb(ucp_conn_request_h req, void* arg) { static_cast<ListenState*>(arg)->pending.push_back(req); }
+
+class Engine {
+ public:
+  std::shared_ptr<Context> ctx;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  std::mutex mu;
+  std::atomic<int> sleepers{0};
+  std::atomic<int> waiters{0};
+  std::string provider;
+  bool cuda = false;
+  RegistrationCache cache;
+
+  // Guarded by mu.
+  uint32_t next_rx_id = 1;
+  std::unordered_map<ucp_ep_h, ConnState*> by_ep;
+  std::set<ConnState*> conns;
+  std::vector<std::shared_ptr<ConnState>> graveyard;  // states whose requests did not finish
+  size_t staged_bytes = 0;
+
+  ~Engine() {
+    stop_.store(true);
+    if (worker) ucp_worker_signal(worker);
+    if (bg_.joinable()) bg_.join();
+    if (worker) ucp_worker_destroy(worker);
+    graveyard.clear();
+  }
+
+  static Result<std::shared_ptr<Engine>> create(const BackendConfig& config) {
+    auto e = std::make_shared<Engine>();
+    ucp_config_t* cfg = nullptr;
+    ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+    if (st != UCS_OK) return make_status(StatusCode::unavailable, "ucx: ucp_config_read: {}", ucs_status_string(st));
+    if (!config.ucx_tls.empty()) {
+      st = ucp_config_modify(cfg, "TLS", config.ucx_tls.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(cfg);
+        return make_status(StatusCode::invalid_argument, "ucx: bad ucx_tls '{}': {}", config.ucx_tls,
+                           ucs_status_string(st));
+      }
+      e->provider = "UCX_TLS=" + config.ucx_tls;
+    } else if (const char* env = std::getenv("UCX_TLS"); env && *env) {
+      e->provider = std::string("UCX_TLS=") + env;
+    } else {
+      e->provider = "UCX default";
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    e->ctx = std::make_shared<Context>();
+    st = ucp_init(&params, cfg, &e->ctx->h);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+      e->ctx->h = nullptr;
+      return make_status(StatusCode::unavailable, "ucx: ucp_init ({}): {}", e->provider, ucs_status_string(st));
+    }
+    ucp_context_attr_t cattr{};
+    cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (ucp_context_query(e->ctx->h, &cattr) == UCS_OK)
+      e->cuda = (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    if (config.memory == MemoryType::cuda && !e->cuda)
+      return make_status(StatusCode::unsupported,
+                         "ucx: cuda memory requested but this UCX ({}) has no cuda transport (no cuda memory type)",
+                         e->provider);
+
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    st = ucp_worker_create(e->ctx->h, &wp, &e->worker);
+    if (st != UCS_OK) {
+      e->worker = nullptr;
+      return make_status(StatusCode::unavailable, "ucx: ucp_worker_create: {}", ucs_status_string(st));
+    }
+    st = ucp_worker_get_efd(e->worker, &e->efd);
+    if (st != UCS_OK) return make_status(StatusCode::unavailable, "ucx: ucp_worker_get_efd: {}", ucs_status_string(st));
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    am.id = kHelloAmId;
+    am.cb = &Engine::hello_cb;
+    am.arg = e.get();
+    st = ucp_worker_set_am_recv_handler(e->worker, &am);
+    if (st != UCS_OK)
+      return make_status(StatusCode::unavailable, "ucx: ucp_worker_set_am_recv_handler: {}", ucs_status_string(st));
+    e->bg_ = std::thread([raw = e.get()] { raw->background(); });
+    return e;
+  }
+
+  /// Progresses until idle. Requires mu.
+  void progress_locked() {
+    unsigned n = 0;
+    while (unsigned k = ucp_worker_progress(worker)) n += k;
+    if (n && sleepers.load() > 0) ucp_worker_signal(worker);
+  }
+
+  /// Waits until `pred` (called with mu held after progress) yields a Status, the
+  /// deadline passes (timed_out) or `cancel` fires (cancelled).
+  template <typename Pred>
+  Status wait(Pred&& pred, Deadline deadline, const CancelToken* cancel, std::string_view what) {
+    waiters.fetch_add(1);
+    struct Dec {
+      std::atomic<int>& w;
+      ~Dec() { w.fetch_sub(1); }
+    } dec{waiters};
+    const auto spin_end = Clock::now() + kSpin;
+    for (;;) {
+      std::unique_lock lk(mu);
+      progress_locked();
+      if (std::optional<Status> s = pred()) return std::move(*s);
+      if (cancel && cancel->cancelled()) return make_status(StatusCode::cancelled, "ucx: {} cancelled", what);
+      const auto now = Clock::now();
+      if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {} timed out", what);
+      if (now < spin_end) {
+        lk.unlock();
+        std::this_thread::yield();
+        continue;
+      }
+      sleepers.fetch_add(1);
+      const ucs_status_t st = ucp_worker_arm(worker);
+      lk.unlock();
+      if (st == UCS_OK) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+        pollfd p{efd, POLLIN, 0};
+        ::poll(&p, 1, int(std::clamp<int64_t>(left, 0, 10)));
+      }
+      sleepers.fetch_sub(1);
+    }
+  }
+
+  /// Waits for cleanup (cancelled requests, closing endpoints); bounded.
+  template <typename Pred>
+  bool wait_quiet(Pred&& pred, std::chrono::milliseconds limit) {
+    Status s = wait([&]() -> std::optional<Status> { return pred() ? std::optional<Status>(Status{}) : std::nullopt; },
+                    Clock::now() + limit, nullptr, "cleanup");
+    return s.ok();
+  }
+
+  uint32_t alloc_rx_id() {
+    for (;;) {
+      uint32_t id = next_rx_id++ & kRxIdMask;
+      if (id == 0) continue;
+      bool used = false;
+      for (auto* c : conns) used |= c->rx_id == id;
+      if (!used) return id;
+    }
+  }
+
+  /// Posts the header receive for `seq` into its ring slot. Requires mu.
+  void post_header(ConnState& cs, uint32_t seq) {
+    auto& slot = (*cs.ring)[seq % kHeaderRing];
+    slot.seq = seq;
+    slot.op.arm();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // 1.13 leaves tag_info unset on immediate completion
+    p.cb.recv = recv_cb;
+    p.user_data = &slot.op;
+    p.recv_info.tag_info = &slot.op.info;
+    slot.op.track(ucp_tag_recv_nbx(worker, slot.buf.data(), slot.buf.size(), make_tag(cs.rx_id, kHeaderKind, seq),
+                                   ~uint64_t(0), &p));
+  }
+
+  /// Receives bodies nobody is receiving yet into staging buffers. Requires mu.
+  /// Returns true when some body may become due later.
+  bool stage(Clock::time_point now) {
+    bool later = false;
+    for (ConnState* cs : conns) {
+      if (cs->failed || cs->closed || !cs->hello) continue;
+      auto consider = [&](uint32_t seq, size_t size, Clock::time_point arrived) {
+        if (size == 0 || cs->staged.count(seq)) return;
+        if (now < arrived + kStageGrace) {
+          later = true;
+          return;
+        }
+        if (staged_bytes + size > kStageLimit) return;  // the sender waits for the reader
+        auto st = std::make_unique<ConnState::Staged>();
+        st->buf.reset(new std::byte[size]);
+        st->size = size;
+        st->op.arm();
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // 1.13 leaves tag_info unset on immediate completion
+        p.cb.recv = recv_cb;
+        p.user_data = &st->op;
+        p.recv_info.tag_info = &st->op.info;
+        st->op.track(
+            ucp_tag_recv_nbx(worker, st->buf.get(), size, make_tag(cs->rx_id, kBodyKind, seq), ~uint64_t(0), &p));
+        staged_bytes += size;
+        cs->staged.emplace(seq, std::move(st));
+      };
+      if (cs->body_pending && !cs->body_claimed) {
+        const auto& slot = (*cs->ring)[(cs->body_seq) % kHeaderRing];
+        consider(cs->body_seq, cs->body_size, slot.op.done_at);
+      }
+      for (uint32_t i = 0; i < kHeaderRing; ++i) {
+        const uint32_t seq = cs->rx_next + i;
+        const auto& slot = (*cs->ring)[seq % kHeaderRing];
+        if (slot.seq != seq || !slot.op.done || slot.op.status != UCS_OK || slot.op.length < kPrefix) break;
+        uint64_t size;
+        std::memcpy(&size, slot.buf.data(), kPrefix);
+        consider(seq, size_t(size), slot.op.done_at);
+      }
+    }
+    return later;
+  }
+
+ private:
+  std::thread bg_;
+  std::atomic<bool> stop_{false};
+
+  static ucs_status_t hello_cb(void* arg, const void* /*header*/, size_t /*header_length*/, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* e = static_cast<Engine*>(arg);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || length < 8 ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+      return UCS_OK;
+    uint32_t msg[2];
+    std::memcpy(msg, data, sizeof msg);
+    auto it = e->by_ep.find(param->reply_ep);
+    if (msg[0] != kHelloMagic || it == e->by_ep.end()) {
+      KVS_LOG_WARN("ucx: ignoring an unexpected hello message");
+      return UCS_OK;
+    }
+    it->second->peer_rx_id = msg[1];
+    it->second->hello = true;
+    return UCS_OK;
+  }
+
+  void background() {
+    while (!stop_.load()) {
+      if (waiters.load() > 0) {
+        // A caller is progressing the worker; only look for bodies to stage.
+        {
+          std::lock_guard lk(mu);
+          stage(Clock::now());
+        }
+        std::this_thread::sleep_for(1ms);
+        continue;
+      }
+      std::unique_lock lk(mu);
+      progress_locked();
+      const bool later = stage(Clock::now());
+      const ucs_status_t st = ucp_worker_arm(worker);
+      lk.unlock();
+      if (st == UCS_ERR_BUSY) continue;
+      pollfd p{efd, POLLIN, 0};
+      ::poll(&p, 1, later ? 1 : 10);
+    }
+  }
+};
+
+std::string ep_transports(ucp_ep_h ep) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (!f) return "?";
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string text(buf, len);
+  std::free(buf);
+  if (std::getenv("KVSTREAM_UCX_DUMP")) std::fprintf(stderr, "%s\n", text.c_str());
+  // Lane lines look like "lane[0]:  1:tcp/lo.0 md[1] ..."; collect the transport names.
+  std::vector<std::string> tls;
+  size_t pos = 0;
+  while ((pos = text.find("lane[", pos)) != std::string::npos) {
+    const size_t eol = text.find('\n', pos);
+    const std::string line = text.substr(pos, eol == std::string::npos ? std::string::npos : eol - pos);
+    pos = eol == std::string::npos ? text.size() : eol;
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    size_t b = slash;
+    while (b > 0 && (std::isalnum(static_cast<unsigned char>(line[b - 1])) || line[b - 1] == '_')) --b;
+    const std::string tl = line.substr(b, slash - b);
+    if (!tl.empty() && std::find(tls.begin(), tls.end(), tl) == tls.end()) tls.push_back(tl);
+  }
+  return tls.empty() ? std::string("?") : fmt::format("{}", fmt::join(tls, ","));
+}
+
+class UcxConnection final : public Connection {
+ public:
+  UcxConnection(std::shared_ptr<Engine> eng, std::shared_ptr<ConnState> cs)
+      : eng_(std::move(eng)), cs_(std::move(cs)) {}
+
+  ~UcxConnection() override { close_conn(*eng_, cs_); }
+
+  /// Closes the endpoint, cancels receives and waits (bounded) for every request.
+  static void close_conn(Engine& eng, const std::shared_ptr<ConnState>& cs) {
+    Op close_op;
+    {
+      std::lock_guard lk(eng.mu);
+      cs->closed = true;
+      for (auto& slot : *cs->ring)
+        if (!slot.op.done && slot.op.req) ucp_request_cancel(eng.worker, slot.op.req);
+      for (auto& [seq, st] : cs->staged)
+        if (!st->op.done && st->op.req) ucp_request_cancel(eng.worker, st->op.req);
+      if (cs->ep) {
+        close_op.arm();
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+        p.cb.send = send_cb;
+        p.user_data = &close_op;
+        p.flags = cs->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+        close_op.track(ucp_ep_close_nbx(cs->ep, &p));
+      }
+    }
+    auto all_done = [&] {
+      if (!close_op.done || !cs->hello_op.done) return false;
+      for (auto& slot : *cs->ring)
+        if (!slot.op.done) return false;
+      for (auto& [seq, st] : cs->staged)
+        if (!st->op.done) return false;
+      return true;
+    };
+    bool ok = eng.wait_quiet(all_done, 2s);
+    std::lock_guard lk(eng.mu);
+    if (!ok && !close_op.done && close_op.req) {
+      // A graceful close that did not finish: let UCX free it when it completes.
+      ucp_request_free(close_op.req);
+      close_op.req = nullptr;
+      close_op.done = true;
+    }
+    close_op.release();
+    cs->hello_op.release();
+    for (auto& slot : *cs->ring) slot.op.release();
+    for (auto& [seq, st] : cs->staged) {
+      st->op.release();
+      eng.staged_bytes -= st->size;
+    }
+    cs->staged.clear();
+    eng.by_ep.erase(cs->ep);
+    eng.conns.erase(cs.get());
+    if (!ok) {
+      KVS_LOG_WARN("ucx: connection to {} did not close cleanly", cs->peer);
+      eng.graveyard.push_back(cs);  // requests may still point into it
+    }
+  }
+
+  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
+              const CancelToken& cancel) override {
+    if (header.size() > kMaxHeaderBytes)
+      return make_status(StatusCode::invalid_argument, "ucx: header of {} bytes exceeds {}", header.size(),
+                         kMaxHeaderBytes);
+    std::array<std::byte, kPrefix + kMaxHeaderBytes> hbuf;
+    const uint64_t body_size = body.size();
+    std::memcpy(hbuf.data(), &body_size, kPrefix);
+    if (!header.empty()) std::memcpy(hbuf.data() + kPrefix, header.data(), header.size());
+    Op hop, bop;
+    Engine& e = *eng_;
+    {
+      std::lock_guard lk(e.mu);
+      if (cs_->failed) return cs_->failure();
+      const uint32_t seq = cs_->tx_next++;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = send_cb;
+      hop.arm();
+      p.user_data = &hop;
+      hop.track(ucp_tag_send_nbx(cs_->ep, hbuf.data(), kPrefix + header.size(),
+                                 make_tag(cs_->peer_rx_id, kHeaderKind, seq), &p));
+      if (!body.empty()) {
+        bop.arm();
+        p.user_data = &bop;
+        bop.track(ucp_tag_send_nbx(cs_->ep, body.data(), body.size(), make_tag(cs_->peer_rx_id, kBodyKind, seq), &p));
+      }
+    }
+    Status s = e.wait(
+        [&]() -> std::optional<Status> {
+          if (hop.done && bop.done) return Status{};
+          return std::nullopt;
+        },
+        deadline, &cancel, "send to " + cs_->peer);
+    if (!s.ok()) {
+      // Interrupted: cancel, and if UCX cannot cancel a send, force-close the endpoint
+      // so that no request reads the caller's buffers after we return. A half-sent
+      // message leaves the stream unusable, so the connection is closed either way.
+      {
+        std::lock_guard lk(e.mu);
+        if (!hop.done && hop.req) ucp_request_cancel(e.worker, hop.req);
+        if (!bop.done && bop.req) ucp_request_cancel(e.worker, bop.req);
+      }
+      if (!e.wait_quiet([&] { return hop.done && bop.done; }, 200ms)) {
+        std::lock_guard lk(e.mu);
+        if (!cs_->failed) {
+          cs_->failed = true;
+          cs_->fail_msg = fmt::format("connection to {} closed after an interrupted send", cs_->peer);
+          Op close_op;
+          ucp_request_param_t p{};
+          p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+          p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+          void* r = ucp_ep_close_nbx(cs_->ep, &p);
+          if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+          e.by_ep.erase(cs_->ep);
+          cs_->ep = nullptr;
+        }
+      }
+      e.wait_quiet([&] { return hop.done && bop.done; }, 5s);
+      std::lock_guard lk(e.mu);
+      if (!(hop.done && bop.done)) KVS_LOG_ERROR("ucx: a send request to {} did not complete after cancel", cs_->peer);
+      if (!(hop.done && hop.status == UCS_OK && bop.done && bop.status == UCS_OK) && !cs_->failed) {
+        cs_->failed = true;
+        cs_->fail_msg = fmt::format("connection to {} unusable after an interrupted send", cs_->peer);
+      }
+      hop.release();
+      bop.release();
+      return s;
+    }
+    std::lock_guard lk(e.mu);
+    hop.release();
+    bop.release();
+    if (hop.status != UCS_OK || bop.status != UCS_OK) {
+      if (cs_->failed) return cs_->failure();
+      return make_status(StatusCode::unavailable, "ucx: send to {} failed: {}", cs_->peer,
+                         ucs_status_string(hop.status != UCS_OK ? hop.status : bop.status));
+    }
+    return {};
+  }
+
+  Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override {
+    bool pending;
+    {
+      std::lock_guard lk(eng_->mu);
+      pending = cs_->body_pending;
+    }
+    if (pending) KVS_RETURN_IF_ERROR(recv_body({}, deadline, cancel));  // the previous body was not read: drop it
+    Engine& e = *eng_;
+    Status s = e.wait(
+        [&]() -> std::optional<Status> {
+          const auto& slot = (*cs_->ring)[cs_->rx_next % kHeaderRing];
+          if (slot.op.done) return Status{};
+          if (cs_->failed) return cs_->failure();
+          return std::nullopt;
+        },
+        deadline, &cancel, "recv_header from " + cs_->peer);
+    if (!s.ok()) return s;
+    std::lock_guard lk(e.mu);
+    auto& slot = (*cs_->ring)[cs_->rx_next % kHeaderRing];
+    slot.op.release();
+    if (slot.op.status != UCS_OK) {
+      if (cs_->failed) return cs_->failure();
+      return make_status(StatusCode::unavailable, "ucx: receive from {} failed: {}", cs_->peer,
+                         ucs_status_string(slot.op.status));
+    }
+    if (slot.op.length < kPrefix)
+      return make_status(StatusCode::corrupt_data, "ucx: message header of {} bytes from {}", slot.op.length, cs_->peer);
+    uint64_t body_size;
+    std::memcpy(&body_size, slot.buf.data(), kPrefix);
+    header.assign(slot.buf.data() + kPrefix, slot.buf.data() + slot.op.length);
+    const uint32_t seq = cs_->rx_next++;
+    cs_->body_pending = body_size > 0;
+    cs_->body_claimed = false;
+    cs_->body_seq = seq;
+    cs_->body_size = size_t(body_size);
+    // Keep done_at of this slot for staging decisions until the body is read; its
+    // next receive is posted once the body is done (slot reuse is seq + kHeaderRing).
+    if (!cs_->body_pending) e.post_header(*cs_, seq + kHeaderRing);
+    return size_t(body_size);
+  }
+
+  Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override {
+    Engine& e = *eng_;
+    std::unique_lock lk(e.mu);
+    if (!cs_->body_pending) {
+      if (dest.empty()) return {};
+      return make_status(StatusCode::invalid_argument, "ucx: recv_body without a body announced by recv_header");
+    }
+    const size_t size = cs_->body_size;
+    const uint32_t seq = cs_->body_seq;
+    if (!dest.empty() && dest.size() < size)
+      return make_status(StatusCode::invalid_argument, "ucx: body of {} bytes does not fit {} bytes", size,
+                         dest.size());
+    auto finish = [&] {
+      cs_->body_pending = false;
+      cs_->body_claimed = false;
+      e.post_header(*cs_, seq + kHeaderRing);
+    };
+    if (auto it = cs_->staged.find(seq); it != cs_->staged.end()) {
+      ConnState::Staged* st = it->second.get();
+      lk.unlock();
+      Status s = e.wait(
+          [&]() -> std::optional<Status> {
+            if (st->op.done) return Status{};
+            if (cs_->failed) return cs_->failure();
+            return std::nullopt;
+          },
+          deadline, &cancel, "recv_body from " + cs_->peer);
+      if (!s.ok()) return s;  // the staged receive goes on; a retry picks it up
+      lk.lock();
+      st->op.release();
+      Status result;
+      if (st->op.status != UCS_OK)
+        result = make_status(StatusCode::unavailable, "ucx: body from {} failed: {}", cs_->peer,
+                             ucs_status_string(st->op.status));
+      else if (st->op.length != size)
+        result = make_status(StatusCode::corrupt_data, "ucx: body from {} has {} bytes, header said {}", cs_->peer,
+                             st->op.length, size);
+      else if (!dest.empty())
+        std::memcpy(dest.data(), st->buf.get(), size);
+      e.staged_bytes -= st->size;
+      cs_->staged.erase(it);
+      finish();
+      return result;
+    }
+    if (cs_->failed) return cs_->failure();
+    std::unique_ptr<std::byte[]> scratch;
+    std::byte* target = dest.data();
+    if (dest.empty()) {
+      scratch.reset(new std::byte[size]);
+      target = scratch.get();
+    }
+    Op op;
+    op.arm();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // 1.13 leaves tag_info unset on immediate completion
+    p.cb.recv = recv_cb;
+    p.user_data = &op;
+    p.recv_info.tag_info = &op.info;
+    op.track(ucp_tag_recv_nbx(e.worker, target, size, make_tag(cs_->rx_id, kBodyKind, seq), ~uint64_t(0), &p));
+    cs_->body_claimed = true;
+    lk.unlock();
+    Status s = e.wait(
+        [&]() -> std::optional<Status> {
+          if (op.done) return Status{};
+          if (cs_->failed) return cs_->failure();
+          return std::nullopt;
+        },
+        deadline, &cancel, "recv_body from " + cs_->peer);
+    if (!s.ok()) {
+      {
+        std::lock_guard g(e.mu);
+        if (!op.done && op.req) ucp_request_cancel(e.worker, op.req);
+      }
+      if (!e.wait_quiet([&] { return op.done; }, 5s))
+        KVS_LOG_ERROR("ucx: a body receive from {} did not complete after cancel", cs_->peer);
+    }
+    lk.lock();
+    op.release();
+    if (!op.done) {
+      // Cannot happen with UCX's cancel semantics; never let the buffer be written later.
+      std::abort();
+    }
+    if (op.status == UCS_OK && op.length == size) {
+      finish();
+      return {};
+    }
+    cs_->body_claimed = false;  // the body is still pending: a retry may receive it
+    if (!s.ok()) return s;
+    if (op.status == UCS_OK)
+      return make_status(StatusCode::corrupt_data, "ucx: body from {} has {} bytes, header said {}", cs_->peer,
+                         op.length, size);
+    if (cs_->failed) return cs_->failure();
+    return make_status(StatusCode::unavailable, "ucx: body from {} failed: {}", cs_->peer, ucs_status_string(op.status));
+  }
+
+  [[nodiscard]] std::string describe() const override { return fmt::format("ucx {} ({})", cs_->peer, cs_->tls); }
+
+ private:
+  std::shared_ptr<Engine> eng_;
+  std::shared_ptr<ConnState> cs_;
+};
+
+/// Creates the endpoint (from a sockaddr or a connection request), posts the header
+/// receives, sends the hello and waits for the peer's.
+Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
+                                              std::string peer, Deadline deadline, const CancelToken* cancel) {
+  Engine& e = *eng;
+  auto cs = std::make_shared<ConnState>();
+  cs->eng = &e;
+  cs->peer = std::move(peer);
+  {
+    std::lock_guard lk(e.mu);
+    cs->rx_id = e.alloc_rx_id();
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = ep_error_cb;
+    params.err_handler.arg = cs.get();
+    ucs_status_t st = ucp_ep_create(e.worker, &params, &cs->ep);
+    if (st != UCS_OK)
+      return make_status(StatusCode::unavailable, "ucx: cannot create an endpoint to {}: {}", cs->peer,
+                         ucs_status_string(st));
+    e.by_ep[cs->ep] = cs.get();
+    e.conns.insert(cs.get());
+    for (uint32_t i = 0; i < kHeaderRing; ++i) e.post_header(*cs, i);
+    cs->hello_out[1] = cs->rx_id;
+    cs->hello_op.arm();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = send_cb;
+    p.user_data = &cs->hello_op;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    cs->hello_op.track(ucp_am_send_nbx(cs->ep, kHelloAmId, nullptr, 0, cs->hello_out, sizeof cs->hello_out, &p));
+  }
+  Status s = e.wait(
+      [&]() -> std::optional<Status> {
+        if (cs->failed) return cs->failure();
+        if (cs->hello_op.done && cs->hello_op.status != UCS_OK)
+          return make_status(StatusCode::unavailable, "ucx: handshake with {} failed: {}", cs->peer,
+                             ucs_status_string(cs->hello_op.status));
+        if (cs->hello && cs->hello_op.done) return Status{};
+        return std::nullopt;
+      },
+      deadline, cancel, "connection setup with " + cs->peer);
+  if (!s.ok()) {
+    {
+      std::lock_guard lk(e.mu);
+      if (!cs->failed) {
+        cs->failed = true;  // force close: the peer may be absent
+        cs->fail_msg = s.message();
+      }
+    }
+    UcxConnection::close_conn(e, cs);
+    return s;
+  }
+  {
+    std::lock_guard lk(e.mu);
+    cs->hello_op.release();
+    cs->tls = ep_transports(cs->ep);
+  }
+  KVS_LOG_INFO("ucx: connected to {} over {} ({})", cs->peer, cs->tls, e.provider);
+  return std::unique_ptr<Connection>(std::make_unique<UcxConnection>(eng, std::move(cs)));
+}
+
+Status resolve(const std::string& address, sockaddr_storage& out, socklen_t& len, bool passive) {
+  std::string host;
+  uint16_t port = 0;
+  KVS_RETURN_IF_ERROR(parse_host_port(address, host, port));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string port_s = std::to_string(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_s.c_str(), &hints, &res);
+  if (rc != 0 || !res)
+    return make_status(StatusCode::invalid_argument, "ucx: cannot resolve '{}': {}", address, gai_strerror(rc));
+  std::memcpy(&out, res->ai_addr, res->ai_addrlen);
+  len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return {};
+}
+
+class UcxListener final : public Listener {
+ public:
+  UcxListener(std::shared_ptr<Engine> eng, std::unique_ptr<ListenState> ls, std::string addr)
+      : eng_(std::move(eng)), ls_(std::move(ls)), addr_(std::move(addr)) {}
+
+  ~UcxListener() override {
+    std::lock_guard lk(eng_->mu);
+    for (auto* r : ls_->pending) ucp_listener_reject(ls_->h, r);
+    ls_->pending.clear();
+    ucp_listener_destroy(ls_->h);
+  }
+
+  Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
+    Engine& e = *eng_;
+    Status s = e.wait(
+        [&]() -> std::optional<Status> {
+          if (!ls_->pending.empty()) return Status{};
+          return std::nullopt;
+        },
+        deadline, &cancel, "accept on " + addr_);
+    if (!s.ok()) return s;
+    ucp_conn_request_h req;
+    std::string peer = "?";
+    {
+      std::lock_guard lk(e.mu);
+      req = ls_->pending.front();
+      ls_->pending.pop_front();
+      ucp_conn_request_attr_t attr{};
+      attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+      if (ucp_conn_request_query(req, &attr) == UCS_OK) peer = sockaddr_to_string(attr.client_address);
+    }
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    params.conn_request = req;
+    return establish(eng_, params, peer, deadline, &cancel);
+  }
+
+  [[nodiscard]] std::string address() const override { return addr_; }
+
+ private:
+  std::shared_ptr<Engine> eng_;
+  std::unique_ptr<ListenState> ls_;
+  std::string addr_;
+};
+
+class UcxBackend final : public Backend {
+ public:
+  explicit UcxBackend(std::shared_ptr<Engine> eng) : eng_(std::move(eng)) {
+    caps_.backend = "ucx";
+    caps_.provider = eng_->provider;
+    caps_.host_memory = true;
+    caps_.cuda_memory = eng_->cuda;
+    caps_.one_sided_read = false;
+    caps_.notifications = false;
+    caps_.max_message_bytes = uint64_t(1) << 40;
+  }
+
+  [[nodiscard]] const Capabilities& capabilities() const override { return caps_; }
+
+  Result<std::unique_ptr<Listener>> listen(const std::string& address) override {
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    KVS_RETURN_IF_ERROR(resolve(address, ss, len, true));
+    auto ls = std::make_unique<ListenState>();
+    Engine& e = *eng_;
+    std::lock_guard lk(e.mu);
+    ucp_listener_params_t p{};
+    p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    p.sockaddr.addrlen = len;
+    p.conn_handler.cb = conn_cb;
+    p.conn_handler.arg = ls.get();
+    ucs_status_t st = ucp_listener_create(e.worker, &p, &ls->h);
+    if (st != UCS_OK)
+      return make_status(StatusCode::unavailable, "ucx: cannot listen on {}: {}", address, ucs_status_string(st));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    std::string bound = address;
+    if (ucp_listener_query(ls->h, &attr) == UCS_OK) {
+      // Keep the host as given (a wildcard bind reports 0.0.0.0), take the real port.
+      std::string host;
+      uint16_t port = 0;
+      (void)parse_host_port(address, host, port);
+      const std::string real = sockaddr_to_string(attr.sockaddr);
+      const std::string real_port = real.substr(real.rfind(':') + 1);
+      bound = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + real_port;
+    }
+    KVS_LOG_INFO("ucx: listening on {} ({})", bound, e.provider);
+    return std::unique_ptr<Listener>(std::make_unique<UcxListener>(eng_, std::move(ls), bound));
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const std::string& address, Deadline deadline,
+                                              const CancelToken& cancel) override {
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    KVS_RETURN_IF_ERROR(resolve(address, ss, len, false));
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    params.sockaddr.addrlen = len;
+    return establish(eng_, params, address, deadline, &cancel);
+  }
+
+  Result<MemoryRegion> register_memory(void* data, size_t size, MemoryType type) override {
+    if (data == nullptr || size == 0)
+      return make_status(StatusCode::invalid_argument, "ucx: cannot register an empty or null range");
+    if (type == MemoryType::cuda && !eng_->cuda)
+      return make_status(StatusCode::unsupported, "ucx: this UCX has no cuda transport; cannot register cuda memory");
+    if (auto hit = eng_->cache.find(data, size, type)) return MemoryRegion(hit);
+    ucp_mem_map_params_t p{};
+    p.field_mask =
+        UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    p.address = data;
+    p.length = size;
+    p.memory_type = type == MemoryType::cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    auto r = std::make_shared<UcxRegion>();
+    r->ctx = eng_->ctx;
+    ucs_status_t st = ucp_mem_map(eng_->ctx->h, &p, &r->memh);
+    if (st != UCS_OK) {
+      r->memh = nullptr;
+      return make_status(StatusCode::resource_exhausted, "ucx: ucp_mem_map of {} bytes: {}", size,
+                         ucs_status_string(st));
+    }
+    r->data = static_cast<std::byte*>(data);
+    r->size = size;
+    r->type = type;
+    eng_->cache.insert(r);
+    return MemoryRegion(r);
+  }
+
+ private:
+  std::shared_ptr<Engine> eng_;
+  Capabilities caps_;
+};
+
+}  // namespace
+}  // namespace ucx_detail
+
+Result<std::unique_ptr<Backend>> make_ucx_backend(const BackendConfig& config) {
+  KVS_ASSIGN_OR_RETURN(auto eng, ucx_detail::Engine::create(config));
+  return std::unique_ptr<Backend>(std::make_unique<ucx_detail::UcxBackend>(std::move(eng)));
+}
+
+}  // namespace kvstream::transport
