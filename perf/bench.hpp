@@ -23,6 +23,16 @@ struct CodecBenchOptions {
 };
 int run_codec_bench(const CodecBenchOptions& o);
 
+struct StorageBenchOptions {
+  std::string backend = "tcp";
+  uint32_t clients = 32;
+  double seconds = 30;
+  uint32_t chunks = 64;
+  uint64_t chunk_bytes = 1 << 20;
+  std::string json;
+};
+int run_storage_bench(const StorageBenchOptions& o);
+
 /// One curve of a plot.
 struct PlotSeries {
   std::string name;

@@ -20,7 +20,16 @@ int main(int argc, char** argv) {
                                              "cachegen-static cachegen-paper (default: all)");
   codec->add_flag("--speed-only", co.speed_only, "sizes and speed only (skips the quality runs)");
   codec->add_flag("--speed-all", co.speed_all, "time every method, not only kvstream, int8 and fp16");
+  kvstream::bench::StorageBenchOptions so;
+  auto* st = app.add_subcommand("storage", "a storage node on loopback under many concurrent clients");
+  st->add_option("--backend", so.backend, "tcp, ucx or libfabric")->capture_default_str();
+  st->add_option("--clients", so.clients, "concurrent clients")->capture_default_str();
+  st->add_option("--seconds", so.seconds, "duration")->capture_default_str();
+  st->add_option("--chunks", so.chunks, "distinct chunks stored")->capture_default_str();
+  st->add_option("--chunk-bytes", so.chunk_bytes, "bytes per chunk")->capture_default_str();
+  st->add_option("--json", so.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);
   if (*codec) return kvstream::bench::run_codec_bench(co);
+  if (*st) return kvstream::bench::run_storage_bench(so);
   return 0;
 }

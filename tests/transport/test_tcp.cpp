@@ -333,7 +333,7 @@ void round_trips(const tcpb::TcpOptions& opt) {
   ASSERT_TRUE(smr.ok() && rmr.ok());
   for (size_t n : {size_t(0), size_t(1), size_t(65535), size_t(65536), size_t(1) << 20, size_t(16) << 20, max}) {
     const auto body = pattern(n, uint32_t(n));
-    std::memcpy(send_buf.data(), body.data(), n);
+    if (n > 0) std::memcpy(send_buf.data(), body.data(), n);
     const auto header = pattern(1 + n % 4096, 7);
     auto received = std::async(std::launch::async, [&]() -> Status {
       std::vector<std::byte> got_header;
@@ -346,7 +346,7 @@ void round_trips(const tcpb::TcpOptions& opt) {
     ASSERT_TRUE(st.ok()) << st.to_string();
     Status rs = received.get();
     ASSERT_TRUE(rs.ok()) << rs.to_string();
-    EXPECT_EQ(std::memcmp(recv_buf.data(), body.data(), n), 0) << n;
+    if (n > 0) EXPECT_EQ(std::memcmp(recv_buf.data(), body.data(), n), 0) << n;
   }
 }
 

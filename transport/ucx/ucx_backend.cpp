@@ -250,6 +250,10 @@ class Engine {
     } else {
       e->provider = "UCX default";
     }
+    // Endpoints use UCP_ERR_HANDLING_MODE_PEER; UCX 1.13 leaves the shared memory
+    // transports out of such endpoints unless MM_ERROR_HANDLING is on (UCX issue #8477).
+    if (!std::getenv("UCX_MM_ERROR_HANDLING") && ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y") != UCS_OK)
+      KVS_LOG_DEBUG("ucx: MM_ERROR_HANDLING is not a setting of this UCX");
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -463,7 +467,6 @@ std::string ep_transports(ucp_ep_h ep) {
   std::fclose(f);
   std::string text(buf, len);
   std::free(buf);
-  if (std::getenv("KVSTREAM_UCX_DUMP")) std::fprintf(stderr, "%s\n", text.c_str());
   // Lane lines look like "lane[0]:  1:tcp/lo.0 md[1] ..."; collect the transport names.
   std::vector<std::string> tls;
   size_t pos = 0;

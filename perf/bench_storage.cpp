@@ -1,0 +1,99 @@
+// kvstream-bench storage: a storage node on loopback under many concurrent clients,
+// each fetching random chunks; reports errors and chunk latency percentiles.
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvstream/storage.hpp"
+#include "perf/bench.hpp"
+
+namespace kvstream::bench {
+
+using namespace std::chrono_literals;
+using transport::Clock;
+using transport::deadline_in;
+
+int run_storage_bench(const StorageBenchOptions& o) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-load-{}", ::getpid());
+  fs::remove_all(dir);
+  storage::ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.backend.name = o.backend;
+  sc.directory = dir.string();
+  sc.secrets = {{"bench", "bench-secret-0123456789"}};
+  auto server = storage::Server::start(sc);
+  if (!server.ok()) return fmt::print(stderr, "kvstream-bench storage: {}\n", server.status().to_string()), 1;
+  storage::ClientConfig cc;
+  cc.address = (*server)->address();
+  cc.backend.name = o.backend;
+  cc.name_space = "bench";
+  cc.secret = "bench-secret-0123456789";
+  {
+    auto loader = storage::Client::connect(cc, deadline_in(10s));
+    if (!loader.ok()) return fmt::print(stderr, "kvstream-bench storage: {}\n", loader.status().to_string()), 1;
+    std::vector<std::byte> chunk(o.chunk_bytes);
+    for (uint32_t i = 0; i < o.chunks; ++i) {
+      std::fill(chunk.begin(), chunk.end(), std::byte(i));
+      if (Status s = (*loader)->put("load", i, 0, chunk, deadline_in(30s)); !s.ok())
+        return fmt::print(stderr, "kvstream-bench storage: put: {}\n", s.to_string()), 1;
+    }
+  }
+  std::atomic<uint64_t> ok{0}, errors{0}, wrong{0};
+  std::vector<std::vector<double>> lat(o.clients);
+  std::vector<std::thread> threads;
+  const auto end = Clock::now() + std::chrono::duration<double>(o.seconds);
+  for (uint32_t t = 0; t < o.clients; ++t)
+    threads.emplace_back([&, t] {
+      auto c = storage::Client::connect(cc, deadline_in(10s));
+      if (!c.ok()) {
+        ++errors;
+        return;
+      }
+      std::vector<std::byte> buf(o.chunk_bytes);
+      auto mr = (*c)->register_memory(buf.data(), buf.size());
+      std::mt19937 rng(t);
+      while (Clock::now() < end) {
+        const uint32_t i = rng() % o.chunks;
+        const auto t0 = Clock::now();
+        auto r = (*c)->get("load", i, 0, *mr, 0, buf.size(), deadline_in(5s));
+        lat[t].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        if (!r.ok()) {
+          ++errors;
+          continue;
+        }
+        // Every delivered chunk is the right one, whole.
+        if (*r != o.chunk_bytes || buf.front() != std::byte(i) || buf.back() != std::byte(i)) ++wrong;
+        ++ok;
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  auto pct = [&](double p) { return all.empty() ? 0.0 : all[std::min(all.size() - 1, size_t(p * double(all.size())))]; };
+  const auto counters = (*server)->counters();
+  (*server)->stop();
+  fs::remove_all(dir);
+  const double gbps = double(ok.load()) * double(o.chunk_bytes) * 8 / o.seconds / 1e9;
+  fmt::print("backend {}: {} clients x {:.0f} s, chunks of {} bytes: {} fetches, {} errors, {} wrong; {:.2f} Gbit/s\n",
+             o.backend, o.clients, o.seconds, o.chunk_bytes, ok.load(), errors.load(), wrong.load(), gbps);
+  fmt::print("chunk latency us: p50 {:.0f}  p99 {:.0f}  p999 {:.0f}  max {:.0f}; server cache hits {}\n", pct(0.5),
+             pct(0.99), pct(0.999), all.empty() ? 0.0 : all.back(), counters.cache_hits);
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"backend", o.backend}, {"clients", o.clients}, {"seconds", o.seconds},
+                        {"chunk_bytes", o.chunk_bytes}, {"fetches", ok.load()}, {"errors", errors.load()},
+                        {"wrong", wrong.load()}, {"lat_us_p50", pct(0.5)}, {"lat_us_p99", pct(0.99)},
+                        {"lat_us_p999", pct(0.999)}, {"gbit_per_s", gbps}};
+    std::ofstream(o.json) << j.dump(1) << "\n";
+  }
+  return errors.load() == 0 && wrong.load() == 0 ? 0 : 1;
+}
+
+}  // namespace kvstream::bench
