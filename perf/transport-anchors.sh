@@ -36,31 +36,38 @@ iperf() {  # [netns-prefix-for-server] [netns-prefix-for-client] host
 # kvstream-perf, 1 MiB blocks: Gbit/s.
 kvperf() {  # srv-prefix cli-prefix host backend [extra args]
   local srv=$1 cli=$2 host=$3 backend=$4; shift 4
-  $srv "$PERF" --server --client "$host" --port 7472 --backend "$backend" --max-block 1048576 "$@" >/dev/null 2>&1 &
+  rm -f "$tmp/kv.json"
+  # A fresh port per run: UCX's listener does not reuse ports in TIME_WAIT.
+  local port=$((20000 + RANDOM % 20000))
+  $srv "$PERF" --server --client "$host" --port $port --backend "$backend" --max-block 1048576 "$@" >/dev/null 2>&1 &
   sleep 0.5
-  $cli "$PERF" --client "$host" --port 7472 --backend "$backend" --block 1048576 --batch 16 --seconds "$SECS" \
+  $cli "$PERF" --client "$host" --port $port --backend "$backend" --block 1048576 --batch 16 --seconds "$SECS" \
     --json "$tmp/kv.json" "$@" >/dev/null
   wait
   python3 -c "import json;print(json.load(open('$tmp/kv.json'))['rows'][0]['bytes_per_s']*8/1e9)"
 }
 kvlat() {  # host backend: small-message round trip (us), batch 1
-  "$PERF" --server --client "$1" --port 7473 --backend "$2" --max-block 64 "${@:3}" >/dev/null 2>&1 &
+  rm -f "$tmp/lat.json"
+  local port=$((20000 + RANDOM % 20000))
+  "$PERF" --server --client "$1" --port $port --backend "$2" --max-block 64 "${@:3}" >/dev/null 2>&1 &
   sleep 0.5
-  "$PERF" --client "$1" --port 7473 --backend "$2" --block 8 --batch 1 --seconds 2 --json "$tmp/lat.json" "${@:3}" >/dev/null
+  "$PERF" --client "$1" --port $port --backend "$2" --block 8 --batch 1 --seconds 2 --json "$tmp/lat.json" "${@:3}" >/dev/null
   wait
   python3 -c "import json;print(json.load(open('$tmp/lat.json'))['rows'][0]['lat_us_p50'])"
 }
 
 ucxbw() {  # tls -> MB/s of tag_bw 1 MiB
-  UCX_TLS=$1 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13337 >/dev/null 2>&1 &
+  local port=$((20000 + RANDOM % 20000))
+  UCX_TLS=$1 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p $port >/dev/null 2>&1 &
   sleep 0.5
-  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t tag_bw -s 1048576 -n 2000 -p 13337 2>/dev/null | awk '/Final:/ {print $(NF-2)}'
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t tag_bw -s 1048576 -n 2000 -p $port 2>&1 | tee $tmp/tagbw.log | awk '/Final:/ {print $(NF-2)}'
   wait
 }
-ucxlat() {  # tls -> am_lat round trip (us) of 8-byte messages
-  UCX_TLS=$1 ucx_perftest -t am_lat -s 8 -n 20000 -p 13338 >/dev/null 2>&1 &
+ucxlat() {  # tls -> UCP am_lat (ucp_am_lat) round trip (us) of 8-byte messages: the Final line gives one-way latency
+  local port=$((20000 + RANDOM % 20000))
+  UCX_TLS=$1 ucx_perftest -t ucp_am_lat -s 8 -n 20000 -p $port >/dev/null 2>&1 &
   sleep 0.5
-  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t am_lat -s 8 -n 20000 -p 13338 2>/dev/null | awk '/Final:/ {print $4 * 2}'
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t ucp_am_lat -s 8 -n 20000 -p $port 2>/dev/null | awk '/Final:/ {print $4 * 2}'
   wait
 }
 
@@ -69,11 +76,11 @@ ip=$(iperf "" "" 127.0.0.1)
 tcp=$(kvperf "" "" 127.0.0.1 tcp)
 printf "iperf3 -l 1M        %8.2f Gbit/s\n" "$ip"
 printf "kvstream tcp 1 MiB  %8.2f Gbit/s   ratio %.2f (figure >= 0.9)\n" "$tcp" "$(echo "$tcp / $ip" | bc -l)"
-if command -v ucx_perftest >/dev/null && "$PERF" --help >/dev/null; then
-  for tls in tcp sm; do
+if command -v ucx_perftest >/dev/null; then
+  for tls in tcp shm,tcp; do
     ref=$(ucxbw $tls)
     [ -n "$ref" ] || continue
-    refg=$(echo "$ref * 1048576 * 8 / 1e9" | bc -l)
+    refg=$(echo "$ref * 1048576 * 8 / 1000000000" | bc -l)
     ours=$(kvperf "" "" 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0)
     printf "ucx_perftest tag_bw UCX_TLS=%-4s %8.2f Gbit/s; kvstream ucx %8.2f Gbit/s   ratio %.2f (figure >= 0.9)\n" \
       $tls "$refg" "$ours" "$(echo "$ours / $refg" | bc -l)"
@@ -84,7 +91,7 @@ if command -v ucx_perftest >/dev/null && "$PERF" --help >/dev/null; then
   done
 fi
 
-cleanup_ns() { ip netns del kvs-a 2>/dev/null; ip netns del kvs-b 2>/dev/null; }
+cleanup_ns() { ip netns del kvs-a 2>/dev/null || true; ip netns del kvs-b 2>/dev/null || true; }
 if [ "$(id -u)" = 0 ] && ip netns add kvs-probe 2>/dev/null; then
   ip netns del kvs-probe
   echo "== two namespaces over veth, tbf $RATE"
