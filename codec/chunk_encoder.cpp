@@ -1,5 +1,6 @@
 // Chunk encoder: predict, quantize (closed loop, so the encoder's reconstruction is
 // exactly the decoder's), entropy-code each (layer, plane) as an independent substream.
+#include <algorithm>
 #include <cstring>
 
 #include "codec/bitstream.hpp"
@@ -81,6 +82,13 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
 }
 
 }  // namespace
+
+std::vector<TokenRange> chunk_ranges(uint64_t tokens, uint32_t chunk_tokens) {
+  std::vector<TokenRange> r;
+  if (chunk_tokens == 0) return r;
+  for (uint64_t b = 0; b < tokens; b += chunk_tokens) r.push_back({b, std::min<uint64_t>(tokens, b + chunk_tokens)});
+  return r;
+}
 
 Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out) {
   const Profile::Impl& p = profile.impl();

@@ -122,6 +122,14 @@ class ProfileBuilder {
   static Result<Profile> build(std::span<const KvView> samples, const RopeParams& rope, const ProfileOptions& opt);
 };
 
+/// Tokens per chunk unless a caller says otherwise (CacheGen's default). Any size
+/// works; each chunk decodes on its own.
+inline constexpr uint32_t kDefaultChunkTokens = 1536;
+
+/// The view-relative token ranges of consecutive chunks of `chunk_tokens` covering
+/// `tokens` tokens (the last one may be shorter). Empty when either is 0.
+std::vector<TokenRange> chunk_ranges(uint64_t tokens, uint32_t chunk_tokens = kDefaultChunkTokens);
+
 /// What a bitstream's header says (readable without the profile).
 struct ChunkInfo {
   KvGeometry geometry;

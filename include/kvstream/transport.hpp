@@ -86,9 +86,22 @@ class Connection {
 
   /// Sends one message. `body` must lie in memory registered with this connection's
   /// backend (or be empty). Returns once the message is handed to the transport
-  /// (the buffers may be reused).
+  /// (the buffers may be reused). Equivalent to post_send then wait_sends.
   virtual Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
                       const CancelToken& cancel) = 0;
+
+  /// Starts sending one message and returns without waiting, so that several
+  /// messages can be in flight (what bandwidth needs on rendezvous transports). The
+  /// header is copied; the body must stay valid and unchanged until wait_sends covers
+  /// this message. Returns a sequence number (increasing per connection). Errors:
+  /// those of send, immediately (a broken connection, bad arguments).
+  virtual Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) = 0;
+
+  /// Waits until every message posted up to and including `seq` has been handed to
+  /// the transport (their bodies may be reused). On timed_out or cancelled the
+  /// connection is broken (later calls fail with unavailable): a message may be half
+  /// sent.
+  virtual Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) = 0;
 
   /// Receives the next message's header into `header` (resized) and returns the size
   /// of its body, which must then be read with recv_body before the next message.
@@ -118,6 +131,10 @@ struct BackendConfig {
   MemoryType memory = MemoryType::host;  ///< memory type bodies will use; asking for
                                          ///< one the backend lacks is an error
   std::string ucx_tls;              ///< UCX: transports (UCX_TLS); empty = UCX's default
+  /// UCX: peer error handling (a crashed peer is detected promptly). UCX 1.13 then
+  /// cannot use cma for large shared-memory messages (~5x slower on shm); false
+  /// trades prompt failure detection (a crash may show only as a timeout) for that.
+  bool ucx_peer_errors = true;
   std::string ofi_provider = "tcp;ofi_rxm";  ///< libfabric provider
   uint32_t tcp_queue_depth = 64;    ///< io_uring submission queue entries per connection
 };

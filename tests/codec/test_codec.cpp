@@ -866,3 +866,16 @@ TEST(CodecProfile, MlaNeverUndoesRope) {
 
 }  // namespace
 }  // namespace kvstream::codec
+
+TEST(CodecChunks, RangesCoverTheContext) {
+  using kvstream::codec::chunk_ranges;
+  EXPECT_TRUE(chunk_ranges(0).empty());
+  EXPECT_TRUE(chunk_ranges(100, 0).empty());
+  const auto r = chunk_ranges(4000);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0], (kvstream::TokenRange{0, 1536}));
+  EXPECT_EQ(r[2], (kvstream::TokenRange{3072, 4000}));
+  const auto s = chunk_ranges(100, 37);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[2], (kvstream::TokenRange{74, 100}));
+}

@@ -151,6 +151,45 @@ TEST_P(Conformance, ManyMessagesInFlightBothWays) {
   reader.join();
 }
 
+TEST_P(Conformance, PostedSendsPipeline) {
+  auto p = make_pair();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const int count = 64;
+  const size_t n = size_t(1) << 20;
+  std::vector<std::byte> a(n * count), b(n);
+  for (int i = 0; i < count; ++i) std::memset(a.data() + size_t(i) * n, i + 1, n);
+  auto amr = p->client_backend->register_memory(a.data(), a.size(), MemoryType::host);
+  auto bmr = p->server_backend->register_memory(b.data(), b.size(), MemoryType::host);
+  ASSERT_TRUE(amr.ok() && bmr.ok());
+  auto receiver = std::async(std::launch::async, [&]() -> Status {
+    std::vector<std::byte> h;
+    for (int i = 0; i < count; ++i) {
+      KVS_ASSIGN_OR_RETURN(size_t len, p->server->recv_header(h, deadline_in(20s), {}));
+      if (len != n || h.size() != 4) return make_status(StatusCode::internal, "message {}: {} bytes", i, len);
+      KVS_RETURN_IF_ERROR(p->server->recv_body(bmr->span(0, n), deadline_in(20s), {}));
+      uint32_t id;
+      std::memcpy(&id, h.data(), 4);
+      if (id != uint32_t(i) || b[0] != std::byte(i + 1) || b[n - 1] != std::byte(i + 1))
+        return make_status(StatusCode::internal, "message {} arrived as {}", i, id);
+    }
+    return {};
+  });
+  uint64_t last = 0, prev = 0;
+  for (int i = 0; i < count; ++i) {
+    uint32_t id = uint32_t(i);
+    std::byte h[4];
+    std::memcpy(h, &id, 4);  // the header is copied by post_send: h may go away
+    auto seq = p->client->post_send(h, amr->span(size_t(i) * n, n));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+    if (i > 0) EXPECT_GT(*seq, prev);
+    prev = last = *seq;
+    if (i % 16 == 15) ASSERT_TRUE(p->client->wait_sends(last, deadline_in(20s), {}).ok());
+  }
+  ASSERT_TRUE(p->client->wait_sends(last, deadline_in(20s), {}).ok());
+  const Status got = receiver.get();
+  EXPECT_TRUE(got.ok()) << got.to_string();
+}
+
 TEST_P(Conformance, RecvRespectsDeadline) {
   auto p = make_pair();
   ASSERT_TRUE(p.ok()) << p.status().to_string();

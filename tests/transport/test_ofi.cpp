@@ -83,7 +83,10 @@ TEST_P(LibfabricProvider, DeclaresProviderAndRoundTrips) {
     auto body = fill(n, uint8_t(n));
     std::memcpy(sbuf.data(), body.data(), n);
     auto header = fill(16 + n % 100, 3);
-    ASSERT_TRUE(p->client->send(header, smr->span(0, n), deadline_in(10s), {}).ok()) << n;
+    // Sends are zero copy: a large body completes only once the peer reads it, so
+    // post, read, then wait.
+    auto seq = p->client->post_send(header, smr->span(0, n));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
     std::vector<std::byte> h;
     auto len = p->server->recv_header(h, deadline_in(10s), {});
     ASSERT_TRUE(len.ok()) << len.status().to_string();
@@ -91,13 +94,16 @@ TEST_P(LibfabricProvider, DeclaresProviderAndRoundTrips) {
     EXPECT_EQ(h, header);
     std::memset(rbuf.data(), 0, n);
     ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(10s), {}).ok());
+    ASSERT_TRUE(p->client->wait_sends(*seq, deadline_in(10s), {}).ok());
     EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
     // And back, with the body discarded on the client.
-    ASSERT_TRUE(p->server->send(header, rmr->span(0, n), deadline_in(10s), {}).ok());
+    seq = p->server->post_send(header, rmr->span(0, n));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
     len = p->client->recv_header(h, deadline_in(10s), {});
     ASSERT_TRUE(len.ok()) << len.status().to_string();
     ASSERT_EQ(*len, n);
     ASSERT_TRUE(p->client->recv_body({}, deadline_in(10s), {}).ok());
+    ASSERT_TRUE(p->server->wait_sends(*seq, deadline_in(10s), {}).ok());
   }
 }
 
@@ -124,11 +130,15 @@ TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
   ASSERT_TRUE(mr.ok() && rmr.ok());
   std::memset(buf.data(), 0xA0, n);
   std::memset(buf.data() + n, 0xB1, n);
-  // Interleave: connection 1 first, then 0, several messages each.
+  // Interleave: connection 1 first, then 0, several messages each (posted: they
+  // complete as the server reads them).
+  uint64_t last[2] = {0, 0};
   for (int k = 0; k < 5; ++k)
     for (int i : {1, 0}) {
       std::byte h[2] = {std::byte(i), std::byte(k)};
-      ASSERT_TRUE(clients[i]->send(h, mr->span(size_t(i) * n, n - k), deadline_in(10s), {}).ok());
+      auto seq = clients[i]->post_send(h, mr->span(size_t(i) * n, n - k));
+      ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+      last[i] = *seq;
     }
   for (int i : {0, 1})
     for (int k = 0; k < 5; ++k) {
@@ -143,6 +153,7 @@ TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
       const std::byte want = std::byte(i ? 0xB1 : 0xA0);
       EXPECT_TRUE(std::all_of(buf.data() + 2 * n, buf.data() + 2 * n + *len, [&](std::byte b) { return b == want; }));
     }
+  for (int i : {0, 1}) EXPECT_TRUE(clients[i]->wait_sends(last[i], deadline_in(10s), {}).ok());
 }
 
 TEST_P(LibfabricProvider, OrderlyCloseIsSeenAtOnceAfterPendingMessages) {
@@ -174,12 +185,47 @@ TEST_P(LibfabricProvider, TimedOutBodyCanBeRetried) {
   auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
   ASSERT_TRUE(smr.ok() && rmr.ok());
   std::byte hdr[1] = {std::byte(9)};
-  ASSERT_TRUE(p->client->send(hdr, smr->span(0, n), deadline_in(5s), {}).ok());
+  auto seq = p->client->post_send(hdr, smr->span(0, n));
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
   auto len = p->server->recv_header(h, deadline_in(5s), {});
   ASSERT_TRUE(len.ok()) << len.status().to_string();
   ASSERT_EQ(*len, n);
   ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(5s), {}).ok());
+  EXPECT_TRUE(p->client->wait_sends(*seq, deadline_in(5s), {}).ok());
   EXPECT_EQ(r, s);
+}
+
+TEST_P(LibfabricProvider, PostedSendsAreZeroCopyAndWaitBreaksOnTimeout) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const size_t n = size_t(4) << 20;
+  std::vector<std::byte> s(n, std::byte(1)), r(n);
+  auto smr = p->client_backend->register_memory(s.data(), n, MemoryType::host);
+  auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && rmr.ok());
+  EXPECT_TRUE(p->client->wait_sends(0, deadline_in(1s), {}).ok());  // nothing posted yet
+  std::byte hdr[1] = {std::byte(5)};
+  auto seq = p->client->post_send(hdr, smr->span(0, n));
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  EXPECT_EQ(p->client->wait_sends(*seq + 1, deadline_in(1s), {}).code(), StatusCode::invalid_argument);
+  // Changed after posting, before the peer reads: zero copy sends what is there then.
+  std::memset(s.data(), 2, n);
+  std::vector<std::byte> h;
+  auto len = p->server->recv_header(h, deadline_in(5s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(5s), {}).ok());
+  ASSERT_TRUE(p->client->wait_sends(*seq, deadline_in(5s), {}).ok());
+  // tcp;ofi_rxm reads a rendezvous body only once matched (shm may copy ahead).
+  if (GetParam() == "tcp;ofi_rxm") EXPECT_EQ(r[n - 1], std::byte(2));
+  // A peer that does not read: the wait times out and the connection is broken.
+  seq = p->client->post_send(hdr, smr->span(0, n));
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  const auto t0 = Clock::now();
+  EXPECT_EQ(p->client->wait_sends(*seq, deadline_in(200ms), {}).code(), StatusCode::timed_out);
+  EXPECT_LT(Clock::now() - t0, 2s);
+  auto again = p->client->post_send(hdr, {});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::unavailable);
 }
 
 TEST_P(LibfabricProvider, ThroughputOneMiB) {

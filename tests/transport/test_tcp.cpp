@@ -77,9 +77,9 @@ struct RawPeer {
   bool sees_close(std::chrono::milliseconds wait) {
     timeval tv{long(wait.count() / 1000), long(wait.count() % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char c;
+    std::vector<char> c(64 * 1024);  // drains whatever was still in flight
     for (;;) {
-      const ssize_t r = ::recv(fd, &c, 1, 0);
+      const ssize_t r = ::recv(fd, c.data(), c.size(), 0);
       if (r == 0 || (r < 0 && errno == ECONNRESET)) return true;
       if (r < 0) return false;  // timeout
     }
@@ -364,13 +364,151 @@ TEST(tcp, SendZeroCopyPathEqualsPlainPath) {
   round_trips(zc);
 }
 
+namespace {
+
+/// Many posted messages of mixed sizes (several chains, partly sent while more are
+/// posted) arrive complete and in order.
+void posted_mixed_sizes(const tcpb::TcpOptions& opt) {
+  Pair p;
+  make_pair(p, opt);
+  const size_t sizes[] = {0, 1, 100, 4096, 65535, 65536, 70001, size_t(1) << 20, size_t(3) << 20};
+  const int count = 300;
+  size_t total = 0;
+  std::vector<size_t> offset, length;
+  for (int i = 0; i < count; ++i) {
+    offset.push_back(total);
+    length.push_back(sizes[size_t(i) % std::size(sizes)]);
+    total += length.back();
+  }
+  const auto data = pattern(total, 11);
+  std::vector<std::byte> recv_buf(size_t(3) << 20);
+  auto smr = p.b->register_memory(const_cast<std::byte*>(data.data()), total, MemoryType::host);
+  auto rmr = p.a->register_memory(recv_buf.data(), recv_buf.size(), MemoryType::host);
+  ASSERT_TRUE(smr.ok() && rmr.ok());
+  auto receiver = std::async(std::launch::async, [&]() -> Status {
+    std::vector<std::byte> h;
+    for (int i = 0; i < count; ++i) {
+      KVS_ASSIGN_OR_RETURN(size_t len, p.server->recv_header(h, deadline_in(20s), {}));
+      uint32_t id = 0;
+      if (h.size() == 4 + size_t(i % 7)) std::memcpy(&id, h.data(), 4);
+      if (len != length[size_t(i)] || id != uint32_t(i))
+        return make_status(StatusCode::internal, "message {}: id {}, {} bytes", i, id, len);
+      KVS_RETURN_IF_ERROR(p.server->recv_body(rmr->span(0, len), deadline_in(20s), {}));
+      if (len > 0 && std::memcmp(recv_buf.data(), data.data() + offset[size_t(i)], len) != 0)
+        return make_status(StatusCode::internal, "message {}: body differs", i);
+    }
+    return {};
+  });
+  uint64_t last = 0;
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::byte> h(4 + size_t(i % 7), std::byte(0xee));
+    const uint32_t id = uint32_t(i);
+    std::memcpy(h.data(), &id, 4);
+    auto seq = p.client->post_send(h, smr->span(offset[size_t(i)], length[size_t(i)]));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+    EXPECT_GT(*seq, last);
+    last = *seq;
+    if (i % 37 == 36) {
+      Status st = p.client->wait_sends(last, deadline_in(20s), {});
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+  }
+  Status st = p.client->wait_sends(last, deadline_in(20s), {});
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(p.client->wait_sends(last - 5, deadline_in(1s), {}).ok());  // already covered
+  EXPECT_EQ(p.client->wait_sends(last + 1, deadline_in(1s), {}).code(), StatusCode::invalid_argument);
+  // send() after posts: one path, same order.
+  const std::byte one[1] = {std::byte(1)};
+  Status rs = receiver.get();
+  ASSERT_TRUE(rs.ok()) << rs.to_string();
+  ASSERT_TRUE(p.client->send(one, {}, deadline_in(5s), {}).ok());
+  std::vector<std::byte> h;
+  auto len = p.server->recv_header(h, deadline_in(5s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  EXPECT_EQ(*len, 0u);
+  EXPECT_EQ(h.size(), 1u);
+}
+
+}  // namespace
+
+TEST(tcp, PostedSendsOfMixedSizesKeepOrder) { posted_mixed_sizes({}); }
+
+TEST(tcp, PostedSendsOfMixedSizesKeepOrderZeroCopy) {
+  tcpb::TcpOptions zc;
+  zc.send_zc = true;
+  zc.send_zc_min_bytes = 1;
+  posted_mixed_sizes(zc);
+}
+
+TEST(tcp, WaitSendsToStalledPeerTimesOutThenBroken) {
+  RawSetup s;
+  make_raw(s);  // the raw peer never reads
+  const size_t n = size_t(1) << 20;
+  std::vector<std::byte> buf(n, std::byte(3));
+  auto mr = s.b->register_memory(buf.data(), n, MemoryType::host);
+  ASSERT_TRUE(mr.ok());
+  const std::byte h[4] = {};
+  uint64_t last = 0;
+  for (int i = 0; i < 128; ++i) {  // far more than the socket buffers hold
+    auto seq = s.server->post_send(h, mr->span(0, n));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+    last = *seq;
+  }
+  const auto t0 = Clock::now();
+  Status st = s.server->wait_sends(last, deadline_in(300ms), {});
+  EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();
+  EXPECT_GE(Clock::now() - t0, 290ms);
+  EXPECT_LT(Clock::now() - t0, 1500ms);
+  EXPECT_EQ(s.server->post_send(h, mr->span(0, n)).status().code(), StatusCode::unavailable);
+  EXPECT_EQ(s.server->wait_sends(last, deadline_in(1s), {}).code(), StatusCode::unavailable);
+  EXPECT_TRUE(s.peer.sees_close(5000ms));
+}
+
+TEST(tcp, CancelOfWaitSendsIsCancelledThenBroken) {
+  RawSetup s;
+  make_raw(s);
+  const size_t n = size_t(1) << 20;
+  std::vector<std::byte> buf(n, std::byte(3));
+  auto mr = s.b->register_memory(buf.data(), n, MemoryType::host);
+  const std::byte h[4] = {};
+  uint64_t last = 0;
+  for (int i = 0; i < 128; ++i) last = s.server->post_send(h, mr->span(0, n)).value();
+  CancelToken cancel;
+  std::thread t([cancel] {
+    std::this_thread::sleep_for(100ms);
+    cancel.cancel();
+  });
+  const auto t0 = Clock::now();
+  Status st = s.server->send(h, mr->span(0, n), deadline_in(30s), cancel);
+  t.join();
+  EXPECT_EQ(st.code(), StatusCode::cancelled) << st.to_string();
+  EXPECT_LT(Clock::now() - t0, 1500ms);
+  EXPECT_EQ(s.server->wait_sends(last, deadline_in(1s), {}).code(), StatusCode::unavailable);
+}
+
+TEST(tcp, DestroyingAConnectionWithPostedSendsReturnsPromptly) {
+  RawSetup s;
+  make_raw(s);
+  const size_t n = size_t(1) << 20;
+  std::vector<std::byte> buf(n, std::byte(3));
+  auto mr = s.b->register_memory(buf.data(), n, MemoryType::host);
+  const std::byte h[4] = {};
+  for (int i = 0; i < 128; ++i) ASSERT_TRUE(s.server->post_send(h, mr->span(0, n)).ok());
+  const auto t0 = Clock::now();
+  s.server.reset();  // takes the sends back from the kernel before buf goes away
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_TRUE(s.peer.sees_close(5000ms));
+}
+
 // Opt-in: KVSTREAM_TCP_PERF=1 prints 1 MiB message throughput over loopback
-// (KVSTREAM_TCP_PERF_ZC=1 for the zero-copy send path, KVSTREAM_TCP_PERF_CONNS=N).
+// (KVSTREAM_TCP_PERF_ZC=1 for the zero-copy send path, KVSTREAM_TCP_PERF_CONNS=N,
+// KVSTREAM_TCP_PERF_BATCH=N to post N messages per wait_sends instead of send).
 TEST(tcp, ThroughputOneMiBMessages) {
   if (!std::getenv("KVSTREAM_TCP_PERF")) GTEST_SKIP() << "set KVSTREAM_TCP_PERF=1 to run";
   tcpb::TcpOptions opt;
   opt.send_zc = std::getenv("KVSTREAM_TCP_PERF_ZC") != nullptr;
   if (const char* sb = std::getenv("KVSTREAM_TCP_PERF_SOCKBUF")) opt.socket_buffer_bytes = std::atoi(sb);
+  const int batch = std::getenv("KVSTREAM_TCP_PERF_BATCH") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_BATCH")) : 0;
   const int conns = std::getenv("KVSTREAM_TCP_PERF_CONNS") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_CONNS")) : 1;
   const size_t n = size_t(1) << 20;
   const auto run_for = std::chrono::seconds(std::getenv("KVSTREAM_TCP_PERF_SECS") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_SECS")) : 5);
@@ -384,12 +522,19 @@ TEST(tcp, ThroughputOneMiBMessages) {
   const auto t0 = Clock::now();
   for (auto& pp : pairs) {
     Pair* p = pp.get();
-    threads.emplace_back([p, n, t0, run_for] {
+    threads.emplace_back([p, n, t0, run_for, batch] {
       std::vector<std::byte> buf(n, std::byte(1));
       auto mr = p->b->register_memory(buf.data(), n, MemoryType::host);
       const std::byte h[8] = {};
-      while (Clock::now() - t0 < run_for)
-        if (!p->client->send(h, mr->span(0, n), deadline_in(10s), {}).ok()) break;
+      while (Clock::now() - t0 < run_for) {
+        if (batch <= 0) {
+          if (!p->client->send(h, mr->span(0, n), deadline_in(10s), {}).ok()) break;
+          continue;
+        }
+        uint64_t last = 0;
+        for (int i = 0; i < batch; ++i) last = p->client->post_send(h, mr->span(0, n)).value_or(0);
+        if (last == 0 || !p->client->wait_sends(last, deadline_in(10s), {}).ok()) break;
+      }
       const std::byte stop[1] = {std::byte(9)};
       (void)p->client->send(stop, {}, deadline_in(10s), {});
     });
@@ -408,7 +553,7 @@ TEST(tcp, ThroughputOneMiBMessages) {
   for (auto& t : threads) t.join();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double gbit = double(bytes.load()) * 8 / secs / 1e9;
-  std::printf("tcp throughput: %d connection(s), 1 MiB messages, send_zc=%d, sockbuf=%d: %.2f Gbit/s\n", conns,
-              int(opt.send_zc), opt.socket_buffer_bytes, gbit);
+  std::printf("tcp throughput: %d connection(s), 1 MiB messages, batch=%d, send_zc=%d, sockbuf=%d: %.2f Gbit/s\n",
+              conns, batch, int(opt.send_zc), opt.socket_buffer_bytes, gbit);
   EXPECT_GT(bytes.load(), 0u);
 }

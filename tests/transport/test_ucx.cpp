@@ -28,10 +28,11 @@ struct UcxPair {
   std::unique_ptr<Connection> server, client;
 };
 
-Result<UcxPair> make_ucx_pair(const std::string& tls) {
+Result<UcxPair> make_ucx_pair(const std::string& tls, bool peer_errors = true) {
   BackendConfig cfg;
   cfg.name = "ucx";
   cfg.ucx_tls = tls;
+  cfg.ucx_peer_errors = peer_errors;
   UcxPair p;
   KVS_ASSIGN_OR_RETURN(p.server_backend, create_backend(cfg));
   KVS_ASSIGN_OR_RETURN(p.client_backend, create_backend(cfg));
@@ -126,6 +127,56 @@ TEST(ucx, BadTlsIsAnError) {
   if (!l.ok()) return;
   auto c = (*b)->connect((*l)->address(), deadline_in(1s), {});
   EXPECT_FALSE(c.ok());
+}
+
+// A wait_sends that times out (nobody reads 64 MiB) breaks the connection: later
+// posts fail with unavailable, and the wait returns promptly.
+TEST(ucx, InterruptedWaitSendsBreaksTheConnection) {
+  if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
+  auto p = make_ucx_pair("tcp");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const size_t n = size_t(64) << 20;
+  std::vector<std::byte> buf(n);
+  auto mr = p->client_backend->register_memory(buf.data(), n, MemoryType::host);
+  ASSERT_TRUE(mr.ok());
+  uint64_t last = 0;
+  for (int i = 0; i < 16; ++i) {
+    auto seq = p->client->post_send({}, mr->span(0, n));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+    last = *seq;
+  }
+  const auto t0 = Clock::now();
+  Status s = p->client->wait_sends(last, deadline_in(100ms), {});
+  EXPECT_LT(Clock::now() - t0, 8s);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::timed_out) << s.to_string();
+  auto again = p->client->post_send({}, {});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::unavailable) << again.status().to_string();
+  EXPECT_FALSE(p->client->wait_sends(last, deadline_in(1s), {}).ok());
+}
+
+// ucx_peer_errors = false drops peer failure detection so that UCX may use
+// transports without it (cma for large shared memory messages).
+TEST(ucx, WithoutPeerErrorHandling) {
+  if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
+  {
+    auto p = make_ucx_pair("shm,tcp", false);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    const size_t n = size_t(4) << 20;
+    std::vector<std::byte> sbuf = fill(n, 3), rbuf(n);
+    auto smr = p->client_backend->register_memory(sbuf.data(), n, MemoryType::host);
+    auto rmr = p->server_backend->register_memory(rbuf.data(), n, MemoryType::host);
+    ASSERT_TRUE(smr.ok() && rmr.ok());
+    auto seq = p->client->post_send({}, smr->span(0, n));
+    ASSERT_TRUE(seq.ok());
+    std::vector<std::byte> h;
+    auto len = p->server->recv_header(h, deadline_in(10s), {});
+    ASSERT_TRUE(len.ok()) << len.status().to_string();
+    ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(10s), {}).ok());
+    ASSERT_TRUE(p->client->wait_sends(*seq, deadline_in(10s), {}).ok());
+    EXPECT_EQ(rbuf, sbuf);
+  }
 }
 
 // Messages sent while the receiver is not reading complete (the receiver stages

@@ -136,7 +136,7 @@ struct Op {
   std::shared_ptr<std::byte[]> buf;  // internal buffer (hello, header, bounce), if any
   size_t buf_size = 0;
   fid_mr* mr = nullptr;              // registration of buf where FI_MR_LOCAL is required
-  size_t counted_bytes = 0;          // bytes this async send counts against the endpoint bound
+  bool counted = false;              // a send that keeps the progress thread busy until it completes
   std::function<void(Op&)> on_complete;  // runs in whichever thread reaps the completion
   ~Op() {
     if (mr) fi_close(&mr->fid);
@@ -229,8 +229,7 @@ class Endpoint {
   Status post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                    uint64_t tag, Deadline deadline, const CancelToken& cancel) {
     track(op);
-    if (op->counted_bytes) {
-      inflight_bytes_.fetch_add(op->counted_bytes);
+    if (op->counted) {
       active_sends_.fetch_add(1);
       wake();
     }
@@ -245,10 +244,7 @@ class Endpoint {
       else if (Clock::now() >= deadline)
         s = make_status(StatusCode::timed_out, "libfabric: send queue stayed full until the deadline");
       if (!s.ok()) {
-        if (untrack(op.get()) && op->counted_bytes) {
-          inflight_bytes_.fetch_sub(op->counted_bytes);
-          active_sends_.fetch_sub(1);
-        }
+        if (untrack(op.get()) && op->counted) active_sends_.fetch_sub(1);
         return s;
       }
       if (poll() == 0) backoff(idle++);
@@ -293,14 +289,32 @@ class Endpoint {
     return st.ok();
   }
 
-  /// Waits until the endpoint's in-flight send bytes allow `n` more.
-  Status wait_send_room(size_t n, Deadline deadline, const CancelToken& cancel) {
-    return wait(
-        [&] {
-          const size_t f = inflight_bytes_.load();
-          return f == 0 || f + n <= kMaxInflightBytes;
-        },
-        deadline, &cancel, "send (waiting for in-flight sends)");
+  /// One attempt at a tagged send (no retry): 0, -FI_EAGAIN (nothing posted) or
+  /// another negative FI_E* error. The op is tracked and keeps the progress thread
+  /// busy until its completion.
+  ssize_t try_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
+                   uint64_t tag) {
+    track(op);
+    op->counted = true;
+    active_sends_.fetch_add(1);
+    const ssize_t r = fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx);
+    if (r == 0) {
+      wake();
+      return 0;
+    }
+    if (untrack(op.get())) active_sends_.fetch_sub(1);
+    op->counted = false;
+    return r;
+  }
+
+  /// One attempt at fi_tinject (no retry, no completion).
+  ssize_t try_inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag) {
+    return fi_tinject(ep_, buf, len, dest, tag);
+  }
+
+  /// Asks the provider to cancel a posted operation (it may not support it for sends).
+  void cancel(Op& op) {
+    if (!op.done.load(std::memory_order_acquire)) fi_cancel(&ep_->fid, &op.ctx);
   }
 
   /// One pass over the CQ; routes completions. Returns how many it handled.
@@ -378,10 +392,7 @@ class Endpoint {
     op->err = err;
     op->len = len;
     op->tag = tag;
-    if (op->counted_bytes) {
-      inflight_bytes_.fetch_sub(op->counted_bytes);
-      active_sends_.fetch_sub(1);
-    }
+    if (op->counted) active_sends_.fetch_sub(1);
     op->done.store(true, std::memory_order_release);
     if (op->on_complete) op->on_complete(*op);
   }
@@ -416,7 +427,6 @@ class Endpoint {
   fid_cq* cq_ = nullptr;
   std::mutex mu_;
   std::unordered_map<Op*, std::shared_ptr<Op>> inflight_;
-  std::atomic<size_t> inflight_bytes_{0};
   std::atomic<int> active_sends_{0};
   std::atomic<bool> stop_{false};
   std::mutex wake_mu_;
@@ -458,11 +468,21 @@ class OfiConnection final : public Connection {
 
   ~OfiConnection() override {
     // Let our sends finish (bounded), then say bye so the peer stops waiting at once.
-    (void)ep_->wait([&] { return sends_pending() == 0; }, deadline_in(2s), nullptr, "close");
+    // Sends still outstanding then are cancelled: their bodies are the caller's.
+    (void)ep_->wait(
+        [&] {
+          (void)flush();
+          reap();
+          return outstanding_.empty() || shared_->send_error.load() != 0;
+        },
+        deadline_in(2s), nullptr, "close");
+    if (!outstanding_.empty()) abort_sends();
     // A peer that said bye is gone: sending to it is pointless, and with shm in one
     // process its memory may already be unmapped. Give its bye a moment to be reaped.
     (void)ep_->wait([&] { return shared_->bye.load(); }, deadline_in(3ms), nullptr, "close");
-    if (shared_->send_error.load() == 0 && !shared_->bye.load()) {
+    // After our own abort (FI_ECANCELED) the peer is alive: it still gets the bye, so
+    // it neither waits for more nor sends to an endpoint that is going away.
+    if (const int e = shared_->send_error.load(); (e == 0 || e == FI_ECANCELED) && !shared_->bye.load()) {
       auto op = ep_->new_op(sizeof(uint64_t));
       const uint64_t n = send_seq_;
       std::memcpy(op->buf.get(), &n, sizeof n);
@@ -479,68 +499,97 @@ class OfiConnection final : public Connection {
 
   Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
               const CancelToken& cancel) override {
+    if (cancel.cancelled()) return make_status(StatusCode::cancelled, "libfabric: send cancelled");
+    KVS_ASSIGN_OR_RETURN(uint64_t seq, post_send(header, body));
+    return wait_sends(seq, deadline, cancel);
+  }
+
+  Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override {
     if (header.size() > kMaxHeaderBytes)
       return make_status(StatusCode::invalid_argument, "libfabric: header of {} bytes exceeds {}", header.size(),
                          kMaxHeaderBytes);
-    if (int e = shared_->send_error.load())
-      return make_status(StatusCode::unavailable, "libfabric: peer {} unreachable: {}", peer_name_, fi_err(e));
-    if (shared_->bye.load())
-      return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
-    if (cancel.cancelled()) return make_status(StatusCode::cancelled, "libfabric: send cancelled");
+    KVS_RETURN_IF_ERROR(send_usable());
     Core& core = ep_->core();
-    const uint64_t seq = send_seq_;
-    const size_t hlen = sizeof(HeaderPrefix) + header.size();
-    KVS_RETURN_IF_ERROR(ep_->wait_send_room(hlen + body.size(), deadline, cancel));
-
-    // Header message.
-    HeaderPrefix prefix{kHeaderMagic, uint32_t(header.size()), uint64_t(body.size())};
-    const uint64_t htag = make_tag(MsgType::header, id_, seq);
-    if (hlen <= core.inject) {
-      std::byte tmp[sizeof(HeaderPrefix) + 4096];
-      std::memcpy(tmp, &prefix, sizeof prefix);
-      if (!header.empty()) std::memcpy(tmp + sizeof prefix, header.data(), header.size());
-      KVS_RETURN_IF_ERROR(ep_->inject(tmp, hlen, peer_, htag, deadline, cancel));
-    } else {
-      auto op = ep_->new_op(hlen);
-      std::memcpy(op->buf.get(), &prefix, sizeof prefix);
-      if (!header.empty()) std::memcpy(op->buf.get() + sizeof prefix, header.data(), header.size());
-      KVS_RETURN_IF_ERROR(post_async(op, op->buf.get(), hlen, htag, deadline, cancel));
+    const size_t seg = core.segment;
+    const bool body_inject = !body.empty() && body.size() <= core.inject && body.size() <= seg;
+    void* bdesc = nullptr;
+    if (!body.empty() && !body_inject) {
+      bdesc = core.desc_for(body.data(), body.size());
+      if (!bdesc && core.mr_local)
+        return make_status(StatusCode::invalid_argument,
+                           "libfabric: body buffer is not registered with this backend (provider needs FI_MR_LOCAL)");
     }
-    ++send_seq_;  // the header is out: the body must follow, whatever happens
+    const uint64_t seq = send_seq_;  // on the wire; the caller sees seq + 1
+    Msg msg{seq + 1, {}};
+    std::vector<Piece> pieces;
 
-    // Body: copied once into an internal buffer, sent as segments.
-    if (!body.empty()) {
-      const size_t seg = core.segment;
-      if (body.size() <= core.inject && body.size() <= seg) {
-        auto st = ep_->inject(body.data(), body.size(), peer_, make_tag(MsgType::body, id_, seq, 0), Deadline::max(),
-                              CancelToken{});
-        if (!st.ok()) return broken_send(st);
-      } else {
-        auto holder = ep_->new_op(body.size());
-        std::memcpy(holder->buf.get(), body.data(), body.size());
-        void* desc = nullptr;
-        if (core.mr_local) {
-          auto d = ep_->local_desc(*holder);
-          if (!d.ok()) return broken_send(d.status());
-          desc = *d;
-        }
-        const size_t nseg = (body.size() + seg - 1) / seg;
-        for (size_t i = 0; i < nseg; ++i) {
-          const size_t off = i * seg, n = std::min(seg, body.size() - off);
-          auto op = ep_->new_op();
-          op->buf = holder->buf;  // shares the copy
-          op->buf_size = 0;
-          if (i + 1 == nseg && core.mr_local) {
-            op->mr = holder->mr;  // the last segment releases the registration
-            holder->mr = nullptr;
-          }
-          // The peer already has the header: keep going past the caller's deadline.
-          auto st = post_async(op, holder->buf.get() + off, n, make_tag(MsgType::body, id_, seq, i), Deadline::max(),
-                               CancelToken{}, desc);
-          if (!st.ok()) return broken_send(st);
-        }
+    // Header message: copied (prefix + header), injected when small enough.
+    const size_t hlen = sizeof(HeaderPrefix) + header.size();
+    HeaderPrefix prefix{kHeaderMagic, uint32_t(header.size()), uint64_t(body.size())};
+    auto hop = new_send_op(hlen);
+    std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
+    if (!header.empty()) std::memcpy(hop->buf.get() + sizeof prefix, header.data(), header.size());
+    const bool hinject = hlen <= core.inject;
+    void* hdesc = nullptr;
+    if (!hinject) {
+      KVS_ASSIGN_OR_RETURN(hdesc, ep_->local_desc(*hop));
+    }
+    pieces.push_back({hop, hop->buf.get(), hlen, hdesc, make_tag(MsgType::header, id_, seq), hinject});
+
+    // Body: straight from the caller's registered memory, as segments (zero copy);
+    // a tiny body is injected (the provider copies it at once).
+    if (body_inject) {
+      pieces.push_back({new_send_op(0), body.data(), body.size(), nullptr, make_tag(MsgType::body, id_, seq, 0), true});
+    } else if (!body.empty()) {
+      const size_t nseg = (body.size() + seg - 1) / seg;
+      for (size_t i = 0; i < nseg; ++i) {
+        const size_t off = i * seg, n = std::min(seg, body.size() - off);
+        pieces.push_back(
+            {new_send_op(0), body.data() + off, n, bdesc, make_tag(MsgType::body, id_, seq, i), false});
       }
     }
+    for (auto& p : pieces) {
+      msg.ops.push_back(p.op);
+      backlog_.push_back(std::move(p));
+    }
+    outstanding_.push_back(std::move(msg));
+    ++send_seq_;  // the message is committed: it goes out whole, or the connection breaks
+    if (Status st = flush(); !st.ok()) {
+      abort_sends();
+      return st;
+    }
+    return seq + 1;
+  }
+
+  Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override {
+    if (seq > send_seq_)
+      return make_status(StatusCode::invalid_argument, "libfabric: wait_sends({}) but only {} messages posted", seq,
+                         send_seq_);
+    auto failed = [&]() -> Status {
+      abort_sends();
+      return make_status(StatusCode::unavailable, "libfabric: send to {} failed: {}", peer_name_,
+                         fi_err(shared_->send_error.load()));
+    };
+    if (shared_->send_error.load()) return failed();
+    Status flushed;
+    auto st = ep_->wait(
+        [&] {
+          if (flushed.ok()) flushed = flush();
+          reap();
+          return !flushed.ok() || shared_->send_error.load() != 0 || outstanding_.empty() ||
+                 outstanding_.front().seq > seq;
+        },
+        deadline, &cancel, "wait_sends");
+    if (!st.ok()) {
+      // Nothing may read the caller's bodies after we return: the connection breaks.
+      abort_sends();
+      return st;
+    }
+    if (!flushed.ok()) {
+      abort_sends();
+      return flushed;
+    }
+    if (shared_->send_error.load()) return failed();
     return {};
   }
 
@@ -664,40 +713,98 @@ class OfiConnection final : public Connection {
   }
 
  private:
-  size_t sends_pending() const {
-    size_t n = 0;
-    for (auto it = my_sends_.begin(); it != my_sends_.end(); ++it)
-      if (auto op = it->lock(); op && !op->done.load()) ++n;
-    return n;
+  /// One piece of a posted message (header, or a body segment) not yet handed to the
+  /// provider because its queue was full.
+  struct Piece {
+    std::shared_ptr<Op> op;
+    const void* buf;
+    size_t len;
+    void* desc;
+    uint64_t tag;
+    bool inject;
+  };
+  /// A posted message and the operations it is made of.
+  struct Msg {
+    uint64_t seq;  // as returned by post_send
+    std::vector<std::shared_ptr<Op>> ops;
+  };
+
+  Status send_usable() const {
+    if (int e = shared_->send_error.load())
+      return make_status(StatusCode::unavailable, "libfabric: connection to {} is broken: {}", peer_name_, fi_err(e));
+    if (shared_->bye.load())
+      return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
+    return {};
   }
 
-  Status post_async(const std::shared_ptr<Op>& op, const void* buf, size_t len, uint64_t tag, Deadline deadline,
-                    const CancelToken& cancel, void* desc = nullptr) {
-    if (!desc && op->buf && op->buf_size) {
-      auto d = ep_->local_desc(*op);
-      if (!d.ok()) return d.status();
-      desc = *d;
-    }
-    op->counted_bytes = std::max<size_t>(len, 1);
+  std::shared_ptr<Op> new_send_op(size_t buf_size) {
+    auto op = ep_->new_op(buf_size);
     auto sh = shared_;
     op->on_complete = [sh](Op& o) {
       if (o.err) {
         int expected = 0;
         sh->send_error.compare_exchange_strong(expected, o.err);
-        KVS_LOG_WARN("libfabric: send failed: {}", fi_err(o.err));
+        if (o.err != FI_ECANCELED) KVS_LOG_WARN("libfabric: send failed: {}", fi_err(o.err));
       }
     };
-    // Remember (weakly) what is in flight so the destructor can let it finish.
-    std::erase_if(my_sends_, [](const std::weak_ptr<Op>& w) { return w.expired(); });
-    my_sends_.push_back(op);
-    return ep_->post_send(op, buf, len, desc, peer_, tag, deadline, cancel);
+    return op;
   }
 
-  Status broken_send(const Status& st) {
-    // A header went out without its body: the peer would wait for it forever.
+  /// Hands queued pieces to the provider, in order, until it says its queue is full.
+  Status flush() {
+    while (!backlog_.empty()) {
+      Piece& p = backlog_.front();
+      const ssize_t r = p.inject ? ep_->try_inject(p.buf, p.len, peer_, p.tag)
+                                 : ep_->try_send(p.op, p.buf, p.len, p.desc, peer_, p.tag);
+      if (r == -FI_EAGAIN) {
+        ep_->poll();  // completions free queue entries
+        return {};
+      }
+      if (r != 0) {
+        int expected = 0;
+        shared_->send_error.compare_exchange_strong(expected, int(-r));
+        return make_status(StatusCode::unavailable, "libfabric: send to {} failed: {}", peer_name_, fi_err(int(r)));
+      }
+      if (p.inject) p.op->done.store(true, std::memory_order_release);
+      backlog_.pop_front();
+    }
+    return {};
+  }
+
+  /// Drops the messages at the front whose operations all completed.
+  void reap() {
+    while (!outstanding_.empty()) {
+      for (auto& op : outstanding_.front().ops)
+        if (!op->done.load(std::memory_order_acquire)) return;
+      outstanding_.pop_front();
+    }
+  }
+
+  /// Breaks the connection's sending side: queued pieces are dropped, posted sends
+  /// cancelled and drained, so that the provider no longer reads the caller's bodies.
+  void abort_sends() {
     int expected = 0;
-    shared_->send_error.compare_exchange_strong(expected, FI_EIO);
-    return st.with_context("libfabric: body send failed after its header; connection unusable");
+    shared_->send_error.compare_exchange_strong(expected, FI_ECANCELED);
+    for (auto& p : backlog_) {
+      p.op->err = FI_ECANCELED;
+      p.op->done.store(true, std::memory_order_release);
+    }
+    backlog_.clear();
+    auto all_done = [&] {
+      for (auto& m : outstanding_)
+        for (auto& op : m.ops)
+          if (!op->done.load(std::memory_order_acquire)) return false;
+      return true;
+    };
+    if (all_done()) {
+      outstanding_.clear();
+      return;
+    }
+    for (auto& m : outstanding_)
+      for (auto& op : m.ops) ep_->cancel(*op);
+    if (!ep_->wait(all_done, deadline_in(200ms), nullptr, "cancel sends").ok())
+      KVS_LOG_ERROR("libfabric: a send from a caller's buffer to {} could not be cancelled", peer_name_);
+    outstanding_.clear();
   }
 
   Status fail_body(const Status& st) {
@@ -729,8 +836,9 @@ class OfiConnection final : public Connection {
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
   // Sender side.
-  uint64_t send_seq_ = 0;
-  std::vector<std::weak_ptr<Op>> my_sends_;
+  uint64_t send_seq_ = 0;          // messages posted
+  std::deque<Piece> backlog_;       // pieces waiting for room in the provider's queue
+  std::deque<Msg> outstanding_;     // posted messages not yet known complete
   // Receiver side.
   uint64_t recv_seq_ = 0;
   std::shared_ptr<Op> hdr_op_;

@@ -14,10 +14,15 @@
 //    then the header) and, when the body is not empty, the body as one or more tagged
 //    segments (each at most the provider's max_msg_size, capped at 1 GiB), received
 //    straight into the caller's registered buffer.
-//  * sends copy into an internal buffer (or use fi_tinject) and return once posted: a
-//    rendezvous send would otherwise not complete before the receiver posts its
-//    receive, and the interface lets a sender run ahead of its peer. Bytes in flight
-//    per endpoint are bounded (kMaxInflightBytes): send() then waits, by its deadline.
+//  * sends are zero copy: post_send copies only the header (injected when small) and
+//    posts the body segments straight from the caller's registered memory; what the
+//    provider's queue cannot take yet waits in a per-connection backlog, flushed by
+//    later calls. wait_sends polls until the messages' operations complete (for a
+//    rendezvous body: once the peer has received it); on timeout, cancel or error it
+//    breaks the connection, cancels and drains (200 ms) what is outstanding. tcp;ofi_rxm
+//    and shm do not cancel sends: a rendezvous send the peer never matched stays posted
+//    (logged as an error), so that guarantee holds only as far as the provider allows.
+//    send() is post_send + wait_sends, so a large blocking send needs a peer that reads.
 //  * an orderly Connection destruction sends "bye" with the number of messages sent;
 //    a receiver that has consumed all of them gets StatusCode::unavailable at once.
 //  * progress: the provider's data progress is manual, so each endpoint has a progress
@@ -31,9 +36,6 @@
 #include "transport/backend_impl.hpp"
 
 namespace kvstream::transport::ofi {
-
-/// Bytes of internal send buffers one endpoint may have in flight before send() waits.
-inline constexpr size_t kMaxInflightBytes = size_t(256) << 20;
 
 /// Largest single tagged message, whatever the provider allows.
 inline constexpr size_t kMaxSegmentBytes = size_t(1) << 30;

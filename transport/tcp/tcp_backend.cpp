@@ -15,6 +15,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -114,11 +115,14 @@ class Ring {
     if (ready_) io_uring_queue_exit(&ring_);
   }
 
-  Status init(unsigned depth) {
-    // COOP_TASKRUN: completions are processed when we enter the kernel to wait,
-    // which is the only way this ring is ever waited on; saves an interrupt per op.
-    int rc = io_uring_queue_init(depth, &ring_, IORING_SETUP_COOP_TASKRUN);
-    if (rc == -EINVAL) rc = io_uring_queue_init(depth, &ring_, 0);  // older kernel
+  /// `coop`: IORING_SETUP_COOP_TASKRUN, i.e. operations continue (a send after its
+  /// socket had room again, the next link of a chain) only when this thread enters
+  /// the kernel; saves an interrupt per step. Right for rings that are only used
+  /// by a thread waiting on them; not for the send ring, whose posted messages must
+  /// keep moving while the caller does something else (even sleeps elsewhere).
+  Status init(unsigned depth, bool coop = true) {
+    int rc = io_uring_queue_init(depth, &ring_, coop ? IORING_SETUP_COOP_TASKRUN : 0);
+    if (rc == -EINVAL && coop) rc = io_uring_queue_init(depth, &ring_, 0);  // older kernel
     if (rc < 0)
       return make_status(StatusCode::unavailable, "tcp: io_uring_queue_init({}) failed: {}", depth, errno_text(-rc));
     ready_ = true;
@@ -254,11 +258,13 @@ class TcpConnection final : public Connection {
     rx_buf_.resize(kTcpRxBufferBytes);
   }
   ~TcpConnection() override {
+    // Posted messages nobody waited for: take them back from the kernel first.
+    if (tx_ops_ > 0 || !tx_notif_.empty()) tx_abort();
     if (fd_ >= 0) close(fd_);
   }
 
   Status init(unsigned depth) {
-    KVS_RETURN_IF_ERROR(tx_.init(depth));
+    KVS_RETURN_IF_ERROR(tx_.init(depth, /*coop=*/false));
     return rx_.init(depth);
   }
 
@@ -282,62 +288,25 @@ class TcpConnection final : public Connection {
               const CancelToken& cancel) override {
     std::lock_guard lock(tx_mu_);
     KVS_RETURN_IF_ERROR(check_usable());
-    if (header.size() > kMaxHeaderBytes)
-      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}",
-                                           peer_, header.size(), kMaxHeaderBytes));
-    if (body.size() > kTcpMaxBodyBytes)
-      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}",
-                                           peer_, body.size(), kTcpMaxBodyBytes));
-    if (!body.empty() && body.data() == nullptr)
-      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: null body", peer_));
-    // Nothing has been written yet: a deadline or cancel here leaves the stream intact.
+    KVS_RETURN_IF_ERROR(check_send_args(header, body));
+    // Nothing of this message is queued yet: a deadline or cancel here leaves the
+    // stream intact (earlier posted messages, if any, are left to their wait_sends).
     KVS_RETURN_IF_ERROR(check_wait(deadline, cancel, "send"));
+    auto seq = post_locked(header, body);
+    if (!seq.ok()) return seq.status();
+    return wait_locked(*seq, deadline, cancel);
+  }
 
-    encode_prefix(tx_buf_.data(), uint32_t(header.size()), body.size());
-    if (!header.empty()) std::memcpy(tx_buf_.data() + kTcpPrefixBytes, header.data(), header.size());
-    iovec iov[2];
-    int iov_count = 1;
-    iov[0] = {tx_buf_.data(), kTcpPrefixBytes + header.size()};
-    if (!body.empty()) iov[iov_count++] = {const_cast<std::byte*>(body.data()), body.size()};
-    const bool zc = opt_.send_zc && body.size() >= opt_.send_zc_min_bytes;
+  Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override {
+    std::lock_guard lock(tx_mu_);
+    KVS_RETURN_IF_ERROR(check_usable());
+    KVS_RETURN_IF_ERROR(check_send_args(header, body));
+    return post_locked(header, body);
+  }
 
-    // One sendmsg gathers prefix + header + body; a short send (the socket was shut
-    // or a signal) continues where it stopped.
-    uint64_t left = kTcpPrefixBytes + header.size() + body.size();
-    int first = 0;
-    while (left > 0) {
-      msghdr msg{};
-      msg.msg_iov = iov + first;
-      msg.msg_iovlen = size_t(iov_count - first);
-      io_uring_sqe* s = tx_.sqe();
-      const uint64_t id = tx_.next_id();
-      if (zc)
-        io_uring_prep_sendmsg_zc(s, fd_, &msg, MSG_NOSIGNAL | MSG_WAITALL);
-      else
-        io_uring_prep_sendmsg(s, fd_, &msg, MSG_NOSIGNAL | MSG_WAITALL);
-      io_uring_sqe_set_data64(s, id);
-      int res = 0;
-      bool got = false;
-      Status st = await_op(tx_, fd_, id, deadline, cancel, res, got);
-      if (!st.ok()) {
-        // Part of the message may be on the wire: the stream position is lost.
-        return fail(st.with_context(fmt::format("tcp send to {} ({} of {} bytes left)", peer_, left,
-                                                kTcpPrefixBytes + header.size() + body.size())));
-      }
-      if (res < 0)
-        return fail(make_status(code_for_errno(-res), "tcp send to {}: {}", peer_, errno_text(-res)));
-      if (res == 0) return fail(make_status(StatusCode::unavailable, "tcp send to {}: connection closed", peer_));
-      left -= uint64_t(res);
-      size_t done = size_t(res);
-      while (done > 0 && first < iov_count) {
-        const size_t take = std::min(done, iov[first].iov_len);
-        iov[first].iov_base = static_cast<std::byte*>(iov[first].iov_base) + take;
-        iov[first].iov_len -= take;
-        done -= take;
-        if (iov[first].iov_len == 0) ++first;
-      }
-    }
-    return {};
+  Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override {
+    std::lock_guard lock(tx_mu_);
+    return wait_locked(seq, deadline, cancel);
   }
 
   Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override {
@@ -446,6 +415,249 @@ class TcpConnection final : public Connection {
     return {};
   }
 
+  Status check_send_args(std::span<const std::byte> header, std::span<const std::byte> body) const {
+    if (header.size() > kMaxHeaderBytes)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}",
+                                           peer_, header.size(), kMaxHeaderBytes));
+    if (body.size() > kTcpMaxBodyBytes)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}",
+                                           peer_, body.size(), kTcpMaxBodyBytes));
+    if (!body.empty() && body.data() == nullptr)
+      return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: null body", peer_));
+    return {};
+  }
+
+  // ---- the send pipeline (all under tx_mu_) ----
+  //
+  // Posted messages wait in txq_, in order. At most one chain of linked SENDMSGs
+  // (IOSQE_IO_LINK, one SQE per message gathering prefix + header + body) is in the
+  // kernel at a time: a chain keeps its messages in order on the stream, and two
+  // chains could interleave, so the next chain (everything posted meanwhile) goes
+  // in when the current one has reported. With MSG_WAITALL a send is short only
+  // when the socket failed; a short send fails the chain (the kernel completes the
+  // later links with -ECANCELED, having sent none of their bytes), and the next
+  // chain starts with the remainder of the short one, so the order holds.
+
+  /// Queues one message (arguments already checked) and starts it when no chain is busy.
+  Result<uint64_t> post_locked(std::span<const std::byte> header, std::span<const std::byte> body) {
+    std::unique_ptr<TxMsg> m;
+    if (!tx_pool_.empty()) {
+      m = std::move(tx_pool_.back());
+      tx_pool_.pop_back();
+    } else {
+      m = std::make_unique<TxMsg>();
+    }
+    encode_prefix(m->head.data(), uint32_t(header.size()), body.size());
+    if (!header.empty()) std::memcpy(m->head.data() + kTcpPrefixBytes, header.data(), header.size());
+    m->iov[0] = {m->head.data(), kTcpPrefixBytes + header.size()};
+    m->iov_count = 1;
+    if (!body.empty()) m->iov[m->iov_count++] = {const_cast<std::byte*>(body.data()), body.size()};
+    m->first = 0;
+    m->total = m->left = kTcpPrefixBytes + header.size() + body.size();
+    m->op = 0;
+    m->notifs = 0;
+    m->zc = opt_.send_zc && body.size() >= opt_.send_zc_min_bytes;
+    m->seq = ++tx_posted_;
+    const uint64_t seq = m->seq;
+    txq_.push_back(std::move(m));
+    if (Status st = tx_pump(); !st.ok()) return tx_abort_and_fail(std::move(st));
+    return seq;
+  }
+
+  /// Waits until every message up to `seq` is handed to the socket.
+  Status wait_locked(uint64_t seq, Deadline deadline, const CancelToken& cancel) {
+    if (seq > tx_posted_)
+      return detail::log_error(make_status(StatusCode::invalid_argument,
+                                           "tcp wait_sends to {}: sequence {} was never posted (last is {})", peer_,
+                                           seq, tx_posted_));
+    if (seq <= tx_done_) return {};
+    if (Status st = check_usable(); !st.ok()) {
+      tx_abort();  // broken from the receive side: reap what is still in the kernel
+      return st;
+    }
+    for (;;) {
+      if (Status st = tx_pump(); !st.ok()) return tx_abort_and_fail(std::move(st));
+      if (tx_done_ >= seq) return {};
+      Status why;
+      if (cancel.cancelled()) {
+        why = Status(StatusCode::cancelled, "cancelled");
+      } else if (Clock::now() >= deadline) {
+        why = Status(StatusCode::timed_out, "deadline passed");
+      }
+      if (!why.ok()) return tx_abort_and_fail(std::move(why));
+      // Sleep until at least the completions that `seq` still needs could be there.
+      unsigned need = 0;
+      for (const auto& m : txq_) {
+        if (m->seq > seq) break;
+        need += (m->op != 0 ? 1u : 0u) + unsigned(m->notifs);
+      }
+      const auto slice = std::min<Clock::duration>(deadline - Clock::now(), kTcpWaitSlice);
+      const auto ns = std::max<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count(), 1000);
+      __kernel_timespec ts{};
+      ts.tv_sec = ns / 1000000000;
+      ts.tv_nsec = ns % 1000000000;
+      io_uring_cqe* cqe = nullptr;
+      const int rc = io_uring_submit_and_wait_timeout(tx_.get(), &cqe, std::max(need, 1u), &ts, nullptr);
+      if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+        return tx_abort_and_fail(make_status(StatusCode::io_error, "io_uring wait failed: {}", errno_text(-rc)));
+    }
+  }
+
+  /// Reaps the completions that are there, retires finished messages and submits
+  /// the next chain when none is in flight. Returns the first send error.
+  Status tx_pump() {
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(tx_.get(), &cqe) == 0 && cqe) {
+      const Completion c{cqe->user_data, cqe->res, cqe->flags};
+      io_uring_cqe_seen(tx_.get(), cqe);
+      tx_complete(c);
+    }
+    if (!tx_err_.ok()) return tx_err_;
+    while (!txq_.empty()) {
+      TxMsg& m = *txq_.front();
+      if (m.left > 0 || m.op != 0 || m.notifs > 0) break;
+      tx_done_ = m.seq;
+      tx_pool_.push_back(std::move(txq_.front()));
+      txq_.pop_front();
+    }
+    if (tx_ops_ == 0) return tx_submit_chain();
+    return {};
+  }
+
+  /// Accounts one completion of the send ring.
+  void tx_complete(const Completion& c) {
+    if (c.flags & IORING_CQE_F_NOTIF) {
+      for (size_t i = 0; i < tx_notif_.size(); ++i) {
+        if (tx_notif_[i].first != c.user_data) continue;
+        --tx_notif_[i].second->notifs;
+        tx_notif_[i] = tx_notif_.back();
+        tx_notif_.pop_back();
+        break;
+      }
+      return;
+    }
+    TxMsg* m = nullptr;
+    for (const auto& q : txq_) {
+      if (q->op == c.user_data) {
+        m = q.get();
+        break;
+      }
+    }
+    if (m == nullptr) return;  // a cancel request's own completion
+    m->op = 0;
+    --tx_ops_;
+    if (c.flags & IORING_CQE_F_MORE) {
+      ++m->notifs;
+      tx_notif_.emplace_back(c.user_data, m);
+    }
+    if (!tx_err_.ok() || tx_aborting_) return;  // only reaping now
+    if (c.res == -ECANCELED) {
+      tx_chain_cancelled_ = true;  // a link after a short send: none of it was sent
+    } else if (c.res < 0) {
+      tx_err_ = make_status(code_for_errno(-c.res), "tcp send to {}: {}", peer_, errno_text(-c.res));
+    } else if (c.res == 0) {
+      tx_err_ = make_status(StatusCode::unavailable, "tcp send to {}: connection closed", peer_);
+    } else {
+      size_t done = std::min<uint64_t>(uint64_t(c.res), m->left);
+      m->left -= done;
+      while (done > 0 && m->first < m->iov_count) {
+        iovec& v = m->iov[m->first];
+        const size_t take = std::min(done, v.iov_len);
+        v.iov_base = static_cast<std::byte*>(v.iov_base) + take;
+        v.iov_len -= take;
+        done -= take;
+        if (v.iov_len == 0) ++m->first;
+      }
+      if (m->left > 0) tx_chain_short_ = true;
+    }
+    if (tx_ops_ == 0 && tx_err_.ok() && tx_chain_cancelled_ && !tx_chain_short_)
+      tx_err_ = make_status(StatusCode::io_error, "tcp send to {}: the kernel cancelled a send", peer_);
+  }
+
+  /// Submits the unsent messages (from the first one with bytes left) as one chain.
+  Status tx_submit_chain() {
+    auto it = std::find_if(txq_.begin(), txq_.end(), [](const auto& m) { return m->left > 0; });
+    if (it == txq_.end()) return {};
+    const size_t room = std::min<size_t>(io_uring_sq_space_left(tx_.get()), size_t(txq_.end() - it));
+    if (room == 0) return make_status(StatusCode::io_error, "tcp send to {}: no free submission entry", peer_);
+    tx_chain_short_ = tx_chain_cancelled_ = false;
+    for (size_t i = 0; i < room; ++i, ++it) {
+      TxMsg& m = **it;
+      m.msg = msghdr{};
+      m.msg.msg_iov = m.iov + m.first;
+      m.msg.msg_iovlen = size_t(m.iov_count - m.first);
+      io_uring_sqe* s = io_uring_get_sqe(tx_.get());
+      if (m.zc)
+        io_uring_prep_sendmsg_zc(s, fd_, &m.msg, MSG_NOSIGNAL | MSG_WAITALL);
+      else
+        io_uring_prep_sendmsg(s, fd_, &m.msg, MSG_NOSIGNAL | MSG_WAITALL);
+      if (i + 1 < room) s->flags |= IOSQE_IO_LINK;
+      m.op = tx_.next_id();
+      io_uring_sqe_set_data64(s, m.op);
+      ++tx_ops_;
+    }
+    const int rc = io_uring_submit(tx_.get());
+    if (rc < 0) return make_status(StatusCode::io_error, "tcp send to {}: io_uring submit failed: {}", peer_, errno_text(-rc));
+    return {};
+  }
+
+  /// Cancels what the kernel still holds of posted messages, reaps it (so nothing
+  /// reads caller memory afterwards) and drops every unfinished message. When the
+  /// kernel does not let go within a second, the socket is shut down.
+  void tx_abort() {
+    tx_aborting_ = true;
+    const CancelToken never;
+    const auto t0 = Clock::now();
+    auto next_cancel = t0;
+    bool shut = false;
+    while (tx_ops_ > 0 || !tx_notif_.empty()) {
+      const auto now = Clock::now();
+      if (tx_ops_ > 0 && now >= next_cancel) {
+        // Repeated: a link not yet started when a cancel went in starts later.
+        for (const auto& m : txq_) {
+          if (m->op == 0) continue;
+          if (io_uring_sqe* s = tx_.sqe()) {
+            io_uring_prep_cancel64(s, m->op, 0);
+            io_uring_sqe_set_data64(s, tx_.next_id());
+          }
+        }
+        next_cancel = now + std::chrono::milliseconds(100);
+      }
+      if (!shut && now - t0 >= std::chrono::seconds(1)) {
+        shutdown(fd_, SHUT_RDWR);
+        shut = true;
+      }
+      Completion c;
+      Status w = next_completion(tx_, c, std::min(next_cancel, now + std::chrono::milliseconds(100)), &never);
+      if (w.code() == StatusCode::timed_out) {
+        if (shut && now - t0 >= std::chrono::seconds(6)) {
+          KVS_LOG_WARN("tcp: still waiting for the kernel to release sends on fd {}", fd_);
+        }
+        continue;
+      }
+      if (!w.ok()) {
+        // The ring failed: the kernel may still read these buffers; never free them.
+        KVS_LOG_ERROR("tcp: send ring of fd {} failed while aborting sends: {}", fd_, w.to_string());
+        shutdown(fd_, SHUT_RDWR);
+        for (auto& m : txq_) (void)m.release();
+        txq_.clear();
+        tx_notif_.clear();
+        tx_ops_ = 0;
+        break;
+      }
+      tx_complete(c);
+    }
+    for (auto& m : txq_) tx_pool_.push_back(std::move(m));
+    txq_.clear();
+    tx_aborting_ = false;
+  }
+
+  Status tx_abort_and_fail(Status why) {
+    const size_t unsent = txq_.size();
+    tx_abort();
+    return fail(why.with_context(fmt::format("tcp send to {} ({} posted message(s) not handed over)", peer_, unsent)));
+  }
+
   /// Marks the connection broken, shuts the socket down (the peer sees the close,
   /// the other direction's call ends) and returns `why` (logged unless it is a
   /// deadline or cancel, which the caller asked for).
@@ -510,9 +722,29 @@ class TcpConnection final : public Connection {
   std::mutex broken_mu_;
   std::string broken_why_;
 
+  /// One posted message: its prefix and header (copied), where its bytes are and
+  /// what of it the kernel still holds.
+  struct TxMsg {
+    uint64_t seq = 0;
+    std::array<std::byte, kTcpPrefixBytes + kMaxHeaderBytes> head{};
+    iovec iov[2]{};
+    int iov_count = 0, first = 0;
+    msghdr msg{};
+    uint64_t total = 0, left = 0;
+    uint64_t op = 0;  ///< id of its SENDMSG in the kernel, 0 when none
+    int notifs = 0;   ///< zero-copy notifications still to come
+    bool zc = false;
+  };
+
   std::mutex tx_mu_;
   Ring tx_;
-  std::array<std::byte, kTcpPrefixBytes + kMaxHeaderBytes> tx_buf_{};
+  std::deque<std::unique_ptr<TxMsg>> txq_;  ///< posted and not yet handed over, in order
+  std::vector<std::unique_ptr<TxMsg>> tx_pool_;
+  std::vector<std::pair<uint64_t, TxMsg*>> tx_notif_;  ///< zero-copy notifications awaited
+  size_t tx_ops_ = 0;                                   ///< SENDMSGs of the chain in flight
+  bool tx_chain_short_ = false, tx_chain_cancelled_ = false, tx_aborting_ = false;
+  uint64_t tx_posted_ = 0, tx_done_ = 0;
+  Status tx_err_;
 
   std::mutex rx_mu_;
   Ring rx_;

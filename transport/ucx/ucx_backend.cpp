@@ -16,6 +16,17 @@
 // without it a large send could never complete when the receiving process is not
 // inside a recv call (UCX's rendezvous needs the receiver to make progress).
 //
+// Sends: post_send posts the header and body tag sends and returns a sequence number;
+// the requests queue per connection (in order) and wait_sends reaps them. send() is
+// post_send + wait_sends. An interrupted or failed wait_sends breaks the connection:
+// outstanding sends are cancelled, and the endpoint force-closed when UCX cannot
+// cancel them, before it returns (no request reads a caller's body afterwards).
+//
+// Error mode: endpoints use UCP_ERR_HANDLING_MODE_PEER (peer failure is detected).
+// UCX 1.13 then leaves cma out, so large shm messages go through sysv/tcp (~1.3 GB/s
+// vs ~6.5 GB/s with cma on one box). BackendConfig::ucx_peer_errors = false trades failure
+// detection (a dead peer may then surface only as a timeout) for cma.
+//
 // Receive staging: a body whose header has arrived but which the application has not
 // started to receive within kStageGrace is received by the background thread into a
 // staging buffer (bounded by kStageLimit per backend), so a sender never waits
@@ -182,7 +193,20 @@ struct ConnState {
     Op op;
   };
   std::map<uint32_t, std::unique_ptr<Staged>> staged;
-  uint32_t tx_next = 0;
+
+  /// One posted message: header copy and the two send requests (stable addresses:
+  /// callbacks write into them).
+  struct Send {
+    uint64_t seq = 0;
+    size_t hlen = 0;
+    std::array<std::byte, kPrefix + kMaxHeaderBytes> hbuf;
+    Op hop, bop;
+  };
+  std::deque<std::unique_ptr<Send>> sends;  // posted, not yet reaped, in seq order
+  uint64_t tx_next = 1;                     // sequence number of the next post_send
+  uint64_t tx_reaped = 0;                   // every send <= this completed (and was freed)
+  uint64_t tx_error_seq = 0;                // first send that failed (0: none)
+  std::vector<std::unique_ptr<Send>> send_pool;  // reaped Sends for reuse
 
   Status failure() const {
     return make_status(StatusCode::unavailable, "ucx: {}", fail_msg.empty() ? "connection to " + peer + " failed" : fail_msg);
@@ -215,6 +239,7 @@ class Engine {
   std::atomic<int> waiters{0};
   std::string provider;
   bool cuda = false;
+  bool peer_errors = true;  // UCP_ERR_HANDLING_MODE_PEER (BackendConfig::ucx_peer_errors = false turns it off)
   RegistrationCache cache;
 
   // Guarded by mu.
@@ -252,7 +277,8 @@ class Engine {
     }
     // Endpoints use UCP_ERR_HANDLING_MODE_PEER; UCX 1.13 leaves the shared memory
     // transports out of such endpoints unless MM_ERROR_HANDLING is on (UCX issue #8477).
-    if (!std::getenv("UCX_MM_ERROR_HANDLING") && ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y") != UCS_OK)
+    e->peer_errors = config.ucx_peer_errors;
+    if (e->peer_errors && !std::getenv("UCX_MM_ERROR_HANDLING") && ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y") != UCS_OK)
       KVS_LOG_DEBUG("ucx: MM_ERROR_HANDLING is not a setting of this UCX");
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -502,6 +528,7 @@ class UcxConnection final : public Connection {
       for (auto& [seq, st] : cs->staged)
         if (!st->op.done && st->op.req) ucp_request_cancel(eng.worker, st->op.req);
       if (cs->ep) {
+        // Sends posted but never waited for: flushed by the graceful close below.
         close_op.arm();
         ucp_request_param_t p{};
         p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -517,6 +544,8 @@ class UcxConnection final : public Connection {
         if (!slot.op.done) return false;
       for (auto& [seq, st] : cs->staged)
         if (!st->op.done) return false;
+      for (auto& snd : cs->sends)
+        if (!snd->hop.done || !snd->bop.done) return false;
       return true;
     };
     bool ok = eng.wait_quiet(all_done, 2s);
@@ -530,6 +559,10 @@ class UcxConnection final : public Connection {
     close_op.release();
     cs->hello_op.release();
     for (auto& slot : *cs->ring) slot.op.release();
+    for (auto& snd : cs->sends) {
+      snd->hop.release();
+      snd->bop.release();
+    }
     for (auto& [seq, st] : cs->staged) {
       st->op.release();
       eng.staged_bytes -= st->size;
@@ -543,84 +576,144 @@ class UcxConnection final : public Connection {
     }
   }
 
-  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
-              const CancelToken& cancel) override {
-    if (header.size() > kMaxHeaderBytes)
-      return make_status(StatusCode::invalid_argument, "ucx: header of {} bytes exceeds {}", header.size(),
-                         kMaxHeaderBytes);
-    std::array<std::byte, kPrefix + kMaxHeaderBytes> hbuf;
-    const uint64_t body_size = body.size();
-    std::memcpy(hbuf.data(), &body_size, kPrefix);
-    if (!header.empty()) std::memcpy(hbuf.data() + kPrefix, header.data(), header.size());
-    Op hop, bop;
+  /// Frees completed sends at the front of the queue. Requires mu.
+  void reap_locked() {
+    auto& q = cs_->sends;
+    while (!q.empty() && q.front()->hop.done && q.front()->bop.done) {
+      auto snd = std::move(q.front());
+      q.pop_front();
+      snd->hop.release();
+      snd->bop.release();
+      const ucs_status_t st = snd->hop.status != UCS_OK ? snd->hop.status : snd->bop.status;
+      if (st != UCS_OK && cs_->tx_error_seq == 0) {
+        cs_->tx_error_seq = snd->seq;
+        if (!cs_->failed) {
+          cs_->failed = true;
+          cs_->fail_msg = fmt::format("send to {} failed: {}", cs_->peer, ucs_status_string(st));
+        }
+      }
+      cs_->tx_reaped = snd->seq;
+      if (cs_->send_pool.size() < 64) cs_->send_pool.push_back(std::move(snd));
+    }
+  }
+
+  [[nodiscard]] bool sends_done_locked() const {
+    for (const auto& snd : cs_->sends)
+      if (!snd->hop.done || !snd->bop.done) return false;
+    return true;
+  }
+
+  /// After an interrupted or failed wait_sends: the connection is broken; cancels
+  /// every outstanding send and, when UCX cannot cancel it, force-closes the endpoint,
+  /// so that no request reads a caller's buffer after we return.
+  void abort_sends(const Status& why) {
     Engine& e = *eng_;
     {
       std::lock_guard lk(e.mu);
-      if (cs_->failed) return cs_->failure();
-      const uint32_t seq = cs_->tx_next++;
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      p.cb.send = send_cb;
-      hop.arm();
-      p.user_data = &hop;
-      hop.track(ucp_tag_send_nbx(cs_->ep, hbuf.data(), kPrefix + header.size(),
-                                 make_tag(cs_->peer_rx_id, kHeaderKind, seq), &p));
-      if (!body.empty()) {
-        bop.arm();
-        p.user_data = &bop;
-        bop.track(ucp_tag_send_nbx(cs_->ep, body.data(), body.size(), make_tag(cs_->peer_rx_id, kBodyKind, seq), &p));
+      if (!cs_->failed) {
+        cs_->failed = true;
+        cs_->fail_msg = fmt::format("connection to {} unusable after an interrupted send ({})", cs_->peer,
+                                    why.message());
       }
+      for (auto& snd : cs_->sends) {
+        if (!snd->hop.done && snd->hop.req) ucp_request_cancel(e.worker, snd->hop.req);
+        if (!snd->bop.done && snd->bop.req) ucp_request_cancel(e.worker, snd->bop.req);
+      }
+    }
+    if (!e.wait_quiet([&] { return sends_done_locked(); }, 200ms)) {
+      std::lock_guard lk(e.mu);
+      if (cs_->ep && !sends_done_locked()) {
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        void* r = ucp_ep_close_nbx(cs_->ep, &p);
+        if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+        e.by_ep.erase(cs_->ep);
+        cs_->ep = nullptr;
+      }
+    }
+    if (!e.wait_quiet([&] { return sends_done_locked(); }, 5s))
+      KVS_LOG_ERROR("ucx: a send request to {} did not complete after cancel", cs_->peer);
+    std::lock_guard lk(e.mu);
+    reap_locked();
+  }
+
+  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
+              const CancelToken& cancel) override {
+    KVS_ASSIGN_OR_RETURN(uint64_t seq, post_send(header, body));
+    return wait_sends(seq, deadline, cancel);
+  }
+
+  Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override {
+    if (header.size() > kMaxHeaderBytes)
+      return make_status(StatusCode::invalid_argument, "ucx: header of {} bytes exceeds {}", header.size(),
+                         kMaxHeaderBytes);
+    Engine& e = *eng_;
+    std::lock_guard lk(e.mu);
+    reap_locked();
+    if (cs_->failed || !cs_->ep) return cs_->failure();
+    std::unique_ptr<ConnState::Send> snd;
+    if (!cs_->send_pool.empty()) {
+      snd = std::move(cs_->send_pool.back());
+      cs_->send_pool.pop_back();
+    } else {
+      snd = std::make_unique<ConnState::Send>();
+    }
+    snd->seq = cs_->tx_next++;
+    const auto wire_seq = uint32_t(snd->seq - 1);  // the receiver's ring starts at 0
+    const uint64_t body_size = body.size();
+    std::memcpy(snd->hbuf.data(), &body_size, kPrefix);
+    if (!header.empty()) std::memcpy(snd->hbuf.data() + kPrefix, header.data(), header.size());
+    snd->hlen = kPrefix + header.size();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = send_cb;
+    snd->hop.arm();
+    snd->bop.arm();
+    snd->bop.complete(UCS_OK);
+    p.user_data = &snd->hop;
+    bool ok = snd->hop.track(
+        ucp_tag_send_nbx(cs_->ep, snd->hbuf.data(), snd->hlen, make_tag(cs_->peer_rx_id, kHeaderKind, wire_seq), &p));
+    if (ok && !body.empty()) {
+      snd->bop.arm();
+      p.user_data = &snd->bop;
+      ok = snd->bop.track(
+          ucp_tag_send_nbx(cs_->ep, body.data(), body.size(), make_tag(cs_->peer_rx_id, kBodyKind, wire_seq), &p));
+    }
+    const uint64_t seq = snd->seq;
+    const ucs_status_t st = snd->hop.status != UCS_OK && snd->hop.done ? snd->hop.status : snd->bop.status;
+    cs_->sends.push_back(std::move(snd));
+    if (!ok) {
+      // Half a message may be on the wire: the stream is unusable from here on.
+      if (!cs_->failed) {
+        cs_->failed = true;
+        cs_->fail_msg = fmt::format("send to {} failed: {}", cs_->peer, ucs_status_string(st));
+      }
+      reap_locked();
+      return cs_->failure();
+    }
+    return seq;
+  }
+
+  Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override {
+    Engine& e = *eng_;
+    {
+      std::lock_guard lk(e.mu);
+      if (seq >= cs_->tx_next)
+        return make_status(StatusCode::invalid_argument, "ucx: wait_sends({}) but only {} sends were posted", seq,
+                           cs_->tx_next - 1);
     }
     Status s = e.wait(
         [&]() -> std::optional<Status> {
-          if (hop.done && bop.done) return Status{};
+          reap_locked();
+          if (cs_->tx_error_seq != 0 && cs_->tx_error_seq <= seq) return cs_->failure();
+          if (cs_->tx_reaped >= seq) return Status{};
+          if (cs_->failed) return cs_->failure();
           return std::nullopt;
         },
         deadline, &cancel, "send to " + cs_->peer);
-    if (!s.ok()) {
-      // Interrupted: cancel, and if UCX cannot cancel a send, force-close the endpoint
-      // so that no request reads the caller's buffers after we return. A half-sent
-      // message leaves the stream unusable, so the connection is closed either way.
-      {
-        std::lock_guard lk(e.mu);
-        if (!hop.done && hop.req) ucp_request_cancel(e.worker, hop.req);
-        if (!bop.done && bop.req) ucp_request_cancel(e.worker, bop.req);
-      }
-      if (!e.wait_quiet([&] { return hop.done && bop.done; }, 200ms)) {
-        std::lock_guard lk(e.mu);
-        if (!cs_->failed) {
-          cs_->failed = true;
-          cs_->fail_msg = fmt::format("connection to {} closed after an interrupted send", cs_->peer);
-          Op close_op;
-          ucp_request_param_t p{};
-          p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-          p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-          void* r = ucp_ep_close_nbx(cs_->ep, &p);
-          if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
-          e.by_ep.erase(cs_->ep);
-          cs_->ep = nullptr;
-        }
-      }
-      e.wait_quiet([&] { return hop.done && bop.done; }, 5s);
-      std::lock_guard lk(e.mu);
-      if (!(hop.done && bop.done)) KVS_LOG_ERROR("ucx: a send request to {} did not complete after cancel", cs_->peer);
-      if (!(hop.done && hop.status == UCS_OK && bop.done && bop.status == UCS_OK) && !cs_->failed) {
-        cs_->failed = true;
-        cs_->fail_msg = fmt::format("connection to {} unusable after an interrupted send", cs_->peer);
-      }
-      hop.release();
-      bop.release();
-      return s;
-    }
-    std::lock_guard lk(e.mu);
-    hop.release();
-    bop.release();
-    if (hop.status != UCS_OK || bop.status != UCS_OK) {
-      if (cs_->failed) return cs_->failure();
-      return make_status(StatusCode::unavailable, "ucx: send to {} failed: {}", cs_->peer,
-                         ucs_status_string(hop.status != UCS_OK ? hop.status : bop.status));
-    }
-    return {};
+    if (!s.ok()) abort_sends(s);
+    return s;
   }
 
   Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override {
@@ -779,7 +872,7 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
     std::lock_guard lk(e.mu);
     cs->rx_id = e.alloc_rx_id();
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_mode = e.peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     params.err_handler.cb = ep_error_cb;
     params.err_handler.arg = cs.get();
     ucs_status_t st = ucp_ep_create(e.worker, &params, &cs->ep);
