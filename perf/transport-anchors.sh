@@ -84,6 +84,11 @@ if command -v ucx_perftest >/dev/null; then
     ours=$(kvperf "" "" 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0)
     printf "ucx_perftest tag_bw UCX_TLS=%-4s %8.2f Gbit/s; kvstream ucx %8.2f Gbit/s   ratio %.2f (figure >= 0.9)\n" \
       $tls "$refg" "$ours" "$(echo "$ours / $refg" | bc -l)"
+    if [ "$tls" != tcp ]; then
+      free=$(kvperf "" "" 127.0.0.1 ucx --ucx-tls $tls --ucx-no-peer-errors 2>/dev/null || echo 0)
+      printf "   kvstream ucx without peer error handling (cma allowed): %8.2f Gbit/s   ratio %.2f\n" "$free" \
+        "$(echo "$free / $refg" | bc -l)"
+    fi
     rl=$(ucxlat $tls)
     ol=$(kvlat 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0)
     printf "am_lat round trip UCX_TLS=%-4s %8.2f us;   kvstream ucx 8 B round trip %8.2f us   ratio %.2f (figure <= 1.5)\n" \
