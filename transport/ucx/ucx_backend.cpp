@@ -67,6 +67,8 @@ constexpr uint32_t kHelloMagic = 0x4b565543;  // "KVUC"
 constexpr size_t kPrefix = 8;                 // u64 body size in front of the header bytes
 constexpr size_t kHeaderRing = 32;            // header receives posted ahead per connection
 constexpr auto kSpin = 200us;                 // busy progress before sleeping on the event fd
+constexpr uint64_t kInlineFlag = uint64_t(1) << 63;  // in the prefix: the body follows the header bytes
+constexpr uint32_t kHelloInlineOk = 1;        // hello flag: this side accepts inline bodies (host-only)
 constexpr auto kStageGrace = 2ms;
 constexpr size_t kStageLimit = size_t(512) << 20;
 constexpr uint32_t kRxIdMask = 0xffffff;  // 24 bits of rx id, 8 of kind, 32 of sequence
@@ -135,6 +137,14 @@ struct Op {
   }
 };
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 void send_cb(void* /*request*/, ucs_status_t status, void* user) { static_cast<Op*>(user)->complete(status); }
 
 void recv_cb(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
@@ -169,10 +179,11 @@ struct ConnState {
   uint32_t rx_id = 0;
   uint32_t peer_rx_id = 0;
   bool hello = false;
+  bool peer_inline_ok = false;  // the peer accepts small bodies inside the header message
   bool failed = false;
   bool closed = false;
   std::string fail_msg;
-  uint32_t hello_out[2] = {kHelloMagic, 0};
+  uint32_t hello_out[3] = {kHelloMagic, 0, 0};
   Op hello_op;
 
   struct Slot {
@@ -186,6 +197,8 @@ struct ConnState {
   bool body_claimed = false;
   uint32_t body_seq = 0;
   size_t body_size = 0;
+  bool body_inline = false;   // the pending body sits in its header slot
+  size_t body_inline_off = 0;  // at this offset
 
   struct Staged {
     std::unique_ptr<std::byte[]> buf;
@@ -330,24 +343,31 @@ class Engine {
 
   /// Waits until `pred` (called with mu held after progress) yields a Status, the
   /// deadline passes (timed_out) or `cancel` fires (cancelled).
+  /// `what` and `peer` only name the operation in errors ("recv_header from" + peer).
   template <typename Pred>
-  Status wait(Pred&& pred, Deadline deadline, const CancelToken* cancel, std::string_view what) {
+  Status wait(Pred&& pred, Deadline deadline, const CancelToken* cancel, const char* what,
+              const std::string& peer = {}) {
     waiters.fetch_add(1);
     struct Dec {
       std::atomic<int>& w;
       ~Dec() { w.fetch_sub(1); }
     } dec{waiters};
-    const auto spin_end = Clock::now() + kSpin;
+    const char* sep = peer.empty() ? "" : " ";
+    // Busy-poll first (no sched_yield: on a loaded box it hands the core to another
+    // task for a whole slice), then sleep on the event fd.
+    Clock::time_point spin_end{};
     for (;;) {
       std::unique_lock lk(mu);
       progress_locked();
       if (std::optional<Status> s = pred()) return std::move(*s);
-      if (cancel && cancel->cancelled()) return make_status(StatusCode::cancelled, "ucx: {} cancelled", what);
+      if (cancel && cancel->cancelled())
+        return make_status(StatusCode::cancelled, "ucx: {}{}{} cancelled", what, sep, peer);
       const auto now = Clock::now();
-      if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {} timed out", what);
+      if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {}{}{} timed out", what, sep, peer);
+      if (spin_end == Clock::time_point{}) spin_end = now + kSpin;
       if (now < spin_end) {
         lk.unlock();
-        std::this_thread::yield();
+        for (int i = 0; i < 8; ++i) cpu_relax();
         continue;
       }
       sleepers.fetch_add(1);
@@ -423,7 +443,7 @@ class Engine {
         staged_bytes += size;
         cs->staged.emplace(seq, std::move(st));
       };
-      if (cs->body_pending && !cs->body_claimed) {
+      if (cs->body_pending && !cs->body_claimed && !cs->body_inline) {
         const auto& slot = (*cs->ring)[(cs->body_seq) % kHeaderRing];
         consider(cs->body_seq, cs->body_size, slot.op.done_at);
       }
@@ -433,6 +453,7 @@ class Engine {
         if (slot.seq != seq || !slot.op.done || slot.op.status != UCS_OK || slot.op.length < kPrefix) break;
         uint64_t size;
         std::memcpy(&size, slot.buf.data(), kPrefix);
+        if (size & kInlineFlag) continue;  // nothing left on the wire
         consider(seq, size_t(size), slot.op.done_at);
       }
     }
@@ -449,14 +470,15 @@ class Engine {
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || length < 8 ||
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
       return UCS_OK;
-    uint32_t msg[2];
-    std::memcpy(msg, data, sizeof msg);
+    uint32_t msg[3] = {0, 0, 0};
+    std::memcpy(msg, data, std::min(length, sizeof msg));
     auto it = e->by_ep.find(param->reply_ep);
     if (msg[0] != kHelloMagic || it == e->by_ep.end()) {
       KVS_LOG_WARN("ucx: ignoring an unexpected hello message");
       return UCS_OK;
     }
     it->second->peer_rx_id = msg[1];
+    it->second->peer_inline_ok = (msg[2] & kHelloInlineOk) != 0;
     it->second->hello = true;
     return UCS_OK;
   }
@@ -465,10 +487,8 @@ class Engine {
     while (!stop_.load()) {
       if (waiters.load() > 0) {
         // A caller is progressing the worker; only look for bodies to stage.
-        {
-          std::lock_guard lk(mu);
-          stage(Clock::now());
-        }
+        // try_lock: never make the waiting caller queue behind us.
+        if (std::unique_lock lk(mu, std::try_to_lock); lk.owns_lock()) stage(Clock::now());
         std::this_thread::sleep_for(1ms);
         continue;
       }
@@ -661,10 +681,17 @@ class UcxConnection final : public Connection {
     }
     snd->seq = cs_->tx_next++;
     const auto wire_seq = uint32_t(snd->seq - 1);  // the receiver's ring starts at 0
-    const uint64_t body_size = body.size();
+    // A small body travels in the header message (one message instead of two; the
+    // receiver copies it out of its header slot). Only between host-only engines.
+    const bool inl = !body.empty() && cs_->peer_inline_ok && !e.cuda && header.size() + body.size() <= kMaxHeaderBytes;
+    const uint64_t body_size = body.size() | (inl ? kInlineFlag : 0);
     std::memcpy(snd->hbuf.data(), &body_size, kPrefix);
     if (!header.empty()) std::memcpy(snd->hbuf.data() + kPrefix, header.data(), header.size());
     snd->hlen = kPrefix + header.size();
+    if (inl) {
+      std::memcpy(snd->hbuf.data() + snd->hlen, body.data(), body.size());
+      snd->hlen += body.size();
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = send_cb;
@@ -674,7 +701,7 @@ class UcxConnection final : public Connection {
     p.user_data = &snd->hop;
     bool ok = snd->hop.track(
         ucp_tag_send_nbx(cs_->ep, snd->hbuf.data(), snd->hlen, make_tag(cs_->peer_rx_id, kHeaderKind, wire_seq), &p));
-    if (ok && !body.empty()) {
+    if (ok && !body.empty() && !inl) {
       snd->bop.arm();
       p.user_data = &snd->bop;
       ok = snd->bop.track(
@@ -711,7 +738,7 @@ class UcxConnection final : public Connection {
           if (cs_->failed) return cs_->failure();
           return std::nullopt;
         },
-        deadline, &cancel, "send to " + cs_->peer);
+        deadline, &cancel, "send to", cs_->peer);
     if (!s.ok()) abort_sends(s);
     return s;
   }
@@ -731,7 +758,7 @@ class UcxConnection final : public Connection {
           if (cs_->failed) return cs_->failure();
           return std::nullopt;
         },
-        deadline, &cancel, "recv_header from " + cs_->peer);
+        deadline, &cancel, "recv_header from", cs_->peer);
     if (!s.ok()) return s;
     std::lock_guard lk(e.mu);
     auto& slot = (*cs_->ring)[cs_->rx_next % kHeaderRing];
@@ -745,8 +772,19 @@ class UcxConnection final : public Connection {
       return make_status(StatusCode::corrupt_data, "ucx: message header of {} bytes from {}", slot.op.length, cs_->peer);
     uint64_t body_size;
     std::memcpy(&body_size, slot.buf.data(), kPrefix);
-    header.assign(slot.buf.data() + kPrefix, slot.buf.data() + slot.op.length);
+    const bool inl = (body_size & kInlineFlag) != 0;
+    body_size &= ~kInlineFlag;
+    size_t hend = slot.op.length;
+    if (inl) {
+      if (body_size == 0 || body_size > slot.op.length - kPrefix)
+        return make_status(StatusCode::corrupt_data, "ucx: message of {} bytes from {} announces {} inline body bytes",
+                           slot.op.length, cs_->peer, body_size);
+      hend -= size_t(body_size);
+    }
+    header.assign(slot.buf.data() + kPrefix, slot.buf.data() + hend);
     const uint32_t seq = cs_->rx_next++;
+    cs_->body_inline = inl;
+    cs_->body_inline_off = hend;
     cs_->body_pending = body_size > 0;
     cs_->body_claimed = false;
     cs_->body_seq = seq;
@@ -772,8 +810,14 @@ class UcxConnection final : public Connection {
     auto finish = [&] {
       cs_->body_pending = false;
       cs_->body_claimed = false;
+      cs_->body_inline = false;
       e.post_header(*cs_, seq + kHeaderRing);
     };
+    if (cs_->body_inline) {
+      if (!dest.empty()) std::memcpy(dest.data(), (*cs_->ring)[seq % kHeaderRing].buf.data() + cs_->body_inline_off, size);
+      finish();
+      return {};
+    }
     if (auto it = cs_->staged.find(seq); it != cs_->staged.end()) {
       ConnState::Staged* st = it->second.get();
       lk.unlock();
@@ -783,7 +827,7 @@ class UcxConnection final : public Connection {
             if (cs_->failed) return cs_->failure();
             return std::nullopt;
           },
-          deadline, &cancel, "recv_body from " + cs_->peer);
+          deadline, &cancel, "recv_body from", cs_->peer);
       if (!s.ok()) return s;  // the staged receive goes on; a retry picks it up
       lk.lock();
       st->op.release();
@@ -825,7 +869,7 @@ class UcxConnection final : public Connection {
           if (cs_->failed) return cs_->failure();
           return std::nullopt;
         },
-        deadline, &cancel, "recv_body from " + cs_->peer);
+        deadline, &cancel, "recv_body from", cs_->peer);
     if (!s.ok()) {
       {
         std::lock_guard g(e.mu);
@@ -883,6 +927,8 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
     e.conns.insert(cs.get());
     for (uint32_t i = 0; i < kHeaderRing; ++i) e.post_header(*cs, i);
     cs->hello_out[1] = cs->rx_id;
+    // Inline bodies are copied with memcpy: only where no side can hold cuda bodies.
+    cs->hello_out[2] = e.cuda ? 0 : kHelloInlineOk;
     cs->hello_op.arm();
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -900,7 +946,7 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
         if (cs->hello && cs->hello_op.done) return Status{};
         return std::nullopt;
       },
-      deadline, cancel, "connection setup with " + cs->peer);
+      deadline, cancel, "connection setup with", cs->peer);
   if (!s.ok()) {
     {
       std::lock_guard lk(e.mu);
@@ -959,7 +1005,7 @@ class UcxListener final : public Listener {
           if (!ls_->pending.empty()) return Status{};
           return std::nullopt;
         },
-        deadline, &cancel, "accept on " + addr_);
+        deadline, &cancel, "accept on", addr_);
     if (!s.ok()) return s;
     ucp_conn_request_h req;
     std::string peer = "?";

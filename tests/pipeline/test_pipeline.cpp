@@ -1,0 +1,271 @@
+// The pipeline against a real storage node on loopback: pipelined = serial bit for
+// bit, paged = packed, cancel frees every buffer, a failed chunk is reported with its
+// index while the rest complete, recompute decisions are reported, memory stays
+// within depth buffers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "kvstream/pipeline.hpp"
+
+using namespace kvstream;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const KvGeometry kGeom{3, 2, 16, 4, AttentionKind::gqa};
+const RopeParams kRope{true, 10000.0f, 0, RopePairing::interleaved};
+constexpr uint32_t kTokens = 500, kChunk = 96;
+
+// Correlated channels with offsets, K rotated by RoPE like a runtime's cache.
+KvCache synthetic_kv(uint32_t seed) {
+  auto kv = KvCache::create(kGeom, DType::f32, kTokens).value();
+  kv.set_rope(kRope);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01;
+  const uint32_t C = kGeom.channels();
+  std::vector<float> row(C);
+  for (uint32_t l = 0; l < kGeom.layers; ++l)
+    for (uint32_t p = 0; p < 2; ++p)
+      for (uint32_t t = 0; t < kTokens; ++t) {
+        const float common = n01(rng);
+        for (uint32_t c = 0; c < C; ++c) row[c] = 0.3f * float(c % 5) + common * 0.5f + n01(rng) * (0.2f + 0.05f * c);
+        if (p == 0)
+          for (uint32_t h = 0; h < kGeom.kv_heads; ++h) rope_rotate(&row[h * kGeom.head_dim], kGeom.head_dim, t, kRope, false);
+        kv.view().store_row(l, p, t, row.data());
+      }
+  return kv;
+}
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("kvstream-pipeline-{}-{}", ::getpid(), counter_++);
+    fs::remove_all(dir_);
+    storage::ServerConfig sc;
+    sc.address = "127.0.0.1:0";
+    sc.directory = dir_.string();
+    sc.secrets = {{"ns", "pipeline-secret-0123"}};
+    server_ = std::move(storage::Server::start(sc)).value();
+    storage::ClientConfig cc;
+    cc.address = server_->address();
+    cc.name_space = "ns";
+    cc.secret = "pipeline-secret-0123";
+    cc.connections = 2;
+    client_ = std::move(storage::Client::connect(cc, deadline_in(10s))).value();
+    // Profile from other data than the context.
+    train_ = synthetic_kv(99);
+    std::vector<KvView> samples;
+    for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train_.view().slice(r));
+    codec::ProfileOptions opt;
+    opt.level_steps = {0.1f, 0.3f, 0.8f, 1.6f};
+    profile_ = std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
+    // Store every level of every chunk of the context.
+    kv_ = synthetic_kv(7);
+    ranges_ = codec::chunk_ranges(kTokens, kChunk);
+    for (uint32_t i = 0; i < ranges_.size(); ++i)
+      for (uint32_t L = 0; L < profile_.levels(); ++L) {
+        std::vector<uint8_t> bytes;
+        ASSERT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(ranges_[i]), L, bytes).ok());
+        ASSERT_TRUE(client_->put("ctx", i, L, std::as_bytes(std::span(bytes)), deadline_in(10s)).ok());
+        if (L == level_of(i)) expected_bytes_.push_back(bytes);
+      }
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+  static uint32_t level_of(uint32_t i) { return i % 4; }
+
+  // The serial reference: each chunk decoded on its own into an f16 cache.
+  KvCache serial() {
+    auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+    for (uint32_t i = 0; i < ranges_.size(); ++i)
+      EXPECT_TRUE(codec::decode_chunk(profile_, expected_bytes_[i], *out.view().slice(ranges_[i])).ok());
+    return out;
+  }
+  pipeline::FetchRequest request(const KvView& dest) {
+    pipeline::FetchRequest r;
+    r.context = "ctx";
+    r.destination = dest;
+    r.chunks = ranges_;
+    r.deadline = deadline_in(20s);
+    return r;
+  }
+  pipeline::FetchCallbacks by_index() {
+    pipeline::FetchCallbacks cb;
+    cb.decide = [](uint32_t i, std::span<const uint64_t> sizes) {
+      EXPECT_EQ(sizes.size(), 4u);
+      return pipeline::ChunkDecision{pipeline::ChunkDecision::Action::fetch, level_of(i)};
+    };
+    return cb;
+  }
+
+  fs::path dir_;
+  static inline int counter_ = 0;
+  std::unique_ptr<storage::Server> server_;
+  std::unique_ptr<storage::Client> client_;
+  KvCache train_, kv_;
+  codec::Profile profile_;
+  std::vector<TokenRange> ranges_;
+  std::vector<std::vector<uint8_t>> expected_bytes_;
+};
+
+TEST_F(PipelineTest, PipelinedEqualsSerialBitForBit) {
+  pipeline::PipelineConfig pc;
+  pc.depth = 3;
+  pc.max_chunk_bytes = 1 << 20;
+  pc.decode_threads = 2;
+  auto p = pipeline::Pipeline::create(*client_, profile_, pc);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  std::atomic<uint32_t> delivered{0}, max_in_use{0};
+  auto cb = by_index();
+  cb.on_chunk = [&](const pipeline::ChunkTimings& t) {
+    EXPECT_TRUE(t.status.ok()) << t.chunk << ": " << t.status.to_string();
+    EXPECT_LE(t.wire_start, t.wire_end);
+    EXPECT_LE(t.decode_start, t.decode_end);
+    EXPECT_LE(t.decode_end, t.delivered);
+    max_in_use = std::max<uint32_t>(max_in_use, (*p)->buffers_in_use());
+    ++delivered;
+  };
+  auto f = (*p)->fetch(request(out.view()), cb);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_TRUE((*f)->wait().ok());
+  EXPECT_EQ(delivered.load(), ranges_.size());
+  EXPECT_LE(max_in_use.load(), pc.depth);
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
+  const KvCache ref = serial();
+  ASSERT_EQ(out.bytes().size(), ref.bytes().size());
+  EXPECT_EQ(std::memcmp(out.bytes().data(), ref.bytes().data(), ref.bytes().size()), 0);
+  for (const auto& t : (*f)->timings()) EXPECT_EQ(t.bytes, expected_bytes_[t.chunk].size());
+}
+
+TEST_F(PipelineTest, PagedDeliveryMatchesContiguous) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  const uint32_t block = 16, blocks = (kTokens + block - 1) / block + 3;
+  const int64_t C = kGeom.channels();
+  std::vector<std::vector<uint16_t>> mem(kGeom.layers, std::vector<uint16_t>(2 * blocks * block * C));
+  PagedLayout pl;
+  for (auto& m : mem) pl.layer_base.push_back(m.data());
+  pl.block_size = block;
+  pl.plane_stride = int64_t(blocks) * block * C;
+  pl.block_stride = int64_t(block) * C;
+  pl.slot_stride = C;
+  pl.num_blocks = blocks;
+  std::vector<uint32_t> perm(blocks);
+  std::iota(perm.begin(), perm.end(), 0u);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(5));  // scattered, distinct blocks
+  pl.block_table.assign(perm.begin(), perm.begin() + (blocks - 3));
+  auto paged = KvView::paged(pl, DType::f16, kGeom, kTokens);
+  ASSERT_TRUE(paged.ok()) << paged.status().to_string();
+  auto f = (*p)->fetch(request(*paged), by_index());
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->wait().ok());
+  auto gathered = KvCache::create(kGeom, DType::f16, kTokens).value();
+  ASSERT_TRUE(copy_kv(*paged, gathered.view()).ok());
+  const KvCache ref = serial();
+  EXPECT_EQ(std::memcmp(gathered.bytes().data(), ref.bytes().data(), ref.bytes().size()), 0);
+}
+
+TEST_F(PipelineTest, CancelFreesEveryBuffer) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  auto cb = by_index();
+  std::atomic<int> seen{0};
+  pipeline::FetchRequest req = request(out.view());
+  cb.on_chunk = [&, cancel = req.cancel](const pipeline::ChunkTimings&) {
+    if (++seen == 1) cancel.cancel();  // cancel once the first chunk is in
+  };
+  auto f = (*p)->fetch(req, cb);
+  ASSERT_TRUE(f.ok());
+  const Status st = (*f)->wait();
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
+  int cancelled = 0;
+  for (const auto& t : (*f)->timings()) cancelled += t.status.code() == StatusCode::cancelled;
+  EXPECT_EQ(seen.load(), int(ranges_.size()));  // every chunk is reported, delivered or not
+  if (cancelled > 0) EXPECT_EQ(st.code(), StatusCode::cancelled);
+  // The pipeline is usable afterwards.
+  auto again = (*p)->fetch(request(out.view()), by_index());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)->wait().ok());
+}
+
+TEST_F(PipelineTest, AFailedChunkIsReportedWhileTheRestComplete) {
+  // Corrupt chunk 2's stored level on disk.
+  const fs::path obj = dir_ / "ns" / "ctx" / fmt::format("c2.l{}", level_of(2));
+  {
+    std::fstream f(obj, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x33');
+  }
+  // A fresh node so the cache does not hold the good copy.
+  storage::ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.directory = dir_.string();
+  sc.secrets = {{"ns", "pipeline-secret-0123"}};
+  client_.reset();
+  server_.reset();
+  server_ = std::move(storage::Server::start(sc)).value();
+  storage::ClientConfig cc{server_->address(), {}, "ns", "pipeline-secret-0123", 1};
+  client_ = std::move(storage::Client::connect(cc, deadline_in(10s))).value();
+  auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  auto f = (*p)->fetch(request(out.view()), by_index());
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->wait().code(), StatusCode::corrupt_data);
+  const auto t = (*f)->timings();
+  for (uint32_t i = 0; i < t.size(); ++i) {
+    if (i == 2) {
+      EXPECT_EQ(t[i].status.code(), StatusCode::corrupt_data) << t[i].status.to_string();
+      EXPECT_NE(t[i].status.message().find("chunk 2"), std::string::npos) << t[i].status.to_string();
+    } else {
+      EXPECT_TRUE(t[i].status.ok()) << i << ": " << t[i].status.to_string();
+    }
+  }
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
+}
+
+TEST_F(PipelineTest, RecomputeDecisionsAreReportedNotFetched) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  pipeline::FetchCallbacks cb;
+  cb.decide = [](uint32_t i, std::span<const uint64_t>) {
+    return i == 1 ? pipeline::ChunkDecision{pipeline::ChunkDecision::Action::recompute, 0}
+                  : pipeline::ChunkDecision{pipeline::ChunkDecision::Action::fetch, 3};
+  };
+  auto f = (*p)->fetch(request(out.view()), cb);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->wait().ok());
+  const auto t = (*f)->timings();
+  EXPECT_EQ(t[1].decision.action, pipeline::ChunkDecision::Action::recompute);
+  EXPECT_EQ(t[1].bytes, 0u);
+  EXPECT_GT(t[0].bytes, 0u);
+}
+
+TEST_F(PipelineTest, BadRequestsAreRefused) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  auto req = request(out.view());
+  req.chunks.push_back({kTokens - 10, kTokens + 5});
+  EXPECT_EQ((*p)->fetch(req, by_index()).status().code(), StatusCode::invalid_argument);
+  req = request(out.view());
+  req.context = "nothing-here";
+  EXPECT_EQ((*p)->fetch(req, by_index()).status().code(), StatusCode::not_found);
+  EXPECT_FALSE(pipeline::Pipeline::create(*client_, profile_, {0, 1 << 20, 1}).ok());
+}
+
+}  // namespace
