@@ -33,6 +33,24 @@ struct StorageBenchOptions {
 };
 int run_storage_bench(const StorageBenchOptions& o);
 
+struct PipelineBenchOptions {
+  std::string data;
+  std::string geometry = "mistral-7b";
+  uint64_t tokens = 9000;
+  uint32_t chunk_tokens = 1536;
+  uint32_t profile_tokens = 512;      ///< tokens per profile sample chunk (two samples)
+  uint32_t max_transform_block = 32;  ///< KLT block cap for the assembled profile
+  uint32_t level = 7;
+  std::string backend = "tcp";
+  std::string server;                 ///< external storage node ("" = in-process on loopback)
+  std::string secret = "bench-secret-0123456789";
+  uint32_t connections = 1;
+  uint32_t depth = 4;
+  unsigned decode_threads = 1;
+  std::string json;
+};
+int run_pipeline_bench(const PipelineBenchOptions& o);
+
 /// One curve of a plot.
 struct PlotSeries {
   std::string name;

@@ -28,7 +28,23 @@ int main(int argc, char** argv) {
   st->add_option("--chunks", so.chunks, "distinct chunks stored")->capture_default_str();
   st->add_option("--chunk-bytes", so.chunk_bytes, "bytes per chunk")->capture_default_str();
   st->add_option("--json", so.json, "write the figures as JSON");
+  kvstream::bench::PipelineBenchOptions po;
+  auto* pl = app.add_subcommand("pipeline", "transfer alone, decode alone and the pipelined fetch of one context");
+  pl->add_option("--data", po.data, "tinyllama data directory");
+  pl->add_option("--geometry", po.geometry, "tinyllama, llama-7b, mistral-7b, llama-70b (assembled from real KV)")
+      ->capture_default_str();
+  pl->add_option("--tokens", po.tokens, "context length")->capture_default_str();
+  pl->add_option("--chunk-tokens", po.chunk_tokens, "tokens per chunk")->capture_default_str();
+  pl->add_option("--level", po.level, "compression level of every chunk")->capture_default_str();
+  pl->add_option("--backend", po.backend, "tcp, ucx or libfabric")->capture_default_str();
+  pl->add_option("--server", po.server, "external storage node host:port (default: one in this process on loopback)");
+  pl->add_option("--secret", po.secret, "namespace 'bench' secret of the external node");
+  pl->add_option("--connections", po.connections, "client connections")->capture_default_str();
+  pl->add_option("--depth", po.depth, "pipeline buffers")->capture_default_str();
+  pl->add_option("--decode-threads", po.decode_threads, "decode threads")->capture_default_str();
+  pl->add_option("--json", po.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (*pl) return kvstream::bench::run_pipeline_bench(po);
   if (*codec) return kvstream::bench::run_codec_bench(co);
   if (*st) return kvstream::bench::run_storage_bench(so);
   return 0;

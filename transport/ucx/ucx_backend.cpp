@@ -67,6 +67,7 @@ constexpr uint32_t kHelloMagic = 0x4b565543;  // "KVUC"
 constexpr size_t kPrefix = 8;                 // u64 body size in front of the header bytes
 constexpr size_t kHeaderRing = 32;            // header receives posted ahead per connection
 constexpr auto kSpin = 200us;                 // busy progress before sleeping on the event fd
+constexpr auto kHotSpin = 20us;               // of which without yielding the core
 constexpr uint64_t kInlineFlag = uint64_t(1) << 63;  // in the prefix: the body follows the header bytes
 constexpr uint32_t kHelloInlineOk = 1;        // hello flag: this side accepts inline bodies (host-only)
 constexpr auto kStageGrace = 2ms;
@@ -353,9 +354,10 @@ class Engine {
       ~Dec() { w.fetch_sub(1); }
     } dec{waiters};
     const char* sep = peer.empty() ? "" : " ";
-    // Busy-poll first (no sched_yield: on a loaded box it hands the core to another
-    // task for a whole slice), then sleep on the event fd.
-    Clock::time_point spin_end{};
+    // Busy-poll first: kHotSpin of pure spinning (a peer on another core answers
+    // within it), then spinning with sched_yield until kSpin (so that a peer or other
+    // task sharing this core gets to run), then sleep on the event fd.
+    Clock::time_point spin_end{}, hot_end{};
     for (;;) {
       std::unique_lock lk(mu);
       progress_locked();
@@ -364,10 +366,17 @@ class Engine {
         return make_status(StatusCode::cancelled, "ucx: {}{}{} cancelled", what, sep, peer);
       const auto now = Clock::now();
       if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {}{}{} timed out", what, sep, peer);
-      if (spin_end == Clock::time_point{}) spin_end = now + kSpin;
+      if (spin_end == Clock::time_point{}) {
+        spin_end = now + kSpin;
+        static const auto hot = std::chrono::microseconds(std::getenv("KVS_HOT") ? atoi(std::getenv("KVS_HOT")) : 20);
+        hot_end = now + hot;
+      }
       if (now < spin_end) {
         lk.unlock();
-        for (int i = 0; i < 8; ++i) cpu_relax();
+        if (now < hot_end)
+          for (int i = 0; i < 8; ++i) cpu_relax();
+        else
+          std::this_thread::yield();
         continue;
       }
       sleepers.fetch_add(1);

@@ -1,0 +1,30 @@
+// KV caches of real models' shapes assembled from genuine tinyllama KV values: every
+// (layer, plane, channel) of the target draws its values from one tinyllama
+// (layer, plane, channel) and from runs of tokens of many eval windows, so sizes are
+// those of the real model while the statistics stay real. RoPE structure is not
+// preserved (channels are mixed), so assembled caches declare RoPE off.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "examples/tinyllama/tinyllama.hpp"
+#include "kvstream/kv_model.hpp"
+
+namespace kvstream::bench {
+
+/// "tinyllama", "llama-7b" (32 x 32 x 128, MHA), "mistral-7b" (32 x 8 x 128, GQA),
+/// "llama-70b" (80 x 8 x 128, GQA).
+Result<KvGeometry> named_geometry(const std::string& name);
+
+/// Source material: the exact KV of several windows of eval text.
+struct KvSources {
+  std::vector<KvCache> windows;  // each [5][2][511][32] fp32
+};
+Result<KvSources> source_windows(const tinyllama::Model& m, const std::vector<int>& text, int count);
+
+/// Assembles `tokens` tokens of geometry `g` (fp16) from the sources; `seed` picks the
+/// mapping, so different seeds give different but equally real caches.
+Result<KvCache> assemble_kv(const KvGeometry& g, uint64_t tokens, const KvSources& src, uint64_t seed);
+
+}  // namespace kvstream::bench
