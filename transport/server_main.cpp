@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
   std::ifstream f(secrets_file);
   if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", secrets_file), 1;
   try {
-    for (auto& [ns, secret] : nlohmann::json::parse(f).items()) cfg.secrets[ns] = secret.get<std::string>();
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (!j.is_object()) throw std::runtime_error("not an object");
+    for (auto it = j.begin(); it != j.end(); ++it) cfg.secrets[it.key()] = it.value().get<std::string>();
   } catch (const std::exception& e) {
     return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of strings: {}\n", secrets_file, e.what()), 1;
   }

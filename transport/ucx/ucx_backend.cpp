@@ -8,11 +8,16 @@
 //   header: tag = peer_rx_id | kHeader | seq, payload = u64 body size + header bytes
 //   body:   tag = peer_rx_id | kBody   | seq, payload = the body (absent when empty)
 // so header and body of one message pair up and many messages can be in flight.
+// A small body (header + body <= kMaxHeaderBytes) rides inside the header message
+// instead (prefix bit 63 set; the body follows the header bytes; one message per
+// round trip leg instead of two). Only where both engines are host-only: the hello
+// carries a third word, flag kHelloInlineOk, and the copy is a memcpy.
 //
 // Progress: each backend owns one ucp_worker (UCS_THREAD_MODE_SERIALIZED) guarded by
 // one mutex held only around UCX calls. A waiting call progresses the worker itself
-// (a short spin, then ucp_worker_arm + poll on the worker's event fd with <= 10 ms
-// timeouts). A background thread progresses the worker while no call is waiting:
+// (a 200 us spin, then ucp_worker_arm + poll on the worker's event fd with <= 10 ms
+// timeouts). The spin yields the core only while that lets another task run (the
+// peer often shares the core on small boxes); otherwise it busy-polls. A background thread progresses the worker while no call is waiting:
 // without it a large send could never complete when the receiving process is not
 // inside a recv call (UCX's rendezvous needs the receiver to make progress).
 //
@@ -67,7 +72,9 @@ constexpr uint32_t kHelloMagic = 0x4b565543;  // "KVUC"
 constexpr size_t kPrefix = 8;                 // u64 body size in front of the header bytes
 constexpr size_t kHeaderRing = 32;            // header receives posted ahead per connection
 constexpr auto kSpin = 200us;                 // busy progress before sleeping on the event fd
-constexpr auto kHotSpin = 20us;               // of which without yielding the core
+constexpr auto kFirstYield = 1us;             // spinning: first sched_yield after this
+constexpr auto kYieldGap = 5us;               // then every kYieldGap while yields return at once
+constexpr auto kYieldSwitched = 1us;          // a yield this long ran another task: yield every round
 constexpr uint64_t kInlineFlag = uint64_t(1) << 63;  // in the prefix: the body follows the header bytes
 constexpr uint32_t kHelloInlineOk = 1;        // hello flag: this side accepts inline bodies (host-only)
 constexpr auto kStageGrace = 2ms;
@@ -354,10 +361,12 @@ class Engine {
       ~Dec() { w.fetch_sub(1); }
     } dec{waiters};
     const char* sep = peer.empty() ? "" : " ";
-    // Busy-poll first: kHotSpin of pure spinning (a peer on another core answers
-    // within it), then spinning with sched_yield until kSpin (so that a peer or other
-    // task sharing this core gets to run), then sleep on the event fd.
-    Clock::time_point spin_end{}, hot_end{};
+    // Busy-poll for kSpin, then sleep on the event fd. While spinning, sched_yield
+    // only pays off when another task (often the peer) waits for this core: a yield
+    // that returns at once (nobody else runnable here) is followed by kYieldGap of
+    // pure spinning; one that took a while (another task ran) by yielding again next
+    // round, so that a peer sharing the core is not starved for a whole time slice.
+    Clock::time_point spin_end{}, next_yield{};
     for (;;) {
       std::unique_lock lk(mu);
       progress_locked();
@@ -368,15 +377,17 @@ class Engine {
       if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {}{}{} timed out", what, sep, peer);
       if (spin_end == Clock::time_point{}) {
         spin_end = now + kSpin;
-        static const auto hot = std::chrono::microseconds(std::getenv("KVS_HOT") ? atoi(std::getenv("KVS_HOT")) : 20);
-        hot_end = now + hot;
+        next_yield = now + kFirstYield;
       }
       if (now < spin_end) {
         lk.unlock();
-        if (now < hot_end)
-          for (int i = 0; i < 8; ++i) cpu_relax();
-        else
+        if (now >= next_yield) {
           std::this_thread::yield();
+          const auto after = Clock::now();
+          next_yield = after - now > kYieldSwitched ? after : after + kYieldGap;
+        } else {
+          for (int i = 0; i < 8; ++i) cpu_relax();
+        }
         continue;
       }
       sleepers.fetch_add(1);
