@@ -125,19 +125,12 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
 
   // Quality: each window's context KV goes through the codec chunk by chunk and lands
   // in fp16 memory, which the model then reads.
-  tinyllama::KvTransform transform = [&m, &s](KvCache& kv) -> Status {
-    KVS_ASSIGN_OR_RETURN(KvCache f16, KvCache::create(kv.geometry(), DType::f16, kv.tokens()));
-    std::vector<uint8_t> buf;
-    for (uint64_t b = 0; b < kv.tokens(); b += uint64_t(s.chunk_tokens)) {
-      const TokenRange r{b, std::min<uint64_t>(kv.tokens(), b + uint64_t(s.chunk_tokens))};
-      KVS_ASSIGN_OR_RETURN(KvView src, kv.view().slice(r));
-      KVS_ASSIGN_OR_RETURN(KvView dst, f16.view().slice(r));
-      buf.clear();
-      KVS_RETURN_IF_ERROR(m.encode(src, buf));
-      KVS_RETURN_IF_ERROR(m.decode(buf, dst));
-    }
-    return copy_kv(f16.view(), kv.view());
-  };
+  const tinyllama::KvTransform transform =
+      tinyllama::chunked_fp16_transform(s.chunk_tokens, [&m](const KvView& src, const KvView& dst) -> Status {
+        std::vector<uint8_t> buf;
+        KVS_RETURN_IF_ERROR(m.encode(src, buf));
+        return m.decode(buf, dst);
+      });
   if (quality) {
     KVS_ASSIGN_OR_RETURN(row.q, tinyllama::evaluate(d.model, windows, ref, s, transform, threads));
   }

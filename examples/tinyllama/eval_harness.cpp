@@ -115,6 +115,20 @@ Result<Quality> evaluate(const Model& m, const std::vector<std::vector<int>>& wi
   return q;
 }
 
+KvTransform chunked_fp16_transform(int chunk_tokens, ChunkRoundTrip round_trip) {
+  return [chunk_tokens, round_trip = std::move(round_trip)](kvstream::KvCache& kv) -> Status {
+    KVS_ASSIGN_OR_RETURN(kvstream::KvCache f16,
+                         kvstream::KvCache::create(kv.geometry(), kvstream::DType::f16, kv.tokens()));
+    for (uint64_t b = 0; b < kv.tokens(); b += uint64_t(chunk_tokens)) {
+      const kvstream::TokenRange r{b, std::min<uint64_t>(kv.tokens(), b + uint64_t(chunk_tokens))};
+      KVS_ASSIGN_OR_RETURN(kvstream::KvView src, kv.view().slice(r));
+      KVS_ASSIGN_OR_RETURN(kvstream::KvView dst, f16.view().slice(r));
+      KVS_RETURN_IF_ERROR(round_trip(src, dst));
+    }
+    return kvstream::copy_kv(f16.view(), kv.view());
+  };
+}
+
 std::vector<float> weight_sensitivity(const Model& m) {
   return m.kv_sensitivity();
 }

@@ -48,6 +48,13 @@ struct Quality {
 Result<Quality> evaluate(const Model& m, const std::vector<std::vector<int>>& windows, const Reference& ref,
                          const EvalSetup& s, const KvTransform& transform, unsigned threads);
 
+/// Encodes a chunk view and decodes it into another (a codec's round trip).
+using ChunkRoundTrip = std::function<Status(const kvstream::KvView& src, const kvstream::KvView& dst)>;
+/// The protocol's transform: the context's KV goes through `round_trip` in chunks of
+/// `chunk_tokens` and lands in fp16 memory (as a GPU host holds KV), which the model
+/// then reads.
+KvTransform chunked_fp16_transform(int chunk_tokens, ChunkRoundTrip round_trip);
+
 /// A per-(layer, plane, channel) sensitivity proxy from the weights: for K the energy
 /// that the query heads of each KV head put on a channel (averaged over its RoPE
 /// pair), for V the squared norm of the output-projection column it feeds.

@@ -154,19 +154,12 @@ int main(int argc, char** argv) {
   fmt::print("{:>5} {:>8} {:>10} {:>12} {:>10}\n", "level", "step", "bits/elem", "ppl incr %", "KL nats");
   for (uint32_t L = 0; L < profile->levels(); ++L) {
     const codec::Profile& prof = *profile;
-    tinyllama::KvTransform codec_rt = [&prof, L, &setup](KvCache& kv) -> Status {
-      KVS_ASSIGN_OR_RETURN(KvCache f16, KvCache::create(kv.geometry(), DType::f16, kv.tokens()));
-      std::vector<uint8_t> bytes;
-      for (uint64_t b = 0; b < kv.tokens(); b += uint64_t(setup.chunk_tokens)) {
-        const TokenRange r{b, std::min<uint64_t>(kv.tokens(), b + uint64_t(setup.chunk_tokens))};
-        KVS_ASSIGN_OR_RETURN(KvView src, kv.view().slice(r));
-        KVS_ASSIGN_OR_RETURN(KvView dst, f16.view().slice(r));
-        bytes.clear();
-        KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, src, L, bytes));
-        KVS_RETURN_IF_ERROR(codec::decode_chunk(prof, bytes, dst));
-      }
-      return copy_kv(f16.view(), kv.view());
-    };
+    const tinyllama::KvTransform codec_rt = tinyllama::chunked_fp16_transform(
+        setup.chunk_tokens, [&prof, L](const KvView& src, const KvView& dst) -> Status {
+          std::vector<uint8_t> bytes;
+          KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, src, L, bytes));
+          return codec::decode_chunk(prof, bytes, dst);
+        });
     auto q = tinyllama::evaluate(d->model, held, *ref, setup, codec_rt, threads);
     if (!q.ok()) return fail(q.status());
     if (auto s = profile->set_level_quality(L, q->ppl_increase_pct, q->kl_nats_per_token); !s.ok()) return fail(s);

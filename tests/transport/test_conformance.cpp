@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
+#include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -16,38 +17,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<std::byte> pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    b = std::byte(x);
-  }
-  return v;
-}
-
-struct Pair {
-  std::unique_ptr<Backend> server_backend, client_backend;
-  std::unique_ptr<Listener> listener;
-  std::unique_ptr<Connection> server, client;
-};
+using test_util::BackendPair;
+using test_util::pattern;
+using Pair = BackendPair;
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   Result<Pair> make_pair() {
     BackendConfig cfg;
     cfg.name = GetParam();
-    Pair p;
-    KVS_ASSIGN_OR_RETURN(p.server_backend, create_backend(cfg));
-    KVS_ASSIGN_OR_RETURN(p.client_backend, create_backend(cfg));
-    KVS_ASSIGN_OR_RETURN(p.listener, p.server_backend->listen("127.0.0.1:0"));
-    const std::string addr = p.listener->address();
-    auto accepted = std::async(std::launch::async, [&] { return p.listener->accept(deadline_in(10s), {}); });
-    KVS_ASSIGN_OR_RETURN(p.client, p.client_backend->connect(addr, deadline_in(10s), {}));
-    auto srv = accepted.get();
-    if (!srv.ok()) return srv.status();
-    p.server = std::move(srv).value();
-    return p;
+    return test_util::make_backend_pair(cfg);
   }
 };
 

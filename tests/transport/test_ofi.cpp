@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
+#include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -16,10 +17,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool have_libfabric() {
-  auto v = available_backends();
-  return std::find(v.begin(), v.end(), "libfabric") != v.end();
-}
+bool have_libfabric() { return test_util::backend_built("libfabric"); }
 
 BackendConfig ofi_config(const std::string& provider) {
   BackendConfig cfg;
@@ -34,23 +32,10 @@ std::vector<std::byte> fill(size_t n, uint8_t seed) {
   return v;
 }
 
-struct OfiPair {
-  std::unique_ptr<Backend> server_backend, client_backend;
-  std::unique_ptr<Listener> listener;
-  std::unique_ptr<Connection> server, client;
-};
+using OfiPair = test_util::BackendPair;
 
 Result<OfiPair> make_ofi_pair(const std::string& provider) {
-  OfiPair p;
-  KVS_ASSIGN_OR_RETURN(p.server_backend, create_backend(ofi_config(provider)));
-  KVS_ASSIGN_OR_RETURN(p.client_backend, create_backend(ofi_config(provider)));
-  KVS_ASSIGN_OR_RETURN(p.listener, p.server_backend->listen("127.0.0.1:0"));
-  auto accepted = std::async(std::launch::async, [&] { return p.listener->accept(deadline_in(10s), {}); });
-  KVS_ASSIGN_OR_RETURN(p.client, p.client_backend->connect(p.listener->address(), deadline_in(10s), {}));
-  auto s = accepted.get();
-  if (!s.ok()) return s.status();
-  p.server = std::move(s).value();
-  return p;
+  return test_util::make_backend_pair(ofi_config(provider));
 }
 
 class LibfabricProvider : public ::testing::TestWithParam<std::string> {

@@ -18,6 +18,7 @@
 #include "transport/backend_impl.hpp"
 #include "transport/tcp/tcp_backend.hpp"
 #include "transport/tcp/tcp_framing.hpp"
+#include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -26,15 +27,7 @@ namespace tcpb = kvstream::transport::tcp;
 
 namespace {
 
-std::vector<std::byte> pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    b = std::byte(x);
-  }
-  return v;
-}
+using kvstream::transport::test_util::pattern;
 
 std::unique_ptr<Backend> backend(const tcpb::TcpOptions& opt = {}) {
   auto b = tcpb::make_tcp_backend_with(BackendConfig{}, opt);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
+#include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -22,27 +23,14 @@ bool have_ucx() {
   return false;
 }
 
-struct UcxPair {
-  std::unique_ptr<Backend> server_backend, client_backend;
-  std::unique_ptr<Listener> listener;
-  std::unique_ptr<Connection> server, client;
-};
+using UcxPair = test_util::BackendPair;
 
 Result<UcxPair> make_ucx_pair(const std::string& tls, bool peer_errors = true) {
   BackendConfig cfg;
   cfg.name = "ucx";
   cfg.ucx_tls = tls;
   cfg.ucx_peer_errors = peer_errors;
-  UcxPair p;
-  KVS_ASSIGN_OR_RETURN(p.server_backend, create_backend(cfg));
-  KVS_ASSIGN_OR_RETURN(p.client_backend, create_backend(cfg));
-  KVS_ASSIGN_OR_RETURN(p.listener, p.server_backend->listen("127.0.0.1:0"));
-  auto accepted = std::async(std::launch::async, [&] { return p.listener->accept(deadline_in(10s), {}); });
-  KVS_ASSIGN_OR_RETURN(p.client, p.client_backend->connect(p.listener->address(), deadline_in(10s), {}));
-  auto srv = accepted.get();
-  if (!srv.ok()) return srv.status();
-  p.server = std::move(srv).value();
-  return p;
+  return test_util::make_backend_pair(cfg);
 }
 
 std::vector<std::byte> fill(size_t n, uint8_t seed) {

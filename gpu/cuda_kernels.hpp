@@ -1,0 +1,90 @@
+// Internal interface between the GPU decoder's host code (cuda_decoder_host.cpp,
+// plain C++) and its kernels (cuda_decoder.cu). Plain structs only, so the kernels'
+// translation unit needs none of the codec's headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvstream::gpu::detail {
+
+inline constexpr int kLanes = 32;       // rANS lanes per coded matrix (format constant)
+inline constexpr int kProbBits = 11;    // codec::PROB_BITS (checked by a static_assert on the host side)
+
+/// One coded matrix (the plain or the anchor rows of one (layer, plane)).
+struct MatDesc {
+  uint64_t words_off;     // byte offset of the first 16-bit word in the chunk buffer
+  uint64_t escapes_off;   // byte offset of the raw escape bytes
+  uint64_t sym_off;       // where its rows*cols int8 symbols go in the symbol buffer
+  uint64_t table_of_off;  // offset of its column -> table id array in the level's table_of buffer
+  uint32_t n_words;
+  uint32_t n_escapes;
+  uint32_t rows;
+  uint32_t cols;
+  uint32_t state[kLanes];  // start states (the encoder's final states)
+};
+
+/// Error bits a matrix's decode reports (0: ok).
+enum : uint32_t { kErrWords = 1, kErrEscapes = 2, kErrState = 4 };
+
+/// One (layer, plane) to reconstruct.
+struct PlaneDesc {
+  uint64_t plain_sym_off;   // symbols of the plain rows ([rows][C] int8)
+  uint64_t anchor_sym_off;  // symbols of the anchor rows (when has_anchor)
+  uint64_t chan_off;        // (layer * planes + plane) * C: index of channel 0 in the per-channel arrays
+  uint64_t ut_off;          // offset of U^T (blocks) in the transform buffer (when block > 0)
+  uint32_t out_begin, out_count;        // outliers (quantized domain), into the outlier arrays
+  uint32_t exact_begin, exact_count;    // KLT exact values, into the same arrays
+  uint32_t block;           // KLT block size, 0 for identity planes
+  uint32_t has_anchor;      // 1 when some channel uses the anchor predictor
+  uint32_t rotate;          // 1 when RoPE is redone on this plane
+  uint32_t plane_index;     // layer * planes + plane (output slab)
+};
+
+/// Device pointers of a profile (level independent) and of one level.
+struct ProfileDev {
+  const float* mean;          // per channel, [layer][plane][C]
+  const float* step_scale;
+  const uint8_t* predictor;   // codec::Predictor values
+  const float* transform_t;   // all planes' U^T, concatenated
+};
+struct LevelDev {
+  const uint32_t* dec;        // RansTables::decode_table(), 2^kProbBits entries per table
+  const uint8_t* table_of;    // [role][layer][plane][C]
+  float step;                 // the level's base step
+};
+
+/// Everything one chunk's kernels read and write.
+struct ChunkLaunch {
+  const uint8_t* chunk;       // the whole bitstream on the device
+  const MatDesc* mats;
+  uint32_t n_mats;
+  int8_t* syms;
+  uint32_t* mat_err;          // one word per matrix
+  const PlaneDesc* planes;
+  uint32_t n_planes;
+  const uint32_t* list_index; // outliers and exact values: flat index t * C + c
+  const float* list_value;
+  const float* rope_ec;       // [tokens][rot], from codec::RopeTable
+  const float* rope_es;
+  const uint32_t* rope_partner;
+  uint32_t rot;
+  uint32_t head_dim;
+  uint32_t channels;
+  uint32_t tokens;
+  uint32_t group;
+  ProfileDev prof;
+  LevelDev level;
+  void* out;                  // packed [layer][plane][token][channel]
+  int dtype;                  // kvstream::DType value: 0 f32, 1 f16, 2 bf16
+};
+
+/// Bytes of dynamic shared memory the reconstruction kernel needs per block.
+size_t reconstruct_shared_bytes(uint32_t channels);
+/// Raises the kernel's dynamic shared memory limit to `bytes` (0 on success, else a cudaError_t).
+int prepare_reconstruct(size_t bytes);
+/// Enqueues the rANS kernel and the reconstruction kernel on `stream` (a
+/// cudaStream_t). Returns 0 or the cudaError_t of the launch.
+int launch_chunk(const ChunkLaunch& c, void* stream);
+
+}  // namespace kvstream::gpu::detail
