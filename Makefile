@@ -10,7 +10,7 @@ DEB_PACKAGES := cmake ninja-build g++ clang pkg-config \
   libfmt-dev libspdlog-dev libgtest-dev libzstd-dev libxxhash-dev libcli11-dev nlohmann-json3-dev \
   libucx-dev libfabric-dev liburing-dev libssl-dev
 
-.PHONY: all deps configure build test demo clean
+.PHONY: all deps configure build test demo clean test-sanitize
 
 all: build
 
@@ -45,5 +45,20 @@ demo: build
 	@test -f $(BUILD)/tinyllama.kvsprofile || $(BUILD)/bin/kvstream-profile --out $(BUILD)/tinyllama.kvsprofile
 	$(BUILD)/bin/kvstream-codec-demo --profile $(BUILD)/tinyllama.kvsprofile
 
+# The test suite under AddressSanitizer + UndefinedBehaviorSanitizer, then under
+# ThreadSanitizer (separate build trees; CUDA off; the fuzz smoke run has its own
+# sanitizer build and is skipped here).
+SAN_COMMON := -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVSTREAM_WITH_CUDA=OFF -DKVSTREAM_BUILD_PERF=OFF
+test-sanitize: deps
+	cmake -S . -B build-asan $(SAN_COMMON) \
+	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined"
+	cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS) -E fuzz_smoke
+	cmake -S . -B build-tsan $(SAN_COMMON) -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"
+	cmake --build build-tsan -j $(JOBS)
+	ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer"
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz
