@@ -268,7 +268,7 @@ int prepare_reconstruct(size_t bytes) {
   return int(cudaFuncSetAttribute(reconstruct_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-int launch_chunk(const ChunkLaunch& c, void* stream_ptr) {
+int launch_rans(const ChunkLaunch& c, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (c.n_mats) {
     const uint32_t blocks = (c.n_mats + kWarpsPerBlock - 1) / kWarpsPerBlock;
@@ -276,6 +276,11 @@ int launch_chunk(const ChunkLaunch& c, void* stream_ptr) {
                                                             c.syms, c.mat_err);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   }
+  return 0;
+}
+
+int launch_reconstruct(const ChunkLaunch& c, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (c.n_planes && c.tokens) {
     const dim3 grid((c.tokens + kRowsPerBlock - 1) / kRowsPerBlock, c.n_planes);
     reconstruct_kernel<<<grid, kReconThreads, reconstruct_shared_bytes(c.channels), stream>>>(c);

@@ -83,8 +83,10 @@ struct ChunkLaunch {
 size_t reconstruct_shared_bytes(uint32_t channels);
 /// Raises the kernel's dynamic shared memory limit to `bytes` (0 on success, else a cudaError_t).
 int prepare_reconstruct(size_t bytes);
-/// Enqueues the rANS kernel and the reconstruction kernel on `stream` (a
-/// cudaStream_t). Returns 0 or the cudaError_t of the launch.
-int launch_chunk(const ChunkLaunch& c, void* stream);
+/// Enqueue the rANS kernel (symbols, per-matrix error words) and then the
+/// reconstruction kernel (output) on `stream` (a cudaStream_t). Each returns 0 or the
+/// cudaError_t of its launch.
+int launch_rans(const ChunkLaunch& c, void* stream);
+int launch_reconstruct(const ChunkLaunch& c, void* stream);
 
 }  // namespace kvstream::gpu::detail

@@ -31,6 +31,34 @@ struct DecodeTimings {
   float reconstruct_ms = 0;  ///< dequantize / KLT / RoPE / convert kernel
 };
 
+/// Owned device memory (cudaMalloc / cudaFree), e.g. for decode()'s output.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  /// Errors: unsupported/unavailable as GpuDecoder::create, resource_exhausted.
+  static Result<DeviceBuffer> allocate(uint64_t bytes, int device = 0);
+  [[nodiscard]] void* data() const noexcept { return p_; }
+  [[nodiscard]] uint64_t size() const noexcept { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  uint64_t n_ = 0;
+  int device_ = 0;
+};
+
+/// Host -> device copy bandwidth of `bytes` bytes (GB/s = 1e9 bytes/s, best of `reps`):
+/// from page-locked memory and from ordinary (pageable) memory. Errors as DeviceBuffer.
+struct CopyBandwidth {
+  double pinned_gbps = 0;
+  double pageable_gbps = 0;
+};
+Result<CopyBandwidth> measure_h2d_bandwidth(uint64_t bytes, int reps = 5, int device = 0);
+
 /// Decodes chunks of one codec profile on one GPU. Owns its device memory (profile
 /// constants, per-level decode tables, uploaded once each and cached; per-chunk
 /// buffers, grown on demand and reused) and a pinned staging buffer. Not thread-safe:
