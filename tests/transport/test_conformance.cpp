@@ -65,7 +65,7 @@ TEST_P(Conformance, RoundTripsEverySize) {
   ASSERT_TRUE(smr.ok() && rmr.ok());
   for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(4096), size_t(65537), size_t(1) << 20, max}) {
     const auto body = pattern(n, uint32_t(n));
-    std::memcpy(send_buf.data(), body.data(), n);
+    if (n) std::memcpy(send_buf.data(), body.data(), n);  // an empty vector's data() may be null
     const auto header = pattern(1 + n % 300, 7);
     // The receiver runs on its own thread, as in a real peer: a send of a large
     // body may only complete while the other side reads.
@@ -79,7 +79,7 @@ TEST_P(Conformance, RoundTripsEverySize) {
     ASSERT_TRUE(p->client->send(header, smr->span(0, n), deadline_in(10s), {}).ok()) << n;
     const Status got = receiver.get();
     ASSERT_TRUE(got.ok()) << n << ": " << got.to_string();
-    EXPECT_EQ(std::memcmp(recv_buf.data(), body.data(), n), 0) << n;
+    if (n) EXPECT_EQ(std::memcmp(recv_buf.data(), body.data(), n), 0) << n;
   }
 }
 

@@ -66,7 +66,7 @@ TEST_P(LibfabricProvider, DeclaresProviderAndRoundTrips) {
   ASSERT_TRUE(smr.ok() && rmr.ok());
   for (size_t n : {size_t(0), size_t(1), size_t(63), size_t(4097), size_t(200000), max}) {
     auto body = fill(n, uint8_t(n));
-    std::memcpy(sbuf.data(), body.data(), n);
+    if (n) std::memcpy(sbuf.data(), body.data(), n);
     auto header = fill(16 + n % 100, 3);
     // Sends are zero copy: a large body completes only once the peer reads it, so
     // post, read, then wait.
@@ -80,7 +80,7 @@ TEST_P(LibfabricProvider, DeclaresProviderAndRoundTrips) {
     std::memset(rbuf.data(), 0, n);
     ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(10s), {}).ok());
     ASSERT_TRUE(p->client->wait_sends(*seq, deadline_in(10s), {}).ok());
-    EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
+    if (n) EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
     // And back, with the body discarded on the client.
     seq = p->server->post_send(header, rmr->span(0, n));
     ASSERT_TRUE(seq.ok()) << seq.status().to_string();

@@ -52,7 +52,7 @@ void round_trips(const std::string& tls, const std::string& expect_tl) {
   ASSERT_TRUE(smr.ok() && rmr.ok());
   for (size_t n : {size_t(0), size_t(3), size_t(8192), size_t(300000), max}) {
     const auto body = fill(n, uint8_t(n));
-    std::memcpy(sbuf.data(), body.data(), n);
+    if (n) std::memcpy(sbuf.data(), body.data(), n);
     const auto header = fill(100, 9);
     // Receiver waits first (zero-copy path) on odd rounds, reads late (staged) on others.
     auto sent = std::async(std::launch::async,
@@ -67,7 +67,7 @@ void round_trips(const std::string& tls, const std::string& expect_tl) {
     ASSERT_TRUE(rb.ok()) << rb.to_string();
     Status sb = sent.get();
     ASSERT_TRUE(sb.ok()) << sb.to_string();
-    EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
+    if (n) EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
   }
 }
 
