@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include "codec/byte_io.hpp"
+#include "codec/profile_impl.hpp"
 
 namespace kvstream::codec {
 
@@ -101,6 +102,20 @@ Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload
     return make_status(StatusCode::corrupt_data, "chunk bitstream has {} trailing bytes", bytes.size() - total);
   h.info.total_bytes = total;
   *payload_offset = kChunkHeaderBytes + n * 4;
+  return h;
+}
+
+Result<ChunkHeader> parse_header_for(const Profile& profile, std::span<const uint8_t> bytes, size_t* payload_offset) {
+  const Profile::Impl& p = profile.impl();
+  KVS_ASSIGN_OR_RETURN(ChunkHeader h, parse_header(bytes, payload_offset));
+  if (h.info.profile_hash != p.hash)
+    return make_status(StatusCode::invalid_argument,
+                       "chunk was encoded with codec profile {:016x}, not with this one ({:016x})",
+                       h.info.profile_hash, p.hash);
+  if (!(h.info.geometry == p.geom) || h.group_size != p.group_size || (h.flags & 1) != uint8_t(p.k_before_rope))
+    return make_status(StatusCode::corrupt_data, "chunk header disagrees with its own profile");
+  if (h.info.level >= p.levels.size())
+    return make_status(StatusCode::corrupt_data, "chunk level {} of a {}-level profile", h.info.level, p.levels.size());
   return h;
 }
 

@@ -33,6 +33,10 @@ void finish_header(std::vector<uint8_t>& out, size_t at, const ChunkHeader& h);
 /// Parses and checks the header and lengths (not the payload checksum). On success
 /// `payload_offset` is where the first substream begins.
 Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload_offset);
+/// parse_header, then checks the header against the profile the caller decodes
+/// with (hash, geometry, group size, flags, level). Every decoder starts here.
+Result<ChunkHeader> parse_header_for(const Profile& profile, std::span<const uint8_t> bytes, size_t* payload_offset);
+
 /// Verifies the payload checksum of a stream whose header parsed.
 Status verify_payload(std::span<const uint8_t> bytes, size_t payload_offset);
 

@@ -269,15 +269,7 @@ Result<ChunkContext> open_chunk(const Profile& profile, std::span<const uint8_t>
                                 ChunkHeader& h) {
   const Profile::Impl& p = profile.impl();
   size_t off = 0;
-  KVS_ASSIGN_OR_RETURN(h, parse_header(bytes, &off));
-  if (h.info.profile_hash != p.hash)
-    return make_status(StatusCode::invalid_argument,
-                       "chunk was encoded with codec profile {:016x}, not with this one ({:016x})",
-                       h.info.profile_hash, p.hash);
-  if (!(h.info.geometry == p.geom) || h.group_size != p.group_size || (h.flags & 1) != uint8_t(p.k_before_rope))
-    return make_status(StatusCode::corrupt_data, "chunk header disagrees with its own profile");
-  if (h.info.level >= p.levels.size())
-    return make_status(StatusCode::corrupt_data, "chunk level {} of a {}-level profile", h.info.level, p.levels.size());
+  KVS_ASSIGN_OR_RETURN(h, parse_header_for(profile, bytes, &off));
   if (!(out.geometry() == p.geom))
     return make_status(StatusCode::invalid_argument, "output view geometry does not match the chunk");
   if (out.tokens() != h.info.tokens)

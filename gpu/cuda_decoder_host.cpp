@@ -235,15 +235,7 @@ Status GpuDecoder::Impl::ensure_level(uint32_t level) {
 // matrix and plane descriptors (offsets relative to the chunk's first byte).
 Status GpuDecoder::Impl::parse(std::span<const uint8_t> bytes, codec::ChunkHeader& h, size_t& off) {
   const Profile::Impl& p = profile.impl();
-  KVS_ASSIGN_OR_RETURN(h, codec::parse_header(bytes, &off));
-  if (h.info.profile_hash != p.hash)
-    return make_status(StatusCode::invalid_argument,
-                       "chunk was encoded with codec profile {:016x}, not with this one ({:016x})",
-                       h.info.profile_hash, p.hash);
-  if (!(h.info.geometry == p.geom) || h.group_size != p.group_size || (h.flags & 1) != uint8_t(p.k_before_rope))
-    return make_status(StatusCode::corrupt_data, "chunk header disagrees with its own profile");
-  if (h.info.level >= p.levels.size())
-    return make_status(StatusCode::corrupt_data, "chunk level {} of a {}-level profile", h.info.level, p.levels.size());
+  KVS_ASSIGN_OR_RETURN(h, codec::parse_header_for(profile, bytes, &off));
   KVS_RETURN_IF_ERROR(codec::verify_payload(bytes, off));
 
   const uint32_t C = p.geom.channels(), T = h.info.tokens, G = p.group_size, P = p.geom.planes();
