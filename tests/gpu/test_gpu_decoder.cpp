@@ -18,6 +18,7 @@
 
 #include "codec/bitstream.hpp"
 #include "codec/profile_impl.hpp"
+#include "tests/codec/synthetic_kv.hpp"
 #include "kvstream/codec.hpp"
 #include "kvstream/gpu.hpp"
 #include "kvstream/gpu_decoder.hpp"
@@ -32,49 +33,10 @@ using codec::ProfileOptions;
 
 // ---- synthetic, structured KV data (as tests/codec/test_codec.cpp) ---------------------
 
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-double keyed_unit(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t s = a * 0x100000001b3ull ^ (b << 20) ^ (c << 40) ^ (d * 0x9e3779b97f4a7c15ull);
-  return double(splitmix(s) >> 11) * 0x1p-53;
-}
-
-// Correlated channels (a few shared AR(1) factors), K rotated by RoPE when enabled.
-void fill_synthetic(KvCache& cache, const RopeParams& rope, uint64_t seed) {
-  const KvGeometry& g = cache.geometry();
-  const uint32_t C = g.channels();
-  constexpr int F = 4;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> n01(0.0, 1.0);
-  std::vector<float> row(C);
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t p = 0; p < g.planes(); ++p) {
-      std::vector<double> off(C), scale(C), w(size_t(C) * F);
-      for (uint32_t c = 0; c < C; ++c) {
-        off[c] = 4.0 * (keyed_unit(l, p, c, 1) - 0.5);
-        scale[c] = 0.25 + 1.75 * keyed_unit(l, p, c, 2);
-        for (int k = 0; k < F; ++k) w[size_t(c) * F + k] = 2.0 * keyed_unit(l, p, c, 10 + k) - 1.0;
-      }
-      double z[F];
-      for (double& v : z) v = n01(rng);
-      for (uint64_t t = 0; t < cache.tokens(); ++t) {
-        for (double& v : z) v = 0.9 * v + 0.4359 * n01(rng);
-        for (uint32_t c = 0; c < C; ++c) {
-          double s = 0;
-          for (int k = 0; k < F; ++k) s += w[size_t(c) * F + k] * z[k];
-          row[c] = float(off[c] + scale[c] * (0.8 * s + 0.3 * n01(rng)));
-        }
-        if (p == 0 && rope.enabled && g.kind != AttentionKind::mla)
-          for (uint32_t h = 0; h < g.kv_heads; ++h)
-            rope_rotate(&row[size_t(h) * g.head_dim], g.head_dim, int64_t(cache.first_position() + t), rope, false);
-        for (uint32_t c = 0; c < C; ++c) cache.set(l, p, t, c, row[c]);
-      }
-    }
-}
+using test_util::fill_synthetic;
+using test_util::keyed_unit;
+using test_util::k_is_rotated;
+using test_util::splitmix;
 
 KvCache make_cache(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first, const RopeParams& rope,
                    uint64_t seed) {
