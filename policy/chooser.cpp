@@ -1,0 +1,292 @@
+// Level choosers: "deadline" (ours) and "paper" (CacheGen's equal share).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kvstream/policy.hpp"
+
+namespace kvstream::policy {
+
+Status ContextCosts::validate() const {
+  const size_t n = level_bytes.size();
+  const size_t L = level_quality_loss.size();
+  if (L == 0) return make_status(StatusCode::invalid_argument, "costs: no levels (level_quality_loss is empty)");
+  for (size_t l = 0; l < L; ++l)
+    if (!std::isfinite(level_quality_loss[l]))
+      return make_status(StatusCode::invalid_argument, "costs: quality loss of level {} is not finite", l);
+  for (size_t c = 0; c < n; ++c) {
+    if (level_bytes[c].size() != L)
+      return make_status(StatusCode::invalid_argument, "costs: chunk {} has {} level sizes, expected {}", c,
+                         level_bytes[c].size(), L);
+    for (size_t l = 0; l < L; ++l)
+      if (level_bytes[c][l] == 0)
+        return make_status(StatusCode::invalid_argument, "costs: chunk {} level {} has zero bytes", c, l);
+  }
+  if (!decode_seconds.empty()) {
+    if (decode_seconds.size() != n)
+      return make_status(StatusCode::invalid_argument, "costs: decode_seconds has {} chunks, expected {}",
+                         decode_seconds.size(), n);
+    for (size_t c = 0; c < n; ++c) {
+      if (decode_seconds[c].size() != L)
+        return make_status(StatusCode::invalid_argument, "costs: chunk {} has {} decode times, expected {}", c,
+                           decode_seconds[c].size(), L);
+      for (size_t l = 0; l < L; ++l)
+        if (!std::isfinite(decode_seconds[c][l]) || decode_seconds[c][l] < 0)
+          return make_status(StatusCode::invalid_argument, "costs: chunk {} level {} decode time {} s is invalid", c,
+                             l, decode_seconds[c][l]);
+    }
+  }
+  if (!std::isfinite(recompute_tokens_per_second) || recompute_tokens_per_second < 0)
+    return make_status(StatusCode::invalid_argument, "costs: recompute rate {} tokens/s is invalid",
+                       recompute_tokens_per_second);
+  if (!std::isfinite(text_quality_loss))
+    return make_status(StatusCode::invalid_argument, "costs: text quality loss is not finite");
+  if (text_allowed()) {
+    if (tokens.size() != n)
+      return make_status(StatusCode::invalid_argument, "costs: recompute is on but tokens has {} chunks, expected {}",
+                         tokens.size(), n);
+    for (size_t c = 0; c < n; ++c)
+      if (tokens[c] == 0) return make_status(StatusCode::invalid_argument, "costs: chunk {} has zero tokens", c);
+  }
+  return {};
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Status check_state(const ContextCosts& costs, const ChooseState& s) {
+  KVS_RETURN_IF_ERROR(costs.validate());
+  if (s.chunk >= costs.chunks())
+    return make_status(StatusCode::invalid_argument, "choose: chunk {} out of range ({} chunks)", s.chunk,
+                       costs.chunks());
+  if (!std::isfinite(s.now_s) || !std::isfinite(s.time_left_s))
+    return make_status(StatusCode::invalid_argument, "choose: non-finite time (now {} s, left {} s)", s.now_s,
+                       s.time_left_s);
+  if (!std::isfinite(s.decode_backlog_s) || s.decode_backlog_s < 0)
+    return make_status(StatusCode::invalid_argument, "choose: decode backlog {} s is invalid", s.decode_backlog_s);
+  return {};
+}
+
+Status check_options(const ChooserOptions& o) {
+  if (!std::isfinite(o.k) || o.k < 0)
+    return make_status(StatusCode::invalid_argument, "chooser: k = {} is not a finite value >= 0", o.k);
+  if (o.max_quality_loss && !std::isfinite(*o.max_quality_loss))
+    return make_status(StatusCode::invalid_argument, "chooser: quality floor is not finite");
+  if (!std::isfinite(o.reserve_factor) || o.reserve_factor < 1)
+    return make_status(StatusCode::invalid_argument, "chooser: reserve_factor {} is not a finite value >= 1",
+                       o.reserve_factor);
+  if (!(o.slack_share >= 0 && o.slack_share <= 1))
+    return make_status(StatusCode::invalid_argument, "chooser: slack_share {} is not in [0, 1]", o.slack_share);
+  return {};
+}
+
+bool allowed(const ChooserOptions& o, double loss) { return !o.max_quality_loss || loss <= *o.max_quality_loss; }
+
+double decode_of(const ContextCosts& c, uint32_t chunk, uint32_t level) {
+  return c.decode_seconds.empty() ? 0.0 : c.decode_seconds[chunk][level];
+}
+
+double recompute_of(const ContextCosts& c, uint32_t chunk) {
+  return double(c.tokens[chunk]) / c.recompute_tokens_per_second;
+}
+
+// Smallest allowed level of a chunk by bytes; -1 if none allowed.
+int smallest_level(const ContextCosts& c, const ChooserOptions& o, uint32_t chunk) {
+  int best = -1;
+  for (uint32_t l = 0; l < c.levels(); ++l) {
+    if (!allowed(o, c.level_quality_loss[l])) continue;
+    if (best < 0 || c.level_bytes[chunk][l] < c.level_bytes[chunk][size_t(best)]) best = int(l);
+  }
+  return best;
+}
+
+Choice make_choice(bool text, uint32_t level, const ContextCosts& c) {
+  Choice ch;
+  ch.action = text ? Choice::Action::recompute : Choice::Action::fetch;
+  ch.level = text ? 0 : level;
+  ch.quality_loss = text ? c.text_quality_loss : c.level_quality_loss[level];
+  return ch;
+}
+
+// With no estimate at all: the smallest allowed option (text if no level is allowed).
+Result<Choice> no_estimate_choice(const ContextCosts& c, const ChooserOptions& o, uint32_t chunk) {
+  const int l = smallest_level(c, o, chunk);
+  Choice ch;
+  if (l >= 0) {
+    ch = make_choice(false, uint32_t(l), c);
+    ch.predicted_seconds = ch.predicted_total_seconds = decode_of(c, chunk, uint32_t(l));
+  } else if (c.text_allowed() && allowed(o, c.text_quality_loss)) {
+    ch = make_choice(true, 0, c);
+    ch.predicted_seconds = ch.predicted_total_seconds = recompute_of(c, chunk);
+  } else {
+    return make_status(StatusCode::invalid_argument, "choose: the quality floor rules out every option of chunk {}",
+                       chunk);
+  }
+  ch.fits = false;
+  ch.note = "no throughput estimate yet: smallest option";
+  return ch;
+}
+
+struct Option {
+  bool text = false;
+  uint32_t level = 0;
+  double loss = 0;
+};
+
+}  // namespace
+
+Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseState& state,
+                                       const Estimator& estimator) const {
+  KVS_RETURN_IF_ERROR(check_options(options_));
+  KVS_RETURN_IF_ERROR(check_state(costs, state));
+  const uint32_t c0 = state.chunk, n = costs.chunks(), L = costs.levels();
+  const bool text_ok = costs.text_allowed() && allowed(options_, costs.text_quality_loss);
+
+  // Options of one chunk, given the pipeline state (relative to now).
+  bool no_estimate = false;
+  Status est_error;
+  auto option_times = [&](uint32_t chunk, const Option& o, double wire_end, double stage_free, double& new_wire,
+                          double& done, double factor) -> bool {
+    double wire = 0, stage = 0;
+    if (o.text) {
+      stage = recompute_of(costs, chunk);
+    } else {
+      const double start = state.now_s < 0 ? -1.0 : state.now_s + wire_end;
+      auto p = estimator.predict_at(costs.level_bytes[chunk][o.level], start);
+      if (!p.ok()) {
+        if (p.status().code() == StatusCode::unavailable) no_estimate = true;
+        else est_error = p.status();
+        return false;
+      }
+      wire = (p->seconds + options_.k * p->uncertainty_seconds) * factor;
+      stage = decode_of(costs, chunk, o.level);
+    }
+    new_wire = wire_end + wire;
+    done = std::max(new_wire, stage_free) + stage;
+    return true;
+  };
+
+  std::vector<Option> opts;
+  for (uint32_t l = 0; l < L; ++l)
+    if (allowed(options_, costs.level_quality_loss[l])) opts.push_back({false, l, costs.level_quality_loss[l]});
+  if (text_ok) opts.push_back({true, 0, costs.text_quality_loss});
+  if (opts.empty())
+    return make_status(StatusCode::invalid_argument, "choose: the quality floor rules out every option of chunk {}",
+                       c0);
+
+  struct Costed {
+    Option o;
+    double done = kInf, total = kInf;
+  };
+  std::vector<Costed> costed;
+  for (const Option& o : opts) {
+    Costed k{o};
+    double wire_end = 0, stage_free = state.decode_backlog_s;
+    double nw = 0, done = 0;
+    if (!option_times(c0, o, wire_end, stage_free, nw, done, 1.0)) {
+      if (!est_error.ok()) return est_error;
+      if (no_estimate) return no_estimate_choice(costs, options_, c0);
+    }
+    k.done = done;
+    wire_end = nw;
+    stage_free = done;
+    // Reserve: each later chunk with the option that finishes it soonest.
+    for (uint32_t j = c0 + 1; j < n; ++j) {
+      double best_done = kInf, best_wire = kInf;
+      for (const Option& r : opts) {
+        double rw = 0, rd = 0;
+        if (!option_times(j, r, wire_end, stage_free, rw, rd, options_.reserve_factor)) {
+          if (!est_error.ok()) return est_error;
+          if (no_estimate) return no_estimate_choice(costs, options_, c0);
+        }
+        if (rd < best_done || (rd == best_done && rw < best_wire)) best_done = rd, best_wire = rw;
+      }
+      wire_end = best_wire;
+      stage_free = best_done;
+    }
+    k.total = stage_free;
+    costed.push_back(k);
+  }
+
+  double cheapest = kInf;
+  for (const Costed& k : costed) cheapest = std::min(cheapest, k.total);
+  const double share = options_.slack_share > 0 ? options_.slack_share : 1.0 / double(n - c0);
+  const double spend = (state.time_left_s - cheapest) * share;
+  const Costed* best = nullptr;
+  for (const Costed& k : costed) {
+    if (!(k.total <= state.time_left_s) || !(k.total - cheapest <= spend * (1 + 1e-12))) continue;
+    if (!best || k.o.loss < best->o.loss || (k.o.loss == best->o.loss && k.total < best->total)) best = &k;
+  }
+  bool fits = best != nullptr;
+  if (!fits) {
+    for (const Costed& k : costed)
+      if (!best || k.done < best->done || (k.done == best->done && k.o.loss < best->o.loss)) best = &k;
+  }
+  Choice ch = make_choice(best->o.text, best->o.level, costs);
+  ch.fits = fits;
+  ch.predicted_seconds = best->done;
+  ch.predicted_total_seconds = best->total;
+  ch.note = fits ? (best->o.text ? "best fit: recompute" : "best fit")
+                 : (best->o.text ? "nothing fits: fastest is recompute" : "nothing fits: fastest level");
+  return ch;
+}
+
+Result<Choice> PaperChooser::choose(const ContextCosts& costs, const ChooseState& state,
+                                    const Estimator& estimator) const {
+  KVS_RETURN_IF_ERROR(check_options(options_));
+  KVS_RETURN_IF_ERROR(check_state(costs, state));
+  const uint32_t c = state.chunk;
+  const double share = state.time_left_s / double(costs.chunks() - c);
+  const bool text_ok = costs.text_allowed() && allowed(options_, costs.text_quality_loss);
+
+  int best = -1;
+  double best_secs = kInf;
+  std::vector<double> secs(costs.levels(), kInf);
+  for (uint32_t l = 0; l < costs.levels(); ++l) {
+    if (!allowed(options_, costs.level_quality_loss[l])) continue;
+    auto p = estimator.predict_at(costs.level_bytes[c][l], state.now_s);
+    if (!p.ok()) {
+      if (p.status().code() == StatusCode::unavailable) return no_estimate_choice(costs, options_, c);
+      return p.status();
+    }
+    secs[l] = p->seconds;
+    if (p->seconds <= share &&
+        (best < 0 || costs.level_quality_loss[l] < costs.level_quality_loss[size_t(best)])) {
+      best = int(l);
+      best_secs = p->seconds;
+    }
+  }
+  if (best >= 0) {
+    Choice ch = make_choice(false, uint32_t(best), costs);
+    ch.predicted_seconds = ch.predicted_total_seconds = best_secs;
+    ch.note = "best fit in equal share";
+    return ch;
+  }
+  const int small = smallest_level(costs, options_, c);
+  if (small < 0 && !text_ok)
+    return make_status(StatusCode::invalid_argument, "choose: the quality floor rules out every option of chunk {}",
+                       c);
+  Choice ch;
+  if (text_ok && (small < 0 || recompute_of(costs, c) < secs[size_t(small)])) {
+    ch = make_choice(true, 0, costs);
+    ch.predicted_seconds = recompute_of(costs, c);
+    ch.note = "nothing fits: fastest is recompute";
+  } else {
+    ch = make_choice(false, uint32_t(small), costs);
+    ch.predicted_seconds = secs[size_t(small)];
+    ch.note = "nothing fits: smallest level";
+  }
+  ch.predicted_total_seconds = ch.predicted_seconds;
+  ch.fits = false;
+  return ch;
+}
+
+Result<std::unique_ptr<Chooser>> make_chooser(std::string_view name, const ChooserOptions& options) {
+  KVS_RETURN_IF_ERROR(check_options(options));
+  if (name == "deadline") return std::unique_ptr<Chooser>(std::make_unique<DeadlineChooser>(options));
+  if (name == "paper") return std::unique_ptr<Chooser>(std::make_unique<PaperChooser>(options));
+  return make_status(StatusCode::not_found, "no chooser named '{}' (known: deadline, paper)", name);
+}
+
+}  // namespace kvstream::policy

@@ -1,0 +1,532 @@
+// The policy layer: estimators (registry, per-peer set, bad inputs, convergence,
+// rate drops, oracle), choosers (deadline feasibility, text fallback, quality floor)
+// and the trace-driven simulator, plus a deterministic mini-study against CacheGen's
+// chooser.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <thread>
+
+#include "kvstream/policy.hpp"
+
+namespace kvstream {
+// So that EXPECT_* << status prints it.
+inline std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.to_string(); }
+}  // namespace kvstream
+
+using namespace kvstream;
+using namespace kvstream::policy;
+
+namespace {
+
+constexpr double kGbit = 1e9;
+constexpr uint64_t kMB = 1000 * 1000;
+
+// Deterministic on every platform (std distributions are not).
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform(double lo, double hi) { return lo + (hi - lo) * double(next() >> 11) * 0x1.0p-53; }
+};
+
+LinkTrace constant_link(double bps, double latency = 0) { return LinkTrace{{{0, bps}}, latency}; }
+
+// 8 chunks x 4 levels (level 0 best, largest), from a fixed table.
+ContextCosts study_costs(bool with_text = true) {
+  const double scale[8] = {1.0, 0.9, 1.1, 1.05, 0.95, 1.2, 0.85, 1.0};
+  const uint64_t base[4] = {24 * kMB, 12 * kMB, 6 * kMB, 3 * kMB};
+  const double decode[4] = {0.012, 0.010, 0.008, 0.006};
+  ContextCosts c;
+  c.level_quality_loss = {0.5, 1.5, 4.0, 10.0};
+  for (int i = 0; i < 8; ++i) {
+    std::vector<uint64_t> b;
+    std::vector<double> d;
+    for (int l = 0; l < 4; ++l) {
+      b.push_back(uint64_t(double(base[l]) * scale[i]));
+      d.push_back(decode[l] * scale[i]);
+    }
+    c.level_bytes.push_back(b);
+    c.decode_seconds.push_back(d);
+    c.tokens.push_back(1024);
+  }
+  if (with_text) c.recompute_tokens_per_second = 3000;
+  return c;
+}
+
+LinkTrace random_trace(SplitMix& rng, double horizon_s = 30) {
+  LinkTrace t;
+  t.latency_s = 0.002;
+  double at = 0;
+  while (at < horizon_s) {
+    // Log-uniform rate in [0.1, 8] Gbit/s, held for 0.5-2 s.
+    t.segments.push_back({at, kGbit * 0.1 * std::exp(rng.uniform(0, std::log(80.0)))});
+    at += rng.uniform(0.5, 2.0);
+  }
+  return t;
+}
+
+std::unique_ptr<Estimator> est(std::string_view name, EstimatorOptions o = {}) {
+  auto e = make_estimator(name, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(e).value();
+}
+
+// A fixed-rate estimator with a given relative uncertainty, to test choosers alone.
+class FixedEstimator final : public Estimator {
+ public:
+  FixedEstimator(double bps, double rel_unc = 0) : bps_(bps), unc_(rel_unc) {}
+  Status observe(uint64_t, double, double) override { return {}; }
+  Result<Prediction> predict_at(uint64_t bytes, double) const override {
+    if (bps_ <= 0) return Status(StatusCode::unavailable, "none");
+    const double s = double(bytes) * 8 / bps_;
+    return Prediction{s, s * unc_};
+  }
+  std::string_view name() const noexcept override { return "fixed"; }
+  uint64_t observations() const noexcept override { return 0; }
+
+ private:
+  double bps_, unc_;
+};
+
+}  // namespace
+
+// ---- Traces -----------------------------------------------------------------------
+
+TEST(Trace, TransferEndAcrossSegmentsWithLatency) {
+  LinkTrace t{{{0, 8e6}, {1, 0}, {2, 16e6}}, 0.5};  // 1 MB/s, outage, 2 MB/s
+  ASSERT_TRUE(t.validate().ok());
+  // Starts at 0.5 after latency; 0.5 MB by t=1, outage to 2, then 0.5 MB at 2 MB/s.
+  auto end = t.transfer_end(0, 1 * kMB);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_NEAR(*end, 2.25, 1e-12);
+  EXPECT_NEAR(*t.transfer_end(3, 2 * kMB), 4.5, 1e-12);
+  EXPECT_EQ(t.rate_at(1.5), 0);
+  EXPECT_EQ(t.rate_at(7), 16e6);
+}
+
+TEST(Trace, BadTracesAreClearErrors) {
+  EXPECT_EQ(LinkTrace{}.validate().code(), StatusCode::invalid_argument);
+  EXPECT_NE(LinkTrace{}.validate().message().find("no segments"), std::string::npos);
+  EXPECT_EQ((LinkTrace{{{0, 1e9}, {0, 1e9}}}).validate().code(), StatusCode::invalid_argument);
+  EXPECT_EQ((LinkTrace{{{1, 1e9}}}).validate().code(), StatusCode::invalid_argument);
+  EXPECT_EQ((LinkTrace{{{0, 1e9}, {1, 0}}}).validate().code(), StatusCode::invalid_argument);
+  EXPECT_EQ((LinkTrace{{{0, -5}}}).validate().code(), StatusCode::invalid_argument);
+  EXPECT_EQ((LinkTrace{{{0, 1e9}}, -1}).validate().code(), StatusCode::invalid_argument);
+  auto t = constant_link(1e9);
+  EXPECT_EQ(t.transfer_end(-1, 10).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(t.transfer_end(0, 0).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(LinkTrace{}.transfer_end(0, 10).status().code(), StatusCode::invalid_argument);
+}
+
+TEST(Trace, Parse) {
+  auto t = parse_trace("# a link\nlatency 0.003\n0 8e9\n1.5   1e8 # drop\n\n3 2e9\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->segments.size(), 3u);
+  EXPECT_EQ(t->latency_s, 0.003);
+  EXPECT_EQ(t->segments[1].start_s, 1.5);
+  EXPECT_EQ(t->segments[1].bits_per_second, 1e8);
+  auto bad = parse_trace("0 1e9\nx y\n");
+  EXPECT_EQ(bad.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
+  EXPECT_EQ(parse_trace("").status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(parse_trace("0 1 2\n").status().code(), StatusCode::invalid_argument);
+}
+
+// ---- Estimators -----------------------------------------------------------------------
+
+TEST(Estimator, BadInputsAreClearErrors) {
+  for (const char* name : {"last", "ewma", "harmonic", "percentile"}) {
+    auto e = est(name);
+    EXPECT_EQ(e->observe(0, 0, 1).code(), StatusCode::invalid_argument) << name;
+    EXPECT_EQ(e->observe(10, -1, 1).code(), StatusCode::invalid_argument) << name;
+    EXPECT_EQ(e->observe(10, 0, -1).code(), StatusCode::invalid_argument) << name;
+    EXPECT_EQ(e->observe(10, 2, 1).code(), StatusCode::invalid_argument) << name;
+    EXPECT_EQ(e->observe(10, 1, 1).code(), StatusCode::invalid_argument) << name;
+    EXPECT_EQ(e->observe(10, 0, NAN).code(), StatusCode::invalid_argument) << name;
+    EXPECT_EQ(e->observations(), 0u) << "a rejected observation must not count";
+    EXPECT_EQ(e->predict(100).status().code(), StatusCode::unavailable) << name;
+    EXPECT_EQ(e->predict(0).status().code(), StatusCode::invalid_argument) << name;
+    // With a prior: bytes * 8 / prior.
+    auto p = est(name, {.prior_bits_per_second = 8e6})->predict(kMB);
+    ASSERT_TRUE(p.ok());
+    EXPECT_NEAR(p->seconds, 1.0, 1e-12);
+  }
+  EXPECT_EQ(make_estimator("ewma", {.alpha = 0}).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(make_estimator("ewma", {.window = 0}).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(make_estimator("percentile", {.percentile = 1.5}).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(make_estimator("last", {.prior_bits_per_second = -1}).status().code(), StatusCode::invalid_argument);
+}
+
+TEST(Registry, DuplicateAndUnknownNames) {
+  EstimatorRegistry reg;
+  EXPECT_EQ(reg.names(), (std::vector<std::string>{"ewma", "harmonic", "last", "oracle", "percentile"}));
+  auto dup = reg.add("last", [](const EstimatorOptions& o) { return EstimatorRegistry::global().make("ewma", o); });
+  EXPECT_EQ(dup.code(), StatusCode::already_exists);
+  EXPECT_NE(dup.message().find("'last'"), std::string::npos) << dup;
+  EXPECT_EQ(reg.add("", [](const EstimatorOptions& o) { return make_estimator("last", o); }).code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ(reg.add("empty", nullptr).code(), StatusCode::invalid_argument);
+  auto unknown = reg.make("lastt");
+  EXPECT_EQ(unknown.status().code(), StatusCode::not_found);
+  EXPECT_NE(unknown.status().message().find("known: ewma, harmonic, last"), std::string::npos) << unknown.status();
+
+  // A runtime's own estimator.
+  ASSERT_TRUE(reg.add("fixed1g", [](const EstimatorOptions&) -> Result<std::unique_ptr<Estimator>> {
+                   return std::unique_ptr<Estimator>(std::make_unique<FixedEstimator>(1e9));
+                 }).ok());
+  EXPECT_EQ(reg.add("fixed1g", [](const EstimatorOptions& o) { return make_estimator("last", o); }).code(),
+            StatusCode::already_exists);
+  auto mine = reg.make("fixed1g");
+  ASSERT_TRUE(mine.ok());
+  EXPECT_NEAR((*mine)->predict(125 * kMB)->seconds, 1.0, 1e-12);
+  EXPECT_FALSE(EstimatorRegistry::global().contains("fixed1g")) << "registries are independent";
+
+  // The global registry through the free functions.
+  ASSERT_TRUE(register_estimator("test_policy_global", [](const EstimatorOptions& o) {
+                return make_estimator("harmonic", o);
+              }).ok());
+  EXPECT_EQ(register_estimator("test_policy_global", [](const EstimatorOptions& o) {
+              return make_estimator("harmonic", o);
+            }).code(),
+            StatusCode::already_exists);
+  EXPECT_TRUE(make_estimator("test_policy_global").ok());
+  EXPECT_EQ(make_estimator("nope").status().code(), StatusCode::not_found);
+  EXPECT_EQ(make_estimator("oracle").status().code(), StatusCode::invalid_argument) << "oracle needs a trace";
+}
+
+TEST(Estimator, ConvergesOnConstantLink) {
+  const double bps = 2 * kGbit;
+  auto trace = std::make_shared<const LinkTrace>(constant_link(bps));
+  SimConfig cfg{*trace, study_costs(false), 0, 10};
+  for (const char* name : {"last", "ewma", "harmonic", "percentile", "oracle"}) {
+    auto e = est(name, {.prior_bits_per_second = 0.3 * kGbit, .trace = trace});
+    auto r = simulate(cfg, *e, DeadlineChooser{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto p = e->predict(10 * kMB);
+    ASSERT_TRUE(p.ok());
+    EXPECT_NEAR(p->seconds, 10.0 * 8e6 / bps, 1e-9) << name;
+    EXPECT_NEAR(p->uncertainty_seconds, 0, 1e-9) << name;
+    EXPECT_FALSE(r->violated) << name;
+    EXPECT_EQ(r->chunks.back().choice.level, 0u) << name << ": a fast link gets the best level";
+  }
+}
+
+TEST(Estimator, OracleReproducesTrace) {
+  auto trace = std::make_shared<const LinkTrace>(LinkTrace{{{0, 8e9}, {0.5, 1e8}, {1.25, 0}, {2, 4e9}}, 0.001});
+  auto o = est("oracle", {.trace = trace});
+  for (double start : {0.0, 0.3, 0.499, 0.7, 1.3, 1.999, 5.0})
+    for (uint64_t bytes : {uint64_t(1000), 1 * kMB, 50 * kMB, 600 * kMB}) {
+      auto p = o->predict_at(bytes, start);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_DOUBLE_EQ(start + p->seconds, *trace->transfer_end(start, bytes)) << start << " " << bytes;
+      EXPECT_EQ(p->uncertainty_seconds, 0);
+    }
+  // Hand-checked: 10 MB at 0.499 + 1 ms: 9.375 MB at 12.5 MB/s until the outage at
+  // 1.25, then 0.625 MB at 500 MB/s from 2: ends at 2.00125.
+  EXPECT_NEAR(o->predict_at(10 * kMB, 0.499)->seconds, 2.00125 - 0.499, 1e-9);
+  // Without a start: right after the last observed transfer.
+  ASSERT_TRUE(o->observe(kMB, 0.2, 1.3).ok());
+  EXPECT_DOUBLE_EQ(o->predict(kMB)->seconds, o->predict_at(kMB, 1.3)->seconds);
+}
+
+namespace {
+// Feeds transfers of `bytes` back to back from t=0 over `trace`; returns relative
+// prediction error (predicted / true - 1) after each one, for a transfer at the low rate.
+std::vector<double> follow_errors(Estimator& e, const LinkTrace& trace, uint64_t bytes, int n, double low_bps) {
+  std::vector<double> errs;
+  double t = 0;
+  for (int i = 0; i < n; ++i) {
+    double end = *trace.transfer_end(t, bytes);
+    EXPECT_TRUE(e.observe(bytes, t, end).ok());
+    t = end;
+    errs.push_back(e.predict(bytes)->seconds / (double(bytes) * 8 / low_bps) - 1);
+  }
+  return errs;
+}
+}  // namespace
+
+TEST(Estimator, FollowsSuddenDrop) {
+  const uint64_t bytes = 10 * kMB;
+  // 80 ms of 8 Gbit/s (8 transfers of 10 ms), then 1 Gbit/s forever.
+  LinkTrace trace{{{0, 8 * kGbit}, {0.08, 1 * kGbit}}};
+  auto last = est("last");
+  auto errs = follow_errors(*last, trace, bytes, 12, kGbit);
+  // Transfer 8 (index 8) is the first entirely after the drop: "last" is exact after it.
+  EXPECT_NEAR(errs[8], 0, 1e-9);
+  auto ewma = est("ewma");
+  errs = follow_errors(*ewma, trace, bytes, 14, kGbit);
+  EXPECT_LT(std::abs(errs[8 + 3]), 0.10) << "ewma within 10% after 4 slow transfers";
+  EXPECT_LT(errs[8], -0.4) << "and not after one (it smooths)";
+  auto harm = est("harmonic", {.window = 4});
+  errs = follow_errors(*harm, trace, bytes, 14, kGbit);
+  EXPECT_NEAR(errs[8 + 3], 0, 1e-9) << "harmonic of a window of 4 is exact after 4";
+}
+
+TEST(Simulator, ChooserLowersLevelAfterDrop) {
+  // 8 Gbit/s, then 0.4 Gbit/s from 50 ms: level 0 (24 MB) takes 24 ms before, 480 ms after.
+  LinkTrace trace{{{0, 8 * kGbit}, {0.05, 0.4 * kGbit}}, 0.001};
+  SimConfig cfg{trace, study_costs(false), 0, 1.0};
+  for (const char* name : {"last", "ewma"}) {
+    auto e = est(name, {.prior_bits_per_second = 8 * kGbit});
+    auto r = simulate(cfg, *e, DeadlineChooser{ChooserOptions{.k = 0}});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->chunks[0].choice.level, 0u) << name;
+    // The first chunk whose transfer ends after the drop was observed slow; the next
+    // chunk ("last") or the one after (ewma, which smooths) must be at a lower level.
+    size_t first_slow = 0;
+    while (r->chunks[first_slow].wire_end_s <= 0.05) ++first_slow;
+    const size_t lowered_by = first_slow + (std::string_view(name) == "last" ? 1 : 2);
+    ASSERT_LT(lowered_by, r->chunks.size());
+    EXPECT_GT(r->chunks[lowered_by].choice.quality_loss, r->chunks[0].choice.quality_loss)
+        << name << ": chunk " << lowered_by;
+    for (size_t i = 0; i < r->chunks.size(); ++i)
+      std::printf("  %-5s chunk %zu: level %u loss %.1f wire %.3f-%.3f %s\n", name, i, r->chunks[i].choice.level,
+                  r->chunks[i].choice.quality_loss, r->chunks[i].wire_start_s, r->chunks[i].wire_end_s,
+                  r->chunks[i].choice.note.c_str());
+  }
+}
+
+// ---- Choosers -----------------------------------------------------------------------------
+
+TEST(Chooser, PicksBestLevelThatFitsWithReserve) {
+  ContextCosts c = study_costs(false);
+  c.decode_seconds.clear();
+  DeadlineChooser ch{ChooserOptions{.k = 0, .reserve_factor = 1, .slack_share = 1}};  // greedy, reserve as predicted
+  SplitMix rng{7};
+  int checked = 0, fallbacks = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const double bps = kGbit * rng.uniform(0.1, 8);
+    const uint32_t chunk = uint32_t(rng.next() % 8);
+    const double left = rng.uniform(0, 1.2);
+    FixedEstimator e(bps);
+    auto r = ch.choose(c, {chunk, 0, left, 0}, e);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // Independent check: level l fits iff its time + the smallest level of each later
+    // chunk fits in the time left.
+    double rest = 0;
+    for (uint32_t j = chunk + 1; j < 8; ++j) rest += double(c.level_bytes[j][3]) * 8 / bps;
+    int best = -1;
+    for (int l = 0; l < 4; ++l)
+      if (double(c.level_bytes[chunk][size_t(l)]) * 8 / bps + rest <= left * (1 - 1e-12)) {
+        best = l;
+        break;
+      }
+    if (best >= 0) {
+      ++checked;
+      EXPECT_TRUE(r->fits);
+      EXPECT_EQ(int(r->level), best) << "bps " << bps << " chunk " << chunk << " left " << left;
+      EXPECT_LE(r->predicted_total_seconds, left);
+    } else {
+      ++fallbacks;
+      EXPECT_FALSE(r->fits);
+      EXPECT_EQ(r->level, 3u) << "nothing fits and no text: the smallest level";
+      EXPECT_NE(r->note.find("nothing fits"), std::string::npos);
+    }
+  }
+  EXPECT_GT(checked, 200);
+  EXPECT_GT(fallbacks, 50);
+}
+
+TEST(Simulator, NeverMissesWhenExactPredictionsSayItFits) {
+  // With exact predictions (oracle, k = 0), once chunk 0 fits, every later chunk can
+  // keep the reserve plan: the deadline is met. Over random traces, decode overlapped.
+  SplitMix rng{42};
+  int fitted = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto trace = std::make_shared<const LinkTrace>(random_trace(rng));
+    auto o = est("oracle", {.trace = trace});
+    SimConfig cfg{*trace, study_costs(i % 2 == 0), 0, 1.0};
+    auto r = simulate(cfg, *o, DeadlineChooser{ChooserOptions{.k = 0, .reserve_factor = 1}});
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (!r->chunks[0].choice.fits) continue;
+    ++fitted;
+    EXPECT_LE(r->finish_s, 1.0 + 1e-9) << "trace " << i;
+    for (const auto& c : r->chunks) EXPECT_TRUE(c.choice.fits) << "trace " << i;
+  }
+  EXPECT_GT(fitted, 100);
+}
+
+TEST(Chooser, FallsBackToTextWhenNothingFitsAndTextIsFaster) {
+  ContextCosts c = study_costs(true);  // 1024 tokens at 3000 tok/s: 0.34 s per text chunk
+  FixedEstimator slow(0.05 * kGbit);   // level 3 (3 MB): 0.48 s
+  for (const Chooser* ch : std::initializer_list<const Chooser*>{new DeadlineChooser, new PaperChooser}) {
+    auto r = ch->choose(c, {0, 0, 0.2, 0}, slow);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->recompute()) << ch->name();
+    EXPECT_FALSE(r->fits) << ch->name();
+    EXPECT_NE(r->note.find("nothing fits"), std::string::npos) << r->note;
+    // When text is slower than the smallest level: the smallest level.
+    FixedEstimator medium(0.5 * kGbit);  // level 3: 0.048 s
+    r = ch->choose(c, {0, 0, 0.01, 0}, medium);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->recompute()) << ch->name();
+    EXPECT_EQ(r->level, 3u) << ch->name();
+    EXPECT_FALSE(r->fits);
+    delete ch;
+  }
+  // On the simulator: a 20 Mbit/s link (3 MB: 1.2 s) where nothing fits: mostly text;
+  // once the recompute queue is longer than a transfer, the idle wire takes level 3.
+  auto e = est("last", {.prior_bits_per_second = 0.02 * kGbit});
+  auto r = simulate({constant_link(0.02 * kGbit), study_costs(true), 0, 1.0}, *e, DeadlineChooser{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->recomputed, 5u);
+  for (const auto& c : r->chunks) EXPECT_TRUE(c.choice.recompute() || c.choice.level == 3);
+  EXPECT_TRUE(r->violated) << "8 x 0.34 s of recompute cannot meet 1 s";
+  EXPECT_EQ(r->fallbacks, 8u);
+}
+
+TEST(Chooser, TextChosenWhenItFitsAndIsBest) {
+  // Text is exact (loss 0): with plenty of time, the last chunk may be recomputed.
+  ContextCosts c = study_costs(true);
+  FixedEstimator fast(8 * kGbit);
+  auto r = DeadlineChooser{}.choose(c, {7, 0, 1.0, 0}, fast);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->recompute());
+  EXPECT_TRUE(r->fits);
+}
+
+TEST(Chooser, QualityFloorAndBadInputs) {
+  ContextCosts c = study_costs(false);
+  FixedEstimator slow(0.01 * kGbit);
+  DeadlineChooser floor{ChooserOptions{.max_quality_loss = 4.0}};
+  auto r = floor.choose(c, {0, 0, 0.1, 0}, slow);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->level, 2u) << "never worse than the floor, even when late";
+  EXPECT_FALSE(r->fits);
+  auto r2 = PaperChooser{ChooserOptions{.max_quality_loss = 4.0}}.choose(c, {0, 0, 0.1, 0}, slow);
+  EXPECT_EQ(r2->level, 2u);
+  DeadlineChooser impossible{ChooserOptions{.max_quality_loss = 0.1}};
+  EXPECT_EQ(impossible.choose(c, {0, 0, 1, 0}, slow).status().code(), StatusCode::invalid_argument);
+
+  DeadlineChooser ch;
+  EXPECT_EQ(ch.choose(c, {8, 0, 1, 0}, slow).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(ch.choose(c, {0, 0, 1, -1}, slow).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(ch.choose(c, {0, 0, NAN, 0}, slow).status().code(), StatusCode::invalid_argument);
+  ContextCosts bad = c;
+  bad.level_bytes[3][1] = 0;
+  EXPECT_EQ(ch.choose(bad, {0, 0, 1, 0}, slow).status().code(), StatusCode::invalid_argument);
+  bad = c;
+  bad.level_bytes[2].pop_back();
+  EXPECT_EQ(ch.choose(bad, {0, 0, 1, 0}, slow).status().code(), StatusCode::invalid_argument);
+  bad = c;
+  bad.recompute_tokens_per_second = 100;
+  bad.tokens.clear();
+  EXPECT_EQ(ch.choose(bad, {0, 0, 1, 0}, slow).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(make_chooser("fancy").status().code(), StatusCode::not_found);
+  EXPECT_EQ(make_chooser("deadline", {.k = -1}).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(make_chooser("deadline", {.reserve_factor = 0.5}).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(make_chooser("deadline", {.slack_share = 2}).status().code(), StatusCode::invalid_argument);
+  EXPECT_TRUE(make_chooser("paper").ok());
+
+  // No estimate at all: the smallest level, said so.
+  FixedEstimator none(0);
+  auto r3 = ch.choose(c, {0, 0, 1, 0}, none);
+  ASSERT_TRUE(r3.ok());
+  EXPECT_EQ(r3->level, 3u);
+  EXPECT_FALSE(r3->fits);
+
+  // Simulator inputs.
+  auto e = est("last");
+  EXPECT_EQ(simulate({LinkTrace{}, c, 0, 1}, *e, ch).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(simulate({constant_link(1e9), c, -1, 1}, *e, ch).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(simulate({constant_link(1e9), c, 0, 0}, *e, ch).status().code(), StatusCode::invalid_argument);
+}
+
+TEST(EstimatorSet, PerPeerAndThreadSafe) {
+  EXPECT_EQ(EstimatorSet::create("nope").status().code(), StatusCode::not_found);
+  auto set = EstimatorSet::create("harmonic", {.window = 16});
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto& s = **set;
+  EXPECT_EQ(s.predict("a", 100).status().code(), StatusCode::unavailable);
+  EXPECT_EQ(s.observe("", 1, 0, 1).code(), StatusCode::invalid_argument);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&s, t] {
+      const std::string peer = t % 2 ? "node-b" : "node-a";
+      const double secs_per_mb = t % 2 ? 0.008 : 0.001;  // 1 Gbit/s vs 8 Gbit/s
+      for (int i = 0; i < 500; ++i) {
+        ASSERT_TRUE(s.observe(peer, kMB, i, i + secs_per_mb).ok());
+        ASSERT_TRUE(s.predict(peer, kMB).ok());
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(s.peers(), (std::vector<std::string>{"node-a", "node-b"}));
+  EXPECT_NEAR(s.predict("node-a", 10 * kMB)->seconds, 0.01, 1e-9);
+  EXPECT_NEAR(s.predict("node-b", 10 * kMB)->seconds, 0.08, 1e-9);
+  uint64_t n = 0;
+  ASSERT_TRUE(s.with("node-a", [&](Estimator& e) { n = e.observations(); }).ok());
+  EXPECT_EQ(n, 1000u);
+  EXPECT_EQ(s.estimator_name(), "harmonic");
+}
+
+// ---- Mini-study ---------------------------------------------------------------------------
+
+TEST(Study, DeadlineChooserVersusPaper) {
+  // 200 random traces (log-uniform 0.1-8 Gbit/s, changing every 0.5-2 s, 2 ms
+  // latency), 1 s deadline, 8 chunks x 4 levels from a fixed table (24/12/6/3 MB
+  // scaled per chunk, loss 0.5/1.5/4/10 %), decode 6-14 ms overlapped, text at 3000
+  // tok/s (1024 tokens per chunk, loss 0). Every estimator starts from a 1 Gbit/s prior.
+  // "deadline" uses its defaults (k = 1, reserve x2, equal share of the slack).
+  struct Arm {
+    const char* label;
+    const char* estimator;
+    const char* chooser;
+    ChooserOptions opt;
+    int violations = 0;
+    double loss = 0, finish = 0;
+    int text = 0, fallbacks = 0;
+  };
+  std::vector<Arm> arms = {
+      {"paper + last", "last", "paper", {}},
+      {"paper + oracle", "oracle", "paper", {}},
+      {"deadline + last", "last", "deadline", {}},
+      {"deadline + ewma", "ewma", "deadline", {}},
+      {"deadline + harmonic", "harmonic", "deadline", {}},
+      {"deadline + percentile", "percentile", "deadline", {}},
+      {"deadline + oracle", "oracle", "deadline", {.k = 0}},
+      // Ablations: no hedge on the reserve; greedy slack use; both.
+      {"ewma, reserve x1", "ewma", "deadline", {.reserve_factor = 1}},
+      {"ewma, greedy slack", "ewma", "deadline", {.slack_share = 1}},
+      {"ewma, greedy, x1", "ewma", "deadline", {.reserve_factor = 1, .slack_share = 1}},
+  };
+  constexpr int kTraces = 200;
+  const std::vector<Arm> fresh = arms;
+  // Without text first (printed only: isolates the level choice), then the asserted run.
+  for (bool with_text : {false, true}) {
+    arms = fresh;
+    SplitMix rng{2024};
+    for (int i = 0; i < kTraces; ++i) {
+      auto trace = std::make_shared<const LinkTrace>(random_trace(rng));
+      SimConfig cfg{*trace, study_costs(with_text), 0, 1.0};
+      for (auto& a : arms) {
+        auto e = est(a.estimator, {.prior_bits_per_second = 1 * kGbit, .trace = trace});
+        auto ch = make_chooser(a.chooser, a.opt);
+        ASSERT_TRUE(ch.ok());
+        auto r = simulate(cfg, *e, **ch);
+        ASSERT_TRUE(r.ok()) << r.status();
+        a.violations += r->violated;
+        a.loss += r->mean_quality_loss / kTraces;
+        a.finish += r->finish_s / kTraces;
+        a.text += int(r->recomputed);
+        a.fallbacks += int(r->fallbacks);
+      }
+    }
+    std::printf("\n  recompute %s\n  %-24s %10s %14s %12s %10s %10s\n", with_text ? "on (3000 tok/s)" : "off", "arm", "violations", "mean loss %", "mean finish", "text",
+                "fallbacks");
+    for (const auto& a : arms)
+      std::printf("  %-24s %6d/%-3d %14.3f %11.3fs %10d %10d\n", a.label, a.violations, kTraces, a.loss, a.finish,
+                  a.text, a.fallbacks);
+  }
+  const Arm& paper = arms[0];
+  for (const Arm* ours : {&arms[3], &arms[5]}) {
+    EXPECT_LE(ours->violations, paper.violations) << ours->label;
+    EXPECT_LE(ours->loss, paper.loss + 1e-12) << ours->label;
+  }
+}
