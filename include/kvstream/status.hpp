@@ -88,7 +88,9 @@ class [[nodiscard]] Result {
   /// The value. Calling these on an error is a bug (checked: std::bad_variant_access).
   T& value() & { return std::get<0>(v_); }
   const T& value() const& { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
+  /// On an rvalue the value is moved out by value, so `for (auto& x : f().value())`
+  /// cannot dangle.
+  T value() && { return std::get<0>(std::move(v_)); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }

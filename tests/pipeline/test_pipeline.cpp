@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "kvstream/adaptive_fetch.hpp"
 #include "kvstream/pipeline.hpp"
 
 using namespace kvstream;
@@ -266,6 +267,58 @@ TEST_F(PipelineTest, BadRequestsAreRefused) {
   req.context = "nothing-here";
   EXPECT_EQ((*p)->fetch(req, by_index()).status().code(), StatusCode::not_found);
   EXPECT_FALSE(pipeline::Pipeline::create(*client_, profile_, {0, 1 << 20, 1}).ok());
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<std::vector<uint64_t>> stored_sizes(storage::Client& c) {
+  std::vector<std::vector<uint64_t>> sizes;
+  for (auto& s : c.stat("ctx", deadline_in(10s)).value()) sizes.push_back(s.level_bytes);
+  return sizes;
+}
+
+TEST_F(PipelineTest, AdaptiveFetchChoosesLevelsAndLearnsThePeer) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {3, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  policy::EstimatorOptions eo;
+  eo.prior_bits_per_second = 1e9;
+  auto est = policy::EstimatorSet::create("ewma", eo);
+  ASSERT_TRUE(est.ok()) << est.status().to_string();
+  pipeline::AdaptivePlan plan;
+  plan.chooser = std::move(policy::make_chooser("deadline")).value();
+  plan.estimators = std::shared_ptr<policy::EstimatorSet>(std::move(est).value());
+  plan.peer = server_->address();
+  plan.level_quality_loss = {0.1, 0.5, 2.0, 5.0};
+  // A generous deadline: every chunk fits at the best level.
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  auto req = request(out.view());
+  auto cb = pipeline::adaptive_callbacks(plan, stored_sizes(*client_), req.deadline);
+  ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+  auto f = (*p)->fetch(req, *cb);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->wait().ok());
+  for (const auto& t : (*f)->timings()) {
+    EXPECT_EQ(t.decision.action, pipeline::ChunkDecision::Action::fetch);
+    EXPECT_EQ(t.decision.level, 0u) << "chunk " << t.chunk;
+  }
+  // The transfers taught the estimator about this peer.
+  uint64_t seen = 0;
+  ASSERT_TRUE(plan.estimators->with(plan.peer, [&](policy::Estimator& e) { seen = e.observations(); }).ok());
+  EXPECT_EQ(seen, ranges_.size());
+  // A deadline already past: the chooser falls back to the smallest level, and the
+  // fetch still completes only if time allows (here it has already passed: timed_out).
+  auto late = request(out.view());
+  late.deadline = deadline_in(-1ms);
+  auto cb2 = pipeline::adaptive_callbacks(plan, stored_sizes(*client_), late.deadline);
+  ASSERT_TRUE(cb2.ok());
+  auto f2 = (*p)->fetch(late, *cb2);
+  if (f2.ok()) EXPECT_EQ((*f2)->wait().code(), StatusCode::timed_out);
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
+  // An inconsistent plan is refused.
+  plan.level_quality_loss = {0.1};
+  EXPECT_FALSE(pipeline::adaptive_callbacks(plan, stored_sizes(*client_), req.deadline).ok());
 }
 
 }  // namespace
