@@ -102,8 +102,8 @@ struct RopeTable {
   }
   /// Rotates every head of one token's row (inverse = undo).
   void rotate(float* row, uint32_t heads, uint32_t head_dim, RopePairing pairing, uint32_t t, bool inverse) const {
-    const float* cs = &cos[size_t(t) * pairs];
-    const float* sn = &sin[size_t(t) * pairs];
+    const float* cs = cos.data() + size_t(t) * pairs;  // data(): no reference into an empty table
+    const float* sn = sin.data() + size_t(t) * pairs;
     const float sign = inverse ? -1.0f : 1.0f;
     for (uint32_t h = 0; h < heads; ++h) {
       float* v = row + size_t(h) * head_dim;

@@ -147,7 +147,9 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
   KVS_RETURN_IF_ERROR(b.status());
   if (rope_enabled > 1 || k_before > 1) return make_status(StatusCode::corrupt_data, "codec profile: bad flag byte");
   KVS_RETURN_IF_ERROR(p.geom.validate().with_context("codec profile"));
-  if (uint8_t(p.rope.pairing) > 1 || !(p.rope.base > 1.0f) || p.rope.rotary_dim > p.geom.head_dim)
+  const uint32_t rot = p.rope.rotary_dim ? p.rope.rotary_dim : p.geom.head_dim;
+  if (uint8_t(p.rope.pairing) > 1 || !(p.rope.base > 1.0f) || p.rope.rotary_dim > p.geom.head_dim ||
+      (p.rope.enabled && (rot < 2 || rot % 2 != 0)))
     return make_status(StatusCode::corrupt_data, "codec profile: bad RoPE parameters");
   if (p.k_before_rope && (p.rope.rotary_dim ? p.rope.rotary_dim : p.geom.head_dim) > 1024)
     return make_status(StatusCode::corrupt_data, "codec profile: RoPE over more than 1024 channels per head");

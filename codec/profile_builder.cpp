@@ -147,6 +147,12 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
     if (!(v.geometry() == p.geom)) return make_status(StatusCode::invalid_argument, "profile samples differ in geometry");
   p.rope = rope;
   p.k_before_rope = opt.code_k_before_rope && rope.enabled && p.geom.kind != AttentionKind::mla;
+  if (rope.enabled) {
+    const uint32_t rot = rope.rotary_dim ? rope.rotary_dim : p.geom.head_dim;
+    if (rope.rotary_dim > p.geom.head_dim || rot < 2 || rot % 2 != 0 || !(rope.base > 1.0f))
+      return make_status(StatusCode::invalid_argument, "RoPE over {} of {} channels with base {} is not a rotation",
+                         rot, p.geom.head_dim, rope.base);
+  }
   if (p.k_before_rope && (rope.rotary_dim ? rope.rotary_dim : p.geom.head_dim) > 1024)
     return make_status(StatusCode::unsupported, "coding K before RoPE supports up to 1024 rotary channels per head");
   if (opt.group_size == 0 || opt.group_size > 65535)
