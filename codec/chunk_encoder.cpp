@@ -105,22 +105,27 @@ Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level,
   RopeTable rope;
   if (unrotates(p, 0)) rope.build(p.rope, p.geom.head_dim, chunk.first_position(), T);
 
-  std::vector<uint8_t> body;
+  // Written in place at the end of `out` (no second copy of the chunk); on error `out`
+  // is cut back to its old size so it never holds half a chunk.
+  const size_t start = out.size();
   ChunkHeader h;
   h.info = {p.geom, chunk.dtype(), chunk.first_position(), T, level, p.hash, 0};
   h.group_size = uint16_t(p.group_size);
   h.flags = p.k_before_rope ? 1 : 0;
-  begin_header(body, 0, p.geom.layers * p.geom.planes());
+  begin_header(out, start, p.geom.layers * p.geom.planes());
   for (uint32_t l = 0; l < p.geom.layers; ++l)
     for (uint32_t pl = 0; pl < p.geom.planes(); ++pl) {
-      const size_t before = body.size();
-      KVS_RETURN_IF_ERROR(encode_matrix(p, chunk, level, l, pl, unrotates(p, pl) ? &rope : nullptr, body));
-      const size_t len = body.size() - before;
-      if (len > UINT32_MAX) return make_status(StatusCode::out_of_range, "substream of {} bytes", len);
-      h.substream_bytes.push_back(uint32_t(len));
+      const size_t before = out.size();
+      Status st = encode_matrix(p, chunk, level, l, pl, unrotates(p, pl) ? &rope : nullptr, out);
+      if (st.ok() && out.size() - before > UINT32_MAX)
+        st = make_status(StatusCode::out_of_range, "substream of {} bytes", out.size() - before);
+      if (!st.ok()) {
+        out.resize(start);
+        return st;
+      }
+      h.substream_bytes.push_back(uint32_t(out.size() - before));
     }
-  finish_header(body, 0, h);
-  out.insert(out.end(), body.begin(), body.end());
+  finish_header(out, start, h);
   return {};
 }
 

@@ -49,7 +49,7 @@ Status fsync_dir(const std::string& dir) {
 }
 }  // namespace
 
-Result<std::vector<std::byte>> read_file(const std::string& path) {
+Result<std::vector<std::byte>> read_file(const std::string& path, size_t offset) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return make_status(StatusCode::not_found, "no object '{}'", path);
@@ -60,7 +60,11 @@ Result<std::vector<std::byte>> read_file(const std::string& path) {
     ::close(fd);
     return sys_error("stat", path);
   }
-  std::vector<std::byte> out(size_t(st.st_size));
+  if (size_t(st.st_size) < offset) {
+    ::close(fd);
+    return make_status(StatusCode::io_error, "'{}' is {} bytes, shorter than {}", path, st.st_size, offset);
+  }
+  std::vector<std::byte> out(size_t(st.st_size) - offset);
   size_t done = 0;
 #if KVSTREAM_HAVE_URING
   // One small ring per reading thread; the whole file is read in up to 8 parallel
@@ -78,7 +82,7 @@ Result<std::vector<std::byte>> read_file(const std::string& path) {
       unsigned queued = 0;
       for (size_t off = done; off < out.size() && queued < 8; off += seg, ++queued) {
         io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
-        io_uring_prep_read(sqe, fd, out.data() + off, unsigned(std::min(seg, out.size() - off)), off);
+        io_uring_prep_read(sqe, fd, out.data() + off, unsigned(std::min(seg, out.size() - off)), off + offset);
         sqe->user_data = off;
       }
       io_uring_submit(&r.ring);
@@ -110,7 +114,7 @@ Result<std::vector<std::byte>> read_file(const std::string& path) {
   }
 #endif
   while (done < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, off_t(done));
+    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, off_t(done + offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       ::close(fd);
@@ -205,13 +209,23 @@ Result<Bytes> ChunkStore::get(const std::string& ns, const std::string& ctx, uin
     }
   }
   if (cache_hit) *cache_hit = false;
-  auto raw = read_file(path(ns, ctx) + "/" + file_name(chunk, level));
+  // The checksum first, then the payload straight into the buffer that is served and
+  // cached (no second copy of the chunk).
+  const std::string file = path(ns, ctx) + "/" + file_name(chunk, level);
+  uint64_t sum = 0;
+  {
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return make_status(StatusCode::not_found, "no object '{}'", file);
+      return sys_error("open", file);
+    }
+    const ssize_t n = ::pread(fd, &sum, sizeof sum, 0);
+    ::close(fd);
+    if (n != ssize_t(sizeof sum)) return make_status(StatusCode::corrupt_data, "object {} is truncated on disk", key);
+  }
+  auto raw = read_file(file, kObjectHeader);
   if (!raw.ok()) return raw.status();
-  if (raw->size() < kObjectHeader)
-    return make_status(StatusCode::corrupt_data, "object {} is truncated on disk", key);
-  uint64_t sum;
-  std::memcpy(&sum, raw->data(), sizeof sum);
-  auto bytes = std::make_shared<std::vector<std::byte>>(raw->begin() + kObjectHeader, raw->end());
+  auto bytes = std::make_shared<std::vector<std::byte>>(std::move(raw).value());
   if (XXH3_64bits(bytes->data(), bytes->size()) != sum)
     return detail::log_error(make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", key));
   std::lock_guard lock(mu_);

@@ -53,7 +53,8 @@ class ChunkStore {
   void cache_drop_prefix(const std::string& prefix);
 };
 
-/// Reads a whole file (io_uring where built in, else pread). Errors: not_found, io_error.
-Result<std::vector<std::byte>> read_file(const std::string& path);
+/// Reads a file from byte `offset` to its end (io_uring where built in, else pread).
+/// Errors: not_found, io_error (also when the file is shorter than `offset`).
+Result<std::vector<std::byte>> read_file(const std::string& path, size_t offset = 0);
 
 }  // namespace kvstream::storage
