@@ -103,6 +103,22 @@ class Connection {
   /// sent.
   virtual Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) = 0;
 
+  /// Posts `dest` (registered memory) for the body of the next message that neither
+  /// recv_header has returned nor an earlier post_recv covered, so that a rendezvous
+  /// transport (UCX) lands the body the moment it arrives instead of when recv_body
+  /// is called: what bandwidth needs there, as ucx_perftest's pre-posted receives.
+  /// An empty `dest` reserves that message for recv_body alone. recv_body for a
+  /// covered message waits for the posted receive (given `dest` again, nothing is
+  /// copied; another span gets a copy; an empty one discards). A message without a
+  /// body releases its post; a body larger than `dest` is an error. `dest` must stay
+  /// valid until that message's recv_body succeeds or the connection is destroyed.
+  /// Backends whose bodies arrive in order on a stream (tcp) need no post and ignore
+  /// it (recv_body reads the stream as before).
+  virtual Status post_recv(std::span<std::byte> dest) {
+    (void)dest;
+    return {};
+  }
+
   /// Receives the next message's header into `header` (resized) and returns the size
   /// of its body, which must then be read with recv_body before the next message.
   virtual Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) = 0;

@@ -207,6 +207,7 @@ struct ConnState {
   size_t body_size = 0;
   bool body_inline = false;   // the pending body sits in its header slot
   size_t body_inline_off = 0;  // at this offset
+  std::byte* body_posted_dest = nullptr;  // the pending inline body was already copied here
 
   struct Staged {
     std::unique_ptr<std::byte[]> buf;
@@ -214,6 +215,15 @@ struct ConnState {
     Op op;
   };
   std::map<uint32_t, std::unique_ptr<Staged>> staged;
+
+  /// A body receive posted ahead by post_recv, straight into the caller's memory.
+  struct Posted {
+    std::byte* dest = nullptr;
+    size_t capacity = 0;
+    Op op;
+  };
+  std::map<uint32_t, std::unique_ptr<Posted>> posted;
+  uint32_t post_next = 0;  // message the next post_recv covers (never behind rx_next)
 
   /// One posted message: header copy and the two send requests (stable addresses:
   /// callbacks write into them).
@@ -442,7 +452,7 @@ class Engine {
     for (ConnState* cs : conns) {
       if (cs->failed || cs->closed || !cs->hello) continue;
       auto consider = [&](uint32_t seq, size_t size, Clock::time_point arrived) {
-        if (size == 0 || cs->staged.count(seq)) return;
+        if (size == 0 || cs->staged.count(seq) || cs->posted.count(seq)) return;
         if (now < arrived + kStageGrace) {
           later = true;
           return;
@@ -567,6 +577,8 @@ class UcxConnection final : public Connection {
         if (!slot.op.done && slot.op.req) ucp_request_cancel(eng.worker, slot.op.req);
       for (auto& [seq, st] : cs->staged)
         if (!st->op.done && st->op.req) ucp_request_cancel(eng.worker, st->op.req);
+      for (auto& [seq, po] : cs->posted)
+        if (!po->op.done && po->op.req) ucp_request_cancel(eng.worker, po->op.req);
       if (cs->ep) {
         // Sends posted but never waited for: flushed by the graceful close below.
         close_op.arm();
@@ -584,6 +596,8 @@ class UcxConnection final : public Connection {
         if (!slot.op.done) return false;
       for (auto& [seq, st] : cs->staged)
         if (!st->op.done) return false;
+      for (auto& [seq, po] : cs->posted)
+        if (!po->op.done) return false;
       for (auto& snd : cs->sends)
         if (!snd->hop.done || !snd->bop.done) return false;
       return true;
@@ -608,6 +622,10 @@ class UcxConnection final : public Connection {
       eng.staged_bytes -= st->size;
     }
     cs->staged.clear();
+    if (ok) {
+      for (auto& [seq, po] : cs->posted) po->op.release();
+      cs->posted.clear();
+    }
     eng.by_ep.erase(cs->ep);
     eng.conns.erase(cs.get());
     if (!ok) {
@@ -812,7 +830,55 @@ class UcxConnection final : public Connection {
     // Keep done_at of this slot for staging decisions until the body is read; its
     // next receive is posted once the body is done (slot reuse is seq + kHeaderRing).
     if (!cs_->body_pending) e.post_header(*cs_, seq + kHeaderRing);
+    if (auto it = cs_->posted.find(seq); it != cs_->posted.end() && (inl || body_size == 0)) {
+      // No body message will come for this post: withdraw it (an unmatched receive
+      // completes at once on cancel).
+      ConnState::Posted& po = *it->second;
+      if (!po.op.done && po.op.req) ucp_request_cancel(e.worker, po.op.req);
+      if (!po.op.done) {
+        KVS_LOG_ERROR("ucx: a receive posted for message {} from {} did not cancel", seq, cs_->peer);
+        return make_status(StatusCode::internal, "ucx: a posted receive did not cancel");
+      }
+      if (inl && po.dest && body_size <= po.capacity) {
+        // Honour the post: the body lands where the caller asked.
+        std::memcpy(po.dest, slot.buf.data() + hend, size_t(body_size));
+        cs_->body_posted_dest = po.dest;
+      }
+      po.op.release();
+      cs_->posted.erase(it);
+    }
     return size_t(body_size);
+  }
+
+  Status post_recv(std::span<std::byte> dest) override {
+    Engine& e = *eng_;
+    std::lock_guard lk(e.mu);
+    if (cs_->failed) return cs_->failure();
+    if (int32_t(cs_->rx_next - cs_->post_next) > 0) cs_->post_next = cs_->rx_next;
+    const uint32_t seq = cs_->post_next;
+    if (uint32_t(seq - cs_->rx_next) >= (uint32_t(1) << 30))
+      return make_status(StatusCode::resource_exhausted, "ucx: too many receives posted ahead");
+    cs_->post_next++;
+    if (dest.empty()) return {};
+    auto po = std::make_unique<ConnState::Posted>();
+    po->dest = dest.data();
+    po->capacity = dest.size();
+    po->op.arm();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO |
+                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // 1.13 leaves tag_info unset on immediate completion
+    p.cb.recv = recv_cb;
+    p.user_data = &po->op;
+    p.recv_info.tag_info = &po->op.info;
+    if (!po->op.track(ucp_tag_recv_nbx(e.worker, dest.data(), dest.size(), make_tag(cs_->rx_id, kBodyKind, seq),
+                                       ~uint64_t(0), &p))) {
+      const ucs_status_t st = po->op.status;
+      KVS_LOG_ERROR("ucx: posting a receive from {} failed: {}", cs_->peer, ucs_status_string(st));
+      return make_status(StatusCode::unavailable, "ucx: posting a receive from {} failed: {}", cs_->peer,
+                         ucs_status_string(st));
+    }
+    cs_->posted.emplace(seq, std::move(po));
+    return {};
   }
 
   Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override {
@@ -834,9 +900,38 @@ class UcxConnection final : public Connection {
       e.post_header(*cs_, seq + kHeaderRing);
     };
     if (cs_->body_inline) {
-      if (!dest.empty()) std::memcpy(dest.data(), (*cs_->ring)[seq % kHeaderRing].buf.data() + cs_->body_inline_off, size);
+      if (!dest.empty() && dest.data() != cs_->body_posted_dest)
+        std::memcpy(dest.data(), (*cs_->ring)[seq % kHeaderRing].buf.data() + cs_->body_inline_off, size);
+      cs_->body_posted_dest = nullptr;
       finish();
       return {};
+    }
+    if (auto it = cs_->posted.find(seq); it != cs_->posted.end()) {
+      ConnState::Posted* po = it->second.get();
+      // A body larger than the post completes it with UCS_ERR_MESSAGE_TRUNCATED.
+      lk.unlock();
+      Status s = e.wait(
+          [&]() -> std::optional<Status> {
+            if (po->op.done) return Status{};
+            if (cs_->failed) return cs_->failure();
+            return std::nullopt;
+          },
+          deadline, &cancel, "recv_body from", cs_->peer);
+      if (!s.ok()) return s;  // the posted receive goes on; a retry picks it up
+      lk.lock();
+      po->op.release();
+      Status result;
+      if (po->op.status != UCS_OK)
+        result = make_status(StatusCode::unavailable, "ucx: body from {} failed: {}", cs_->peer,
+                             ucs_status_string(po->op.status));
+      else if (po->op.length != size)
+        result = make_status(StatusCode::corrupt_data, "ucx: body from {} has {} bytes, header said {}", cs_->peer,
+                             po->op.length, size);
+      else if (!dest.empty() && dest.data() != po->dest)
+        std::memcpy(dest.data(), po->dest, size);
+      cs_->posted.erase(it);
+      finish();
+      return result;
     }
     if (auto it = cs_->staged.find(seq); it != cs_->staged.end()) {
       ConnState::Staged* st = it->second.get();
