@@ -20,6 +20,8 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr uint16_t kDefaultPort = 7472;
+// One token for every call (a CancelToken allocates its flag: not per message).
+const CancelToken kNoCancel;
 
 // Control header of every message: what it is and, for a read request, what to send.
 struct Ctl {
@@ -59,17 +61,17 @@ Status serve_one(Backend& b, Connection& c, std::vector<std::byte>& buf, const M
   if (post_ahead)
     for (int i = 0; i < kPostAhead; ++i) KVS_RETURN_IF_ERROR(c.post_recv(mr.span(0, buf.size())));
   for (;;) {
-    KVS_ASSIGN_OR_RETURN(size_t len, c.recv_header(h, deadline_in(60s), {}));
+    KVS_ASSIGN_OR_RETURN(size_t len, c.recv_header(h, deadline_in(60s), kNoCancel));
     if (post_ahead) KVS_RETURN_IF_ERROR(c.post_recv(mr.span(0, buf.size())));
     if (h.size() != sizeof(Ctl)) return make_status(StatusCode::corrupt_data, "bad control header");
     Ctl ctl;
     std::memcpy(&ctl, h.data(), sizeof ctl);
     if (len > buf.size()) return make_status(StatusCode::out_of_range, "message of {} bytes", len);
-    if (len) KVS_RETURN_IF_ERROR(c.recv_body(mr.span(0, buf.size()), deadline_in(60s), {}));
+    if (len) KVS_RETURN_IF_ERROR(c.recv_body(mr.span(0, buf.size()), deadline_in(60s), kNoCancel));
     if (ctl.op == 5) return {};
     if (ctl.op == 1) {
       Ctl ack{2, 1, len};
-      KVS_RETURN_IF_ERROR(c.send(as_bytes(ack), {}, deadline_in(60s), {}));
+      KVS_RETURN_IF_ERROR(c.send(as_bytes(ack), {}, deadline_in(60s), kNoCancel));
     } else if (ctl.op == 3) {
       if (ctl.block > buf.size() || ctl.batch > 4096) return make_status(StatusCode::out_of_range, "read request");
       // The whole batch in flight at once; the body buffer is reused by every
@@ -79,7 +81,7 @@ Status serve_one(Backend& b, Connection& c, std::vector<std::byte>& buf, const M
         Ctl data{4, ctl.batch, ctl.block};
         KVS_ASSIGN_OR_RETURN(last, c.post_send(as_bytes(data), mr.span(0, ctl.block)));
       }
-      KVS_RETURN_IF_ERROR(c.wait_sends(last, deadline_in(60s), {}));
+      KVS_RETURN_IF_ERROR(c.wait_sends(last, deadline_in(60s), kNoCancel));
     } else {
       return make_status(StatusCode::corrupt_data, "unexpected op {}", ctl.op);
     }
@@ -137,19 +139,19 @@ int run_client(const Options& o) {
           Ctl w{1, o.batch, block};
           KVS_ASSIGN_OR_RETURN(last, (*c)->post_send(as_bytes(w), mr->span(0, block)));
         }
-        KVS_RETURN_IF_ERROR((*c)->wait_sends(last, deadline_in(30s), {}));
+        KVS_RETURN_IF_ERROR((*c)->wait_sends(last, deadline_in(30s), kNoCancel));
         for (uint32_t i = 0; i < o.batch; ++i) {
-          KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, deadline_in(30s), {}));
-          KVS_RETURN_IF_ERROR((*c)->recv_body({}, deadline_in(30s), {}));
+          KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, deadline_in(30s), kNoCancel));
+          KVS_RETURN_IF_ERROR((*c)->recv_body({}, deadline_in(30s), kNoCancel));
           (void)len;
         }
       } else {
         Ctl r{3, o.batch, block};
         for (uint32_t i = 0; i < o.batch; ++i) KVS_RETURN_IF_ERROR((*c)->post_recv(mr->span(0, block)));
-        KVS_RETURN_IF_ERROR((*c)->send(as_bytes(r), {}, deadline_in(30s), {}));
+        KVS_RETURN_IF_ERROR((*c)->send(as_bytes(r), {}, deadline_in(30s), kNoCancel));
         for (uint32_t i = 0; i < o.batch; ++i) {
-          KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, deadline_in(30s), {}));
-          KVS_RETURN_IF_ERROR((*c)->recv_body(mr->span(0, block), deadline_in(30s), {}));
+          KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, deadline_in(30s), kNoCancel));
+          KVS_RETURN_IF_ERROR((*c)->recv_body(mr->span(0, block), deadline_in(30s), kNoCancel));
           (void)len;
         }
       }
