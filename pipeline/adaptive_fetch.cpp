@@ -1,5 +1,8 @@
 #include "kvstream/adaptive_fetch.hpp"
 
+#include <algorithm>
+#include <mutex>
+
 #include "core/log.hpp"
 
 namespace kvstream::pipeline {
@@ -26,12 +29,19 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
   }
   KVS_RETURN_IF_ERROR(costs->validate());
   const double deadline_s = policy::to_seconds(deadline);
+  // When the decode stage (which, in the chooser's model, also recomputes text) is
+  // next free, from the decisions made so far: each text chunk occupies it for its
+  // recompute, each fetched chunk for its decode. Without it a chooser would see an
+  // idle stage before every chunk and could pile up more text than the deadline holds.
+  auto stage_free_s = std::make_shared<double>(0.0);
   FetchCallbacks cb;
-  cb.decide = [plan, costs, deadline_s](uint32_t chunk, std::span<const uint64_t>) {
+  cb.decide = [plan, costs, deadline_s, stage_free_s](uint32_t chunk, std::span<const uint64_t>) {
     policy::ChooseState st;
     st.chunk = chunk;
     st.now_s = policy::to_seconds(Clock::now());
     st.time_left_s = deadline_s - st.now_s;
+    st.decode_backlog_s = std::max(0.0, *stage_free_s - st.now_s);
+    auto book = [&](double busy_s) { *stage_free_s = std::max(*stage_free_s, st.now_s) + busy_s; };
     Result<policy::Choice> choice = make_status(StatusCode::internal, "no choice");
     const Status s = plan.estimators->with(
         plan.peer, [&](policy::Estimator& e) { choice = plan.chooser->choose(*costs, st, e); });
@@ -41,13 +51,33 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
                    (s.ok() ? choice.status() : s).to_string());
       return ChunkDecision{ChunkDecision::Action::fetch, uint32_t(costs->levels() - 1)};
     }
-    if (choice->recompute()) return ChunkDecision{ChunkDecision::Action::recompute, 0};
+    if (choice->recompute()) {
+      book(double(costs->tokens[chunk]) / costs->recompute_tokens_per_second);
+      return ChunkDecision{ChunkDecision::Action::recompute, 0};
+    }
+    book(costs->decode_seconds.empty() ? 0.0 : costs->decode_seconds[chunk][choice->level]);
     return ChunkDecision{ChunkDecision::Action::fetch, choice->level};
   };
-  cb.on_chunk = [plan, on_chunk = std::move(on_chunk)](const ChunkTimings& t) {
-    if (t.status.ok() && t.bytes > 0 && t.wire_end > t.wire_start)
-      (void)plan.estimators->observe(plan.peer, t.bytes, policy::to_seconds(t.wire_start),
-                                     policy::to_seconds(t.wire_end));
+  // Requests are pipelined (depth of them in flight) on one link, so a chunk's bytes
+  // start flowing only when the chunk before it has landed: the estimator is given
+  // that start, not the moment the request went out (which would count the wait
+  // behind earlier chunks as transfer time and see a link up to depth x slower).
+  struct Wire {
+    std::mutex mu;
+    Clock::time_point last_end{};
+  };
+  auto wire = std::make_shared<Wire>();
+  cb.on_chunk = [plan, wire, on_chunk = std::move(on_chunk)](const ChunkTimings& t) {
+    if (t.status.ok() && t.bytes > 0 && t.wire_end > t.wire_start) {
+      Clock::time_point start;
+      {
+        std::lock_guard lk(wire->mu);
+        start = t.wire_start;
+        if (wire->last_end > start && wire->last_end < t.wire_end) start = wire->last_end;
+        wire->last_end = std::max(wire->last_end, t.wire_end);
+      }
+      (void)plan.estimators->observe(plan.peer, t.bytes, policy::to_seconds(start), policy::to_seconds(t.wire_end));
+    }
     if (on_chunk) on_chunk(t);
   };
   return cb;
