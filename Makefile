@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 # What the build, the tests and the benchmarks need from Debian 12.
 DEB_PACKAGES := cmake ninja-build g++ clang pkg-config \
   libfmt-dev libspdlog-dev libgtest-dev libzstd-dev libxxhash-dev libcli11-dev nlohmann-json3-dev \
-  libucx-dev libfabric-dev liburing-dev libssl-dev
+  libucx-dev libfabric-dev liburing-dev libssl-dev libhiredis-dev redis-server
 
 .PHONY: all deps configure build test demo clean test-sanitize
 
@@ -38,12 +38,14 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-# Until the end-to-end demo exists: the tinyllama runtime, then the codec on a real
-# story (the profile is built once, offline, from the first half of the eval text).
+# The end-to-end demo (examples/demo): a storage node on loopback, tinyllama's KV cache
+# of a real story encoded at every level and stored, fetched adaptively through a paced
+# link, decoded, and the story continued from it. The codec profile is built once,
+# offline, from the first half of the eval text; the demo finds it at
+# $(BUILD)/tinyllama.kvsprofile by default.
 demo: build
-	$(BUILD)/bin/kvstream-tinyllama generate --steps 60
 	@test -f $(BUILD)/tinyllama.kvsprofile || $(BUILD)/bin/kvstream-profile --out $(BUILD)/tinyllama.kvsprofile
-	$(BUILD)/bin/kvstream-codec-demo --profile $(BUILD)/tinyllama.kvsprofile
+	$(BUILD)/bin/kvstream-demo
 
 # The test suite under AddressSanitizer + UndefinedBehaviorSanitizer, then under
 # ThreadSanitizer (separate build trees; CUDA off; the fuzz smoke run has its own

@@ -138,6 +138,17 @@ float elapsed(const Event& a, const Event& b) {
 }
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// True when `p` lies in page-locked host memory (cudaHostAlloc, or a range that
+// cudaHostRegister covers), from which an upload is DMA without a staging copy.
+bool page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; cleared so that the next call does not see it
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
 inline uint32_t rd_u32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);  // little-endian hosts only, as the CPU codec
@@ -160,7 +171,7 @@ struct GpuDecoder::Impl {
   std::vector<uint64_t> ut_off;  // per (layer, plane)
   std::vector<LevelState> levels;
   // Per-chunk buffers, reused.
-  PinnedBuf stage;     // chunk bytes + descriptors + lists, one H2D copy
+  PinnedBuf stage;     // [chunk bytes unless page-locked] + descriptors + lists, one H2D copy
   DevBuf upload;       // device copy of `stage`
   DevBuf syms, out_host_path;
   DevBuf rope_ec, rope_es, rope_partner;
@@ -364,20 +375,26 @@ Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint6
     rope_valid = true, rope_first = h.info.first_position, rope_tokens = T;
   }
 
-  // One staging area: chunk | mats | planes | list index | list value.
+  // One device upload area: chunk | mats | planes | list index | list value. When the
+  // chunk already lies in page-locked memory (the pipeline's registered receive
+  // buffers), it is copied from there by DMA and only the descriptors go through the
+  // staging buffer; otherwise everything is staged and sent in one copy.
+  const bool direct = page_locked(chunk.data());
   const size_t o_mats = align_up(chunk.size(), 16);
   const size_t o_planes = align_up(o_mats + mats.size() * sizeof(detail::MatDesc), 16);
   const size_t o_idx = align_up(o_planes + planes.size() * sizeof(detail::PlaneDesc), 16);
   const size_t o_val = align_up(o_idx + list_index.size() * 4, 16);
   const size_t total = align_up(o_val + list_value.size() * 4, 16);
-  KVS_RETURN_IF_ERROR(stage.reserve(total));
+  const size_t base = direct ? o_mats : 0;  // stage holds [base, total) of the area
+  KVS_RETURN_IF_ERROR(stage.reserve(total - base));
   KVS_RETURN_IF_ERROR(upload.reserve(total, "chunk upload"));
-  std::memcpy(stage.data(), chunk.data(), chunk.size());
-  std::memcpy(stage.data() + o_mats, mats.data(), mats.size() * sizeof(detail::MatDesc));
-  std::memcpy(stage.data() + o_planes, planes.data(), planes.size() * sizeof(detail::PlaneDesc));
+  auto st = [&](size_t area_off) { return stage.data() + (area_off - base); };  // area_off >= base
+  if (!direct) std::memcpy(st(0), chunk.data(), chunk.size());
+  std::memcpy(st(o_mats), mats.data(), mats.size() * sizeof(detail::MatDesc));
+  std::memcpy(st(o_planes), planes.data(), planes.size() * sizeof(detail::PlaneDesc));
   if (!list_index.empty()) {
-    std::memcpy(stage.data() + o_idx, list_index.data(), list_index.size() * 4);
-    std::memcpy(stage.data() + o_val, list_value.data(), list_value.size() * 4);
+    std::memcpy(st(o_idx), list_index.data(), list_index.size() * 4);
+    std::memcpy(st(o_val), list_value.data(), list_value.size() * 4);
   }
   uint64_t sym_bytes = 0;
   for (const auto& m : mats) sym_bytes += uint64_t(m.rows) * m.cols;
@@ -411,7 +428,10 @@ Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint6
   c.dtype = int(dtype);
 
   KVS_CUDA(cudaEventRecord(ev[0].get(), stream), "cudaEventRecord");
-  KVS_CUDA(cudaMemcpyAsync(up, stage.data(), total, cudaMemcpyHostToDevice, stream), "chunk upload");
+  if (direct)
+    KVS_CUDA(cudaMemcpyAsync(up, chunk.data(), chunk.size(), cudaMemcpyHostToDevice, stream),
+             "chunk upload (page-locked)");
+  KVS_CUDA(cudaMemcpyAsync(up + base, stage.data(), total - base, cudaMemcpyHostToDevice, stream), "chunk upload");
   KVS_CUDA(cudaEventRecord(ev[1].get(), stream), "cudaEventRecord");
   if (const int e = detail::launch_rans(c, stream); e != 0) return cuda_error(cudaError_t(e), "rANS kernel launch");
   KVS_CUDA(cudaEventRecord(ev[2].get(), stream), "cudaEventRecord");

@@ -47,9 +47,29 @@ struct PipelineBenchOptions {
   uint32_t connections = 1;
   uint32_t depth = 4;
   unsigned decode_threads = 1;
+  std::string decode = "cpu";        ///< where chunks decode: cpu, gpu (device memory) or auto
   std::string json;
 };
 int run_pipeline_bench(const PipelineBenchOptions& o);
+
+struct AdaptBenchOptions {
+  std::string data;
+  std::string geometry = "mistral-7b";
+  uint64_t tokens = 6144;
+  uint32_t chunk_tokens = 512;
+  uint32_t requests = 200;                 ///< rounds: each configuration once per deadline per round
+  std::vector<double> deadlines = {1.0, 0.5};
+  double prefill_tokens_per_s = 5000;      ///< the runtime's text prefill rate (see perf/README.md)
+  double cap_factor = 2.0;                 ///< a request is cancelled at this multiple of its deadline
+  std::string server;                      ///< external node ("" = in-process on loopback)
+  std::string secret = "bench-secret-0123456789";
+  std::string quality_profile = "build/tinyllama.kvsprofile";  ///< measured ppl increase per level
+  std::vector<std::string> configs;        ///< names to run (empty = all)
+  uint32_t depth = 4;
+  unsigned decode_threads = 1;
+  std::string json;
+};
+int run_adapt_bench(const AdaptBenchOptions& o);
 
 /// One curve of a plot.
 struct PlotSeries {

@@ -41,9 +41,37 @@ int main(int argc, char** argv) {
   pl->add_option("--secret", po.secret, "namespace 'bench' secret of the external node");
   pl->add_option("--connections", po.connections, "client connections")->capture_default_str();
   pl->add_option("--depth", po.depth, "pipeline buffers")->capture_default_str();
-  pl->add_option("--decode-threads", po.decode_threads, "decode threads")->capture_default_str();
+  pl->add_option("--decode-threads", po.decode_threads, "decode threads (on the GPU: decoders, one stream each)")
+      ->capture_default_str();
+  pl->add_option("--decode", po.decode,
+                 "cpu: into host memory; gpu: into device memory (an error without a usable GPU); auto: gpu when "
+                 "one is usable, else cpu")
+      ->check(CLI::IsMember({"cpu", "gpu", "auto"}))
+      ->capture_default_str();
   pl->add_option("--json", po.json, "write the figures as JSON");
+  kvstream::bench::AdaptBenchOptions ao;
+  auto* ad = app.add_subcommand("adapt", "fixed levels, text, 8-bit and the adaptive choosers on a link whose rate "
+                                         "changes (perf/adapt/run.sh drives it)");
+  ad->add_option("--data", ao.data, "tinyllama data directory");
+  ad->add_option("--geometry", ao.geometry, "tinyllama, llama-7b, mistral-7b, llama-70b (assembled from real KV)")
+      ->capture_default_str();
+  ad->add_option("--tokens", ao.tokens, "context length")->capture_default_str();
+  ad->add_option("--chunk-tokens", ao.chunk_tokens, "tokens per chunk")->capture_default_str();
+  ad->add_option("--requests", ao.requests, "requests per configuration and deadline")->capture_default_str();
+  ad->add_option("--deadlines", ao.deadlines, "time-to-first-token deadlines (s)")->capture_default_str();
+  ad->add_option("--prefill-tokens-per-s", ao.prefill_tokens_per_s, "the runtime's text prefill rate")
+      ->capture_default_str();
+  ad->add_option("--cap", ao.cap_factor, "cancel a request at this multiple of its deadline")->capture_default_str();
+  ad->add_option("--server", ao.server, "storage node host:port (default: one in this process on loopback)");
+  ad->add_option("--secret", ao.secret, "namespace 'bench' secret of the node");
+  ad->add_option("--quality-profile", ao.quality_profile, "profile with measured ppl increase per level")
+      ->capture_default_str();
+  ad->add_option("--configs", ao.configs, "configurations to run, by name (default: all)");
+  ad->add_option("--depth", ao.depth, "pipeline buffers")->capture_default_str();
+  ad->add_option("--decode-threads", ao.decode_threads, "decode threads")->capture_default_str();
+  ad->add_option("--json", ao.json, "write rows and every request as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (*ad) return kvstream::bench::run_adapt_bench(ao);
   if (*pl) return kvstream::bench::run_pipeline_bench(po);
   if (*codec) return kvstream::bench::run_codec_bench(co);
   if (*st) return kvstream::bench::run_storage_bench(so);

@@ -1,5 +1,10 @@
 // kvstream-bench pipeline: transfer alone, decode alone and the pipelined fetch of one
 // context, measured in one run; overlap efficiency = max(transfer, decode) / pipelined.
+// --decode gpu (or auto, on a machine with a GPU) decodes on the GPU into device memory,
+// in the pipeline and in the decode-alone run alike, and then checks the device output
+// against the CPU decoder bit for bit.
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -7,6 +12,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvstream/gpu.hpp"
+#include "kvstream/gpu_decoder.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/pipeline.hpp"
 #include "examples/tinyllama/eval_harness.hpp"
 #include "perf/assembled_kv.hpp"
@@ -29,6 +37,11 @@ int fail(const Status& s) {
 int run_pipeline_bench(const PipelineBenchOptions& o) {
   auto geom = named_geometry(o.geometry);
   if (!geom.ok()) return fail(geom.status());
+  auto decode_on = pipeline::parse_decode_on(o.decode);
+  if (!decode_on.ok()) return fail(decode_on.status());
+  // Before the minutes of data preparation: --decode gpu without a GPU is an error now.
+  if (*decode_on == pipeline::DecodeOn::gpu)
+    if (auto probe = gpu::probe_device(); !probe.ok()) return fail(probe.status().with_context("--decode gpu"));
   auto d = tinyllama::load_eval_data(tinyllama::data_dir(o.data));
   if (!d.ok()) return fail(d.status());
   // Profile from the first half, context from the second half (assembled).
@@ -92,9 +105,37 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
         !s.ok())
       return fail(s);
 
-  auto dest = KvCache::create(*geom, DType::f16, o.tokens);
-  if (!dest.ok()) return fail(dest.status());
   const unsigned threads = o.decode_threads;
+  // The pipeline first, so that --decode auto is resolved (and logged) before the
+  // decode-alone run, which then decodes where the pipeline will.
+  pipeline::PipelineConfig pc;
+  pc.depth = o.depth;
+  pc.max_chunk_bytes = max_chunk;
+  pc.decode_threads = threads;
+  pc.decode = *decode_on;
+  auto pipe = pipeline::Pipeline::create(**client, *profile, pc);
+  if (!pipe.ok()) return fail(pipe.status());
+  const bool on_gpu = (*pipe)->decodes_on() == pipeline::DecodeOn::gpu;
+
+  // The runtime's KV memory: a host cache, or on the GPU one allocation with chunk i
+  // packed at its offset (what FetchRequest::device describes).
+  Result<KvCache> dest = KvCache::create(*geom, DType::f16, on_gpu ? 1 : o.tokens);
+  if (!dest.ok()) return fail(dest.status());
+  std::vector<uint64_t> out_off, out_bytes;
+  uint64_t out_total = 0;
+  for (const auto& r : ranges) {
+    out_off.push_back(out_total);
+    out_bytes.push_back(gpu::GpuDecoder::output_bytes(*geom, r.size(), DType::f16));
+    out_total += out_bytes.back();
+  }
+  gpu::DeviceBuffer device_kv;
+  std::vector<void*> device_chunks;
+  if (on_gpu) {
+    auto b = gpu::DeviceBuffer::allocate(out_total);
+    if (!b.ok()) return fail(b.status());
+    device_kv = std::move(b).value();
+    for (uint64_t off : out_off) device_chunks.push_back(static_cast<std::byte*>(device_kv.data()) + off);
+  }
 
   // 1. Transfer alone: every chunk into memory, `depth` in flight, no decode.
   std::vector<std::byte> landing(max_chunk * o.depth);
@@ -118,9 +159,43 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   const double transfer_s = since(t0);
 
   // 2. Decode alone: every chunk from memory into the runtime's cache (best of two,
-  // so first-use allocations are not counted).
+  // so first-use allocations are not counted). On the GPU: one decoder and stream per
+  // thread, chunks page-locked as the pipeline's receive buffers are.
   double decode_s = 1e300;
-  for (int rep = 0; rep < 2; ++rep) {
+  if (on_gpu) {
+    std::vector<gpu::PinnedHostMemory> pins;
+    std::vector<std::unique_ptr<gpu::GpuDecoder>> decoders;
+    std::vector<gpu::Stream> streams;
+    for (auto& c : chunks) {
+      auto pin = gpu::PinnedHostMemory::register_range(c.data(), c.size());
+      if (!pin.ok()) return fail(pin.status());
+      pins.push_back(std::move(pin).value());
+    }
+    for (unsigned t = 0; t < threads; ++t) {
+      auto dec = gpu::GpuDecoder::create(*profile);
+      auto st = gpu::Stream::create();
+      if (!dec.ok() || !st.ok()) return fail(dec.ok() ? st.status() : dec.status());
+      decoders.push_back(std::move(dec).value());
+      streams.push_back(std::move(st).value());
+    }
+    for (int rep = 0; rep < 2; ++rep) {
+      t0 = Clock::now();
+      std::vector<std::thread> pool;
+      std::vector<Status> err(threads);
+      for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+          for (size_t i = t; i < chunks.size(); i += threads) {
+            Status s = decoders[t]->decode(chunks[i], device_chunks[i], out_bytes[i], DType::f16, streams[t].handle());
+            if (!s.ok() && err[t].ok()) err[t] = s;
+          }
+        });
+      for (auto& th : pool) th.join();
+      for (auto& e : err)
+        if (!e.ok()) return fail(e);
+      decode_s = std::min(decode_s, since(t0));
+    }
+  }
+  for (int rep = 0; rep < (on_gpu ? 0 : 2); ++rep) {
     t0 = Clock::now();
     std::vector<std::thread> pool;
     std::vector<Status> err(threads);
@@ -139,15 +214,12 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   }
 
   // 3. The pipelined fetch.
-  pipeline::PipelineConfig pc;
-  pc.depth = o.depth;
-  pc.max_chunk_bytes = max_chunk;
-  pc.decode_threads = threads;
-  auto pipe = pipeline::Pipeline::create(**client, *profile, pc);
-  if (!pipe.ok()) return fail(pipe.status());
   pipeline::FetchRequest req;
   req.context = "bench-ctx";
-  req.destination = dest->view();
+  if (on_gpu)
+    req.device = {device_chunks, DType::f16};
+  else
+    req.destination = dest->view();
   req.chunks = ranges;
   req.deadline = deadline_in(600s);
   pipeline::FetchCallbacks cb;
@@ -164,11 +236,43 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
     one_chunk_decode = std::max(one_chunk_decode, std::chrono::duration<double>(t.decode_end - t.decode_start).count());
   const double bound = std::max(transfer_s, decode_s);
   const double efficiency = bound / pipelined_s;
-  fmt::print("geometry {} tokens {} chunks {} x {} tokens, level {}, {} bytes, backend {}{}\n", o.geometry, o.tokens,
-             chunks.size(), o.chunk_tokens, level, bytes, o.backend, o.server.empty() ? " (loopback)" : " (" + o.server + ")");
+
+  // On the GPU: the device memory, copied back, must equal the CPU decoder's output.
+  bool bit_exact = true;
+  if (on_gpu) {
+    std::vector<std::byte> host(out_total);
+    if (Status s = gpu::copy_to_host(host.data(), device_kv.data(), out_total); !s.ok()) return fail(s);
+    const unsigned cpu_threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> pool;
+    std::vector<Status> err(cpu_threads);
+    std::atomic<uint32_t> differ{0};
+    for (unsigned t = 0; t < cpu_threads; ++t)
+      pool.emplace_back([&, t] {
+        for (size_t i = t; i < chunks.size(); i += cpu_threads) {
+          auto ref = KvCache::create(*geom, DType::f16, ranges[i].size());
+          Status s = ref.ok() ? codec::decode_chunk(*profile, chunks[i], ref->view()) : ref.status();
+          if (!s.ok()) {
+            if (err[t].ok()) err[t] = s;
+            continue;
+          }
+          if (ref->bytes().size() != out_bytes[i] ||
+              std::memcmp(ref->bytes().data(), host.data() + out_off[i], out_bytes[i]) != 0)
+            ++differ;
+        }
+      });
+    for (auto& th : pool) th.join();
+    for (auto& e : err)
+      if (!e.ok()) return fail(e);
+    bit_exact = differ == 0;
+    fmt::print("GPU output vs CPU decode: {} ({} of {} chunks differ)\n", bit_exact ? "bit-exact" : "DIFFERENT",
+               differ.load(), chunks.size());
+  }
+  fmt::print("geometry {} tokens {} chunks {} x {} tokens, level {}, {} bytes, backend {}{}, decode on {}\n", o.geometry,
+             o.tokens, chunks.size(), o.chunk_tokens, level, bytes, o.backend,
+             o.server.empty() ? " (loopback)" : " (" + o.server + ")", on_gpu ? "the GPU (device memory)" : "the CPU");
   fmt::print("transfer alone   {:8.3f} s  ({:.2f} Gbit/s)\n", transfer_s, double(bytes) * 8 / transfer_s / 1e9);
-  fmt::print("decode alone     {:8.3f} s  ({:.0f} M elements/s, {} threads)\n", decode_s, double(elems) / decode_s / 1e6,
-             threads);
+  fmt::print("decode alone     {:8.3f} s  ({:.0f} M elements/s, {} {})\n", decode_s, double(elems) / decode_s / 1e6,
+             threads, on_gpu ? "GPU decoders, one stream each" : "threads");
   fmt::print("pipelined fetch  {:8.3f} s  overlap efficiency {:.3f}; pipelined / (max + one chunk's decode) = {:.3f} "
              "(figure <= 1.1)\n",
              pipelined_s, efficiency, pipelined_s / (bound + one_chunk_decode));
@@ -176,13 +280,17 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
     nlohmann::json j = {{"geometry", o.geometry}, {"tokens", o.tokens},   {"transfer_s", transfer_s},
                         {"decode_s", decode_s},   {"pipelined_s", pipelined_s}, {"chunks", chunks.size()},
                         {"chunk_tokens", o.chunk_tokens}, {"bytes", bytes}, {"overlap_efficiency", efficiency},
-                        {"one_chunk_decode_s", one_chunk_decode}, {"backend", o.backend}, {"level", level}};
+                        {"one_chunk_decode_s", one_chunk_decode}, {"backend", o.backend}, {"level", level},
+                        {"decode", on_gpu ? "gpu" : "cpu"},       {"decode_requested", o.decode},
+                        {"decode_threads", threads},              {"gpu_bit_exact", bit_exact}};
     std::ofstream(o.json) << j.dump(1) << "\n";
   }
+  fetch->reset();
+  pipe->reset();  // before the client it uses
   client->reset();
   if (server) server->stop();
   std::filesystem::remove_all(dir);
-  return 0;
+  return bit_exact ? 0 : 1;
 }
 
 }  // namespace kvstream::bench

@@ -3,6 +3,11 @@
 // `depth` chunks are on the wire or waiting to decode), and issues the get. When a
 // chunk's bytes land, a decode worker decodes it straight from that buffer into the
 // runtime's memory and returns the buffer. So chunk i+1.. travel while chunk i decodes.
+//
+// On the GPU path (PipelineConfig::decode) the receive buffers are also page-locked
+// and each decode worker owns a GpuDecoder and a CUDA stream: a landed chunk is
+// uploaded by DMA from its buffer and decoded on that worker's stream, into device
+// memory (FetchRequest::device) or, for a host destination, copied back.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -11,7 +16,12 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/ranges.h>
+
 #include "core/log.hpp"
+#include "kvstream/gpu.hpp"
+#include "kvstream/gpu_decoder.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/pipeline.hpp"
 
 namespace kvstream::pipeline {
@@ -21,6 +31,14 @@ namespace {
 using namespace std::chrono_literals;
 
 class PipelineImpl;
+
+// What one decode worker owns on the GPU path: decode() synchronizes its stream
+// before returning (the rANS checks are read back), so concurrency across chunks comes
+// from several workers, each with its own decoder (not thread-safe) and stream.
+struct GpuWorker {
+  std::unique_ptr<gpu::GpuDecoder> decoder;
+  gpu::Stream stream;
+};
 
 class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchImpl> {
  public:
@@ -53,8 +71,9 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
     return timings_;
   }
 
-  // Called by a decode worker: decode chunk i from its buffer, then finish it.
-  void decode(uint32_t i, uint32_t buffer, size_t len);
+  // Called by a decode worker: decode chunk i from its buffer, then finish it. `gpu`
+  // is the worker's GPU decoder and stream, null on the CPU path.
+  void decode(uint32_t i, uint32_t buffer, size_t len, GpuWorker* gpu);
 
  private:
   PipelineImpl& p_;
@@ -69,6 +88,8 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
   Status first_error_;
 
   void dispatch();
+  Status decode_cpu(uint32_t i, std::span<const uint8_t> bytes);
+  Status decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu);
   // Records the end of chunk i (with `st`), tells the runtime, wakes wait().
   void finish(uint32_t i, Status st);
   Status over() const {
@@ -99,6 +120,7 @@ class PipelineImpl final : public Pipeline {
       return make_status(StatusCode::invalid_argument, "max_chunk_bytes {}", cfg_.max_chunk_bytes);
     if (cfg_.decode_threads == 0 || cfg_.decode_threads > 256)
       return make_status(StatusCode::invalid_argument, "decode_threads {}", cfg_.decode_threads);
+    if (cfg_.gpudirect) KVS_RETURN_IF_ERROR(check_gpudirect());
     for (uint32_t b = 0; b < cfg_.depth; ++b) {
       // Pre-faulted once here, registered once, reused by every fetch.
       buffers_.emplace_back(cfg_.max_chunk_bytes, std::byte{0});
@@ -106,18 +128,26 @@ class PipelineImpl final : public Pipeline {
       regions_.push_back(std::move(mr));
       free_.push_back(b);
     }
-    for (unsigned t = 0; t < cfg_.decode_threads; ++t) workers_.emplace_back([this] { work(); });
+    KVS_RETURN_IF_ERROR(choose_decode());
+    for (unsigned t = 0; t < cfg_.decode_threads; ++t)
+      workers_.emplace_back([this, t] { work(gpu_workers_.empty() ? nullptr : &gpu_workers_[t]); });
     return {};
   }
 
+  DecodeOn decodes_on() const override { return decodes_on_; }
+
   Result<std::shared_ptr<Fetch>> fetch(FetchRequest req, FetchCallbacks cb) override {
-    const KvGeometry& g = profile_.geometry();
-    if (!(req.destination.geometry() == g))
-      return make_status(StatusCode::invalid_argument, "destination geometry does not match the codec profile");
-    for (size_t i = 0; i < req.chunks.size(); ++i)
-      if (req.chunks[i].begin >= req.chunks[i].end || req.chunks[i].end > req.destination.tokens())
-        return make_status(StatusCode::invalid_argument, "chunk {} range [{}, {}) outside the {}-token destination", i,
-                           req.chunks[i].begin, req.chunks[i].end, req.destination.tokens());
+    if (!req.device.empty()) {
+      KVS_RETURN_IF_ERROR(check_device_destination(req));
+    } else {
+      const KvGeometry& g = profile_.geometry();
+      if (!(req.destination.geometry() == g))
+        return make_status(StatusCode::invalid_argument, "destination geometry does not match the codec profile");
+      for (size_t i = 0; i < req.chunks.size(); ++i)
+        if (req.chunks[i].begin >= req.chunks[i].end || req.chunks[i].end > req.destination.tokens())
+          return make_status(StatusCode::invalid_argument, "chunk {} range [{}, {}) outside the {}-token destination",
+                             i, req.chunks[i].begin, req.chunks[i].end, req.destination.tokens());
+    }
     // The sizes of every level of every chunk, before anything is fetched.
     KVS_ASSIGN_OR_RETURN(auto stats, client_.stat(req.context, req.deadline, req.cancel));
     std::map<uint32_t, std::vector<uint64_t>> sizes;
@@ -163,7 +193,9 @@ class PipelineImpl final : public Pipeline {
   const codec::Profile& profile_;
   PipelineConfig cfg_;
   std::vector<std::vector<std::byte>> buffers_;
+  // Both refer to buffers_, so they are declared after it (destroyed before it).
   std::vector<transport::MemoryRegion> regions_;
+  std::vector<gpu::PinnedHostMemory> pinned_;  // GPU path: buffers_ page-locked
 
  private:
   struct Job {
@@ -178,9 +210,107 @@ class PipelineImpl final : public Pipeline {
   std::condition_variable jobs_cv_;
   std::deque<Job> jobs_;
   bool stopping_ = false;
+  DecodeOn decodes_on_ = DecodeOn::cpu;
+  std::string cpu_reason_;               // why decode=auto took the CPU (empty otherwise)
+  std::vector<GpuWorker> gpu_workers_;   // one per decode thread on the GPU path
   std::vector<std::thread> workers_;
 
-  void work() {
+  // GPUDirect would register device memory with the client's backend, so it is only
+  // as possible as the backend says; none says so yet.
+  Status check_gpudirect() const {
+    if (cfg_.decode == DecodeOn::cpu)
+      return make_status(StatusCode::invalid_argument,
+                         "GPUDirect lands chunks in device memory, which decode=cpu cannot read; use decode=gpu");
+    const transport::Capabilities* caps = client_.capabilities();
+    if (caps == nullptr)
+      return make_status(StatusCode::unsupported,
+                         "GPUDirect: the storage client does not report its transport backend's capabilities, so it "
+                         "lands chunks in host memory only (none of the backends built here, {}, declares "
+                         "Capabilities::cuda_memory); use the pinned host path (gpudirect = false)",
+                         fmt::join(transport::available_backends(), ", "));
+    if (!caps->cuda_memory)
+      return make_status(StatusCode::unsupported,
+                         "GPUDirect: transport backend '{}' ({}) cannot land chunks in GPU memory "
+                         "(Capabilities::cuda_memory is false); use the pinned host path (gpudirect = false)",
+                         caps->backend, caps->provider);
+    return make_status(StatusCode::unsupported,
+                       "GPUDirect: backend '{}' declares cuda_memory, but the pipeline's GPUDirect path is not built",
+                       caps->backend);
+  }
+
+  // Resolves cfg_.decode: on the GPU path, one decoder and one stream per worker, and
+  // the receive buffers page-locked so that uploads are DMA from where chunks land.
+  Status choose_decode() {
+    if (cfg_.decode == DecodeOn::cpu) {
+      KVS_LOG_INFO("pipeline: decoding on the CPU ({} threads, {} buffers of {} bytes)", cfg_.decode_threads,
+                   cfg_.depth, cfg_.max_chunk_bytes);
+      return {};
+    }
+    Status st = start_gpu();
+    if (st.ok()) {
+      decodes_on_ = DecodeOn::gpu;
+      const auto info = gpu::probe_device();
+      KVS_LOG_INFO("pipeline: decoding on GPU {} ({}): {} decoders with a stream each, {} page-locked buffers of {} "
+                   "bytes",
+                   cfg_.gpu_device, info.ok() ? info->name : "?", cfg_.decode_threads, cfg_.depth,
+                   cfg_.max_chunk_bytes);
+      return {};
+    }
+    gpu_workers_.clear();
+    pinned_.clear();
+    if (cfg_.decode == DecodeOn::gpu) return st.with_context("pipeline decode=gpu");
+    // automatic: the CPU. When no GPU is usable at all, gpu::probe_device() has said
+    // why once per process (the CUDA error, "using the CPU path"), so this line does
+    // not repeat it on every create; other reasons (a decoder that cannot start) are
+    // said here.
+    cpu_reason_ = st.message();
+    if (gpu::probe_device().ok())
+      KVS_LOG_WARN("pipeline: decode=auto: decoding on the CPU ({} threads) because {}", cfg_.decode_threads,
+                   cpu_reason_);
+    else
+      KVS_LOG_INFO("pipeline: decoding on the CPU ({} threads, decode=auto: no usable GPU)", cfg_.decode_threads);
+    return {};
+  }
+
+  Status start_gpu() {
+    KVS_ASSIGN_OR_RETURN(const gpu::DeviceInfo info, gpu::probe_device());
+    (void)info;
+    for (unsigned t = 0; t < cfg_.decode_threads; ++t) {
+      GpuWorker w;
+      KVS_ASSIGN_OR_RETURN(w.decoder, gpu::GpuDecoder::create(profile_, cfg_.gpu_device));
+      KVS_ASSIGN_OR_RETURN(w.stream, gpu::Stream::create(cfg_.gpu_device));
+      gpu_workers_.push_back(std::move(w));
+    }
+    for (auto& b : buffers_) {
+      KVS_ASSIGN_OR_RETURN(auto pin, gpu::PinnedHostMemory::register_range(b.data(), b.size()));
+      pinned_.push_back(std::move(pin));
+    }
+    return {};
+  }
+
+  Status check_device_destination(const FetchRequest& req) const {
+    if (decodes_on_ != DecodeOn::gpu)
+      return make_status(StatusCode::invalid_argument, "a device destination needs a GPU pipeline; this one decodes "
+                                                       "on the CPU{}",
+                         cpu_reason_.empty() ? "" : " (decode=auto: " + cpu_reason_ + ")");
+    const DeviceDestination& d = req.device;
+    if (d.chunks.size() != req.chunks.size())
+      return make_status(StatusCode::invalid_argument, "device destination has {} chunk pointers for {} chunks",
+                         d.chunks.size(), req.chunks.size());
+    if (d.dtype != DType::f16 && d.dtype != DType::bf16 && d.dtype != DType::f32)
+      return make_status(StatusCode::invalid_argument, "device destination element type {} (f16, bf16 or f32)",
+                         int(d.dtype));
+    for (size_t i = 0; i < req.chunks.size(); ++i) {
+      if (req.chunks[i].begin >= req.chunks[i].end)
+        return make_status(StatusCode::invalid_argument, "chunk {} range [{}, {}) is empty", i, req.chunks[i].begin,
+                           req.chunks[i].end);
+      if (Status st = gpu::check_device_pointer(d.chunks[i], cfg_.gpu_device); !st.ok())
+        return make_status(StatusCode::invalid_argument, "device destination of chunk {}: {}", i, st.message());
+    }
+    return {};
+  }
+
+  void work(GpuWorker* gpu) {
     for (;;) {
       Job j;
       {
@@ -190,7 +320,7 @@ class PipelineImpl final : public Pipeline {
         j = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      j.fetch->decode(j.chunk, j.buffer, j.len);
+      j.fetch->decode(j.chunk, j.buffer, j.len, gpu);
     }
   }
 };
@@ -250,34 +380,54 @@ void FetchImpl::dispatch() {
   }
 }
 
-void FetchImpl::decode(uint32_t i, uint32_t buffer, size_t len) {
-  thread_local codec::DecodeScratch scratch;  // one per decode worker, reused across chunks
+void FetchImpl::decode(uint32_t i, uint32_t buffer, size_t len, GpuWorker* gpu) {
   Status st = over();
   {
     std::lock_guard lock(mu_);
     timings_[i].decode_start = Clock::now();
   }
   if (st.ok()) {
-    auto view = req_.destination.slice(req_.chunks[i]);
-    st = view.ok() ? codec::decode_chunk(p_.profile_, std::span<const uint8_t>(
-                                                          reinterpret_cast<const uint8_t*>(p_.buffers_[buffer].data()), len),
-                                         *view, &scratch)
-                   : view.status();
-    if (st.ok()) {
-      // The chunk's own header says which tokens it holds: they must be these.
-      auto info = codec::inspect_chunk(
-          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(p_.buffers_[buffer].data()), len));
-      if (info.ok() && info->tokens != req_.chunks[i].size())
-        st = make_status(StatusCode::corrupt_data, "chunk {} holds {} tokens, expected {}", i, info->tokens,
-                         req_.chunks[i].size());
-    }
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(p_.buffers_[buffer].data()), len);
+    st = gpu ? decode_gpu(i, bytes, *gpu) : decode_cpu(i, bytes);
   }
   {
     std::lock_guard lock(mu_);
     timings_[i].decode_end = Clock::now();
   }
+  // After decode_gpu returned, the worker's stream is idle: the upload from this
+  // buffer is complete, so it may take the next chunk.
   p_.release(buffer);
   finish(i, st.ok() ? st : st.with_context(fmt::format("chunk {}", i)));
+}
+
+Status FetchImpl::decode_cpu(uint32_t i, std::span<const uint8_t> bytes) {
+  thread_local codec::DecodeScratch scratch;  // one per decode worker, reused across chunks
+  auto view = req_.destination.slice(req_.chunks[i]);
+  if (!view.ok()) return view.status();
+  KVS_RETURN_IF_ERROR(codec::decode_chunk(p_.profile_, bytes, *view, &scratch));
+  // The chunk's own header says which tokens it holds: they must be these.
+  auto info = codec::inspect_chunk(bytes);
+  if (info.ok() && info->tokens != req_.chunks[i].size())
+    return make_status(StatusCode::corrupt_data, "chunk {} holds {} tokens, expected {}", i, info->tokens,
+                       req_.chunks[i].size());
+  return {};
+}
+
+Status FetchImpl::decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu) {
+  // Checked before decoding here: the GPU writes as many tokens as the chunk holds, and
+  // the runtime's device memory for chunk i holds exactly the range's tokens.
+  KVS_ASSIGN_OR_RETURN(const codec::ChunkInfo info, codec::inspect_chunk(bytes));
+  if (info.tokens != req_.chunks[i].size())
+    return make_status(StatusCode::corrupt_data, "chunk {} holds {} tokens, expected {}", i, info.tokens,
+                       req_.chunks[i].size());
+  if (!req_.device.empty()) {
+    const uint64_t out_bytes =
+        gpu::GpuDecoder::output_bytes(p_.profile_.geometry(), req_.chunks[i].size(), req_.device.dtype);
+    return gpu.decoder->decode(bytes, req_.device.chunks[i], out_bytes, req_.device.dtype, gpu.stream.handle());
+  }
+  auto view = req_.destination.slice(req_.chunks[i]);
+  if (!view.ok()) return view.status();
+  return gpu.decoder->decode_to_host(bytes, *view);
 }
 
 void FetchImpl::finish(uint32_t i, Status st) {
@@ -298,6 +448,21 @@ void FetchImpl::finish(uint32_t i, Status st) {
 }
 
 }  // namespace
+
+std::string_view decode_on_name(DecodeOn d) noexcept {
+  switch (d) {
+    case DecodeOn::cpu: return "cpu";
+    case DecodeOn::gpu: return "gpu";
+    case DecodeOn::automatic: return "auto";
+  }
+  return "?";
+}
+
+Result<DecodeOn> parse_decode_on(std::string_view name) {
+  for (DecodeOn d : {DecodeOn::cpu, DecodeOn::gpu, DecodeOn::automatic})
+    if (name == decode_on_name(d)) return d;
+  return make_status(StatusCode::invalid_argument, "decode '{}': expected cpu, gpu or auto", name);
+}
 
 Result<std::unique_ptr<Pipeline>> Pipeline::create(storage::Client& client, const codec::Profile& profile,
                                                    const PipelineConfig& config) {

@@ -241,6 +241,8 @@ class ClientImpl final : public Client {
     return std::unique_ptr<Client>(std::move(c));
   }
 
+  const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
+
   Result<MemoryRegion> register_memory(void* data, size_t size) override {
     return backend_->register_memory(data, size, transport::MemoryType::host);
   }

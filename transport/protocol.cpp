@@ -18,9 +18,11 @@ class Writer {
  public:
   template <typename T>
   void put(T v) {
-    const size_t at = out.size();
-    out.resize(at + sizeof v);
-    std::memcpy(out.data() + at, &v, sizeof v);
+    // Appended through a local copy: resize-then-memcpy trips GCC 12's
+    // -Wstringop-overflow false positive at -O2 and above.
+    std::array<std::byte, sizeof v> b;
+    std::memcpy(b.data(), &v, sizeof v);
+    out.insert(out.end(), b.begin(), b.end());
   }
   void put_str8(const std::string& s) {  // callers bound the length to < 256
     put(uint8_t(s.size()));

@@ -87,10 +87,13 @@ class GpuDecoder {
 
   /// Decodes `chunk` into `device_out` (device memory, `device_out_bytes` bytes, at
   /// least output_bytes(...)) as packed [layer][plane][token][channel] of `dtype`.
-  /// Work is enqueued on `stream` (a cudaStream_t; nullptr = the legacy default
-  /// stream); the call returns after that stream has finished the decode, because the
-  /// rANS checks (word count, escapes, final states) are read back before reporting
-  /// success. Errors: corrupt_data (any defect codec::decode_chunk rejects),
+  /// Work is enqueued on `stream` (a cudaStream_t, e.g. gpu::Stream::handle();
+  /// nullptr = the legacy default stream); the call returns after that stream has
+  /// finished the decode, because the rANS checks (word count, escapes, final states)
+  /// are read back before reporting success. When `chunk` lies in page-locked memory
+  /// (gpu::PinnedHostMemory, cudaHostRegister), its bytes are uploaded straight from
+  /// there (DMA); otherwise they are first copied into the decoder's pinned staging
+  /// buffer. Errors: corrupt_data (any defect codec::decode_chunk rejects),
   /// invalid_argument (another profile, null/short output), unavailable (a CUDA error;
   /// the message names it). On error the output's content is unspecified.
   Status decode(std::span<const uint8_t> chunk, void* device_out, uint64_t device_out_bytes, DType dtype,

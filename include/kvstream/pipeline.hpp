@@ -2,6 +2,17 @@
 // decodes them into the runtime's KV memory, keeping chunk i+1.. on the wire while
 // chunk i decodes. Buffers are registered once and reused; memory held is bounded by
 // depth x max chunk size, whatever the context length.
+//
+// Chunks decode on the CPU (codec::decode_chunk, the default) or on a GPU
+// (gpu::GpuDecoder; PipelineConfig::decode). On the GPU path the receive buffers are
+// also page-locked (cudaHostRegister), so a landed chunk is uploaded by DMA straight
+// from the buffer it landed in, and each decode worker owns one GpuDecoder and one
+// CUDA stream: with decode_threads >= 2, the upload and decode of chunk i on one
+// worker's stream overlap the decode of chunk i-1 on another's, while chunk i+1.. are
+// on the wire. The runtime's KV memory may then be on the GPU (FetchRequest::device).
+// GPUDirect (chunks landing straight in device memory) needs a transport backend that
+// declares Capabilities::cuda_memory; none does yet (tcp, ucx, libfabric are host
+// memory only), so asking for it is an `unsupported` error.
 #pragma once
 
 #include <chrono>
@@ -10,9 +21,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvstream/codec.hpp"
+#include "kvstream/dtype.hpp"
 #include "kvstream/kv_model.hpp"
 #include "kvstream/status.hpp"
 #include "kvstream/storage.hpp"
@@ -43,20 +56,63 @@ struct ChunkTimings {
   Status status;                      ///< ok, or why this chunk failed
 };
 
-/// Pipeline settings (defaults documented per field).
+/// Where chunks are decoded.
+enum class DecodeOn : uint8_t {
+  cpu,        ///< codec::decode_chunk on the decode threads (what the pipeline always did)
+  gpu,        ///< gpu::GpuDecoder on PipelineConfig::gpu_device; create() fails when that GPU is not usable
+  automatic,  ///< the GPU when gpu::probe_device() finds one and a decoder starts on it, else the CPU
+};
+
+/// "cpu", "gpu" or "auto".
+std::string_view decode_on_name(DecodeOn d) noexcept;
+/// Parses "cpu", "gpu" or "auto". Errors: invalid_argument.
+Result<DecodeOn> parse_decode_on(std::string_view name);
+
+/// Pipeline settings (defaults documented per field). New fields go at the end, so
+/// that aggregate initialisation ({depth, max_chunk_bytes, decode_threads}) keeps
+/// meaning what it meant.
 struct PipelineConfig {
   uint32_t depth = 4;                 ///< receive buffers, i.e. chunks on the wire or waiting to decode
   uint64_t max_chunk_bytes = uint64_t(64) << 20;  ///< size of each receive buffer
-  unsigned decode_threads = 1;        ///< decoders working on different chunks at once
+  unsigned decode_threads = 1;        ///< decoders working on different chunks at once (on the GPU path:
+                                      ///< GpuDecoders, each with its own stream; >= 2 to overlap chunks)
+  DecodeOn decode = DecodeOn::cpu;    ///< where chunks decode; create() logs which path it took
+  int gpu_device = 0;                 ///< the CUDA device of DecodeOn::gpu (and of automatic)
+  /// Land encoded chunks straight in device memory (GPUDirect) instead of in pinned
+  /// host buffers. Needs the client's backend to declare Capabilities::cuda_memory:
+  /// no backend does yet, so create() fails `unsupported`, naming the backend.
+  bool gpudirect = false;
 };
 
-/// One fetch: a context's chunks into a destination view.
+/// Runtime KV memory on the GPU: where a GPU pipeline (Pipeline::decodes_on() == gpu)
+/// writes each decoded chunk instead of into FetchRequest::destination.
+struct DeviceDestination {
+  /// Chunk i is written to chunks[i] (device memory of PipelineConfig::gpu_device) as
+  /// packed [layer][plane][token][channel] of `dtype` for the tokens of
+  /// FetchRequest::chunks[i]: exactly gpu::GpuDecoder::output_bytes(profile geometry,
+  /// chunks[i].size(), dtype) bytes, which the runtime must have allocated there.
+  /// Pointers may be anywhere (one per chunk: a paged runtime's block of the chunk,
+  /// or base + offset in one allocation). Empty = a host destination.
+  std::vector<void*> chunks;
+  DType dtype = DType::f16;           ///< element type written (f16, bf16 or f32)
+  [[nodiscard]] bool empty() const noexcept { return chunks.empty(); }
+};
+
+/// One fetch: a context's chunks into a destination view, or into device memory.
 struct FetchRequest {
   std::string context;
-  KvView destination;                 ///< runtime KV memory for all the chunks (packed or paged)
+  /// Runtime KV memory for all the chunks (packed or paged) in host memory. Unused
+  /// (may be empty) when `device` is set. A GPU pipeline given a host destination
+  /// decodes on the GPU and copies each chunk back (GpuDecoder::decode_to_host): a
+  /// check path, not the fast one.
+  KvView destination;
   std::vector<TokenRange> chunks;     ///< destination-relative token range of chunk i (stored as chunk i)
   transport::Deadline deadline;       ///< the whole fetch
   transport::CancelToken cancel;
+  /// Runtime KV memory on the GPU, one pointer per chunk (GPU pipelines only; a CPU
+  /// pipeline refuses it with invalid_argument). When set, only the size of each
+  /// chunk's range matters and `destination` is not touched.
+  DeviceDestination device;
 };
 
 struct FetchCallbacks {
@@ -88,15 +144,27 @@ class Fetch {
 class Pipeline {
  public:
   virtual ~Pipeline() = default;
-  /// `client` and `profile` must outlive the pipeline.
+  /// `client` and `profile` must outlive the pipeline. Allocates and registers the
+  /// receive buffers and starts the decode workers; logs the decode path taken (CPU,
+  /// or which GPU). Errors: invalid_argument (config); with DecodeOn::gpu,
+  /// `unavailable` when no GPU is usable (the message names the CUDA error, e.g. 35,
+  /// cudaErrorInsufficientDriver) or `unsupported` (built without CUDA, geometry too
+  /// wide for the kernels), never a silent fallback to the CPU; with
+  /// DecodeOn::automatic the same causes only select the CPU (gpu::probe_device() logs
+  /// why, once per process); with gpudirect, `unsupported` naming the client's
+  /// backend; and the client's errors registering the buffers.
   static Result<std::unique_ptr<Pipeline>> create(storage::Client& client, const codec::Profile& profile,
                                                   const PipelineConfig& config);
   /// Starts a fetch. Errors before any transfer: invalid_argument (ranges outside the
-  /// destination, geometry mismatch), not_found (no such context), and the client's
-  /// errors for its stat call.
+  /// destination, geometry mismatch, a device destination on a CPU pipeline or with a
+  /// pointer count other than the chunk count, a null or non-device pointer, an
+  /// element type the GPU decoder cannot write), not_found (no such context), and the
+  /// client's errors for its stat call.
   virtual Result<std::shared_ptr<Fetch>> fetch(FetchRequest request, FetchCallbacks callbacks) = 0;
   /// Buffers currently lent to fetches (0 when idle): the memory bound in action.
   [[nodiscard]] virtual uint32_t buffers_in_use() const = 0;
+  /// Where this pipeline decodes: cpu or gpu (automatic resolved at create()).
+  [[nodiscard]] virtual DecodeOn decodes_on() const = 0;
 };
 
 }  // namespace kvstream::pipeline

@@ -93,6 +93,12 @@ class Client {
   /// Registers a buffer with the client's backend (chunks land in it directly).
   virtual Result<transport::MemoryRegion> register_memory(void* data, size_t size) = 0;
 
+  /// The capabilities of the client's transport backend (its name, the memory types
+  /// bodies may land in), for callers that choose a path by them (the pipeline's
+  /// GPUDirect check); null when the client does not report them, which callers read
+  /// as "host memory only".
+  [[nodiscard]] virtual const transport::Capabilities* capabilities() const { return nullptr; }
+
   /// Stores one level of one chunk (replacing it). Durable when this returns ok.
   virtual Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
                      transport::Deadline deadline, const transport::CancelToken& cancel = {}) = 0;

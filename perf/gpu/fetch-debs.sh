@@ -16,6 +16,7 @@ pkgs=(
   libcli11-dev nlohmann-json3-dev
   libssl-dev libssl3
   pkgconf pkgconf-bin libpkgconf3
+  liburing-dev liburing2   # the tcp backend, for the pipeline benchmark over loopback
 )
 apt-get download "${pkgs[@]}"
 ls -la "$ROOT/.debs"

@@ -1,17 +1,23 @@
 // The pipeline against a real storage node on loopback: pipelined = serial bit for
 // bit, paged = packed, cancel frees every buffer, a failed chunk is reported with its
 // index while the rest complete, recompute decisions are reported, memory stays
-// within depth buffers.
+// within depth buffers. The GPU path: `auto` without a GPU fetches on the CPU, `gpu`
+// without one is a clear error, GPUDirect is unsupported by every backend, and (with a
+// GPU) a fetch into device memory equals the CPU's fetch bit for bit.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <numeric>
 #include <random>
 
 #include "kvstream/adaptive_fetch.hpp"
+#include "kvstream/gpu.hpp"
+#include "kvstream/gpu_decoder.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/pipeline.hpp"
 
 using namespace kvstream;
@@ -319,6 +325,144 @@ TEST_F(PipelineTest, AdaptiveFetchChoosesLevelsAndLearnsThePeer) {
   // An inconsistent plan is refused.
   plan.level_quality_loss = {0.1};
   EXPECT_FALSE(pipeline::adaptive_callbacks(plan, stored_sizes(*client_), req.deadline).ok());
+}
+
+}  // namespace
+
+// The GPU path.
+namespace {
+
+pipeline::PipelineConfig gpu_config(pipeline::DecodeOn on) {
+  pipeline::PipelineConfig pc;
+  pc.depth = 3;
+  pc.max_chunk_bytes = 1 << 20;
+  pc.decode_threads = 2;  // two decoders, two streams: chunks overlap on the GPU
+  pc.decode = on;
+  return pc;
+}
+
+TEST(PipelineDecodeOn, NamesRoundTrip) {
+  for (auto d : {pipeline::DecodeOn::cpu, pipeline::DecodeOn::gpu, pipeline::DecodeOn::automatic})
+    EXPECT_EQ(pipeline::parse_decode_on(pipeline::decode_on_name(d)).value(), d);
+  EXPECT_EQ(pipeline::decode_on_name(pipeline::DecodeOn::automatic), "auto");
+  EXPECT_EQ(pipeline::parse_decode_on("cuda").status().code(), StatusCode::invalid_argument);
+}
+
+TEST_F(PipelineTest, AutoFetchesCorrectlyWhereverItDecodes) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::automatic));
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  // Without a usable GPU, auto is the CPU path; with one, the GPU decodes and copies
+  // each chunk back into the host view. Either way: the serial CPU decode, bit for bit.
+  if (!gpu::probe_device().ok()) EXPECT_EQ((*p)->decodes_on(), pipeline::DecodeOn::cpu);
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  auto f = (*p)->fetch(request(out.view()), by_index());
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_TRUE((*f)->wait().ok());
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
+  const KvCache ref = serial();
+  EXPECT_EQ(std::memcmp(out.bytes().data(), ref.bytes().data(), ref.bytes().size()), 0);
+}
+
+TEST_F(PipelineTest, GpuWithoutAGpuIsAClearErrorFromCreate) {
+  const auto probe = gpu::probe_device();
+  if (probe.ok()) GTEST_SKIP() << "a GPU is present (" << probe->name << "): this checks the error without one";
+  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::gpu));
+  ASSERT_FALSE(p.ok()) << "decode=gpu must not fall back to the CPU silently";
+  const std::string msg = p.status().message();
+  std::cout << "decode=gpu without a GPU: " << p.status().to_string() << "\n";
+  if (!gpu::built_with_cuda()) {
+    EXPECT_EQ(p.status().code(), StatusCode::unsupported) << msg;
+    return;
+  }
+  EXPECT_EQ(p.status().code(), StatusCode::unavailable) << msg;
+  // Names the CUDA error (35, cudaErrorInsufficientDriver, on a machine without a
+  // driver) or says that there is no device.
+  EXPECT_TRUE(msg.find("CUDA") != std::string::npos || msg.find("cuda") != std::string::npos) << msg;
+  EXPECT_TRUE(msg.find("35") != std::string::npos || msg.find("0 devices") != std::string::npos ||
+              msg.find("does not exist") != std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("decode=gpu"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineTest, GpuDirectIsUnsupportedNamingTheBackend) {
+  for (auto on : {pipeline::DecodeOn::gpu, pipeline::DecodeOn::automatic}) {
+    auto pc = gpu_config(on);
+    pc.gpudirect = true;
+    auto p = pipeline::Pipeline::create(*client_, profile_, pc);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
+    const std::string msg = p.status().message();
+    std::cout << "GPUDirect, decode=" << pipeline::decode_on_name(on) << ": " << p.status().to_string() << "\n";
+    EXPECT_NE(msg.find("GPUDirect"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cuda_memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tcp"), std::string::npos) << msg;  // names the backend (tcp here)
+  }
+  auto pc = gpu_config(pipeline::DecodeOn::cpu);
+  pc.gpudirect = true;
+  EXPECT_EQ(pipeline::Pipeline::create(*client_, profile_, pc).status().code(), StatusCode::invalid_argument);
+}
+
+TEST_F(PipelineTest, DeviceDestinationNeedsAGpuPipeline) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::cpu));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->decodes_on(), pipeline::DecodeOn::cpu);
+  pipeline::FetchRequest req = request(KvView{});
+  static std::byte not_device[16];
+  req.device.chunks.assign(ranges_.size(), not_device);
+  const auto f = (*p)->fetch(req, by_index());
+  EXPECT_EQ(f.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(f.status().message().find("GPU pipeline"), std::string::npos) << f.status().to_string();
+}
+
+TEST_F(PipelineTest, GpuFetchIntoDeviceMemoryEqualsTheCpuFetch) {
+  const auto probe = gpu::probe_device();
+  if (!probe.ok())
+    GTEST_SKIP() << probe.status().message()
+                 << " -- the fetch into device memory is checked on a GPU machine (perf/gpu/run.sh)";
+  auto gp = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::gpu));
+  ASSERT_TRUE(gp.ok()) << gp.status().to_string();
+  ASSERT_EQ((*gp)->decodes_on(), pipeline::DecodeOn::gpu);
+  auto cp = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::cpu));
+  ASSERT_TRUE(cp.ok());
+  // Each chunk at level i % 4 (by_index): every level is compared.
+  for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
+    SCOPED_TRACE(fmt::format("dtype {}", int(dt)));
+    auto ref = KvCache::create(kGeom, dt, kTokens).value();
+    auto cf = (*cp)->fetch(request(ref.view()), by_index());
+    ASSERT_TRUE(cf.ok());
+    ASSERT_TRUE((*cf)->wait().ok());
+    // The runtime's device memory: one allocation, chunk i packed at its offset.
+    std::vector<uint64_t> offset, bytes;
+    uint64_t total = 0;
+    for (const auto& r : ranges_) {
+      offset.push_back(total);
+      bytes.push_back(gpu::GpuDecoder::output_bytes(kGeom, r.size(), dt));
+      total += bytes.back();
+    }
+    auto dev = gpu::DeviceBuffer::allocate(total);
+    ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+    pipeline::FetchRequest req = request(KvView{});
+    req.device.dtype = dt;
+    for (uint64_t o : offset) req.device.chunks.push_back(static_cast<std::byte*>(dev->data()) + o);
+    auto gf = (*gp)->fetch(req, by_index());
+    ASSERT_TRUE(gf.ok()) << gf.status().to_string();
+    ASSERT_TRUE((*gf)->wait().ok());
+    EXPECT_EQ((*gp)->buffers_in_use(), 0u);
+    std::vector<std::byte> host(total);
+    ASSERT_TRUE(gpu::copy_to_host(host.data(), dev->data(), total).ok());
+    for (uint32_t i = 0; i < ranges_.size(); ++i) {
+      auto packed = KvCache::create(kGeom, dt, ranges_[i].size()).value();
+      ASSERT_TRUE(copy_kv(*ref.view().slice(ranges_[i]), packed.view()).ok());
+      ASSERT_EQ(packed.bytes().size(), bytes[i]);
+      EXPECT_EQ(std::memcmp(host.data() + offset[i], packed.bytes().data(), bytes[i]), 0)
+          << "chunk " << i << " (level " << level_of(i) << ") differs from the CPU's fetch";
+    }
+  }
+  // A host pointer is refused before anything is fetched.
+  pipeline::FetchRequest bad = request(KvView{});
+  std::vector<std::byte> host_mem(1 << 20);
+  bad.device.chunks.assign(ranges_.size(), host_mem.data());
+  EXPECT_EQ((*gp)->fetch(bad, by_index()).status().code(), StatusCode::invalid_argument);
 }
 
 }  // namespace

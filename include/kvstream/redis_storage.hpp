@@ -1,0 +1,52 @@
+// A storage::Client over Redis (hiredis), for deployments that already run Redis and
+// want it to hold encoded chunks. The pipeline and the adaptive fetch use it unchanged.
+//
+// Keys (namespace and context ids are validated as for the native node, so they never
+// contain ':'):
+//   kvs:{namespace}:{context}:{chunk}:{level}  the chunk: u64 xxh3-64 of the payload
+//                                              (little-endian), then the payload
+//   kvs:{namespace}:{context}:sizes            hash "chunk:level" -> payload bytes (stat)
+//   kvs:{namespace}:contexts                   set of context ids (list)
+// A put writes all three in one MULTI/EXEC transaction. A get verifies the checksum
+// (the native protocol's xxh3-64, transport/protocol.hpp) before copying the payload
+// into the caller's buffer: one copy, as hiredis owns the reply. docs/storage-backends.md
+// says when to use it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvstream/status.hpp"
+#include "kvstream/storage.hpp"
+#include "kvstream/transport.hpp"
+
+namespace kvstream::redis {
+
+/// Settings of the Redis storage client (defaults documented per field).
+struct RedisConfig {
+  /// "host:port", or "unix:/path/to/redis.sock" for a Unix socket.
+  std::string address = "127.0.0.1:6379";
+  std::string password;                       ///< sent with AUTH when not empty
+  uint32_t database = 0;                      ///< SELECTed when not 0
+  std::string name_space = "default";         ///< key prefix, validated like storage namespaces
+  uint32_t connections = 2;                   ///< connections, each served by one thread (1..64)
+  std::chrono::milliseconds connect_timeout{2000};  ///< bound on (re)connecting, within each call's deadline
+};
+
+/// True when kvstream was built with hiredis (KVSTREAM_WITH_REDIS).
+bool available() noexcept;
+
+/// Connects (and checks the server with PING). Every call of the returned client
+/// keeps its deadline (hiredis socket timeouts set to the time left; a connection
+/// that timed out is reopened for the next call) and its cancel token (the call
+/// completes with cancelled within about 10 ms; the command's late reply is
+/// discarded, and the caller's buffer is never touched after the callback).
+/// register_memory accepts any host buffer. Errors: unsupported (built without
+/// hiredis), invalid_argument, permission_denied (AUTH refused), unavailable,
+/// timed_out, cancelled.
+Result<std::unique_ptr<storage::Client>> connect(const RedisConfig& config, transport::Deadline deadline,
+                                                 const transport::CancelToken& cancel = {});
+
+}  // namespace kvstream::redis

@@ -1,0 +1,469 @@
+// kvstream-bench adapt: the level chooser on a real link whose rate changes (perf/adapt/
+// run.sh shapes it with tc tbf and drives the rate from a trace). Every configuration
+// (each fixed level, text only, 8-bit quantized KV, the paper's last-chunk estimator
+// with the paper's chooser, ours with each estimator) fetches the same context in
+// turn, round after round, so all of them see the same link over the run. Reported
+// per configuration and deadline: deadline violations, mean quality loss, mean and
+// p99 time to first token.
+//
+// Time to first token of a request = when its last chunk is in memory, or when the
+// runtime has recomputed its text chunks (prefill at --prefill-tokens-per-s, on the
+// GPU, in parallel with the fetch), whichever is later. A request still running at
+// --cap times its deadline is cancelled and counted at the cap (a violation).
+// Every finished transfer, of any configuration, feeds every estimator: a runtime's
+// estimator sees all traffic to its peer.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "examples/tinyllama/eval_harness.hpp"
+#include "kvstream/adaptive_fetch.hpp"
+#include "kvstream/pipeline.hpp"
+#include "perf/assembled_kv.hpp"
+#include "perf/bench.hpp"
+
+namespace kvstream::bench {
+
+using namespace std::chrono_literals;
+using transport::Clock;
+using transport::deadline_in;
+
+namespace {
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+int fail(const Status& s) {
+  fmt::print(stderr, "kvstream-bench adapt: {}\n", s.to_string());
+  return 1;
+}
+
+struct Config {
+  std::string name;
+  enum class Kind { fixed, text, int8, adaptive } kind = Kind::fixed;
+  uint32_t level = 0;
+  std::string chooser, estimator;
+};
+
+struct Outcome {
+  double start_wall = 0;   // realtime, for lining up with the rate trace
+  double ttft_s = 0;
+  bool violated = false;
+  bool capped = false;
+  double quality_loss = 0;  // mean over chunks
+  uint64_t bytes = 0;
+  uint32_t text_chunks = 0;
+  double delivered_bps = 0;  // bytes over the wire time of this request
+  std::vector<int> levels;   // per chunk, -1 = text
+  std::string error;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p * double(v.size() - 1);
+  const auto lo = size_t(std::floor(idx)), hi = size_t(std::ceil(idx));
+  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
+
+// Per-token int8 quantization of a chunk (CacheGen's 8-bit baseline): for every
+// (layer, plane, token) row, a fp32 scale then one int8 per channel.
+std::vector<uint8_t> quantize_int8(const KvView& v) {
+  const auto& g = v.geometry();
+  const uint32_t C = g.channels();
+  std::vector<uint8_t> out;
+  std::vector<float> row(C);
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t p = 0; p < g.planes(); ++p)
+      for (uint64_t t = 0; t < v.tokens(); ++t) {
+        v.load_row(l, p, t, row.data());
+        float amax = 0;
+        for (float x : row) amax = std::max(amax, std::fabs(x));
+        const float scale = amax > 0 ? amax / 127.0f : 1.0f;
+        const size_t at = out.size();
+        out.resize(at + 4 + C);
+        std::memcpy(out.data() + at, &scale, 4);
+        for (uint32_t c = 0; c < C; ++c) out[at + 4 + c] = uint8_t(int8_t(std::lrint(row[c] / scale)));
+      }
+  return out;
+}
+
+// Dequantizes what quantize_int8 wrote into `dest` (the runtime's fp16 memory).
+Status dequantize_int8(std::span<const std::byte> in, const KvView& dest) {
+  const auto& g = dest.geometry();
+  const uint32_t C = g.channels();
+  std::vector<float> row(C);
+  size_t at = 0;
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t p = 0; p < g.planes(); ++p)
+      for (uint64_t t = 0; t < dest.tokens(); ++t) {
+        if (at + 4 + C > in.size()) return make_status(StatusCode::corrupt_data, "int8 chunk too short");
+        float scale;
+        std::memcpy(&scale, in.data() + at, 4);
+        const auto* q = reinterpret_cast<const int8_t*>(in.data() + at + 4);
+        for (uint32_t c = 0; c < C; ++c) row[c] = float(q[c]) * scale;
+        dest.store_row(l, p, t, row.data());
+        at += 4 + C;
+      }
+  return {};
+}
+
+}  // namespace
+
+int run_adapt_bench(const AdaptBenchOptions& o) {
+  auto geom = named_geometry(o.geometry);
+  if (!geom.ok()) return fail(geom.status());
+  // Quality per level: the perplexity increase tinyllama measured at the same level
+  // steps (the assembled cache has no model to score it; the levels share steps).
+  auto qprof = codec::Profile::load_file(o.quality_profile);
+  if (!qprof.ok())
+    return fail(qprof.status().with_context(
+        fmt::format("quality profile '{}' (make demo or kvstream-profile writes it)", o.quality_profile)));
+  auto d = tinyllama::load_eval_data(tinyllama::data_dir(o.data));
+  if (!d.ok()) return fail(d.status());
+  auto train_src = source_windows(d->model, d->first_half, 48);
+  auto test_src = source_windows(d->model, d->second_half, 48);
+  if (!train_src.ok() || !test_src.ok()) return fail(train_src.ok() ? test_src.status() : train_src.status());
+  auto train = assemble_kv(*geom, 1024, *train_src, 1);
+  auto ctx = assemble_kv(*geom, o.tokens, *test_src, 1);
+  if (!train.ok() || !ctx.ok()) return fail(train.ok() ? ctx.status() : train.status());
+  std::vector<KvView> samples;
+  for (const auto& r : codec::chunk_ranges(train->tokens(), 512)) samples.push_back(*train->view().slice(r));
+  codec::ProfileOptions po;
+  po.max_transform_block = 32;
+  auto profile = codec::ProfileBuilder::build(samples, RopeParams{}, po);
+  if (!profile.ok()) return fail(profile.status());
+  const uint32_t levels = profile->levels();
+  std::vector<double> quality(levels, 0.0);
+  for (uint32_t L = 0; L < levels; ++L) {
+    if (L >= qprof->levels() || qprof->level(L).kl_nats < 0)  // KL >= 0 whenever measured
+      return fail(make_status(StatusCode::invalid_argument, "quality profile has no measured quality for level {}", L));
+    quality[L] = std::max(0.0, qprof->level(L).ppl_increase_pct);
+  }
+
+  // Encode every level of every chunk, and the 8-bit baseline.
+  const auto ranges = codec::chunk_ranges(o.tokens, o.chunk_tokens);
+  const auto nchunks = uint32_t(ranges.size());
+  std::vector<std::vector<std::vector<uint8_t>>> enc(nchunks, std::vector<std::vector<uint8_t>>(levels));
+  std::vector<std::vector<uint8_t>> int8(nchunks);
+  uint64_t max_chunk = 0, int8_max = 0;
+  for (uint32_t i = 0; i < nchunks; ++i) {
+    for (uint32_t L = 0; L < levels; ++L) {
+      if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), L, enc[i][L]); !s.ok()) return fail(s);
+      max_chunk = std::max<uint64_t>(max_chunk, enc[i][L].size());
+    }
+    int8[i] = quantize_int8(*ctx->view().slice(ranges[i]));
+    int8_max = std::max<uint64_t>(int8_max, int8[i].size());
+  }
+  // Decode cost per level, measured (seconds per encoded byte).
+  auto dest = KvCache::create(*geom, DType::f16, o.tokens);
+  if (!dest.ok()) return fail(dest.status());
+  std::vector<double> decode_spb(levels);
+  codec::DecodeScratch scratch;
+  for (uint32_t L = 0; L < levels; ++L) {
+    double best = 1e300;
+    for (int rep = 0; rep < 3; ++rep) {  // best of three: first-use allocations are not a decode cost
+      const auto t0 = Clock::now();
+      if (Status s = codec::decode_chunk(*profile, enc[0][L], *dest->view().slice(ranges[0]), &scratch); !s.ok())
+        return fail(s);
+      best = std::min(best, since(t0));
+    }
+    decode_spb[L] = best / double(enc[0][L].size());
+  }
+  fmt::print(stderr, "{} x {} tokens: {} chunks; level bytes per chunk {}..{}; int8 {} bytes per chunk; decode "
+             "{:.3f}..{:.3f} s per chunk\n",
+             o.geometry, o.tokens, nchunks, enc[0][levels - 1].size(), enc[0][0].size(), int8[0].size(),
+             decode_spb[levels - 1] * double(enc[0][levels - 1].size()), decode_spb[0] * double(enc[0][0].size()));
+
+  // The storage node (external: the far side of the shaped link).
+  std::unique_ptr<storage::Server> server;
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-adapt-{}", ::getpid());
+  storage::ClientConfig cc;
+  cc.name_space = "bench";
+  cc.secret = o.secret;
+  if (o.server.empty()) {
+    storage::ServerConfig sc;
+    sc.address = "127.0.0.1:0";
+    sc.directory = dir.string();
+    sc.secrets = {{"bench", o.secret}};
+    auto s = storage::Server::start(sc);
+    if (!s.ok()) return fail(s.status());
+    server = std::move(s).value();
+    cc.address = server->address();
+  } else {
+    cc.address = o.server;
+  }
+  auto client = storage::Client::connect(cc, deadline_in(10s));
+  if (!client.ok()) return fail(client.status());
+  for (uint32_t i = 0; i < nchunks; ++i) {
+    for (uint32_t L = 0; L < levels; ++L)
+      if (Status s = (*client)->put("adapt-ctx", i, L, std::as_bytes(std::span(enc[i][L])), deadline_in(120s)); !s.ok())
+        return fail(s);
+    if (Status s = (*client)->put("adapt-int8", i, 0, std::as_bytes(std::span(int8[i])), deadline_in(120s)); !s.ok())
+      return fail(s);
+  }
+  auto stats = (*client)->stat("adapt-ctx", deadline_in(10s));
+  if (!stats.ok()) return fail(stats.status());
+  std::vector<std::vector<uint64_t>> level_bytes(nchunks);
+  for (const auto& st : *stats) level_bytes[st.chunk] = st.level_bytes;
+
+  pipeline::PipelineConfig pc;
+  pc.depth = o.depth;
+  pc.max_chunk_bytes = std::max(max_chunk, int8_max);
+  pc.decode_threads = o.decode_threads;
+  auto pipe = pipeline::Pipeline::create(**client, *profile, pc);
+  if (!pipe.ok()) return fail(pipe.status());
+
+  // Estimators, one set per kind, every one fed by every transfer.
+  std::map<std::string, std::shared_ptr<policy::EstimatorSet>> estimators;
+  for (const char* name : {"last", "ewma", "harmonic", "percentile"}) {
+    policy::EstimatorOptions eo;
+    eo.prior_bits_per_second = 1e9;
+    auto set = policy::EstimatorSet::create(name, eo);
+    if (!set.ok()) return fail(set.status());
+    estimators[name] = std::shared_ptr<policy::EstimatorSet>(std::move(set).value());
+  }
+  const std::string peer = cc.address;
+  auto observe_all = [&](uint64_t bytes, Clock::time_point a, Clock::time_point b) {
+    if (bytes == 0 || b <= a) return;
+    for (auto& [n, set] : estimators) (void)set->observe(peer, bytes, policy::to_seconds(a), policy::to_seconds(b));
+  };
+
+  std::vector<Config> configs;
+  for (uint32_t L = 0; L < levels; ++L) configs.push_back({fmt::format("level {}", L), Config::Kind::fixed, L, "", ""});
+  configs.push_back({"text only", Config::Kind::text, 0, "", ""});
+  configs.push_back({"8-bit", Config::Kind::int8, 0, "", ""});
+  configs.push_back({"paper + last", Config::Kind::adaptive, 0, "paper", "last"});
+  for (const char* e : {"last", "ewma", "harmonic", "percentile"})
+    configs.push_back({fmt::format("ours + {}", e), Config::Kind::adaptive, 0, "deadline", e});
+  if (!o.configs.empty()) {
+    std::vector<Config> keep;
+    for (const auto& c : configs)
+      if (std::find(o.configs.begin(), o.configs.end(), c.name) != o.configs.end()) keep.push_back(c);
+    configs = std::move(keep);
+    if (configs.empty()) return fail(make_status(StatusCode::invalid_argument, "no configuration matches --configs"));
+  }
+  std::map<std::string, std::shared_ptr<const policy::Chooser>> choosers;
+  for (const char* n : {"paper", "deadline"}) {
+    auto c = policy::make_chooser(n);
+    if (!c.ok()) return fail(c.status());
+    choosers[n] = std::shared_ptr<const policy::Chooser>(std::move(c).value());
+  }
+  std::vector<uint64_t> chunk_tokens;
+  for (const auto& r : ranges) chunk_tokens.push_back(r.size());
+  const double text_all_s = double(o.tokens) / o.prefill_tokens_per_s;
+
+  std::vector<std::byte> landing(int8_max * o.depth);
+  auto landing_mr = (*client)->register_memory(landing.data(), landing.size());
+  if (!landing_mr.ok()) return fail(landing_mr.status());
+
+  auto run_one = [&](const Config& c, double deadline_s) -> Outcome {
+    Outcome out;
+    out.start_wall = wall_now();
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s));
+    const auto cap =
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(deadline_s * o.cap_factor));
+    if (c.kind == Config::Kind::text) {
+      out.ttft_s = text_all_s;  // prefill on the GPU; nothing on the wire
+      out.text_chunks = nchunks;
+      out.levels.assign(nchunks, -1);
+    } else if (c.kind == Config::Kind::int8) {
+      // The 8-bit cache: `depth` gets in flight, each chunk dequantized into the
+      // runtime's fp16 memory as it lands.
+      std::vector<std::future<Result<size_t>>> inflight;
+      std::vector<Clock::time_point> started;
+      transport::CancelToken cancel;
+      Status err;
+      Clock::time_point first_wire{}, last_wire{};
+      auto land = [&](uint32_t i) {
+        auto r = inflight[i % o.depth].get();
+        const auto now = Clock::now();
+        if (!r.ok()) {
+          if (err.ok()) err = r.status();
+          return;
+        }
+        observe_all(*r, last_wire > started[i] ? last_wire : started[i], now);
+        out.bytes += *r;
+        last_wire = now;
+        if (Status s = dequantize_int8(std::span(landing).subspan((i % o.depth) * int8_max, *r),
+                                       *dest->view().slice(ranges[i]));
+            !s.ok() && err.ok())
+          err = s;
+      };
+      inflight.resize(o.depth);
+      started.resize(nchunks);
+      first_wire = Clock::now();
+      for (uint32_t i = 0; i < nchunks; ++i) {
+        if (i >= o.depth) land(i - o.depth);
+        started[i] = Clock::now();
+        inflight[i % o.depth] = (*client)->get_future("adapt-int8", i, 0, *landing_mr, (i % o.depth) * int8_max,
+                                                      int8_max, cap, cancel);
+      }
+      for (uint32_t i = nchunks > o.depth ? nchunks - o.depth : 0; i < nchunks; ++i) land(i);
+      out.ttft_s = since(t0);
+      if (!err.ok()) {
+        out.capped = err.code() == StatusCode::timed_out;
+        if (!out.capped) out.error = err.to_string();
+        out.ttft_s = std::max(out.ttft_s, deadline_s * o.cap_factor);
+      }
+      if (last_wire > first_wire) out.delivered_bps = double(out.bytes) * 8 / std::chrono::duration<double>(last_wire - first_wire).count();
+      out.quality_loss = -1;  // not measured on this context (see perf/RESULTS.md)
+    } else {
+      pipeline::FetchRequest req;
+      req.context = "adapt-ctx";
+      req.destination = dest->view();
+      req.chunks = ranges;
+      req.deadline = cap;
+      pipeline::FetchCallbacks cb;
+      std::mutex mu;
+      Clock::time_point last_end{};
+      auto on_chunk = [&](const pipeline::ChunkTimings& t) {
+        if (!t.status.ok() || t.bytes == 0) return;
+        Clock::time_point start;
+        {
+          // The bytes flow once the chunk before has landed (as adaptive_callbacks counts).
+          std::lock_guard lk(mu);
+          start = last_end > t.wire_start && last_end < t.wire_end ? last_end : t.wire_start;
+          last_end = std::max(last_end, t.wire_end);
+        }
+        if (c.kind == Config::Kind::fixed) observe_all(t.bytes, start, t.wire_end);
+        if (c.kind == Config::Kind::adaptive)
+          for (auto& [n, set] : estimators)  // the plan's own set is fed by adaptive_callbacks
+            if (n != c.estimator)
+              (void)set->observe(peer, t.bytes, policy::to_seconds(start), policy::to_seconds(t.wire_end));
+      };
+      if (c.kind == Config::Kind::fixed) {
+        cb.decide = [lvl = c.level](uint32_t, std::span<const uint64_t>) {
+          return pipeline::ChunkDecision{pipeline::ChunkDecision::Action::fetch, lvl};
+        };
+        cb.on_chunk = on_chunk;
+      } else {
+        pipeline::AdaptivePlan plan;
+        plan.chooser = choosers[c.chooser];
+        plan.estimators = estimators[c.estimator];
+        plan.peer = peer;
+        plan.level_quality_loss = quality;
+        plan.decode_seconds_per_byte = decode_spb;
+        plan.chunk_tokens = chunk_tokens;
+        plan.recompute_tokens_per_second = o.prefill_tokens_per_s;
+        auto acb = pipeline::adaptive_callbacks(plan, level_bytes, deadline, on_chunk);
+        if (!acb.ok()) {
+          out.error = acb.status().to_string();
+          return out;
+        }
+        cb = std::move(acb).value();
+      }
+      auto f = (*pipe)->fetch(req, cb);
+      if (!f.ok()) {
+        out.error = f.status().to_string();
+        return out;
+      }
+      const Status s = (*f)->wait();
+      double fetch_s = since(t0);
+      uint64_t text_tokens = 0;
+      double qsum = 0;
+      Clock::time_point first_wire{}, last_wire{};
+      for (const auto& t : (*f)->timings()) {
+        const bool text = t.decision.action == pipeline::ChunkDecision::Action::recompute;
+        out.levels.push_back(text ? -1 : int(t.decision.level));
+        if (text) {
+          ++out.text_chunks;
+          text_tokens += ranges[t.chunk].size();
+        } else {
+          qsum += quality[std::min(t.decision.level, levels - 1)];
+          out.bytes += t.bytes;
+          if (t.bytes) {
+            if (first_wire == Clock::time_point{} || t.wire_start < first_wire) first_wire = t.wire_start;
+            last_wire = std::max(last_wire, t.wire_end);
+          }
+        }
+      }
+      out.quality_loss = qsum / double(nchunks);
+      if (last_wire > first_wire)
+        out.delivered_bps = double(out.bytes) * 8 / std::chrono::duration<double>(last_wire - first_wire).count();
+      if (!s.ok()) {
+        out.capped = s.code() == StatusCode::timed_out;
+        if (!out.capped) out.error = s.to_string();
+        fetch_s = std::max(fetch_s, deadline_s * o.cap_factor);
+      }
+      out.ttft_s = std::max(fetch_s, double(text_tokens) / o.prefill_tokens_per_s);
+    }
+    out.violated = out.capped || !out.error.empty() || out.ttft_s > deadline_s;
+    return out;
+  };
+
+  // Rounds: every configuration once per deadline, in a shuffled order.
+  std::map<std::pair<double, std::string>, std::vector<Outcome>> results;
+  std::mt19937 rng(12345);
+  const auto t_run = Clock::now();
+  nlohmann::json records = nlohmann::json::array();
+  for (uint32_t r = 0; r < o.requests; ++r) {
+    for (double dl : o.deadlines) {
+      std::vector<size_t> order(configs.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      for (size_t k : order) {
+        Outcome out = run_one(configs[k], dl);
+        if (!out.error.empty()) fmt::print(stderr, "{} @ {} s: {}\n", configs[k].name, dl, out.error);
+        records.push_back({{"config", configs[k].name}, {"deadline_s", dl}, {"start_wall", out.start_wall},
+                           {"ttft_s", out.ttft_s}, {"violated", out.violated}, {"quality_loss", out.quality_loss},
+                           {"bytes", out.bytes}, {"text_chunks", out.text_chunks}, {"delivered_bps", out.delivered_bps},
+                           {"levels", out.levels}});
+        results[{dl, configs[k].name}].push_back(std::move(out));
+      }
+    }
+    if ((r + 1) % 10 == 0 || r + 1 == o.requests)
+      fmt::print(stderr, "round {}/{} after {:.0f} s\n", r + 1, o.requests, since(t_run));
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (double dl : o.deadlines) {
+    fmt::print("\ndeadline {} s ({} {} tokens, {} chunks; text prefill {} tokens/s = {:.2f} s for all)\n", dl,
+               o.geometry, o.tokens, nchunks, o.prefill_tokens_per_s, text_all_s);
+    fmt::print("{:<20} {:>9} {:>11} {:>10} {:>10} {:>11} {:>10}\n", "configuration", "requests", "violations",
+               "quality %", "TTFT mean", "TTFT p99", "text/req");
+    for (const auto& c : configs) {
+      const auto& v = results[{dl, c.name}];
+      std::vector<double> ttft;
+      double viol = 0, q = 0, text = 0;
+      bool qknown = true;
+      for (const auto& x : v) {
+        ttft.push_back(x.ttft_s);
+        viol += x.violated;
+        if (x.quality_loss < 0) qknown = false;
+        q += x.quality_loss;
+        text += x.text_chunks;
+      }
+      const double n = std::max<double>(1, double(v.size()));
+      const double mean = std::accumulate(ttft.begin(), ttft.end(), 0.0) / n;
+      fmt::print("{:<20} {:>9} {:>10.1f}% {:>10} {:>9.3f}s {:>10.3f}s {:>10.1f}\n", c.name, v.size(), 100 * viol / n,
+                 qknown ? fmt::format("{:.3f}", q / n) : std::string("n/a"), mean, percentile(ttft, 0.99), text / n);
+      rows.push_back({{"config", c.name}, {"deadline_s", dl}, {"requests", v.size()}, {"violation_rate", viol / n},
+                      {"mean_quality_loss", qknown ? nlohmann::json(q / n) : nlohmann::json(nullptr)},
+                      {"ttft_mean_s", mean}, {"ttft_p99_s", percentile(ttft, 0.99)}, {"text_chunks_mean", text / n}});
+    }
+  }
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"geometry", o.geometry}, {"tokens", o.tokens}, {"chunk_tokens", o.chunk_tokens},
+                        {"prefill_tokens_per_s", o.prefill_tokens_per_s}, {"level_quality_loss", quality},
+                        {"level_bytes_chunk0", level_bytes[0]}, {"rows", rows}, {"requests", records}};
+    std::ofstream(o.json) << j.dump(1) << "\n";
+  }
+  client->reset();
+  if (server) server->stop();
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace kvstream::bench

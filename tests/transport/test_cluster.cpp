@@ -1,0 +1,426 @@
+// Several storage nodes: the hash ring's placement and its stability, membership
+// parsing, and the replicated client over three in-process nodes (replication 2) with
+// a node killed mid-read and a node stalled.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "kvstream/cluster.hpp"
+#include "kvstream/storage.hpp"
+
+using namespace kvstream;
+using namespace kvstream::storage;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSecret = "0123456789abcdef-cluster";
+
+std::vector<std::byte> blob(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = std::byte(rng());
+  return v;
+}
+
+// ---- Placement -----------------------------------------------------------------
+
+std::vector<std::string> node_names(int n, int first = 0) {
+  std::vector<std::string> v;
+  for (int i = first; i < first + n; ++i) v.push_back(fmt::format("10.0.{}.{}:7471", i / 200, i % 200 + 1));
+  return v;
+}
+
+TEST(Ring, ReplicasAreDistinctAndIndependentOfInsertionOrder) {
+  cluster::HashRing a, b;
+  auto names = node_names(7);
+  for (const auto& n : names) ASSERT_TRUE(a.add(n).ok());
+  for (auto it = names.rbegin(); it != names.rend(); ++it) ASSERT_TRUE(b.add(*it).ok());
+  EXPECT_EQ(a.add(names[0]).code(), StatusCode::already_exists);
+  for (int k = 0; k < 2000; ++k) {
+    const auto key = cluster::HashRing::chunk_key("ctx", k);
+    const auto ra = a.replicas(key, 3);
+    ASSERT_EQ(ra.size(), 3u);
+    EXPECT_EQ(std::set<std::string>(ra.begin(), ra.end()).size(), 3u);
+    EXPECT_EQ(ra, b.replicas(key, 3));
+  }
+  EXPECT_EQ(a.replicas("k", 99).size(), 7u);  // capped at the node count
+  EXPECT_TRUE(cluster::HashRing().replicas("k", 2).empty());
+}
+
+TEST(Ring, AddingANodeMovesOnlyItsShare) {
+  const uint32_t r = 2;
+  const int keys = 20000;
+  cluster::HashRing ring;
+  for (const auto& n : node_names(10)) ASSERT_TRUE(ring.add(n).ok());
+  std::vector<std::vector<std::string>> before;
+  for (int k = 0; k < keys; ++k) before.push_back(ring.replicas(cluster::HashRing::chunk_key("c", k), r));
+  const std::string added = node_names(1, 10)[0];
+  ASSERT_TRUE(ring.add(added).ok());
+  size_t primaries_moved = 0, placements_moved = 0;
+  for (int k = 0; k < keys; ++k) {
+    const auto after = ring.replicas(cluster::HashRing::chunk_key("c", k), r);
+    if (after[0] != before[k][0]) {
+      ++primaries_moved;
+      EXPECT_EQ(after[0], added) << "a primary moved between old nodes";
+    }
+    for (const auto& n : after)
+      if (std::find(before[k].begin(), before[k].end(), n) == before[k].end()) {
+        ++placements_moved;
+        EXPECT_EQ(n, added) << "a replica moved between old nodes";
+      }
+  }
+  const double p = double(primaries_moved) / keys, q = double(placements_moved) / (keys * r);
+  // The new node's share is 1/11 = 0.091.
+  EXPECT_GT(p, 0.07);
+  EXPECT_LT(p, 0.115);
+  EXPECT_GT(q, 0.07);
+  EXPECT_LT(q, 0.115);
+  RecordProperty("primaries_moved", std::to_string(p));
+  RecordProperty("placements_moved", std::to_string(q));
+  // Removing it again restores every placement.
+  ASSERT_TRUE(ring.remove(added).ok());
+  for (int k = 0; k < keys; ++k) ASSERT_EQ(ring.replicas(cluster::HashRing::chunk_key("c", k), r), before[k]);
+  EXPECT_EQ(ring.remove(added).code(), StatusCode::not_found);
+}
+
+// ---- Membership -----------------------------------------------------------------
+
+TEST(Membership, ParsesCommentsAndBlankLines) {
+  auto m = cluster::parse_membership("# storage nodes\n\n  10.0.0.1:7471  \nnode-b.example:7000 # rack 2\n[::1]:7471\r\n");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(*m, (std::vector<std::string>{"10.0.0.1:7471", "node-b.example:7000", "[::1]:7471"}));
+}
+
+TEST(Membership, BadLinesAreRejectedWithTheirLineNumber) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"a:1\nnode-without-port\n", "line 2: 'node-without-port': not host:port"},
+      {"a:0\n", "line 1: 'a:0': port 0 is outside 1..65535"},
+      {"a:1\n# x\na:70000\n", "line 3: 'a:70000': port 70000 is outside 1..65535"},
+      {"a:1\nb:x1\n", "line 2: 'b:x1': port 'x1' is not a number"},
+      {"a b:1\n", "line 1: 'a b:1': one host:port per line, no blanks inside"},
+      {"a:1\n a:1\n", "line 2: 'a:1' is listed twice"},
+      {"a/b:1\n", "line 1: 'a/b:1': host 'a/b' has a character '/' that no host name has"},
+      {"# nothing\n\n", "lists no storage node"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto m = cluster::parse_membership(text, "nodes.txt");
+    ASSERT_FALSE(m.ok()) << text;
+    EXPECT_EQ(m.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(m.status().message().find(want), std::string::npos) << m.status().message();
+    EXPECT_EQ(m.status().message().rfind("nodes.txt", 0), 0u) << m.status().message();
+  }
+}
+
+TEST(Membership, LoadsAFile) {
+  const fs::path f = fs::temp_directory_path() / fmt::format("kvstream-members-{}.txt", ::getpid());
+  std::ofstream(f) << "# two nodes\n127.0.0.1:7471\n127.0.0.1:7472\n";
+  auto m = cluster::load_membership(f.string());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->size(), 2u);
+  fs::remove(f);
+  EXPECT_EQ(cluster::load_membership(f.string()).status().code(), StatusCode::not_found);
+  cluster::ClusterConfig cfg;
+  cfg.nodes = {"127.0.0.1:1", "not an address"};
+  cfg.name_space = "tenant-a";
+  EXPECT_EQ(cluster::connect(cfg, deadline_in(1s)).status().code(), StatusCode::invalid_argument);
+}
+
+// ---- The replicated client over live nodes -------------------------------------------
+
+// Forwards TCP between clients and a node; pause() stops forwarding in both
+// directions (the node looks alive but never answers): a stalled node.
+class StallProxy {
+ public:
+  explicit StallProxy(const std::string& target) {
+    const auto colon = target.rfind(':');
+    target_port_ = uint16_t(std::stoi(target.substr(colon + 1)));
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 64) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw std::runtime_error("proxy listen failed");
+    address_ = fmt::format("127.0.0.1:{}", ntohs(a.sin_port));
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~StallProxy() {
+    stop_ = true;
+    acceptor_.join();
+    for (auto& t : pumps_) t.join();
+    ::close(listen_fd_);
+  }
+  const std::string& address() const { return address_; }
+  void pause(bool p) { paused_ = p; }
+
+ private:
+  int listen_fd_ = -1;
+  uint16_t target_port_ = 0;
+  std::string address_;
+  std::atomic<bool> stop_{false}, paused_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;
+
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(target_port_);
+      if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(c), ::close(s);
+        continue;
+      }
+      pumps_.emplace_back([this, c, s] { pump(c, s); });
+    }
+  }
+
+  void pump(int a, int b) {
+    std::vector<char> buf(1 << 16);
+    bool open = true;
+    while (open && !stop_) {
+      if (paused_) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
+      pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+      if (::poll(p, 2, 20) <= 0) continue;
+      for (int i = 0; i < 2 && open; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::read(p[i].fd, buf.data(), buf.size());
+        if (n <= 0) {
+          open = false;
+          break;
+        }
+        for (ssize_t off = 0; off < n;) {
+          const ssize_t w = ::write(p[1 - i].fd, buf.data() + off, size_t(n - off));
+          if (w <= 0) {
+            open = false;
+            break;
+          }
+          off += w;
+        }
+      }
+    }
+    ::close(a), ::close(b);
+  }
+};
+
+class Cluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (available_backends().empty() ||
+        std::find(available_backends().begin(), available_backends().end(), "tcp") == available_backends().end())
+      GTEST_SKIP() << "the tcp backend is not built in";
+    root_ = fs::temp_directory_path() / fmt::format("kvstream-cluster-{}-{}", ::getpid(), counter_++);
+    fs::remove_all(root_);
+    for (int i = 0; i < 3; ++i) {
+      ServerConfig cfg;
+      cfg.address = "127.0.0.1:0";
+      cfg.directory = (root_ / fmt::format("node{}", i)).string();
+      cfg.secrets = {{"tenant-a", kSecret}};
+      auto s = Server::start(cfg);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      servers_.push_back(std::move(s).value());
+    }
+  }
+  void TearDown() override {
+    proxies_.clear();
+    servers_.clear();
+    fs::remove_all(root_);
+  }
+
+  cluster::ClusterConfig config(const std::vector<std::string>& addresses) {
+    cluster::ClusterConfig cfg;
+    cfg.nodes = addresses;
+    cfg.replication = 2;
+    cfg.name_space = "tenant-a";
+    cfg.secret = kSecret;
+    cfg.retry_down_after = 10s;  // a node that failed stays avoided for the whole test
+    return cfg;
+  }
+  std::vector<std::string> addresses() {
+    std::vector<std::string> v;
+    for (auto& s : servers_) v.push_back(s->address());
+    return v;
+  }
+
+  // Puts `chunks` chunks of 2 levels; returns what was stored.
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> put_all(Client& c, const std::string& ctx,
+                                                                          uint32_t chunks) {
+    std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> stored;
+    for (uint32_t chunk = 0; chunk < chunks; ++chunk)
+      for (uint32_t level = 0; level < 2; ++level) {
+        auto b = blob(20000 + chunk * 977 + level * 30011, chunk * 7 + level);
+        Status s = c.put(ctx, chunk, level, b, deadline_in(10s));
+        EXPECT_TRUE(s.ok()) << s.to_string();
+        stored[{chunk, level}] = std::move(b);
+      }
+    return stored;
+  }
+
+  fs::path root_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<StallProxy>> proxies_;
+  static inline int counter_ = 0;
+};
+
+TEST_F(Cluster, EveryChunkOnItsReplicasAndStatMerges) {
+  auto c = cluster::connect(config(addresses()), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const auto stored = put_all(**c, "ctx-r", 40);
+  // Each node holds about 2/3 of the chunks; together 2 copies of each.
+  uint64_t total = 0;
+  for (auto& s : servers_) {
+    EXPECT_GT(s->counters().bytes_in, 0u);
+    total += s->counters().requests;
+  }
+  EXPECT_GE(total, 2u * 80u);
+  auto st = (*c)->stat("ctx-r", deadline_in(5s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  ASSERT_EQ(st->size(), 40u);
+  for (const ChunkStat& s : *st)
+    for (uint32_t l = 0; l < 2; ++l) EXPECT_EQ(s.level_bytes[l], (stored.at({s.chunk, l}).size()));
+  EXPECT_EQ(*(*c)->list(deadline_in(5s)), std::vector<std::string>{"ctx-r"});
+  std::vector<std::byte> buf(1 << 20);
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  EXPECT_EQ((*c)->get("ctx-r", 99, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*c)->get("ctx-r", 0, 0, *mr, 0, 10, deadline_in(5s)).status().code(), StatusCode::out_of_range);
+  CancelToken cancel;
+  cancel.cancel();
+  EXPECT_EQ((*c)->get("ctx-r", 0, 0, *mr, 0, buf.size(), deadline_in(5s), cancel).status().code(),
+            StatusCode::cancelled);
+  EXPECT_EQ((*c)->get("ctx-r", 0, 0, *mr, 0, buf.size(), Clock::now() - 1ms).status().code(), StatusCode::timed_out);
+  ASSERT_TRUE((*c)->remove("ctx-r", deadline_in(5s)).ok());
+  EXPECT_EQ((*c)->stat("ctx-r", deadline_in(5s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*c)->remove("ctx-r", deadline_in(5s)).code(), StatusCode::not_found);
+}
+
+TEST_F(Cluster, NodeKilledMidReadEveryChunkStillReadsBack) {
+  auto c = cluster::connect(config(addresses()), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const uint32_t chunks = 60;
+  const auto stored = put_all(**c, "ctx-k", chunks);
+  const size_t slot = 128 * 1024;
+  std::vector<std::byte> buf(slot * chunks * 2);
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  const auto deadline_each = 3s;
+  // The first third one by one, the rest all in flight while node 1 dies.
+  std::vector<std::future<Result<size_t>>> fs;
+  const auto t0 = Clock::now();
+  size_t i = 0;
+  for (auto& [key, bytes] : stored) {
+    if (i < stored.size() / 3) {
+      auto r = (*c)->get("ctx-k", key.first, key.second, *mr, i * slot, slot, deadline_in(deadline_each));
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+    } else {
+      if (i == stored.size() / 3) servers_[1].reset();  // killed with requests about to go out
+      fs.push_back((*c)->get_future("ctx-k", key.first, key.second, *mr, i * slot, slot, deadline_in(deadline_each)));
+    }
+    ++i;
+  }
+  for (auto& f : fs) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+  }
+  EXPECT_LT(Clock::now() - t0, deadline_each + 1s);
+  i = 0;
+  for (auto& [key, bytes] : stored) {
+    ASSERT_EQ(std::memcmp(buf.data() + i * slot, bytes.data(), bytes.size()), 0) << key.first << "/" << key.second;
+    ++i;
+  }
+  // stat and list still answer (one node down is within replication 2)...
+  auto st = (*c)->stat("ctx-k", deadline_in(3s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(st->size(), chunks);
+  // ...but a put to a chunk that has the dead node as a replica cannot reach both.
+  int refused = 0;
+  for (uint32_t k = 0; k < 10; ++k)
+    refused += !(*c)->put("ctx-k2", k, 0, blob(100, k), deadline_in(2s)).ok();
+  EXPECT_GT(refused, 0);
+}
+
+TEST_F(Cluster, StalledNodeIsFailedOverWithinTheDeadline) {
+  std::vector<std::string> via;
+  for (auto& s : servers_) {
+    proxies_.push_back(std::make_unique<StallProxy>(s->address()));
+    via.push_back(proxies_.back()->address());
+  }
+  const uint32_t chunks = 30;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> stored;
+  {
+    auto writer = cluster::connect(config(via), deadline_in(10s));
+    ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+    stored = put_all(**writer, "ctx-s", chunks);
+  }
+  // A fresh reader has measured no node, so it starts with each chunk's primary:
+  // node 0 for about a third of them. Then node 0 stalls.
+  auto c = cluster::connect(config(via), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::vector<std::byte> buf(256 * 1024);
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  proxies_[0]->pause(true);
+  const auto deadline = 2s;
+  Clock::duration slowest{}, total{};
+  for (auto& [key, bytes] : stored) {
+    const auto t0 = Clock::now();
+    auto r = (*c)->get("ctx-s", key.first, key.second, *mr, 0, buf.size(), deadline_in(deadline));
+    const auto took = Clock::now() - t0;
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(*r, bytes.size());
+    ASSERT_EQ(std::memcmp(buf.data(), bytes.data(), bytes.size()), 0);
+    EXPECT_LT(took, deadline);
+    slowest = std::max(slowest, took);
+    total += took;
+  }
+  // Only the first read that met the stall paid for it (about half the deadline);
+  // after it the node was avoided.
+  EXPECT_GT(slowest, 500ms);
+  EXPECT_LT(total, deadline + 1s);
+  // stat gives the stalled node half the time left, then answers without it.
+  const auto t0 = Clock::now();
+  auto st = (*c)->stat("ctx-s", deadline_in(deadline));
+  EXPECT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_LT(Clock::now() - t0, deadline);
+  proxies_[0]->pause(false);
+}
+
+TEST_F(Cluster, StartsWithANodeDownAndAllDownIsUnavailable) {
+  auto addrs = addresses();
+  auto wrong = config(addrs);
+  wrong.secret = "wrong-secret-of-16-bytes";
+  EXPECT_EQ(cluster::connect(wrong, deadline_in(5s)).status().code(), StatusCode::permission_denied);
+  servers_[2].reset();
+  auto c = cluster::connect(config(addrs), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  servers_.clear();
+  auto none = cluster::connect(config(addrs), deadline_in(5s));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::unavailable);
+}
+
+}  // namespace

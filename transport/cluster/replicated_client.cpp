@@ -1,0 +1,549 @@
+// The replicated client: one storage::Client per node, chunks placed on R nodes by the
+// hash ring, reads from the replica estimated fastest with failover within the
+// deadline (include/kvstream/cluster.hpp, docs/storage-backends.md).
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "core/log.hpp"
+#include "kvstream/cluster.hpp"
+#include "transport/backend_impl.hpp"
+#include "transport/cluster/node_health.hpp"
+
+namespace kvstream::cluster {
+
+using namespace std::chrono_literals;
+using storage::ChunkStat;
+using storage::GetCallback;
+using transport::CancelToken;
+using transport::Clock;
+using transport::Deadline;
+using transport::MemoryRegion;
+
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct Node {
+  std::string address;
+  NodeHealth health;
+  std::mutex mu;
+  std::shared_ptr<storage::Client> client;  // null while not connected
+  Clock::time_point retry_at{};             // reconnect not before
+  // Registrations of callers' regions with this node's backend, by the caller's
+  // region (kept while the caller's region lives).
+  std::map<const void*, std::pair<std::weak_ptr<MemoryRegion::Impl>, MemoryRegion>> regions;
+
+  Node(std::string a, double weight) : address(std::move(a)), health(weight) {}
+};
+
+// One get, carried from replica to replica.
+struct GetOp {
+  std::string context;
+  uint32_t chunk = 0, level = 0;
+  MemoryRegion dest;
+  size_t offset = 0, capacity = 0;
+  Deadline deadline;
+  CancelToken cancel;
+  GetCallback done;
+  std::vector<uint32_t> order;  // node indexes, best first
+  size_t next = 0;
+  std::string errors;  // "node: error; ..." of the attempts that failed
+  Status last_error;
+  bool only_not_found = true;
+};
+
+// Errors that another replica would answer the same way.
+bool final_error(StatusCode c) {
+  return c == StatusCode::out_of_range || c == StatusCode::invalid_argument || c == StatusCode::unsupported;
+}
+
+class ReplicatedClient final : public storage::Client {
+ public:
+  ~ReplicatedClient() override {
+    {
+      std::lock_guard lock(maint_mu_);
+      closing_ = true;
+    }
+    stop_.cancel();
+    maint_cv_.notify_all();
+    if (maintenance_.joinable()) maintenance_.join();
+    // Pending gets complete now ("client closed"); their callbacks see closing_.
+    for (auto& n : nodes_) {
+      std::shared_ptr<storage::Client> c;
+      {
+        std::lock_guard lock(n->mu);
+        c = std::move(n->client);
+        n->regions.clear();
+      }
+      destroy_when_unique(std::move(c));
+    }
+    for (auto& c : graveyard_) destroy_when_unique(std::move(c));
+    graveyard_.clear();
+  }
+
+  // Other threads may hold a node client for the length of one call; it is destroyed
+  // here, never on one of its own threads.
+  static void destroy_when_unique(std::shared_ptr<storage::Client> c) {
+    while (c && c.use_count() > 1) std::this_thread::sleep_for(1ms);
+    c.reset();
+  }
+
+  static Result<std::unique_ptr<storage::Client>> create(ClusterConfig cfg, Deadline deadline,
+                                                         const CancelToken& cancel) {
+    if (cfg.nodes.empty()) {
+      if (cfg.membership_file.empty())
+        return make_status(StatusCode::invalid_argument, "cluster: neither nodes nor a membership file given");
+      KVS_ASSIGN_OR_RETURN(cfg.nodes, load_membership(cfg.membership_file));
+    } else {
+      std::string joined;
+      for (const auto& n : cfg.nodes) joined += n + "\n";
+      KVS_ASSIGN_OR_RETURN(cfg.nodes, parse_membership(joined, "cluster node list"));
+    }
+    if (cfg.replication == 0) return make_status(StatusCode::invalid_argument, "cluster: replication must be >= 1");
+    if (cfg.write_quorum > cfg.replication)
+      return make_status(StatusCode::invalid_argument, "cluster: write quorum {} above replication {}",
+                         cfg.write_quorum, cfg.replication);
+    if (!(cfg.ewma_weight > 0 && cfg.ewma_weight <= 1))
+      return make_status(StatusCode::invalid_argument, "cluster: EWMA weight {} outside (0, 1]", cfg.ewma_weight);
+    KVS_RETURN_IF_ERROR(storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace"));
+    auto c = std::unique_ptr<ReplicatedClient>(new ReplicatedClient(cfg));
+    KVS_ASSIGN_OR_RETURN(c->backend_, transport::create_backend(cfg.backend));
+    for (const auto& a : cfg.nodes) {
+      KVS_RETURN_IF_ERROR(c->ring_.add(a));
+      c->nodes_.push_back(std::make_unique<Node>(a, cfg.ewma_weight));
+    }
+    c->replication_ = std::min<uint32_t>(cfg.replication, uint32_t(cfg.nodes.size()));
+    c->write_quorum_ = cfg.write_quorum == 0 ? c->replication_ : std::min(cfg.write_quorum, c->replication_);
+    // Connect to every node in parallel, each bounded by connect_timeout.
+    std::vector<std::future<Status>> pending;
+    for (size_t i = 0; i < c->nodes_.size(); ++i)
+      pending.push_back(std::async(std::launch::async, [p = c.get(), i, deadline, cancel] {
+        return p->connect_node(i, std::min(deadline, Clock::now() + p->cfg_.connect_timeout), cancel);
+      }));
+    size_t up = 0;
+    std::string errors;
+    Status refused;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Status s = pending[i].get();
+      if (s.ok()) {
+        ++up;
+        continue;
+      }
+      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", c->nodes_[i]->address, s.to_string());
+      if (s.code() == StatusCode::permission_denied && refused.ok()) refused = s;
+    }
+    if (cancel.cancelled()) return make_status(StatusCode::cancelled, "cluster connect cancelled");
+    if (!refused.ok()) return refused;
+    if (up == 0) return make_status(StatusCode::unavailable, "cluster: no storage node answered ({})", errors);
+    if (!errors.empty())
+      KVS_LOG_WARN("cluster: {} of {} nodes up; retrying the others in the background: {}", up, c->nodes_.size(),
+                   errors);
+    c->maintenance_ = std::thread([p = c.get()] { p->maintain(); });
+    return std::unique_ptr<storage::Client>(std::move(c));
+  }
+
+  Result<MemoryRegion> register_memory(void* data, size_t size) override {
+    return backend_->register_memory(data, size, transport::MemoryType::host);
+  }
+
+  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+             Deadline deadline, const CancelToken& cancel) override {
+    KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
+    const auto replicas = ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_);
+    // Every replica in parallel (the first on this thread); all answer by the deadline.
+    std::vector<std::future<Status>> others;
+    for (size_t i = 1; i < replicas.size(); ++i)
+      others.push_back(std::async(std::launch::async, [&, n = replicas[i]] {
+        return put_one(n, context, chunk, level, bytes, deadline, cancel);
+      }));
+    std::vector<Status> results{put_one(replicas[0], context, chunk, level, bytes, deadline, cancel)};
+    for (auto& f : others) results.push_back(f.get());
+    uint32_t acks = 0;
+    std::string errors;
+    Status first;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].ok()) {
+        ++acks;
+        continue;
+      }
+      if (final_error(results[i].code()) || results[i].code() == StatusCode::cancelled) return results[i];
+      if (first.ok()) first = results[i];
+      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes_[replicas[i]]->address, results[i].to_string());
+    }
+    if (acks >= write_quorum_) return {};
+    return Status(first.code() == StatusCode::timed_out ? StatusCode::timed_out : StatusCode::unavailable,
+                  fmt::format("chunk {} level {} of '{}' reached {} of {} replicas, {} needed ({})", chunk, level,
+                              context, acks, replicas.size(), write_quorum_, errors));
+  }
+
+  void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
+                 size_t capacity, Deadline deadline, const CancelToken& cancel, GetCallback done) override {
+    if (Status s = storage::validate_id(context, storage::kMaxContextBytes, "context id"); !s.ok()) return done(s);
+    if (capacity > 0 && (!dest.valid() || dest.span(offset, capacity).size() != capacity))
+      return done(make_status(StatusCode::invalid_argument, "destination [{}, {}) is outside its registered region",
+                              offset, offset + capacity));
+    auto op = std::make_shared<GetOp>();
+    op->context = context, op->chunk = chunk, op->level = level;
+    op->dest = std::move(dest), op->offset = offset, op->capacity = capacity;
+    op->deadline = deadline, op->cancel = cancel, op->done = std::move(done);
+    op->order = rank(ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_), capacity);
+    attempt(std::move(op));
+  }
+
+  Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
+                                      const CancelToken& cancel) override {
+    KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
+    auto answers = ask_all<std::vector<ChunkStat>>(
+        deadline, cancel, true,
+        [&](storage::Client& c, Deadline d) { return c.stat(context, d, cancel); });
+    KVS_RETURN_IF_ERROR(answers.status);
+    std::map<uint32_t, std::vector<uint64_t>> merged;
+    for (auto& r : answers.values)
+      for (const ChunkStat& s : r) {
+        auto& v = merged[s.chunk];
+        if (v.size() < s.level_bytes.size()) v.resize(s.level_bytes.size(), 0);
+        for (size_t l = 0; l < s.level_bytes.size(); ++l) {
+          if (v[l] != 0 && s.level_bytes[l] != 0 && v[l] != s.level_bytes[l])
+            KVS_LOG_WARN("cluster: replicas of chunk {} level {} of '{}' differ in size ({} and {} bytes)", s.chunk,
+                         l, context, v[l], s.level_bytes[l]);
+          v[l] = std::max(v[l], s.level_bytes[l]);
+        }
+      }
+    if (merged.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
+    std::vector<ChunkStat> out;
+    for (auto& [chunk, sizes] : merged) out.push_back({chunk, std::move(sizes)});
+    return out;
+  }
+
+  Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
+    KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
+    auto answers = ask_all<bool>(deadline, cancel, false, [&](storage::Client& c, Deadline d) -> Result<bool> {
+      KVS_RETURN_IF_ERROR(c.remove(context, d, cancel));
+      return true;
+    });
+    KVS_RETURN_IF_ERROR(answers.status);
+    if (answers.values.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
+    return {};
+  }
+
+  Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
+    auto answers = ask_all<std::vector<std::string>>(
+        deadline, cancel, true, [&](storage::Client& c, Deadline d) { return c.list(d, cancel); });
+    KVS_RETURN_IF_ERROR(answers.status);
+    std::set<std::string> all;
+    for (auto& v : answers.values) all.insert(v.begin(), v.end());
+    return std::vector<std::string>(all.begin(), all.end());
+  }
+
+ private:
+  explicit ReplicatedClient(ClusterConfig cfg) : cfg_(std::move(cfg)), ring_(cfg_.virtual_nodes) {}
+
+  ClusterConfig cfg_;
+  HashRing ring_;
+  uint32_t replication_ = 1, write_quorum_ = 1;
+  std::unique_ptr<transport::Backend> backend_;  // registers callers' buffers
+  std::vector<std::unique_ptr<Node>> nodes_;
+  CancelToken stop_;
+  std::mutex maint_mu_;
+  std::condition_variable maint_cv_;
+  bool closing_ = false;
+  std::thread maintenance_;
+  std::vector<std::shared_ptr<storage::Client>> graveyard_;  // retired clients, guarded by maint_mu_
+
+  bool closing() {
+    std::lock_guard lock(maint_mu_);
+    return closing_;
+  }
+
+  Status connect_node(size_t i, Deadline deadline, const CancelToken& cancel) {
+    Node& n = *nodes_[i];
+    storage::ClientConfig cc;
+    cc.address = n.address;
+    cc.backend = cfg_.backend;
+    cc.name_space = cfg_.name_space;
+    cc.secret = cfg_.secret;
+    cc.connections = cfg_.connections_per_node;
+    auto c = storage::Client::connect(cc, deadline, cancel);
+    std::lock_guard lock(n.mu);
+    if (!c.ok()) {
+      n.retry_at = Clock::now() + cfg_.retry_down_after;
+      return c.status();
+    }
+    n.client = std::shared_ptr<storage::Client>(std::move(c).value());
+    n.regions.clear();
+    n.health.clear_down();
+    return {};
+  }
+
+  // Drops a node's connection (dead or broken) if it is still `c`; it is destroyed on
+  // the maintenance thread, never on one of its own threads.
+  void retire(Node& n, const storage::Client* c, const Status& why) {
+    std::shared_ptr<storage::Client> old;
+    {
+      std::lock_guard lock(n.mu);
+      if (!c || n.client.get() != c) return;
+      old = std::move(n.client);
+      n.regions.clear();
+      n.retry_at = Clock::now() + cfg_.retry_down_after;
+    }
+    n.health.mark_down(Clock::now() + cfg_.retry_down_after);
+    KVS_LOG_WARN("cluster: node {} is down ({}); reconnecting in the background", n.address, why.to_string());
+    std::lock_guard lock(maint_mu_);
+    graveyard_.push_back(std::move(old));
+    maint_cv_.notify_all();
+  }
+
+  // Reconnects nodes that are down and frees retired connections.
+  void maintain() {
+    std::unique_lock lock(maint_mu_);
+    while (!closing_) {
+      maint_cv_.wait_for(lock, 50ms);
+      if (closing_) break;
+      // A retired client whose last user is gone is destroyed here.
+      std::vector<std::shared_ptr<storage::Client>> free_now;
+      for (auto it = graveyard_.begin(); it != graveyard_.end();) {
+        if (it->use_count() == 1) {
+          free_now.push_back(std::move(*it));
+          it = graveyard_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      lock.unlock();
+      free_now.clear();
+      const auto now = Clock::now();
+      std::vector<std::future<Status>> reconnects;
+      for (size_t i = 0; i < nodes_.size(); ++i) {
+        Node& n = *nodes_[i];
+        {
+          std::lock_guard nl(n.mu);
+          if (n.client || now < n.retry_at) continue;
+        }
+        reconnects.push_back(std::async(std::launch::async, [this, i] {
+          return connect_node(i, Clock::now() + cfg_.connect_timeout, stop_);
+        }));
+      }
+      for (auto& f : reconnects) (void)f.get();
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<storage::Client> client_of(Node& n) {
+    std::lock_guard lock(n.mu);
+    return n.client;
+  }
+
+  // The caller's region as registered with node `n`'s backend (cached).
+  Result<MemoryRegion> region_for(Node& n, storage::Client& c, const MemoryRegion& user) {
+    if (!user.valid()) return user;
+    std::lock_guard lock(n.mu);
+    const void* key = user.impl().get();
+    if (auto it = n.regions.find(key); it != n.regions.end() && !it->second.first.expired()) return it->second.second;
+    for (auto it = n.regions.begin(); it != n.regions.end();)
+      it = it->second.first.expired() ? n.regions.erase(it) : std::next(it);
+    KVS_ASSIGN_OR_RETURN(auto mr, c.register_memory(user.data(), user.size()));
+    n.regions[key] = {user.impl(), mr};
+    return mr;
+  }
+
+  // Replicas ordered best first: nodes not marked down before those that are; then by
+  // expected time for `bytes`; ties keep ring order (primary first).
+  std::vector<uint32_t> rank(std::vector<uint32_t> replicas, uint64_t bytes) {
+    const auto now = Clock::now();
+    std::vector<std::tuple<bool, double, size_t, uint32_t>> keyed;
+    for (size_t i = 0; i < replicas.size(); ++i) {
+      Node& n = *nodes_[replicas[i]];
+      const bool connected = client_of(n) != nullptr;
+      keyed.emplace_back(!connected || n.health.down(now), n.health.expected_seconds(bytes), i, replicas[i]);
+    }
+    std::sort(keyed.begin(), keyed.end());
+    std::vector<uint32_t> out;
+    for (auto& k : keyed) out.push_back(std::get<3>(k));
+    return out;
+  }
+
+  // Share of the time left for one attempt when `left` replicas remain to try.
+  Deadline attempt_deadline(Deadline deadline, size_t left) const {
+    const auto now = Clock::now();
+    if (now >= deadline || left <= 1) return deadline;
+    const auto remaining = deadline - now;
+    auto share = remaining / left;
+    share = std::max<Clock::duration>(share, cfg_.min_attempt);
+    return now + std::min<Clock::duration>(share, remaining);
+  }
+
+  void finish(const std::shared_ptr<GetOp>& op, Result<size_t> r) {
+    auto done = std::move(op->done);
+    op->dest = {};
+    done(std::move(r));
+  }
+
+  void attempt(std::shared_ptr<GetOp> op) {
+    while (true) {
+      if (op->cancel.cancelled()) return finish(op, make_status(StatusCode::cancelled, "get cancelled"));
+      if (closing()) return finish(op, make_status(StatusCode::cancelled, "client closed"));
+      if (Clock::now() >= op->deadline)
+        return finish(op, make_status(StatusCode::timed_out, "chunk {} level {} of '{}': deadline passed{}{}",
+                                      op->chunk, op->level, op->context, op->errors.empty() ? "" : " after ",
+                                      op->errors));
+      if (op->next >= op->order.size()) {
+        if (op->only_not_found)
+          return finish(op, make_status(StatusCode::not_found, "chunk {} level {} of '{}' is on none of its {} replicas",
+                                        op->chunk, op->level, op->context, op->order.size()));
+        return finish(op, Status(op->last_error.code(),
+                                 fmt::format("chunk {} level {} of '{}': every replica failed: {}", op->chunk,
+                                             op->level, op->context, op->errors)));
+      }
+      // Replicas left that can be asked (connected): the time is shared among them.
+      size_t left = 0;
+      for (size_t i = op->next; i < op->order.size(); ++i) left += client_of(*nodes_[op->order[i]]) != nullptr;
+      const uint32_t idx = op->order[op->next++];
+      Node& n = *nodes_[idx];
+      auto c = client_of(n);
+      if (!c) {
+        note_failure(*op, n, make_status(StatusCode::unavailable, "not connected"));
+        continue;
+      }
+      auto region = region_for(n, *c, op->dest);
+      if (!region.ok()) {
+        note_failure(*op, n, region.status());
+        continue;
+      }
+      const Deadline until = attempt_deadline(op->deadline, left);
+      const auto t0 = Clock::now();
+      n.health.started(op->capacity);
+      c->get_async(op->context, op->chunk, op->level, std::move(region).value(), op->offset, op->capacity, until,
+                   op->cancel, [this, op, idx, cp = c.get(), t0, until](Result<size_t> r) mutable {
+                     on_attempt(std::move(op), idx, cp, t0, until, std::move(r));
+                   });
+      return;
+    }
+  }
+
+  void note_failure(GetOp& op, const Node& n, const Status& s) {
+    op.errors += fmt::format("{}{}: {}", op.errors.empty() ? "" : "; ", n.address, s.to_string());
+    if (s.code() != StatusCode::not_found) {
+      op.only_not_found = false;
+      op.last_error = s;
+    }
+  }
+
+  // Runs on the node client's receiver thread, which must never hold the last
+  // reference to that client (so the lambda above keeps only its address).
+  void on_attempt(std::shared_ptr<GetOp> op, uint32_t idx, storage::Client* c, Clock::time_point t0,
+                  Deadline until, Result<size_t> r) {
+    Node& n = *nodes_[idx];
+    const auto now = Clock::now();
+    if (r.ok()) {
+      n.health.succeeded(op->capacity, seconds_between(t0, now), *r);
+      return finish(op, std::move(r));
+    }
+    const Status s = r.status();
+    const bool stalled = s.code() == StatusCode::timed_out && until < op->deadline;
+    n.health.failed(op->capacity, stalled ? seconds_between(t0, now) : 0);
+    if (final_error(s.code()) || (s.code() == StatusCode::cancelled && op->cancel.cancelled()) ||
+        (s.code() == StatusCode::timed_out && !stalled)) {
+      return finish(op, s);
+    }
+    if (stalled) {
+      n.health.mark_down(now + cfg_.retry_down_after);
+      KVS_LOG_WARN("cluster: node {} stalled past its share of the deadline; trying another replica", n.address);
+    } else if (s.code() == StatusCode::unavailable || s.code() == StatusCode::corrupt_data) {
+      retire(n, c, s);
+    }
+    note_failure(*op, n, s);
+    attempt(std::move(op));
+  }
+
+  Status put_one(uint32_t idx, const std::string& context, uint32_t chunk, uint32_t level,
+                 std::span<const std::byte> bytes, Deadline deadline, const CancelToken& cancel) {
+    Node& n = *nodes_[idx];
+    auto c = client_of(n);
+    if (!c) return make_status(StatusCode::unavailable, "not connected");
+    const auto t0 = Clock::now();
+    n.health.started(0);
+    Status s = c->put(context, chunk, level, bytes, deadline, cancel);
+    if (s.ok()) {
+      n.health.succeeded(0, seconds_between(t0, Clock::now()), 0);
+    } else {
+      n.health.failed(0);
+      if (s.code() == StatusCode::unavailable || s.code() == StatusCode::corrupt_data) retire(n, c.get(), s);
+    }
+    return s;
+  }
+
+  template <typename T>
+  struct Answers {
+    Status status;
+    std::vector<T> values;  // of the nodes that answered ok (not_found left out)
+  };
+
+  // Asks every node in parallel. `tolerant`: each node gets half the time left (a
+  // stalled node cannot eat the deadline) and up to R-1 nodes may fail; otherwise
+  // every node must answer (not_found counts as an answer).
+  template <typename T, typename F>
+  Answers<T> ask_all(Deadline deadline, const CancelToken& cancel, bool tolerant, F&& fn) {
+    Answers<T> out;
+    if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
+    const Deadline each = tolerant && nodes_.size() > 1 ? attempt_deadline(deadline, 2) : deadline;
+    const auto now = Clock::now();
+    std::vector<std::future<Result<T>>> futures;
+    for (auto& np : nodes_) {
+      Node* n = np.get();
+      futures.push_back(std::async(std::launch::async, [&, n]() -> Result<T> {
+        auto c = client_of(*n);
+        if (!c) return make_status(StatusCode::unavailable, "not connected");
+        if (tolerant && n->health.down(now)) return make_status(StatusCode::unavailable, "marked down");
+        const auto t0 = Clock::now();
+        Result<T> r = fn(*c, each);
+        if (r.ok() || r.status().code() == StatusCode::not_found) {
+          n->health.succeeded(0, seconds_between(t0, Clock::now()), 0);
+        } else if (r.status().code() == StatusCode::timed_out && each < deadline) {
+          n->health.failed(0, seconds_between(t0, Clock::now()));
+          n->health.mark_down(Clock::now() + cfg_.retry_down_after);
+        } else if (r.status().code() == StatusCode::unavailable || r.status().code() == StatusCode::corrupt_data) {
+          retire(*n, c.get(), r.status());
+        }
+        return r;
+      }));
+    }
+    size_t failed = 0;
+    std::string errors;
+    Status first;
+    for (size_t i = 0; i < futures.size(); ++i) {
+      Result<T> r = futures[i].get();
+      if (r.ok()) {
+        out.values.push_back(std::move(r).value());
+      } else if (r.status().code() != StatusCode::not_found) {
+        ++failed;
+        if (first.ok()) first = r.status();
+        errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes_[i]->address, r.status().to_string());
+      }
+    }
+    if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
+    const size_t allowed = tolerant ? replication_ - 1 : 0;
+    if (failed > allowed) {
+      const StatusCode code = Clock::now() >= deadline ? StatusCode::timed_out
+                              : final_error(first.code()) || first.code() == StatusCode::permission_denied
+                                  ? first.code()
+                                  : StatusCode::unavailable;
+      out.status = Status(code, fmt::format("{} of {} storage nodes failed ({} tolerated with replication {}): {}",
+                                            failed, nodes_.size(), allowed, replication_, errors));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<storage::Client>> connect(const ClusterConfig& config, Deadline deadline,
+                                                 const CancelToken& cancel) {
+  return ReplicatedClient::create(config, deadline, cancel);
+}
+
+}  // namespace kvstream::cluster
