@@ -19,6 +19,7 @@
 
 #include "kvstream/cluster.hpp"
 #include "kvstream/storage.hpp"
+#include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;
@@ -142,90 +143,7 @@ TEST(Membership, LoadsAFile) {
 
 // ---- The replicated client over live nodes -------------------------------------------
 
-// Forwards TCP between clients and a node; pause() stops forwarding in both
-// directions (the node looks alive but never answers): a stalled node.
-class StallProxy {
- public:
-  explicit StallProxy(const std::string& target) {
-    const auto colon = target.rfind(':');
-    target_port_ = uint16_t(std::stoi(target.substr(colon + 1)));
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 64) != 0 ||
-        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-      throw std::runtime_error("proxy listen failed");
-    address_ = fmt::format("127.0.0.1:{}", ntohs(a.sin_port));
-    acceptor_ = std::thread([this] { accept_loop(); });
-  }
-  ~StallProxy() {
-    stop_ = true;
-    acceptor_.join();
-    for (auto& t : pumps_) t.join();
-    ::close(listen_fd_);
-  }
-  const std::string& address() const { return address_; }
-  void pause(bool p) { paused_ = p; }
-
- private:
-  int listen_fd_ = -1;
-  uint16_t target_port_ = 0;
-  std::string address_;
-  std::atomic<bool> stop_{false}, paused_{false};
-  std::thread acceptor_;
-  std::vector<std::thread> pumps_;
-
-  void accept_loop() {
-    while (!stop_) {
-      pollfd p{listen_fd_, POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
-      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(target_port_);
-      if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-        ::close(c), ::close(s);
-        continue;
-      }
-      pumps_.emplace_back([this, c, s] { pump(c, s); });
-    }
-  }
-
-  void pump(int a, int b) {
-    std::vector<char> buf(1 << 16);
-    bool open = true;
-    while (open && !stop_) {
-      if (paused_) {
-        std::this_thread::sleep_for(5ms);
-        continue;
-      }
-      pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
-      if (::poll(p, 2, 20) <= 0) continue;
-      for (int i = 0; i < 2 && open; ++i) {
-        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        const ssize_t n = ::read(p[i].fd, buf.data(), buf.size());
-        if (n <= 0) {
-          open = false;
-          break;
-        }
-        for (ssize_t off = 0; off < n;) {
-          const ssize_t w = ::write(p[1 - i].fd, buf.data() + off, size_t(n - off));
-          if (w <= 0) {
-            open = false;
-            break;
-          }
-          off += w;
-        }
-      }
-    }
-    ::close(a), ::close(b);
-  }
-};
+using StallProxy = test_util::TcpProxy;
 
 class Cluster : public ::testing::Test {
  protected:

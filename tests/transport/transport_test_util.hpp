@@ -1,11 +1,21 @@
 // Helpers shared by the transport test files.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <future>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kvstream/transport.hpp"
 
@@ -48,5 +58,101 @@ inline Result<BackendPair> make_backend_pair(const BackendConfig& cfg) {
   p.server = std::move(srv).value();
   return p;
 }
+
+/// Forwards TCP between clients and a node (loopback), for fault injection: pause()
+/// stops forwarding in both directions (the node looks alive but never answers: a
+/// stalled node); flip_at(n) inverts the byte at offset n of the node-to-client stream
+/// of the next connection (bytes flipped on the wire).
+class TcpProxy {
+ public:
+  explicit TcpProxy(const std::string& target) {
+    const auto colon = target.rfind(':');
+    target_port_ = uint16_t(std::stoi(target.substr(colon + 1)));
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 64) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      std::abort();  // a test machine without loopback sockets
+    address_ = fmt::format("127.0.0.1:{}", ntohs(a.sin_port));
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~TcpProxy() {
+    stop_ = true;
+    acceptor_.join();
+    for (auto& t : pumps_) t.join();
+    ::close(listen_fd_);
+  }
+  const std::string& address() const { return address_; }
+  void pause(bool p) { paused_ = p; }
+  /// The next accepted connection gets byte `offset` of its node-to-client stream
+  /// inverted; negative: no corruption.
+  void flip_at(int64_t offset) { flip_next_ = offset; }
+
+ private:
+  int listen_fd_ = -1;
+  uint16_t target_port_ = 0;
+  std::string address_;
+  std::atomic<bool> stop_{false}, paused_{false};
+  std::atomic<int64_t> flip_next_{-1};
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;
+
+  void accept_loop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(target_port_);
+      if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(c), ::close(s);
+        continue;
+      }
+      pumps_.emplace_back([this, c, s, flip = flip_next_.exchange(-1)] { pump(c, s, flip); });
+    }
+  }
+
+  void pump(int a, int b, int64_t flip) {
+    std::vector<char> buf(1 << 16);
+    int64_t from_node = 0;  // bytes forwarded from the node (b) so far
+    bool open = true;
+    while (open && !stop_) {
+      if (paused_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+      if (::poll(p, 2, 20) <= 0) continue;
+      for (int i = 0; i < 2 && open; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::read(p[i].fd, buf.data(), buf.size());
+        if (n <= 0) {
+          open = false;
+          break;
+        }
+        if (i == 1) {
+          if (flip >= from_node && flip < from_node + n) buf[size_t(flip - from_node)] ^= char(0xff);
+          from_node += n;
+        }
+        for (ssize_t off = 0; off < n;) {
+          const ssize_t w = ::write(p[1 - i].fd, buf.data() + off, size_t(n - off));
+          if (w <= 0) {
+            open = false;
+            break;
+          }
+          off += w;
+        }
+      }
+    }
+    ::close(a), ::close(b);
+  }
+};
 
 }  // namespace kvstream::transport::test_util
