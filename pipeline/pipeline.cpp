@@ -148,6 +148,9 @@ class PipelineImpl final : public Pipeline {
           return make_status(StatusCode::invalid_argument, "chunk {} range [{}, {}) outside the {}-token destination",
                              i, req.chunks[i].begin, req.chunks[i].end, req.destination.tokens());
     }
+    if (!req.stored_chunks.empty() && req.stored_chunks.size() != req.chunks.size())
+      return make_status(StatusCode::invalid_argument, "{} stored chunk ids for {} ranges", req.stored_chunks.size(),
+                         req.chunks.size());
     // The sizes of every level of every chunk, before anything is fetched.
     KVS_ASSIGN_OR_RETURN(auto stats, client_.stat(req.context, req.deadline, req.cancel));
     std::map<uint32_t, std::vector<uint64_t>> sizes;
@@ -331,7 +334,8 @@ void FetchImpl::dispatch() {
       finish(i, st);
       continue;
     }
-    const auto it = sizes_.find(i);
+    const uint32_t stored = req_.stored_chunks.empty() ? i : req_.stored_chunks[i];
+    const auto it = sizes_.find(stored);
     const std::span<const uint64_t> level_bytes =
         it == sizes_.end() ? std::span<const uint64_t>() : std::span<const uint64_t>(it->second);
     const ChunkDecision d = cb_.decide ? cb_.decide(i, level_bytes) : ChunkDecision{};
@@ -363,7 +367,7 @@ void FetchImpl::dispatch() {
       std::lock_guard lock(mu_);
       timings_[i].wire_start = Clock::now();
     }
-    p_.client_.get_async(req_.context, i, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes, req_.deadline,
+    p_.client_.get_async(req_.context, stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes, req_.deadline,
                          req_.cancel, [self = shared_from_this(), i, b](Result<size_t> r) {
                            {
                              std::lock_guard lock(self->mu_);

@@ -107,6 +107,10 @@ struct FetchRequest {
   /// check path, not the fast one.
   KvView destination;
   std::vector<TokenRange> chunks;     ///< destination-relative token range of chunk i (stored as chunk i)
+  /// Which stored chunk lands in range i (empty: chunk i). Lets a runtime fetch part of
+  /// a stored context (a shared prefix, a window) or reuse stored chunks; each must
+  /// hold as many tokens as its range.
+  std::vector<uint32_t> stored_chunks;
   transport::Deadline deadline;       ///< the whole fetch
   transport::CancelToken cancel;
   /// Runtime KV memory on the GPU, one pointer per chunk (GPU pipelines only; a CPU

@@ -156,6 +156,34 @@ TEST_F(PipelineTest, PipelinedEqualsSerialBitForBit) {
   for (const auto& t : (*f)->timings()) EXPECT_EQ(t.bytes, expected_bytes_[t.chunk].size());
 }
 
+// Part of a stored context (chunks 3 and 1, in that order) into a smaller
+// destination: each range gets the stored chunk it names, and a mismatched list is
+// refused before anything is fetched.
+TEST_F(PipelineTest, StoredChunksMapRangesToAnyStoredChunk) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {3, 1 << 20, 1});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto out = KvCache::create(kGeom, DType::f16, 2 * kChunk).value();
+  pipeline::FetchRequest r;
+  r.context = "ctx";
+  r.destination = out.view();
+  r.chunks = {{0, kChunk}, {kChunk, 2 * kChunk}};
+  r.stored_chunks = {3, 1};
+  r.deadline = deadline_in(20s);
+  pipeline::FetchCallbacks cb;
+  cb.decide = [&](uint32_t i, std::span<const uint64_t>) {
+    return pipeline::ChunkDecision{pipeline::ChunkDecision::Action::fetch, level_of(r.stored_chunks[i])};
+  };
+  auto f = (*p)->fetch(r, cb);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_TRUE((*f)->wait().ok());
+  auto ref = KvCache::create(kGeom, DType::f16, 2 * kChunk).value();
+  ASSERT_TRUE(codec::decode_chunk(profile_, expected_bytes_[3], *ref.view().slice(r.chunks[0])).ok());
+  ASSERT_TRUE(codec::decode_chunk(profile_, expected_bytes_[1], *ref.view().slice(r.chunks[1])).ok());
+  EXPECT_EQ(std::memcmp(out.bytes().data(), ref.bytes().data(), ref.bytes().size()), 0);
+  r.stored_chunks = {3};
+  EXPECT_EQ((*p)->fetch(r, cb).status().code(), StatusCode::invalid_argument);
+}
+
 TEST_F(PipelineTest, PagedDeliveryMatchesContiguous) {
   auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
   ASSERT_TRUE(p.ok());
