@@ -1,5 +1,7 @@
 #include "perf/assembled_kv.hpp"
 
+#include "examples/tinyllama/eval_harness.hpp"
+
 #include <xxhash.h>
 
 namespace kvstream::bench {
@@ -53,6 +55,22 @@ Result<KvCache> assemble_kv(const KvGeometry& g, uint64_t tokens, const KvSource
       }
     }
   return out;
+}
+
+Result<AssembledSetup> assemble_setup(const std::string& geometry, uint64_t tokens, const std::string& data_dir_option,
+                                      uint64_t profile_tokens) {
+  KVS_ASSIGN_OR_RETURN(KvGeometry g, named_geometry(geometry));
+  KVS_ASSIGN_OR_RETURN(auto d, tinyllama::load_eval_data(tinyllama::data_dir(data_dir_option)));
+  KVS_ASSIGN_OR_RETURN(auto train_src, source_windows(d.model, d.first_half, 48));
+  KVS_ASSIGN_OR_RETURN(auto test_src, source_windows(d.model, d.second_half, 48));
+  KVS_ASSIGN_OR_RETURN(KvCache train, assemble_kv(g, profile_tokens, train_src, 1));
+  KVS_ASSIGN_OR_RETURN(KvCache ctx, assemble_kv(g, tokens, test_src, 1));
+  std::vector<KvView> samples;
+  for (const auto& r : codec::chunk_ranges(train.tokens(), 512)) samples.push_back(*train.view().slice(r));
+  codec::ProfileOptions po;
+  po.max_transform_block = 32;
+  KVS_ASSIGN_OR_RETURN(codec::Profile profile, codec::ProfileBuilder::build(samples, RopeParams{}, po));
+  return AssembledSetup{g, std::move(profile), std::move(ctx)};
 }
 
 }  // namespace kvstream::bench

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "examples/tinyllama/tinyllama.hpp"
+#include "kvstream/codec.hpp"
 #include "kvstream/kv_model.hpp"
 
 namespace kvstream::bench {
@@ -26,5 +27,18 @@ Result<KvSources> source_windows(const tinyllama::Model& m, const std::vector<in
 /// Assembles `tokens` tokens of geometry `g` (fp16) from the sources; `seed` picks the
 /// mapping, so different seeds give different but equally real caches.
 Result<KvCache> assemble_kv(const KvGeometry& g, uint64_t tokens, const KvSources& src, uint64_t seed);
+
+/// What the benchmarks on assembled caches share: a codec profile built from tokens
+/// assembled out of the first half of the eval text, and a context of `tokens` tokens
+/// assembled out of the second half (with the same channel mapping).
+struct AssembledSetup {
+  KvGeometry geometry;
+  codec::Profile profile;
+  KvCache context;
+};
+/// Loads the tinyllama data from `data_dir_option` ("" = default), assembles and
+/// builds. Errors: those of the pieces (unknown geometry, missing data).
+Result<AssembledSetup> assemble_setup(const std::string& geometry, uint64_t tokens, const std::string& data_dir_option,
+                                      uint64_t profile_tokens = 1024);
 
 }  // namespace kvstream::bench

@@ -71,6 +71,24 @@ struct AdaptBenchOptions {
 };
 int run_adapt_bench(const AdaptBenchOptions& o);
 
+struct TtftBenchOptions {
+  std::string data;
+  std::vector<std::string> geometries = {"mistral-7b", "llama-70b"};
+  std::vector<uint64_t> contexts = {1536, 4096, 9216, 16384};
+  std::vector<double> links = {1e9, 3e9, 10e9};  ///< bits per second, paced by the library
+  /// Text prefill rates (tokens/s), derived in perf/README.md: 2 x parameters FLOPs per
+  /// token at 50% of the GPUs' fp16 peak (one A100 for 7B, four for 70B).
+  double prefill_7b = 10800, prefill_70b = 4400;
+  double quality_bound = 1.0;   ///< perplexity increase % kvstream may spend (codec benchmark's bound)
+  double int8_quality = 0.011;  ///< the 8-bit baseline's measured ppl increase % (codec benchmark)
+  std::string quality_profile = "build/tinyllama.kvsprofile";
+  std::string secret = "bench-secret-0123456789";
+  uint32_t depth = 4;
+  unsigned decode_threads = 2;
+  std::string json, plot;
+};
+int run_ttft_bench(const TtftBenchOptions& o);
+
 /// One curve of a plot.
 struct PlotSeries {
   std::string name;

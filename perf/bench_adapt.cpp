@@ -30,6 +30,7 @@
 #include "kvstream/pipeline.hpp"
 #include "perf/assembled_kv.hpp"
 #include "perf/bench.hpp"
+#include "perf/int8_kv.hpp"
 
 namespace kvstream::bench {
 
@@ -76,73 +77,19 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
 }
 
-// Per-token int8 quantization of a chunk (CacheGen's 8-bit baseline): for every
-// (layer, plane, token) row, a fp32 scale then one int8 per channel.
-std::vector<uint8_t> quantize_int8(const KvView& v) {
-  const auto& g = v.geometry();
-  const uint32_t C = g.channels();
-  std::vector<uint8_t> out;
-  std::vector<float> row(C);
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t p = 0; p < g.planes(); ++p)
-      for (uint64_t t = 0; t < v.tokens(); ++t) {
-        v.load_row(l, p, t, row.data());
-        float amax = 0;
-        for (float x : row) amax = std::max(amax, std::fabs(x));
-        const float scale = amax > 0 ? amax / 127.0f : 1.0f;
-        const size_t at = out.size();
-        out.resize(at + 4 + C);
-        std::memcpy(out.data() + at, &scale, 4);
-        for (uint32_t c = 0; c < C; ++c) out[at + 4 + c] = uint8_t(int8_t(std::lrint(row[c] / scale)));
-      }
-  return out;
-}
-
-// Dequantizes what quantize_int8 wrote into `dest` (the runtime's fp16 memory).
-Status dequantize_int8(std::span<const std::byte> in, const KvView& dest) {
-  const auto& g = dest.geometry();
-  const uint32_t C = g.channels();
-  std::vector<float> row(C);
-  size_t at = 0;
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t p = 0; p < g.planes(); ++p)
-      for (uint64_t t = 0; t < dest.tokens(); ++t) {
-        if (at + 4 + C > in.size()) return make_status(StatusCode::corrupt_data, "int8 chunk too short");
-        float scale;
-        std::memcpy(&scale, in.data() + at, 4);
-        const auto* q = reinterpret_cast<const int8_t*>(in.data() + at + 4);
-        for (uint32_t c = 0; c < C; ++c) row[c] = float(q[c]) * scale;
-        dest.store_row(l, p, t, row.data());
-        at += 4 + C;
-      }
-  return {};
-}
-
 }  // namespace
 
 int run_adapt_bench(const AdaptBenchOptions& o) {
-  auto geom = named_geometry(o.geometry);
-  if (!geom.ok()) return fail(geom.status());
   // Quality per level: the perplexity increase tinyllama measured at the same level
   // steps (the assembled cache has no model to score it; the levels share steps).
   auto qprof = codec::Profile::load_file(o.quality_profile);
   if (!qprof.ok())
     return fail(qprof.status().with_context(
         fmt::format("quality profile '{}' (make demo or kvstream-profile writes it)", o.quality_profile)));
-  auto d = tinyllama::load_eval_data(tinyllama::data_dir(o.data));
-  if (!d.ok()) return fail(d.status());
-  auto train_src = source_windows(d->model, d->first_half, 48);
-  auto test_src = source_windows(d->model, d->second_half, 48);
-  if (!train_src.ok() || !test_src.ok()) return fail(train_src.ok() ? test_src.status() : train_src.status());
-  auto train = assemble_kv(*geom, 1024, *train_src, 1);
-  auto ctx = assemble_kv(*geom, o.tokens, *test_src, 1);
-  if (!train.ok() || !ctx.ok()) return fail(train.ok() ? ctx.status() : train.status());
-  std::vector<KvView> samples;
-  for (const auto& r : codec::chunk_ranges(train->tokens(), 512)) samples.push_back(*train->view().slice(r));
-  codec::ProfileOptions po;
-  po.max_transform_block = 32;
-  auto profile = codec::ProfileBuilder::build(samples, RopeParams{}, po);
-  if (!profile.ok()) return fail(profile.status());
+  auto setup = assemble_setup(o.geometry, o.tokens, o.data);
+  if (!setup.ok()) return fail(setup.status());
+  const codec::Profile* profile = &setup->profile;
+  KvCache* ctx = &setup->context;
   const uint32_t levels = profile->levels();
   std::vector<double> quality(levels, 0.0);
   for (uint32_t L = 0; L < levels; ++L) {
@@ -166,7 +113,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
     int8_max = std::max<uint64_t>(int8_max, int8[i].size());
   }
   // Decode cost per level, measured (seconds per encoded byte).
-  auto dest = KvCache::create(*geom, DType::f16, o.tokens);
+  auto dest = KvCache::create(setup->geometry, DType::f16, o.tokens);
   if (!dest.ok()) return fail(dest.status());
   std::vector<double> decode_spb(levels);
   codec::DecodeScratch scratch;

@@ -70,7 +70,24 @@ int main(int argc, char** argv) {
   ad->add_option("--depth", ao.depth, "pipeline buffers")->capture_default_str();
   ad->add_option("--decode-threads", ao.decode_threads, "decode threads")->capture_default_str();
   ad->add_option("--json", ao.json, "write rows and every request as JSON");
+  kvstream::bench::TtftBenchOptions to;
+  auto* tt = app.add_subcommand("ttft", "time to first token: kvstream vs text recompute, raw fp16 and 8-bit KV "
+                                        "over a paced link");
+  tt->add_option("--data", to.data, "tinyllama data directory");
+  tt->add_option("--geometries", to.geometries, "mistral-7b, llama-70b, ... (assembled from real KV)")
+      ->capture_default_str();
+  tt->add_option("--contexts", to.contexts, "context lengths in tokens")->capture_default_str();
+  tt->add_option("--links", to.links, "link rates in bits/s (paced by the library)")->capture_default_str();
+  tt->add_option("--prefill-7b", to.prefill_7b, "text prefill rate of the 7B models (tokens/s)")->capture_default_str();
+  tt->add_option("--prefill-70b", to.prefill_70b, "text prefill rate of llama-70b (tokens/s)")->capture_default_str();
+  tt->add_option("--quality-bound", to.quality_bound, "ppl increase % kvstream may spend")->capture_default_str();
+  tt->add_option("--quality-profile", to.quality_profile, "profile with measured ppl increase per level")
+      ->capture_default_str();
+  tt->add_option("--decode-threads", to.decode_threads, "decode threads")->capture_default_str();
+  tt->add_option("--json", to.json, "write the rows as JSON");
+  tt->add_option("--plot", to.plot, "write TTFT against context length (PNG, gnuplot)");
   CLI11_PARSE(app, argc, argv);
+  if (*tt) return kvstream::bench::run_ttft_bench(to);
   if (*ad) return kvstream::bench::run_adapt_bench(ao);
   if (*pl) return kvstream::bench::run_pipeline_bench(po);
   if (*codec) return kvstream::bench::run_codec_bench(co);
