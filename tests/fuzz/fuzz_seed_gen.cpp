@@ -3,6 +3,8 @@
 // Chunk seeds: valid chunks of each fuzz profile (several levels, token counts,
 // dtypes, positions, one with outliers), each framed with a few control bytes.
 // Profile seeds: the serialized fuzz profiles, framed likewise.
+// Wire seeds (<dir>/fuzz_wire_protocol): every request and response kind, stat and
+// list bodies, each behind the byte that picks the parser.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
+#include "transport/protocol.hpp"
 
 using namespace kvstream;
 
@@ -54,6 +57,34 @@ int main(int argc, char** argv) {
     for (uint8_t ctl : {0, 1, 3})
       if (!write_file(pdir + "/profile_" + std::to_string(pi) + "_" + std::to_string(ctl), ctl, ser)) return 1;
   }
-  std::fprintf(stderr, "wrote %d chunk seeds and %zu profile seeds under %s\n", n, profiles.size() * 3, root.c_str());
+  // Wire seeds.
+  const std::string wdir = root + "/fuzz_wire_protocol";
+  ::mkdir(wdir.c_str(), 0755);
+  auto bytes = [](const std::vector<std::byte>& b) {
+    return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(b.data()), reinterpret_cast<const uint8_t*>(b.data()) + b.size());
+  };
+  int w = 0;
+  using storage::Op;
+  for (Op op : {Op::hello, Op::auth, Op::put, Op::get, Op::stat, Op::remove, Op::list}) {
+    storage::Request rq;
+    rq.op = op;
+    rq.id = 1000 + w;
+    rq.chunk = 7;
+    rq.level = 3;
+    if (op == Op::put || op == Op::get || op == Op::stat || op == Op::remove) rq.context = "story-0042";
+    if (op == Op::auth) rq.name_space = "tenant-a", rq.mac.fill(0x5a);
+    if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+    storage::Response rs;
+    rs.op = op;
+    rs.id = rq.id;
+    rs.checksum = 0x0123456789abcdefull;
+    if (op == Op::hello) rs.nonce.fill(0x33);
+    if (op == Op::get) rs.code = StatusCode::not_found, rs.message = "no such chunk";
+    if (!write_file(wdir + "/resp_" + std::to_string(w++), 1, bytes(storage::encode(rs)))) return 1;
+  }
+  if (!write_file(wdir + "/stats", 2, bytes(storage::encode_stats({{0, {100, 50, 0}}, {1, {90, 40, 20}}})))) return 1;
+  if (!write_file(wdir + "/names", 3, bytes(storage::encode_names({"a", "story-1", "ctx.v2"})))) return 1;
+  std::fprintf(stderr, "wrote %d chunk seeds, %zu profile seeds and %d wire seeds under %s\n", n, profiles.size() * 3,
+               w + 2, root.c_str());
   return 0;
 }
