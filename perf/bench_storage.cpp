@@ -19,6 +19,18 @@ using namespace std::chrono_literals;
 using transport::Clock;
 using transport::deadline_in;
 
+namespace {
+// Resident memory of this process (node and clients), from /proc: how "memory stable"
+// is checked under load.
+uint64_t rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+}  // namespace
+
 int run_storage_bench(const StorageBenchOptions& o) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-load-{}", ::getpid());
@@ -73,7 +85,12 @@ int run_storage_bench(const StorageBenchOptions& o) {
         ++ok;
       }
     });
+  // Memory after a tenth of the run (every client connected, buffers and cache warm)
+  // and at the end: a leak or unbounded queue shows as growth between them.
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds / 10));
+  const uint64_t rss_warm = rss_bytes();
   for (auto& t : threads) t.join();
+  const uint64_t rss_end = rss_bytes();
   std::vector<double> all;
   for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
   std::sort(all.begin(), all.end());
@@ -86,11 +103,14 @@ int run_storage_bench(const StorageBenchOptions& o) {
              o.backend, o.clients, o.seconds, o.chunk_bytes, ok.load(), errors.load(), wrong.load(), gbps);
   fmt::print("chunk latency us: p50 {:.0f}  p99 {:.0f}  p999 {:.0f}  max {:.0f}; server cache hits {}\n", pct(0.5),
              pct(0.99), pct(0.999), all.empty() ? 0.0 : all.back(), counters.cache_hits);
+  fmt::print("resident memory: {:.1f} MiB after {:.0f} s, {:.1f} MiB at the end\n", double(rss_warm) / 1048576,
+             o.seconds / 10, double(rss_end) / 1048576);
   if (!o.json.empty()) {
     nlohmann::json j = {{"backend", o.backend}, {"clients", o.clients}, {"seconds", o.seconds},
                         {"chunk_bytes", o.chunk_bytes}, {"fetches", ok.load()}, {"errors", errors.load()},
                         {"wrong", wrong.load()}, {"lat_us_p50", pct(0.5)}, {"lat_us_p99", pct(0.99)},
-                        {"lat_us_p999", pct(0.999)}, {"gbit_per_s", gbps}};
+                        {"lat_us_p999", pct(0.999)}, {"gbit_per_s", gbps}, {"rss_warm_bytes", rss_warm},
+                        {"rss_end_bytes", rss_end}};
     std::ofstream(o.json) << j.dump(1) << "\n";
   }
   return errors.load() == 0 && wrong.load() == 0 ? 0 : 1;
