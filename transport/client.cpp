@@ -324,6 +324,12 @@ class ClientImpl final : public Client {
     KVS_ASSIGN_OR_RETURN(len, c.recv_header(header, deadline, cancel));
     KVS_RETURN_IF_ERROR(c.recv_body({}, deadline, cancel));
     KVS_ASSIGN_OR_RETURN(Response r, decode_response(header));
+    // A node at its connection limit for the namespace says so; any other refusal is
+    // reported as permission_denied with no detail (nothing about what exists).
+    if (r.code == StatusCode::resource_exhausted)
+      return detail::log_error(make_status(StatusCode::resource_exhausted,
+                                           "storage node {} refused a connection for '{}': {}", cfg.address,
+                                           cfg.name_space, r.message));
     if (r.code != StatusCode::ok)
       return detail::log_error(make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'",
                                            cfg.address, cfg.name_space));

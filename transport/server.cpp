@@ -1,6 +1,7 @@
 // The storage node: accepts connections on any backend, authenticates each against
 // its namespace secret, then serves requests in order, one thread per connection.
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "core/log.hpp"
@@ -76,6 +77,7 @@ class ServerImpl final : public Server {
   };
   std::vector<Worker> workers_;
   std::atomic<uint32_t> active_{0};
+  std::map<std::string, uint32_t> per_namespace_;  // connections held per namespace (guarded by mu_)
   std::atomic<uint64_t> requests_{0}, errors_{0}, bytes_out_{0}, bytes_in_{0}, cache_hits_{0}, auth_failures_{0};
 
   void accept_loop() {
@@ -141,8 +143,28 @@ class ServerImpl final : public Server {
       (void)reply(c, r, {});
       return make_status(StatusCode::permission_denied, "authentication failed from {}", c.describe());
     }
-    KVS_RETURN_IF_ERROR(reply(c, r, {}));
+    {
+      std::lock_guard lock(mu_);
+      uint32_t& held = per_namespace_[req.name_space];
+      if (held >= cfg_.max_connections_per_namespace) {
+        r.code = StatusCode::resource_exhausted;
+        r.message = fmt::format("namespace holds {} connections, the limit", held);
+        (void)reply(c, r, {});
+        return make_status(StatusCode::resource_exhausted, "refusing {}: namespace '{}' holds {} connections",
+                           c.describe(), req.name_space, held);
+      }
+      ++held;
+    }
+    if (Status s = reply(c, r, {}); !s.ok()) {
+      release_namespace(req.name_space);
+      return s;
+    }
     return req.name_space;
+  }
+
+  void release_namespace(const std::string& ns) {
+    std::lock_guard lock(mu_);
+    if (auto it = per_namespace_.find(ns); it != per_namespace_.end() && it->second > 0) --it->second;
   }
 
   void serve(Connection& c) {
@@ -151,6 +173,11 @@ class ServerImpl final : public Server {
       KVS_LOG_WARN("{}", ns.status().to_string());
       return;
     }
+    struct Release {  // the namespace's connection slot, held while this connection lives
+      ServerImpl* self;
+      std::string ns;
+      ~Release() { self->release_namespace(ns); }
+    } release{this, *ns};
     std::vector<std::byte> header, in_body;
     while (!stop_.cancelled()) {
       auto body_len = c.recv_header(header, deadline_in(cfg_.idle_timeout), stop_);

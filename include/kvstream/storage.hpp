@@ -48,6 +48,10 @@ struct ServerConfig {
   std::map<std::string, std::string> secrets;  ///< namespace -> secret; only these namespaces exist
   uint64_t cache_bytes = uint64_t(256) << 20;  ///< in-memory cache of hot chunks
   uint32_t max_connections = 256;          ///< further connections are refused
+  /// Connections one namespace (tenant) may hold at once; further ones are refused
+  /// after authentication with resource_exhausted, so one tenant cannot take every
+  /// connection slot from the others.
+  uint32_t max_connections_per_namespace = 64;
   uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure
   std::chrono::milliseconds idle_timeout{60000};  ///< a silent client is disconnected after this
 };

@@ -252,6 +252,42 @@ TEST_P(Storage, MalformedRequestClosesTheConnection) {
   EXPECT_NE(end.code(), StatusCode::timed_out) << end.to_string();
 }
 
+// One tenant cannot hold every connection: past its limit it is refused with
+// resource_exhausted while another tenant still connects; a slot comes back when a
+// connection closes.
+TEST(Limits, ConnectionsPerNamespace) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-limits-{}", ::getpid());
+  ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.directory = dir.string();
+  sc.secrets = {{"tenant-a", kSecret}, {"tenant-b", "another-secret-of-16+"}};
+  sc.max_connections_per_namespace = 2;
+  auto server = Server::start(sc);
+  ASSERT_TRUE(server.ok());
+  auto connect = [&](const std::string& ns, const std::string& secret) {
+    ClientConfig cc;
+    cc.address = (*server)->address();
+    cc.name_space = ns;
+    cc.secret = secret;
+    return Client::connect(cc, deadline_in(5s));
+  };
+  auto a1 = connect("tenant-a", kSecret), a2 = connect("tenant-a", kSecret);
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  auto a3 = connect("tenant-a", kSecret);
+  EXPECT_EQ(a3.status().code(), StatusCode::resource_exhausted) << a3.status().to_string();
+  auto b1 = connect("tenant-b", "another-secret-of-16+");
+  EXPECT_TRUE(b1.ok()) << b1.status().to_string();
+  a1->reset();
+  Result<std::unique_ptr<Client>> again = make_status(StatusCode::internal, "not tried");
+  for (int i = 0; i < 50 && !again.ok(); ++i) {  // the node notices the close shortly
+    again = connect("tenant-a", kSecret);
+    if (!again.ok()) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
+  server->reset();
+  fs::remove_all(dir);
+}
+
 // 64 clients fetching at once from one node (tcp, loopback), briefly: no errors, every
 // chunk whole and right, and the node keeps serving a 65th client promptly (one busy
 // client set cannot starve another). The 60 s version is `kvstream-bench storage
