@@ -19,6 +19,7 @@
 #include "kvstream/gpu_decoder.hpp"
 #include "kvstream/gpu_resources.hpp"
 #include "kvstream/pipeline.hpp"
+#include "tests/transport/redis_server.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -493,4 +494,34 @@ TEST_F(PipelineTest, GpuFetchIntoDeviceMemoryEqualsTheCpuFetch) {
   EXPECT_EQ((*gp)->fetch(bad, by_index()).status().code(), StatusCode::invalid_argument);
 }
 
+}  // namespace
+
+// The same adaptive-free fetch through the Redis storage client: every chunk decodes
+// to the same bytes as through the native node (the pipeline only sees storage::Client).
+namespace {
+TEST_F(PipelineTest, FetchThroughRedisEqualsTheNativeNode) {
+  if (auto why = transport::test_util::RedisServer::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  transport::test_util::RedisServer redis("kvstream-pipeline-redis");
+  ASSERT_TRUE(redis.started()) << "redis-server did not start; see " << (redis.dir() / "redis.log");
+  auto rc = redis.client();
+  ASSERT_TRUE(rc.ok()) << rc.status().to_string();
+  for (uint32_t i = 0; i < ranges_.size(); ++i)
+    for (uint32_t L = 0; L < profile_.levels(); ++L) {
+      std::vector<uint8_t> bytes;
+      ASSERT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(ranges_[i]), L, bytes).ok());
+      ASSERT_TRUE((*rc)->put("ctx", i, L, std::as_bytes(std::span(bytes)), deadline_in(10s)).ok());
+    }
+  auto fetch_with = [&](storage::Client& c) {
+    auto p = pipeline::Pipeline::create(c, profile_, {3, 1 << 20, 2});
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+    auto f = (*p)->fetch(request(out.view()), by_index());
+    EXPECT_TRUE(f.ok()) << f.status().to_string();
+    EXPECT_TRUE((*f)->wait().ok());
+    return out;
+  };
+  const KvCache via_redis = fetch_with(**rc), native = fetch_with(*client_);
+  ASSERT_EQ(via_redis.bytes().size(), native.bytes().size());
+  EXPECT_EQ(std::memcmp(via_redis.bytes().data(), native.bytes().data(), native.bytes().size()), 0);
+}
 }  // namespace

@@ -3,13 +3,6 @@
 // built without hiredis).
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <map>
 #include <random>
@@ -17,8 +10,7 @@
 
 #include "kvstream/redis_storage.hpp"
 #include "kvstream/storage.hpp"
-
-extern char** environ;
+#include "tests/transport/redis_server.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;
@@ -35,83 +27,26 @@ std::vector<std::byte> blob(size_t n, uint32_t seed) {
   return v;
 }
 
-std::string find_program(const std::string& name) {
-  for (const char* d : {"/usr/bin/", "/usr/local/bin/", "/usr/sbin/"})
-    if (fs::exists(std::string(d) + name)) return std::string(d) + name;
-  return {};
-}
-
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 class Redis : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!redis::available()) GTEST_SKIP() << "kvstream was built without hiredis (libhiredis-dev, KVSTREAM_WITH_REDIS)";
-    server_ = find_program("redis-server");
-    if (server_.empty()) GTEST_SKIP() << "redis-server is not installed (Debian package redis-server)";
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-redis-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    // A free port can be taken between our probe and redis' bind: try a few.
-    for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) start();
-    ASSERT_GT(pid_, 0) << "redis-server did not start; see " << (dir_ / "redis.log");
+    if (auto why = test_util::RedisServer::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+    redis_ = std::make_unique<test_util::RedisServer>("kvstream-redis");
+    ASSERT_TRUE(redis_->started()) << "redis-server did not start; see " << (redis_->dir() / "redis.log");
+    dir_ = redis_->dir();
+    port_ = redis_->port();
+    pid_ = redis_->pid();
   }
-  void TearDown() override {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGCONT);
-      ::kill(pid_, SIGTERM);
-      int st = 0;
-      ::waitpid(pid_, &st, 0);
-    }
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-
-  void start() {
-    port_ = free_port();
-    const std::string port = std::to_string(port_), dir = dir_.string(), log = (dir_ / "redis.log").string();
-    std::vector<std::string> args = {server_, "--port", port, "--bind", "127.0.0.1", "--dir", dir, "--save", "",
-                                     "--appendonly", "no", "--daemonize", "no", "--logfile", log};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, server_.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return;
-    // Ready when a client connects (PING answered).
-    for (int i = 0; i < 100; ++i) {
-      int st = 0;
-      if (::waitpid(pid, &st, WNOHANG) == pid) return;  // exited: port taken
-      if (client(200ms).ok()) {
-        pid_ = pid;
-        return;
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-  }
+  void TearDown() override { redis_.reset(); }
 
   Result<std::unique_ptr<Client>> client(std::chrono::milliseconds timeout = 5000ms, const std::string& ns = "tenant-a") {
-    redis::RedisConfig cfg;
-    cfg.address = fmt::format("127.0.0.1:{}", port_);
-    cfg.name_space = ns;
-    return redis::connect(cfg, deadline_in(timeout));
+    return redis_->client(timeout, ns);
   }
 
-  std::string server_;
+  std::unique_ptr<test_util::RedisServer> redis_;
   fs::path dir_;
   uint16_t port_ = 0;
   pid_t pid_ = -1;
-  static inline int counter_ = 0;
 };
 
 TEST_F(Redis, PutGetStatListRemove) {
@@ -205,7 +140,9 @@ TEST_F(Redis, SameBytesAsTheNativeNode) {
 }
 
 TEST_F(Redis, CorruptValueIsDetected) {
-  const std::string cli = find_program("redis-cli");
+  std::string cli;
+  for (const char* d : {"/usr/bin/", "/usr/local/bin/"})
+    if (fs::exists(std::string(d) + "redis-cli")) cli = std::string(d) + "redis-cli";
   if (cli.empty()) GTEST_SKIP() << "redis-cli is not installed (Debian package redis-tools)";
   auto c = client();
   ASSERT_TRUE(c.ok());

@@ -1,0 +1,120 @@
+// A redis-server for tests: started on a free loopback port in its own temporary
+// directory, stopped (and the directory removed) on destruction. Tests skip when
+// redis-server is not installed or kvstream was built without hiredis.
+#pragma once
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvstream/redis_storage.hpp"
+
+extern char** environ;
+
+namespace kvstream::transport::test_util {
+
+class RedisServer {
+ public:
+  /// Why Redis tests cannot run here ("" when they can).
+  static std::string unavailable_reason() {
+    if (!redis::available()) return "kvstream was built without hiredis (libhiredis-dev, KVSTREAM_WITH_REDIS)";
+    if (program().empty()) return "redis-server is not installed (Debian package redis-server)";
+    return {};
+  }
+
+  /// Starts one under <tmp>/<tag>-<pid>-<n>; started() says whether it came up.
+  explicit RedisServer(const std::string& tag) {
+    static int counter = 0;
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", tag, ::getpid(), counter++);
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    // A free port can be taken between our probe and redis' bind: try a few.
+    for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) start();
+  }
+  ~RedisServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGCONT);
+      ::kill(pid_, SIGTERM);
+      int st = 0;
+      ::waitpid(pid_, &st, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  [[nodiscard]] bool started() const { return pid_ > 0; }
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  [[nodiscard]] uint16_t port() const { return port_; }
+  [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
+  [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
+
+  /// A storage client of namespace `ns` on this server.
+  Result<std::unique_ptr<storage::Client>> client(std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                                                  const std::string& ns = "tenant-a") const {
+    redis::RedisConfig cfg;
+    cfg.address = address();
+    cfg.name_space = ns;
+    return redis::connect(cfg, deadline_in(timeout));
+  }
+
+ private:
+  std::filesystem::path dir_;
+  uint16_t port_ = 0;
+  pid_t pid_ = -1;
+
+  static std::string program() {
+    for (const char* d : {"/usr/bin/", "/usr/local/bin/", "/usr/sbin/"})
+      if (std::filesystem::exists(std::string(d) + "redis-server")) return std::string(d) + "redis-server";
+    return {};
+  }
+  static uint16_t free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+  }
+  void start() {
+    port_ = free_port();
+    const std::string prog = program(), port = std::to_string(port_), dir = dir_.string(),
+                      log = (dir_ / "redis.log").string();
+    std::vector<std::string> args = {prog,     "--port",       port, "--bind",      "127.0.0.1", "--dir",     dir,
+                                     "--save", "",             "--appendonly", "no", "--daemonize", "no", "--logfile",
+                                     log};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, prog.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return;
+    // Ready when a client connects (PING answered).
+    for (int i = 0; i < 100; ++i) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) return;  // exited: port taken
+      if (client(std::chrono::milliseconds(200)).ok()) {
+        pid_ = pid;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+}  // namespace kvstream::transport::test_util
