@@ -23,6 +23,17 @@ double seconds_between(Clock::time_point a, Clock::time_point b) { return std::c
 
 class SchedulerImpl;
 
+// How a ticket wakes its scheduler's dispatcher (on cancel). Tickets may outlive the
+// scheduler: it clears `cv` when it goes, under `mu`.
+struct Waker {
+  std::mutex mu;
+  std::condition_variable* cv = nullptr;
+  void wake() {
+    std::lock_guard lk(mu);
+    if (cv) cv->notify_all();
+  }
+};
+
 // A fetch ahead of the one being predicted, as seen under the scheduler's lock.
 struct Ahead {
   bool started = false;
@@ -48,7 +59,7 @@ class TicketImpl final : public Ticket {
       running = running_;
     }
     if (running) running->cancel();
-    wake_();
+    if (waker_) waker_->wake();
   }
   bool started() const override {
     std::lock_guard lk(mu_);
@@ -87,7 +98,7 @@ class TicketImpl final : public Ticket {
   const uint64_t order_;
   const Clock::time_point submitted_;
   Clock::time_point started_at_{};
-  std::function<void()> wake_ = [] {};
+  std::shared_ptr<Waker> waker_;
 
  private:
   mutable std::mutex mu_;
@@ -102,10 +113,15 @@ class SchedulerImpl final : public Scheduler {
  public:
   SchedulerImpl(Pipeline& p, storage::Client& c, AdaptivePlan plan, SchedulerConfig cfg)
       : pipeline_(p), client_(c), plan_(std::move(plan)), cfg_(cfg) {
+    waker_->cv = &cv_;
     dispatcher_ = std::thread([this] { dispatch(); });
   }
 
   ~SchedulerImpl() override {
+    {
+      std::lock_guard lk(waker_->mu);
+      waker_->cv = nullptr;
+    }
     std::vector<std::shared_ptr<TicketImpl>> all;
     {
       std::lock_guard lk(mu_);
@@ -138,7 +154,7 @@ class SchedulerImpl final : public Scheduler {
     std::lock_guard lk(mu_);
     if (stopping_) return make_status(StatusCode::cancelled, "scheduler is shutting down");
     auto t = std::make_shared<TicketImpl>(std::move(f), std::move(a), next_order_++);
-    t->wake_ = [this] { cv_.notify_all(); };
+    t->waker_ = waker_;
     queue_.push_back(t);
     // Highest priority first; first come first served within one.
     std::stable_sort(queue_.begin(), queue_.end(), [](const auto& x, const auto& y) {
@@ -164,6 +180,7 @@ class SchedulerImpl final : public Scheduler {
   const SchedulerConfig cfg_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
   std::deque<std::shared_ptr<TicketImpl>> queue_;
   std::vector<std::shared_ptr<TicketImpl>> running_;
   struct Waiter {
