@@ -16,6 +16,10 @@ struct MemoryRegion::Impl {
   size_t size = 0;
   MemoryType type = MemoryType::host;
   virtual ~Impl() = default;
+  /// The backend's packed remote key for this region (MemoryRegion::expose).
+  virtual Result<std::vector<std::byte>> packed_key() const {
+    return make_status(StatusCode::unsupported, "one-sided reads are not available on this backend");
+  }
 };
 
 /// Registration cache: the same (address, size, type) maps to the same live

@@ -59,6 +59,21 @@ struct Capabilities {
   uint64_t max_message_bytes = 0;
 };
 
+/// What a peer needs to read a registered region one-sidedly: where it is and the
+/// backend's packed remote key (a UCX rkey). It travels inside message headers, so it
+/// is bounded; encode_remote / decode_remote give its wire form.
+struct RemoteRegion {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  std::vector<std::byte> key;
+};
+/// Largest packed remote key accepted from a peer.
+inline constexpr size_t kMaxRemoteKeyBytes = 2048;
+/// Wire form: u64 address, u64 size, u32 key length, key (little-endian).
+std::vector<std::byte> encode_remote(const RemoteRegion& r);
+/// Parses a peer's RemoteRegion. Errors: corrupt_data (short, key too long, trailing bytes).
+Result<RemoteRegion> decode_remote(std::span<const std::byte> bytes);
+
 /// A registered buffer (RAII: deregistered when the last handle goes away). Backends
 /// cache registrations, so registering the same range again is cheap.
 class MemoryRegion {
@@ -73,6 +88,10 @@ class MemoryRegion {
   /// The registered span [offset, offset + n); empty when out of range.
   [[nodiscard]] std::span<std::byte> span(size_t offset, size_t n) const noexcept;
   [[nodiscard]] const std::shared_ptr<Impl>& impl() const noexcept { return impl_; }
+  /// Lets peers read this region one-sidedly (Connection::read) for as long as it
+  /// stays registered. Errors: unsupported where the backend has no one-sided reads
+  /// (Capabilities::one_sided_read is false), invalid_argument for an empty region.
+  [[nodiscard]] Result<RemoteRegion> expose() const;
 
  private:
   std::shared_ptr<Impl> impl_;
@@ -126,6 +145,18 @@ class Connection {
   /// Receives the body announced by recv_header into `dest` (registered memory, at
   /// least that large), or discards it when `dest` is empty.
   virtual Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) = 0;
+
+  /// Reads `dest.size()` bytes at `offset` of the peer's exposed region `src` into
+  /// `dest` (registered memory), one-sidedly: the peer's application takes no part.
+  /// Errors: unsupported (the backend has no one-sided reads: Capabilities says so),
+  /// out_of_range (past the end of `src`), invalid_argument (a key that does not
+  /// unpack), timed_out / cancelled (the connection is then broken, so nothing lands
+  /// in `dest` afterwards), unavailable (the peer failed).
+  virtual Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
+                      const CancelToken& cancel) {
+    (void)dest, (void)src, (void)offset, (void)deadline, (void)cancel;
+    return make_status(StatusCode::unsupported, "{}: one-sided reads are not available on this backend", describe());
+  }
 
   /// "tcp 127.0.0.1:7471 (io_uring)" and the like: backend, address, path.
   [[nodiscard]] virtual std::string describe() const = 0;

@@ -175,6 +175,15 @@ struct UcxRegion : MemoryRegion::Impl {
   ~UcxRegion() override {
     if (memh) ucp_mem_unmap(ctx->h, memh);
   }
+  Result<std::vector<std::byte>> packed_key() const override {
+    void* buf = nullptr;
+    size_t len = 0;
+    const ucs_status_t st = ucp_rkey_pack(ctx->h, memh, &buf, &len);
+    if (st != UCS_OK) return make_status(StatusCode::unavailable, "ucx: ucp_rkey_pack: {}", ucs_status_string(st));
+    std::vector<std::byte> key(static_cast<std::byte*>(buf), static_cast<std::byte*>(buf) + len);
+    ucp_rkey_buffer_release(buf);
+    return key;
+  }
 };
 
 class Engine;
@@ -224,6 +233,9 @@ struct ConnState {
     Op op;
   };
   std::map<uint32_t, std::unique_ptr<Posted>> posted;
+  /// Peers' remote keys unpacked on this endpoint, by packed bytes (unpacking is not
+  /// free: a reader of many chunks of one region unpacks once).
+  std::map<std::string, ucp_rkey_h> rkeys;
   uint32_t post_next = 0;  // message the next post_recv covers (never behind rx_next)
 
   /// One posted message: header copy and the two send requests (stable addresses:
@@ -328,7 +340,7 @@ class Engine {
       KVS_LOG_DEBUG("ucx: RNDV_SCHEME is not a setting of this UCX");
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     e->ctx = std::make_shared<Context>();
     st = ucp_init(&params, cfg, &e->ctx->h);
     ucp_config_release(cfg);
@@ -595,6 +607,7 @@ class UcxConnection final : public Connection {
         if (!st->op.done && st->op.req) ucp_request_cancel(eng.worker, st->op.req);
       for (auto& [seq, po] : cs->posted)
         if (!po->op.done && po->op.req) ucp_request_cancel(eng.worker, po->op.req);
+      destroy_rkeys_locked(*cs);  // before the endpoint they were unpacked on goes
       if (cs->ep) {
         // Sends posted but never waited for: flushed by the graceful close below.
         close_op.arm();
@@ -671,6 +684,24 @@ class UcxConnection final : public Connection {
     }
   }
 
+  /// Closes the endpoint at once: every request on it completes (with an error), so
+  /// none can touch a caller's buffer afterwards. Requires mu.
+  void force_close_locked() {
+    destroy_rkeys_locked(*cs_);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* r = ucp_ep_close_nbx(cs_->ep, &p);
+    if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+    eng_->by_ep.erase(cs_->ep);
+    cs_->ep = nullptr;
+  }
+
+  static void destroy_rkeys_locked(ConnState& cs) {
+    for (auto& [key, rkey] : cs.rkeys) ucp_rkey_destroy(rkey);
+    cs.rkeys.clear();
+  }
+
   [[nodiscard]] bool sends_done_locked() const {
     for (const auto& snd : cs_->sends)
       if (!snd->hop.done || !snd->bop.done) return false;
@@ -696,15 +727,7 @@ class UcxConnection final : public Connection {
     }
     if (!e.wait_quiet([&] { return sends_done_locked(); }, 200ms)) {
       std::lock_guard lk(e.mu);
-      if (cs_->ep && !sends_done_locked()) {
-        ucp_request_param_t p{};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        void* r = ucp_ep_close_nbx(cs_->ep, &p);
-        if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
-        e.by_ep.erase(cs_->ep);
-        cs_->ep = nullptr;
-      }
+      if (cs_->ep && !sends_done_locked()) force_close_locked();
     }
     if (!e.wait_quiet([&] { return sends_done_locked(); }, 5s))
       KVS_LOG_ERROR("ucx: a send request to {} did not complete after cancel", cs_->peer);
@@ -1028,6 +1051,72 @@ class UcxConnection final : public Connection {
     return make_status(StatusCode::unavailable, "ucx: body from {} failed: {}", cs_->peer, ucs_status_string(op.status));
   }
 
+  Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
+              const CancelToken& cancel) override {
+    if (offset > src.size || dest.size() > src.size - offset)
+      return make_status(StatusCode::out_of_range, "ucx: read of {} bytes at {} of a {}-byte remote region",
+                         dest.size(), offset, src.size);
+    if (dest.empty()) return {};
+    if (src.key.empty()) return make_status(StatusCode::invalid_argument, "ucx: read without a remote key");
+    Engine& e = *eng_;
+    Op op;
+    {
+      std::lock_guard lk(e.mu);
+      if (cs_->failed || !cs_->ep) return cs_->failure();
+      ucp_rkey_h rkey = nullptr;
+      std::string key(reinterpret_cast<const char*>(src.key.data()), src.key.size());
+      if (auto it = cs_->rkeys.find(key); it != cs_->rkeys.end()) {
+        rkey = it->second;
+      } else {
+        const ucs_status_t st = ucp_ep_rkey_unpack(cs_->ep, src.key.data(), &rkey);
+        if (st != UCS_OK)
+          return make_status(StatusCode::invalid_argument, "ucx: a remote key from {} does not unpack: {}", cs_->peer,
+                             ucs_status_string(st));
+        if (cs_->rkeys.size() >= 256) destroy_rkeys_locked(*cs_);  // bounded: a reader of many regions
+        cs_->rkeys.emplace(std::move(key), rkey);
+      }
+      op.arm();
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = send_cb;
+      p.user_data = &op;
+      if (!op.track(ucp_get_nbx(cs_->ep, dest.data(), dest.size(), src.address + offset, rkey, &p)))
+        return make_status(StatusCode::unavailable, "ucx: get from {} failed: {}", cs_->peer,
+                           ucs_status_string(op.status));
+    }
+    Status s = e.wait(
+        [&]() -> std::optional<Status> {
+          if (op.done) return Status{};
+          if (cs_->failed) return cs_->failure();
+          return std::nullopt;
+        },
+        deadline, &cancel, "read from", cs_->peer);
+    if (!op.done) {
+      // An RMA get cannot be cancelled: close the endpoint so that it completes (with
+      // an error) before we return; the connection is broken from here on.
+      {
+        std::lock_guard lk(e.mu);
+        if (!cs_->failed) {
+          cs_->failed = true;
+          cs_->fail_msg = fmt::format("connection to {} unusable after an interrupted read ({})", cs_->peer,
+                                      s.ok() ? std::string("peer failed") : s.message());
+        }
+        if (cs_->ep && !op.done) force_close_locked();
+      }
+      if (!e.wait_quiet([&] { return op.done; }, 5s)) {
+        KVS_LOG_ERROR("ucx: a read from {} did not complete after the endpoint closed", cs_->peer);
+        std::abort();  // never let it write the caller's buffer later
+      }
+    }
+    std::lock_guard lk(e.mu);
+    op.release();
+    if (!s.ok()) return s;
+    if (op.status != UCS_OK)
+      return make_status(StatusCode::unavailable, "ucx: read from {} failed: {}", cs_->peer,
+                         ucs_status_string(op.status));
+    return {};
+  }
+
   [[nodiscard]] std::string describe() const override { return fmt::format("ucx {} ({})", cs_->peer, cs_->tls); }
 
  private:
@@ -1169,7 +1258,7 @@ class UcxBackend final : public Backend {
     caps_.provider = eng_->provider;
     caps_.host_memory = true;
     caps_.cuda_memory = eng_->cuda;
-    caps_.one_sided_read = false;
+    caps_.one_sided_read = true;  // rkey gets: MemoryRegion::expose + Connection::read
     caps_.notifications = false;
     caps_.max_message_bytes = uint64_t(1) << 40;
   }
