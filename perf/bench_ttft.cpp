@@ -11,8 +11,7 @@
 //
 // kvstream: the pipeline with the "deadline" chooser held to a quality floor (the codec
 // benchmark's 1% perplexity bound), asked for the soonest finish: each chunk takes the
-// fastest option within the floor, text recompute included (on the GPU, in parallel
-// with the fetch). Text recompute is computed from the documented prefill rate of each
+// fastest level within the floor (KV only; text recompute is its own row). Text recompute is computed from the documented prefill rate of each
 // model (perf/README.md); nothing here runs a 7B or 70B model.
 #include <algorithm>
 #include <filesystem>
@@ -239,9 +238,11 @@ int run_ttft_bench(const TtftBenchOptions& o) {
         plan.estimators = std::shared_ptr<policy::EstimatorSet>(policy::EstimatorSet::create("ewma", eo).value());
         plan.peer = cc.address;
         plan.level_quality_loss = quality;
-        plan.decode_seconds_per_byte = decode_spb;
-        for (const auto& r : lay.ranges) plan.chunk_tokens.push_back(r.size());
-        plan.recompute_tokens_per_second = prefill;
+        // The chooser models one decode stage; `decode_threads` decoders drain it that
+        // much faster.
+        for (double spb : decode_spb) plan.decode_seconds_per_byte.push_back(spb / double(std::max(1u, o.decode_threads)));
+        // KV only: text recompute is its own row. (The chooser would model a text chunk
+        // on the decode stage, while the runtime prefills it on the GPU beside the fetch.)
         std::vector<std::vector<uint64_t>> lb;
         for (uint32_t s : lay.stored) lb.push_back(stored_level_bytes[s]);
         pipeline::FetchRequest req;
