@@ -123,5 +123,6 @@ plot "$OUT/plot_ttft.dat" using 1:2 with points pt 7 ps 0.6 title "ours + ewma: 
      "$OUT/plot_ttft.dat" using 1:3 with lines title "deadline"
 unset multiplot
 EOF
+  rm -f "$OUT"/plot_*.dat
   echo "plot: $OUT/trace.png"
 fi
