@@ -1,11 +1,13 @@
 // kvstream-bench: shared declarations of its subcommands.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kvstream/status.hpp"
+#include "kvstream/storage.hpp"
 
 namespace kvstream::bench {
 
@@ -88,6 +90,17 @@ struct TtftBenchOptions {
   std::string json, plot;
 };
 int run_ttft_bench(const TtftBenchOptions& o);
+
+/// The storage node a benchmark fetches from: the one at `external` (host:port, e.g.
+/// across a shaped link), or, when that is empty, one started in this process on
+/// loopback storing into `directory` (`cache_bytes` 0: the node's default cache).
+/// Namespace "bench" with `secret`; `client` is ready to connect to it.
+struct BenchNode {
+  std::unique_ptr<storage::Server> server;  ///< null for an external node
+  storage::ClientConfig client;
+};
+Result<BenchNode> open_bench_node(const std::string& external, const std::string& backend, const std::string& secret,
+                                  const std::string& directory, uint64_t cache_bytes = 0);
 
 /// One curve of a plot.
 struct PlotSeries {

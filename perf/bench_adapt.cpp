@@ -133,23 +133,11 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
              decode_spb[levels - 1] * double(enc[0][levels - 1].size()), decode_spb[0] * double(enc[0][0].size()));
 
   // The storage node (external: the far side of the shaped link).
-  std::unique_ptr<storage::Server> server;
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-adapt-{}", ::getpid());
-  storage::ClientConfig cc;
-  cc.name_space = "bench";
-  cc.secret = o.secret;
-  if (o.server.empty()) {
-    storage::ServerConfig sc;
-    sc.address = "127.0.0.1:0";
-    sc.directory = dir.string();
-    sc.secrets = {{"bench", o.secret}};
-    auto s = storage::Server::start(sc);
-    if (!s.ok()) return fail(s.status());
-    server = std::move(s).value();
-    cc.address = server->address();
-  } else {
-    cc.address = o.server;
-  }
+  auto node = open_bench_node(o.server, "tcp", o.secret, dir.string());
+  if (!node.ok()) return fail(node.status());
+  std::unique_ptr<storage::Server> server = std::move(node->server);
+  const storage::ClientConfig cc = node->client;
   auto client = storage::Client::connect(cc, deadline_in(10s));
   if (!client.ok()) return fail(client.status());
   for (uint32_t i = 0; i < nchunks; ++i) {
@@ -273,17 +261,10 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
       req.chunks = ranges;
       req.deadline = cap;
       pipeline::FetchCallbacks cb;
-      std::mutex mu;
-      Clock::time_point last_end{};
+      pipeline::WireClock wire;  // as adaptive_callbacks counts transfers
       auto on_chunk = [&](const pipeline::ChunkTimings& t) {
         if (!t.status.ok() || t.bytes == 0) return;
-        Clock::time_point start;
-        {
-          // The bytes flow once the chunk before has landed (as adaptive_callbacks counts).
-          std::lock_guard lk(mu);
-          start = last_end > t.wire_start && last_end < t.wire_end ? last_end : t.wire_start;
-          last_end = std::max(last_end, t.wire_end);
-        }
+        const Clock::time_point start = wire.transfer_start(t.wire_start, t.wire_end);
         if (c.kind == Config::Kind::fixed) observe_all(t.bytes, start, t.wire_end);
         if (c.kind == Config::Kind::adaptive)
           for (auto& [n, set] : estimators)  // the plan's own set is fed by adaptive_callbacks

@@ -78,26 +78,12 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
              double(bytes) * 8 / double(elems), elems * 2);
 
   // A storage node: in-process on loopback, or an external one (shaped link).
-  std::unique_ptr<storage::Server> server;
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-pbench-{}", ::getpid());
-  storage::ClientConfig cc;
-  cc.backend.name = o.backend;
-  cc.name_space = "bench";
-  cc.secret = o.secret;
+  auto node = open_bench_node(o.server, o.backend, o.secret, dir.string());
+  if (!node.ok()) return fail(node.status());
+  std::unique_ptr<storage::Server> server = std::move(node->server);
+  storage::ClientConfig cc = node->client;
   cc.connections = o.connections;
-  if (o.server.empty()) {
-    storage::ServerConfig sc;
-    sc.address = "127.0.0.1:0";
-    sc.backend.name = o.backend;
-    sc.directory = dir.string();
-    sc.secrets = {{"bench", o.secret}};
-    auto s = storage::Server::start(sc);
-    if (!s.ok()) return fail(s.status());
-    server = std::move(s).value();
-    cc.address = server->address();
-  } else {
-    cc.address = o.server;
-  }
   auto client = storage::Client::connect(cc, deadline_in(10s));
   if (!client.ok()) return fail(client.status());
   for (size_t i = 0; i < chunks.size(); ++i)

@@ -118,17 +118,10 @@ int run_ttft_bench(const TtftBenchOptions& o) {
     for (uint32_t L = 0; L < levels; ++L) quality[L] = L < qprof->levels() ? std::max(0.0, qprof->level(L).ppl_increase_pct) : 100.0;
 
     // A node with every stored chunk at every level, as fp16 and as 8-bit.
-    storage::ServerConfig sc;
-    sc.address = "127.0.0.1:0";
-    sc.directory = (dir / gname).string();
-    sc.secrets = {{"bench", o.secret}};
-    sc.cache_bytes = uint64_t(1) << 30;
-    auto server = storage::Server::start(sc);
-    if (!server.ok()) return fail(server.status());
-    storage::ClientConfig cc;
-    cc.address = (*server)->address();
-    cc.name_space = "bench";
-    cc.secret = o.secret;
+    auto node = open_bench_node("", "tcp", o.secret, (dir / gname).string(), uint64_t(1) << 30);
+    if (!node.ok()) return fail(node.status());
+    auto& server = node->server;
+    const storage::ClientConfig cc = node->client;
     auto loader = storage::Client::connect(cc, deadline_in(10s));
     if (!loader.ok()) return fail(loader.status());
     const auto stored_ranges = codec::chunk_ranges(asm_tokens, kChunk);
@@ -291,7 +284,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
       plot.push_back(q8_series);
       plot.push_back(fp_series);
     }
-    (*server)->stop();
+    server->stop();
   }
   if (!o.json.empty()) {
     nlohmann::json j = {{"chunk_tokens", kChunk}, {"prefill_tokens_per_s_7b", o.prefill_7b},

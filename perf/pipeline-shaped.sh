@@ -9,23 +9,8 @@ BUILD=${1:-build}; shift || true
 RATE=${RATE:-3gbit}
 [ "$(id -u)" = 0 ] || { echo "pipeline-shaped.sh needs root (network namespaces)" >&2; exit 1; }
 tmp=$(mktemp -d)
-drop_ns() {
-  ip netns del kvs-pa 2>/dev/null || true
-  ip netns del kvs-pb 2>/dev/null || true
-}
-cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
-  drop_ns
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-drop_ns
-ip netns add kvs-pa && ip netns add kvs-pb
-ip link add kvs-pva type veth peer name kvs-pvb
-ip link set kvs-pva netns kvs-pa && ip link set kvs-pvb netns kvs-pb
-ip -n kvs-pa addr add 169.254.78.1/24 dev kvs-pva && ip -n kvs-pb addr add 169.254.78.2/24 dev kvs-pvb
-for ns in kvs-pa kvs-pb; do ip -n $ns link set lo up; done
-ip -n kvs-pa link set kvs-pva up && ip -n kvs-pb link set kvs-pvb up
+. "$(dirname "${BASH_SOURCE[0]}")/netns.sh"
+kvs_netns_pair kvs-pa kvs-pb kvs-pva kvs-pvb 169.254.78
 ip netns exec kvs-pa tc qdisc add dev kvs-pva root tbf rate "$RATE" burst 1mb latency 50ms
 ip netns exec kvs-pb tc qdisc add dev kvs-pvb root tbf rate "$RATE" burst 1mb latency 50ms
 echo '{"bench": "bench-secret-0123456789"}' > "$tmp/secrets.json"

@@ -1,11 +1,17 @@
 #include "kvstream/adaptive_fetch.hpp"
 
 #include <algorithm>
-#include <mutex>
 
 #include "core/log.hpp"
 
 namespace kvstream::pipeline {
+
+Clock::time_point WireClock::transfer_start(Clock::time_point requested, Clock::time_point landed) {
+  std::lock_guard lk(mu_);
+  const Clock::time_point start = last_landed_ > requested && last_landed_ < landed ? last_landed_ : requested;
+  last_landed_ = std::max(last_landed_, landed);
+  return start;
+}
 
 Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<std::vector<uint64_t>> level_bytes,
                                           transport::Deadline deadline,
@@ -58,26 +64,12 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
     book(costs->decode_seconds.empty() ? 0.0 : costs->decode_seconds[chunk][choice->level]);
     return ChunkDecision{ChunkDecision::Action::fetch, choice->level};
   };
-  // Requests are pipelined (depth of them in flight) on one link, so a chunk's bytes
-  // start flowing only when the chunk before it has landed: the estimator is given
-  // that start, not the moment the request went out (which would count the wait
-  // behind earlier chunks as transfer time and see a link up to depth x slower).
-  struct Wire {
-    std::mutex mu;
-    Clock::time_point last_end{};
-  };
-  auto wire = std::make_shared<Wire>();
+  auto wire = std::make_shared<WireClock>();
   cb.on_chunk = [plan, wire, on_chunk = std::move(on_chunk)](const ChunkTimings& t) {
-    if (t.status.ok() && t.bytes > 0 && t.wire_end > t.wire_start) {
-      Clock::time_point start;
-      {
-        std::lock_guard lk(wire->mu);
-        start = t.wire_start;
-        if (wire->last_end > start && wire->last_end < t.wire_end) start = wire->last_end;
-        wire->last_end = std::max(wire->last_end, t.wire_end);
-      }
-      (void)plan.estimators->observe(plan.peer, t.bytes, policy::to_seconds(start), policy::to_seconds(t.wire_end));
-    }
+    if (t.status.ok() && t.bytes > 0 && t.wire_end > t.wire_start)
+      (void)plan.estimators->observe(plan.peer, t.bytes,
+                                     policy::to_seconds(wire->transfer_start(t.wire_start, t.wire_end)),
+                                     policy::to_seconds(t.wire_end));
     if (on_chunk) on_chunk(t);
   };
   return cb;

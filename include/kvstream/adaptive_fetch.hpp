@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kvstream/pipeline.hpp"
@@ -21,6 +22,21 @@ struct AdaptivePlan {
   std::vector<double> decode_seconds_per_byte;       ///< per level, measured; empty: decode cost ignored
   std::vector<uint64_t> chunk_tokens;                ///< per chunk, for recompute; empty: no text option
   double recompute_tokens_per_second = 0;            ///< the runtime's prefill rate; 0: no text option
+};
+
+/// When a chunk's bytes really started flowing. Requests are pipelined (depth of them
+/// in flight) on one link, so a chunk's bytes flow only once the chunk before it has
+/// landed; counting from the moment its request went out would add the wait behind
+/// earlier chunks and make a link look up to depth x slower. One per fetch; thread-safe.
+class WireClock {
+ public:
+  /// The start to give an estimator for a chunk that was requested at `requested` and
+  /// landed at `landed`, given every chunk landed before on this fetch.
+  Clock::time_point transfer_start(Clock::time_point requested, Clock::time_point landed);
+
+ private:
+  std::mutex mu_;
+  Clock::time_point last_landed_{};
 };
 
 /// Callbacks for Pipeline::fetch that decide with `plan` against `deadline`, and feed

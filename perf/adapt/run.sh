@@ -19,23 +19,8 @@ OUT=${OUT:-perf/results/adapt-$(date +%F)}
 [ -x "$BUILD/bin/kvstream-bench" ] || { echo "build first: $BUILD/bin/kvstream-bench missing" >&2; exit 1; }
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
-drop_ns() {
-  ip netns del kvs-aa 2>/dev/null || true
-  ip netns del kvs-ab 2>/dev/null || true
-}
-cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
-  drop_ns
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-drop_ns
-ip netns add kvs-aa && ip netns add kvs-ab
-ip link add kvs-ava type veth peer name kvs-avb
-ip link set kvs-ava netns kvs-aa && ip link set kvs-avb netns kvs-ab
-ip -n kvs-aa addr add 169.254.79.1/24 dev kvs-ava && ip -n kvs-ab addr add 169.254.79.2/24 dev kvs-avb
-for ns in kvs-aa kvs-ab; do ip -n $ns link set lo up; done
-ip -n kvs-aa link set kvs-ava up && ip -n kvs-ab link set kvs-avb up
+. "$(dirname "${BASH_SOURCE[0]}")/../netns.sh"
+kvs_netns_pair kvs-aa kvs-ab kvs-ava kvs-avb 169.254.79
 # The server's egress carries the chunks: that is the link under test. The burst is
 # what tbf lets through at line rate after an idle period (1 ms at 8 Gbit/s).
 shape() {  # rate in bit/s -> tc

@@ -31,13 +31,6 @@ namespace {
 
 const std::string kSecret = "0123456789abcdef-cluster";
 
-std::vector<std::byte> blob(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = std::byte(rng());
-  return v;
-}
-
 // ---- Placement -----------------------------------------------------------------
 
 std::vector<std::string> node_names(int n, int first = 0) {
@@ -190,7 +183,7 @@ class Cluster : public ::testing::Test {
     std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> stored;
     for (uint32_t chunk = 0; chunk < chunks; ++chunk)
       for (uint32_t level = 0; level < 2; ++level) {
-        auto b = blob(20000 + chunk * 977 + level * 30011, chunk * 7 + level);
+        auto b = test_util::pattern(20000 + chunk * 977 + level * 30011, chunk * 7 + level);
         Status s = c.put(ctx, chunk, level, b, deadline_in(10s));
         EXPECT_TRUE(s.ok()) << s.to_string();
         stored[{chunk, level}] = std::move(b);
@@ -277,7 +270,7 @@ TEST_F(Cluster, NodeKilledMidReadEveryChunkStillReadsBack) {
   // ...but a put to a chunk that has the dead node as a replica cannot reach both.
   int refused = 0;
   for (uint32_t k = 0; k < 10; ++k)
-    refused += !(*c)->put("ctx-k2", k, 0, blob(100, k), deadline_in(2s)).ok();
+    refused += !(*c)->put("ctx-k2", k, 0, test_util::pattern(100, k), deadline_in(2s)).ok();
   EXPECT_GT(refused, 0);
 }
 

@@ -10,6 +10,7 @@
 
 #include "kvstream/redis_storage.hpp"
 #include "kvstream/storage.hpp"
+#include "tests/transport/transport_test_util.hpp"
 #include "tests/transport/redis_server.hpp"
 
 using namespace kvstream;
@@ -19,13 +20,6 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::byte> blob(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = std::byte(rng());
-  return v;
-}
 
 class Redis : public ::testing::Test {
  protected:
@@ -55,7 +49,7 @@ TEST_F(Redis, PutGetStatListRemove) {
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> stored;
   for (uint32_t chunk = 0; chunk < 3; ++chunk)
     for (uint32_t level = 0; level < 4; ++level) {
-      auto b = blob(1000 + chunk * 7919 + level * 131, chunk * 10 + level);
+      auto b = test_util::pattern(1000 + chunk * 7919 + level * 131, chunk * 10 + level);
       Status ps = (*c)->put("ctx-1", chunk, level, b, deadline_in(5s));
       ASSERT_TRUE(ps.ok()) << ps.to_string();
       stored[{chunk, level}] = b;
@@ -89,7 +83,7 @@ TEST_F(Redis, PutGetStatListRemove) {
   EXPECT_EQ(*(*c)->list(deadline_in(5s)), (std::vector<std::string>{"ctx-1", "ctx-2"}));
   EXPECT_EQ((*c)->get("ctx-1", 9, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::not_found);
   EXPECT_EQ((*c)->get("ctx-1", 0, 0, *mr, 0, 10, deadline_in(5s)).status().code(), StatusCode::out_of_range);
-  EXPECT_EQ((*c)->put("../x", 0, 0, blob(10, 1), deadline_in(5s)).code(), StatusCode::invalid_argument);
+  EXPECT_EQ((*c)->put("../x", 0, 0, test_util::pattern(10, 1), deadline_in(5s)).code(), StatusCode::invalid_argument);
   // Namespaces do not see each other.
   auto other = client(5000ms, "tenant-b");
   ASSERT_TRUE(other.ok());
@@ -121,7 +115,7 @@ TEST_F(Redis, SameBytesAsTheNativeNode) {
   ASSERT_TRUE(red.ok()) << red.status().to_string();
   for (uint32_t chunk = 0; chunk < 8; ++chunk)
     for (uint32_t level = 0; level < 3; ++level) {
-      const auto b = blob(3000 + chunk * 50000 + level * 999, 100 + chunk * 3 + level);
+      const auto b = test_util::pattern(3000 + chunk * 50000 + level * 999, 100 + chunk * 3 + level);
       ASSERT_TRUE((*native)->put("same", chunk, level, b, deadline_in(5s)).ok());
       ASSERT_TRUE((*red)->put("same", chunk, level, b, deadline_in(5s)).ok());
     }
@@ -146,7 +140,7 @@ TEST_F(Redis, CorruptValueIsDetected) {
   if (cli.empty()) GTEST_SKIP() << "redis-cli is not installed (Debian package redis-tools)";
   auto c = client();
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->put("bad", 0, 0, blob(5000, 1), deadline_in(5s)).ok());
+  ASSERT_TRUE((*c)->put("bad", 0, 0, test_util::pattern(5000, 1), deadline_in(5s)).ok());
   const std::string cmd = fmt::format("{} -p {} SETRANGE kvs:tenant-a:bad:0:0 100 Z > /dev/null", cli, port_);
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   std::vector<std::byte> buf(10000);
@@ -157,7 +151,7 @@ TEST_F(Redis, CorruptValueIsDetected) {
 TEST_F(Redis, DeadlineAndCancelEvenWhenTheServerStalls) {
   auto c = client();
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->put("x", 0, 0, blob(1000, 1), deadline_in(5s)).ok());
+  ASSERT_TRUE((*c)->put("x", 0, 0, test_util::pattern(1000, 1), deadline_in(5s)).ok());
   std::vector<std::byte> buf(1000);
   auto mr = (*c)->register_memory(buf.data(), buf.size());
   EXPECT_EQ((*c)->get("x", 0, 0, *mr, 0, 1000, Clock::now() - 1ms).status().code(), StatusCode::timed_out);
@@ -182,7 +176,7 @@ TEST_F(Redis, DeadlineAndCancelEvenWhenTheServerStalls) {
   // The client keeps working once the server is back (connections are reopened).
   auto r = (*c)->get("x", 0, 0, *mr, 0, 1000, deadline_in(8s));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(std::memcmp(buf.data(), blob(1000, 1).data(), 1000), 0);
+  EXPECT_EQ(std::memcmp(buf.data(), test_util::pattern(1000, 1).data(), 1000), 0);
 }
 
 }  // namespace
