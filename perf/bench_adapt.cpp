@@ -6,9 +6,10 @@
 // per configuration and deadline: deadline violations, mean quality loss, mean and
 // p99 time to first token.
 //
-// Time to first token of a request = when its last chunk is in memory, or when the
-// runtime has recomputed its text chunks (prefill at --prefill-tokens-per-s, on the
-// GPU, in parallel with the fetch), whichever is later. A request still running at
+// Time to first token of a request = when its last chunk is in memory: fetched and
+// decoded, or recomputed by the runtime (prefill at --prefill-tokens-per-s on the GPU,
+// beside the fetch, one text chunk after another, each once it is decided and every
+// earlier chunk is in memory, since its attention needs their KV). A request still running at
 // --cap times its deadline is cancelled and counted at the cap (a violation).
 // Every finished transfer, of any configuration, feeds every estimator: a runtime's
 // estimator sees all traffic to its peer.
@@ -299,16 +300,22 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
       }
       const Status s = (*f)->wait();
       double fetch_s = since(t0);
-      uint64_t text_tokens = 0;
+      // The runtime's recompute lane: a text chunk starts once it is decided, the lane
+      // is free, and every earlier chunk is in memory (its attention needs their KV).
+      double text_lane_s = 0, kv_ready_s = 0;
+      auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
       double qsum = 0;
       Clock::time_point first_wire{}, last_wire{};
-      for (const auto& t : (*f)->timings()) {
+      for (const auto& t : (*f)->timings()) {  // in chunk order
         const bool text = t.decision.action == pipeline::ChunkDecision::Action::recompute;
         out.levels.push_back(text ? -1 : int(t.decision.level));
         if (text) {
           ++out.text_chunks;
-          text_tokens += ranges[t.chunk].size();
+          text_lane_s = std::max({text_lane_s, kv_ready_s, rel(t.queued)}) +
+                        double(ranges[t.chunk].size()) / o.prefill_tokens_per_s;
+          kv_ready_s = text_lane_s;
         } else {
+          if (t.status.ok()) kv_ready_s = std::max(kv_ready_s, rel(t.decode_end));
           qsum += quality[std::min(t.decision.level, levels - 1)];
           out.bytes += t.bytes;
           if (t.bytes) {
@@ -325,7 +332,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
         if (!out.capped) out.error = s.to_string();
         fetch_s = std::max(fetch_s, deadline_s * o.cap_factor);
       }
-      out.ttft_s = std::max(fetch_s, double(text_tokens) / o.prefill_tokens_per_s);
+      out.ttft_s = std::max(fetch_s, text_lane_s);
     }
     out.violated = out.capped || !out.error.empty() || out.ttft_s > deadline_s;
     return out;

@@ -1,6 +1,8 @@
 #include "kvstream/adaptive_fetch.hpp"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "core/log.hpp"
 
@@ -35,41 +37,72 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
   }
   KVS_RETURN_IF_ERROR(costs->validate());
   const double deadline_s = policy::to_seconds(deadline);
-  // When the decode stage (which, in the chooser's model, also recomputes text) is
-  // next free, from the decisions made so far: each text chunk occupies it for its
-  // recompute, each fetched chunk for its decode. Without it a chooser would see an
-  // idle stage before every chunk and could pile up more text than the deadline holds.
-  auto stage_free_s = std::make_shared<double>(0.0);
+  // When each lane of the chooser's model is next free (absolute seconds), booked from
+  // the decisions made so far and corrected as chunks land. The pipeline decides a
+  // chunk while earlier ones are still on the wire or in the decoder; without this the
+  // chooser would see an idle link and an idle decoder before every chunk.
+  struct Booking {
+    std::mutex mu;
+    double wire_free = 0, decode_free = 0, text_free = 0;
+    std::map<uint32_t, double> predicted_landing;  // fetched chunks not landed yet
+  };
+  auto book = std::make_shared<Booking>();
   FetchCallbacks cb;
-  cb.decide = [plan, costs, deadline_s, stage_free_s](uint32_t chunk, std::span<const uint64_t>) {
+  cb.decide = [plan, costs, deadline_s, book](uint32_t chunk, std::span<const uint64_t>) {
+    std::lock_guard lk(book->mu);
     policy::ChooseState st;
     st.chunk = chunk;
     st.now_s = policy::to_seconds(Clock::now());
     st.time_left_s = deadline_s - st.now_s;
-    st.decode_backlog_s = std::max(0.0, *stage_free_s - st.now_s);
-    auto book = [&](double busy_s) { *stage_free_s = std::max(*stage_free_s, st.now_s) + busy_s; };
+    st.wire_backlog_s = std::max(0.0, book->wire_free - st.now_s);
+    st.decode_backlog_s = std::max(0.0, book->decode_free - st.now_s);
+    st.recompute_backlog_s = std::max(0.0, book->text_free - st.now_s);
     Result<policy::Choice> choice = make_status(StatusCode::internal, "no choice");
-    const Status s = plan.estimators->with(
-        plan.peer, [&](policy::Estimator& e) { choice = plan.chooser->choose(*costs, st, e); });
+    double wire_s = 0;
+    const Status s = plan.estimators->with(plan.peer, [&](policy::Estimator& e) {
+      choice = plan.chooser->choose(*costs, st, e);
+      if (choice.ok() && !choice->recompute()) {
+        auto p = e.predict_at(costs->level_bytes[chunk][choice->level], st.now_s + st.wire_backlog_s);
+        if (p.ok()) wire_s = p->seconds;
+      }
+    });
+    uint32_t level = uint32_t(costs->levels() - 1);
     if (!s.ok() || !choice.ok()) {
       // No usable decision: the smallest level keeps the fetch going; say why once.
       KVS_LOG_WARN("chunk {}: chooser failed ({}); fetching the smallest level", chunk,
                    (s.ok() ? choice.status() : s).to_string());
-      return ChunkDecision{ChunkDecision::Action::fetch, uint32_t(costs->levels() - 1)};
-    }
-    if (choice->recompute()) {
-      book(double(costs->tokens[chunk]) / costs->recompute_tokens_per_second);
+    } else if (choice->recompute()) {
+      // The runtime recomputes it once every earlier chunk is in memory.
+      book->text_free = std::max({book->text_free, book->decode_free, st.now_s}) +
+                        double(costs->tokens[chunk]) / costs->recompute_tokens_per_second;
       return ChunkDecision{ChunkDecision::Action::recompute, 0};
+    } else {
+      level = choice->level;
     }
-    book(costs->decode_seconds.empty() ? 0.0 : costs->decode_seconds[chunk][choice->level]);
-    return ChunkDecision{ChunkDecision::Action::fetch, choice->level};
+    book->wire_free = std::max(book->wire_free, st.now_s) + wire_s;
+    book->predicted_landing[chunk] = book->wire_free;
+    book->decode_free = std::max(book->decode_free, book->wire_free) +
+                        (costs->decode_seconds.empty() ? 0.0 : costs->decode_seconds[chunk][level]);
+    return ChunkDecision{ChunkDecision::Action::fetch, level};
   };
   auto wire = std::make_shared<WireClock>();
-  cb.on_chunk = [plan, wire, on_chunk = std::move(on_chunk)](const ChunkTimings& t) {
+  cb.on_chunk = [plan, wire, book, on_chunk = std::move(on_chunk)](const ChunkTimings& t) {
     if (t.status.ok() && t.bytes > 0 && t.wire_end > t.wire_start)
       (void)plan.estimators->observe(plan.peer, t.bytes,
                                      policy::to_seconds(wire->transfer_start(t.wire_start, t.wire_end)),
                                      policy::to_seconds(t.wire_end));
+    {
+      // Chunks booked behind this one land (and decode) as much later, or earlier, as it did.
+      std::lock_guard lk(book->mu);
+      if (auto it = book->predicted_landing.find(t.chunk); it != book->predicted_landing.end()) {
+        if (t.status.ok() && t.bytes > 0) {
+          const double delta = policy::to_seconds(t.wire_end) - it->second;
+          book->wire_free = std::max(book->wire_free + delta, policy::to_seconds(t.wire_end));
+          book->decode_free = std::max(book->decode_free + delta, policy::to_seconds(t.decode_end));
+        }
+        book->predicted_landing.erase(it);
+      }
+    }
     if (on_chunk) on_chunk(t);
   };
   return cb;

@@ -65,6 +65,11 @@ Status check_state(const ContextCosts& costs, const ChooseState& s) {
                        s.time_left_s);
   if (!std::isfinite(s.decode_backlog_s) || s.decode_backlog_s < 0)
     return make_status(StatusCode::invalid_argument, "choose: decode backlog {} s is invalid", s.decode_backlog_s);
+  if (!std::isfinite(s.wire_backlog_s) || s.wire_backlog_s < 0)
+    return make_status(StatusCode::invalid_argument, "choose: wire backlog {} s is invalid", s.wire_backlog_s);
+  if (!std::isfinite(s.recompute_backlog_s) || s.recompute_backlog_s < 0)
+    return make_status(StatusCode::invalid_argument, "choose: recompute backlog {} s is invalid",
+                       s.recompute_backlog_s);
   return {};
 }
 
@@ -134,6 +139,15 @@ struct Option {
   double loss = 0;
 };
 
+// The three lanes of DeadlineChooser's model, in seconds from now.
+struct Lanes {
+  double wire = 0;    // the last requested transfer lands
+  double decode = 0;  // the decoder is free (every fetched chunk so far is in memory)
+  double text = 0;    // the recompute lane is free (every text chunk so far is in memory)
+  [[nodiscard]] double complete() const { return std::max(decode, text); }
+  [[nodiscard]] double work() const { return wire + decode + text; }
+};
+
 }  // namespace
 
 Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseState& state,
@@ -143,27 +157,27 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
   const uint32_t c0 = state.chunk, n = costs.chunks(), L = costs.levels();
   const bool text_ok = costs.text_allowed() && allowed(options_, costs.text_quality_loss);
 
-  // Options of one chunk, given the pipeline state (relative to now).
+  // Appends one chunk with option o to the lanes; false when the estimator could not
+  // predict (no_estimate or est_error say why). `chunk_done` is when it is in memory.
   bool no_estimate = false;
   Status est_error;
-  auto option_times = [&](uint32_t chunk, const Option& o, double wire_end, double stage_free, double& new_wire,
-                          double& done, double factor) -> bool {
-    double wire = 0, stage = 0;
+  auto append = [&](uint32_t chunk, const Option& o, Lanes& lanes, double& chunk_done, double factor) -> bool {
     if (o.text) {
-      stage = recompute_of(costs, chunk);
-    } else {
-      const double start = state.now_s < 0 ? -1.0 : state.now_s + wire_end;
-      auto p = estimator.predict_at(costs.level_bytes[chunk][o.level], start);
-      if (!p.ok()) {
-        if (p.status().code() == StatusCode::unavailable) no_estimate = true;
-        else est_error = p.status();
-        return false;
-      }
-      wire = (p->seconds + options_.k * p->uncertainty_seconds) * factor;
-      stage = decode_of(costs, chunk, o.level);
+      // Causal attention: the recompute needs every earlier chunk's KV in memory.
+      lanes.text = std::max(lanes.text, lanes.decode) + recompute_of(costs, chunk);
+      chunk_done = lanes.text;
+      return true;
     }
-    new_wire = wire_end + wire;
-    done = std::max(new_wire, stage_free) + stage;
+    const double start = state.now_s < 0 ? -1.0 : state.now_s + lanes.wire;
+    auto p = estimator.predict_at(costs.level_bytes[chunk][o.level], start);
+    if (!p.ok()) {
+      if (p.status().code() == StatusCode::unavailable) no_estimate = true;
+      else est_error = p.status();
+      return false;
+    }
+    lanes.wire += (p->seconds + options_.k * p->uncertainty_seconds) * factor;
+    lanes.decode = std::max(lanes.wire, lanes.decode) + decode_of(costs, chunk, o.level);
+    chunk_done = lanes.decode;
     return true;
   };
 
@@ -179,55 +193,92 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
     Option o;
     double done = kInf, total = kInf;
   };
-  std::vector<Costed> costed;
-  for (const Option& o : opts) {
-    Costed k{o};
-    double wire_end = 0, stage_free = state.decode_backlog_s;
-    double nw = 0, done = 0;
-    if (!option_times(c0, o, wire_end, stage_free, nw, done, 1.0)) {
-      if (!est_error.ok()) return est_error;
-      if (no_estimate) return no_estimate_choice(costs, options_, c0);
-    }
-    k.done = done;
-    wire_end = nw;
-    stage_free = done;
-    // Reserve: each later chunk with the option that finishes it soonest.
-    for (uint32_t j = c0 + 1; j < n; ++j) {
-      double best_done = kInf, best_wire = kInf;
-      for (const Option& r : opts) {
-        double rw = 0, rd = 0;
-        if (!option_times(j, r, wire_end, stage_free, rw, rd, options_.reserve_factor)) {
-          if (!est_error.ok()) return est_error;
-          if (no_estimate) return no_estimate_choice(costs, options_, c0);
+  const Option text_option{true, 0, costs.text_quality_loss};
+  const Lanes now{state.wire_backlog_s, state.decode_backlog_s, state.recompute_backlog_s};
+  // Every option followed by the reserve, the reserve's transfers scaled by `hedge`.
+  auto cost_all = [&](double hedge, std::vector<Costed>& costed) -> bool {
+    costed.clear();
+    for (const Option& o : opts) {
+      Costed k{o};
+      Lanes lanes = now;
+      if (!append(c0, o, lanes, k.done, 1.0)) return false;
+      // Reserve: the later chunks with their fastest options. Text goes first (a text
+      // chunk after a fetched one would wait for its decode), so the reserve is the
+      // best split: chunks c0+1 .. s-1 recomputed, s .. n-1 fetched, each at its
+      // fastest level.
+      Lanes best;
+      bool have = false;
+      const uint32_t last_split = text_ok ? n : c0 + 1;
+      for (uint32_t split = c0 + 1; split <= last_split; ++split) {
+        Lanes cand = lanes;
+        double unused = 0;
+        for (uint32_t j = c0 + 1; j < split; ++j) append(j, text_option, cand, unused, hedge);
+        bool valid = true;
+        for (uint32_t j = split; j < n && valid; ++j) {
+          Lanes fastest;
+          bool any = false;
+          for (const Option& r : opts) {
+            if (r.text) continue;
+            Lanes f = cand;
+            if (!append(j, r, f, unused, hedge)) return false;
+            if (!any || f.decode < fastest.decode || (f.decode == fastest.decode && f.wire < fastest.wire))
+              fastest = f, any = true;
+          }
+          valid = any;  // no level allowed: only the all-text split is a plan
+          cand = fastest;
         }
-        if (rd < best_done || (rd == best_done && rw < best_wire)) best_done = rd, best_wire = rw;
+        if (!valid) continue;
+        if (!have || cand.complete() < best.complete() ||
+            (cand.complete() == best.complete() && cand.work() < best.work()))
+          best = cand, have = true;
       }
-      wire_end = best_wire;
-      stage_free = best_done;
+      lanes = best;
+      k.total = lanes.complete();
+      costed.push_back(k);
     }
-    k.total = stage_free;
-    costed.push_back(k);
-  }
+    return true;
+  };
+  // The best-quality option that meets the deadline and spends at most its part of the slack.
+  auto best_fit = [&](const std::vector<Costed>& costed) -> const Costed* {
+    double cheapest = kInf;
+    for (const Costed& k : costed) cheapest = std::min(cheapest, k.total);
+    const double share = options_.slack_share > 0 ? options_.slack_share : 1.0 / double(n - c0);
+    const double spend = (state.time_left_s - cheapest) * share;
+    const Costed* best = nullptr;
+    for (const Costed& k : costed) {
+      if (!(k.total <= state.time_left_s) || !(k.total - cheapest <= spend * (1 + 1e-12))) continue;
+      if (!best || k.o.loss < best->o.loss || (k.o.loss == best->o.loss && k.total < best->total)) best = &k;
+    }
+    return best;
+  };
 
-  double cheapest = kInf;
-  for (const Costed& k : costed) cheapest = std::min(cheapest, k.total);
-  const double share = options_.slack_share > 0 ? options_.slack_share : 1.0 / double(n - c0);
-  const double spend = (state.time_left_s - cheapest) * share;
-  const Costed* best = nullptr;
-  for (const Costed& k : costed) {
-    if (!(k.total <= state.time_left_s) || !(k.total - cheapest <= spend * (1 + 1e-12))) continue;
-    if (!best || k.o.loss < best->o.loss || (k.o.loss == best->o.loss && k.total < best->total)) best = &k;
+  std::vector<Costed> hedged, plain;
+  if (!cost_all(options_.reserve_factor, hedged)) {
+    if (!est_error.ok()) return est_error;
+    return no_estimate_choice(costs, options_, c0);
   }
-  bool fits = best != nullptr;
+  const Costed* best = best_fit(hedged);
+  const char* why = "best fit";
+  if (!best && options_.reserve_factor > 1) {
+    // Nothing fits with the hedge: what fits if the link keeps its predicted rate.
+    if (!cost_all(1.0, plain)) {
+      if (!est_error.ok()) return est_error;
+      return no_estimate_choice(costs, options_, c0);
+    }
+    best = best_fit(plain);
+    why = "fits without the reserve's hedge";
+  }
+  const bool fits = best != nullptr;
   if (!fits) {
-    for (const Costed& k : costed)
+    // Late whatever it picks: finish this chunk soonest and decide the rest with fresh estimates.
+    for (const Costed& k : plain.empty() ? hedged : plain)
       if (!best || k.done < best->done || (k.done == best->done && k.o.loss < best->o.loss)) best = &k;
   }
   Choice ch = make_choice(best->o.text, best->o.level, costs);
   ch.fits = fits;
   ch.predicted_seconds = best->done;
   ch.predicted_total_seconds = best->total;
-  ch.note = fits ? (best->o.text ? "best fit: recompute" : "best fit")
+  ch.note = fits ? fmt::format("{}{}", why, best->o.text ? ": recompute" : "")
                  : (best->o.text ? "nothing fits: fastest is recompute" : "nothing fits: fastest level");
   return ch;
 }

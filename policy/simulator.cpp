@@ -17,19 +17,27 @@ Result<SimResult> simulate(const SimConfig& config, Estimator& estimator, const 
   const ContextCosts& costs = config.costs;
   const double deadline_abs = config.start_s + config.deadline_s;
   SimResult out;
-  double wire_free = config.start_s, stage_free = config.start_s;
+  // Three lanes: the wire, the decoder, the runtime's recompute of text chunks.
+  double wire_free = config.start_s, stage_free = config.start_s, text_free = config.start_s;
   double loss_sum = 0;
   for (uint32_t c = 0; c < costs.chunks(); ++c) {
     const double now = wire_free;
-    ChooseState st{c, now, deadline_abs - now, std::max(0.0, stage_free - now)};
+    ChooseState st;
+    st.chunk = c;
+    st.now_s = now;
+    st.time_left_s = deadline_abs - now;
+    st.decode_backlog_s = std::max(0.0, stage_free - now);
+    st.recompute_backlog_s = std::max(0.0, text_free - now);  // wire_backlog_s: 0, requests go one at a time
     auto choice = chooser.choose(costs, st, estimator);
     if (!choice.ok()) return choice.status().with_context(fmt::format("simulate: chunk {}", c));
     SimChunk sc;
     sc.choice = std::move(choice).value();
     if (sc.choice.recompute()) {
       sc.wire_start_s = sc.wire_end_s = now;
-      sc.decode_start_s = std::max(now, stage_free);
+      // Its attention needs every earlier chunk: fetched ones decoded, text ones recomputed.
+      sc.decode_start_s = std::max({now, stage_free, text_free});
       sc.decode_end_s = sc.decode_start_s + double(costs.tokens[c]) / costs.recompute_tokens_per_second;
+      text_free = sc.decode_end_s;
       ++out.recomputed;
     } else {
       const uint32_t l = sc.choice.level;
@@ -44,13 +52,13 @@ Result<SimResult> simulate(const SimConfig& config, Estimator& estimator, const 
       sc.decode_start_s = std::max(end, stage_free);
       sc.decode_end_s = sc.decode_start_s + (costs.decode_seconds.empty() ? 0.0 : costs.decode_seconds[c][l]);
       wire_free = end;
+      stage_free = sc.decode_end_s;
     }
-    stage_free = sc.decode_end_s;
     if (!sc.choice.fits) ++out.fallbacks;
     loss_sum += sc.choice.quality_loss;
     out.chunks.push_back(std::move(sc));
   }
-  out.finish_s = costs.chunks() ? stage_free - config.start_s : 0.0;
+  out.finish_s = costs.chunks() ? std::max(stage_free, text_free) - config.start_s : 0.0;
   out.violated = out.finish_s > config.deadline_s;
   out.mean_quality_loss = costs.chunks() ? loss_sum / double(costs.chunks()) : 0.0;
   return out;

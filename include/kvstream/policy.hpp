@@ -239,6 +239,12 @@ struct ChooseState {
   double now_s = -1;             ///< when its transfer would start (for time-aware estimators; <0: unknown)
   double time_left_s = 0;        ///< from now to the deadline (may be <= 0: already late)
   double decode_backlog_s = 0;   ///< from now until the decode stage is free (>= 0)
+  /// From now until the transfers already requested have landed (>= 0): the pipeline
+  /// decides a chunk while earlier ones are still on the wire, and this chunk's bytes
+  /// flow only after theirs.
+  double wire_backlog_s = 0;
+  /// From now until the runtime's recompute lane (its prefill of text chunks) is free (>= 0).
+  double recompute_backlog_s = 0;
 };
 
 /// A chooser's answer for one chunk.
@@ -291,26 +297,28 @@ class Chooser {
 };
 
 /// Our chooser. For the chunk c to decide, each option o (every level, and text when
-/// allowed; options worse than max_quality_loss are dropped) is costed on a two-stage
-/// pipeline that models the fetch: the wire (transfers one after another) and the
-/// decode stage (chunk i decodes while i+1 transfers):
-///   wire(level l)  = conservative predicted transfer time of level_bytes[c][l]
-///                    = seconds + k x uncertainty_seconds,
-///   stage(level l) = decode_seconds[c][l],
-///   wire(text) = 0,  stage(text) = tokens[c] / recompute_tokens_per_second,
-///   wire_end = wire_end_prev + wire(o),  done = max(wire_end, stage_free) + stage(o),
-/// starting from wire_end = 0 and stage_free = decode_backlog_s (all relative to now).
-/// Then the reserve: every later chunk is appended with its cheapest option (the one
-/// that finishes it soonest on that pipeline: usually the smallest level, or text when
-/// recompute is faster), under the same quality floor. Option o fits when the last
-/// chunk's `done` is <= time_left_s. The chooser returns the fitting option with the
+/// allowed; options worse than max_quality_loss are dropped) is costed on three lanes
+/// that model the fetch, all relative to now:
+///   wire:   transfers one after another, free at wire_backlog_s;
+///   decode: chunk i decodes while i+1 transfers, free at decode_backlog_s;
+///   text:   the runtime's prefill of text chunks, one after another, free at
+///           recompute_backlog_s. It runs beside the wire and the decoder (the
+///           runtime's GPU), but a text chunk's recompute attends to the KV of every
+///           chunk before it, so it starts only once those are in memory.
+/// For a level l:  wire_end += conservative transfer time of level_bytes[c][l]
+///                             (= seconds + k x uncertainty_seconds),
+///                 decode_free = max(wire_end, decode_free) + decode_seconds[c][l].
+/// For text:       text_free = max(text_free, decode_free) + tokens[c] / recompute rate.
+/// The context is complete at max(decode_free, text_free). Then the reserve: every
+/// later chunk is appended with the option that completes the context soonest (ties:
+/// the one that leaves less work on the lanes), under the same quality floor, its
+/// transfer times scaled by ChooserOptions::reserve_factor. Option o fits when that
+/// completion is <= time_left_s. The chooser returns the fitting option with the
 /// lowest quality loss (ties: the earliest completion), among those that also spend at
 /// most the allowed part of the slack (see ChooserOptions::slack_share: the slack is
 /// time_left_s minus the cheapest completion; an option spends its completion minus
-/// the cheapest completion; the reserve's transfer times are scaled by
-/// ChooserOptions::reserve_factor). When nothing fits it returns
-/// the option that decodes chunk c soonest (text if recompute is faster than the
-/// smallest level, else the smallest level) with fits = false.
+/// the cheapest completion). When nothing fits it returns the option that completes
+/// the context soonest, with fits = false.
 /// With slack_share = 1 all slack may go to the current chunk; the default (0, an
 /// equal share per remaining chunk) keeps slack for later chunks, which is what keeps
 /// the deadline when the link slows down mid-fetch. Estimates are refreshed after
@@ -358,7 +366,7 @@ struct SimConfig {
 };
 
 /// What happened to one chunk (absolute trace times; for recompute, wire_start ==
-/// wire_end and the stage times are the recompute).
+/// wire_end == when it was decided and the decode times are its recompute).
 struct SimChunk {
   Choice choice;
   uint64_t bytes = 0;                 ///< bytes transferred (0 for recompute)
@@ -369,7 +377,7 @@ struct SimChunk {
 /// The outcome of a simulated fetch.
 struct SimResult {
   std::vector<SimChunk> chunks;
-  double finish_s = 0;             ///< when the last chunk was decoded, relative to start_s
+  double finish_s = 0;             ///< when the last chunk was in memory (decoded or recomputed), relative to start_s
   bool violated = false;           ///< finish_s > deadline_s
   double mean_quality_loss = 0;    ///< mean over chunks of the chosen option's loss
   uint32_t recomputed = 0;         ///< chunks sent as text
@@ -378,8 +386,11 @@ struct SimResult {
 
 /// Deterministic simulation: chunks are requested one after another (chunk i+1's
 /// request goes out when chunk i's bytes have landed; transfer times from the trace,
-/// latency included); chunk i decodes (or is recomputed) on one decode stage while
-/// later chunks transfer. Before each chunk the chooser decides with the real
+/// latency included); chunk i decodes on one decode stage while later chunks
+/// transfer; a text chunk is recomputed on the runtime's recompute lane, one after
+/// another, each starting once it is decided and every earlier chunk is in memory
+/// (decoded or recomputed). finish_s is when the last chunk is in memory, on either
+/// lane. Before each chunk the chooser decides with the real
 /// `estimator`, which observes every finished transfer. Errors: invalid_argument for
 /// an invalid trace or costs, negative/non-finite start or deadline <= 0; the
 /// chooser's errors (with the chunk index).

@@ -7,8 +7,9 @@
 #
 #   perf/adapt/run.sh [build-dir] [extra kvstream-bench adapt args...]
 #
-# Environment: TRACE=random|steps (default random: 0.1-8 Gbit/s log-uniform, a new
-# rate every 0.5-2 s; steps: 4 Gbit/s with drops to 0.2 Gbit/s), SEED, OUT (results
+# Environment: TRACE=random|random-log|steps (default random: 0.1-8 Gbit/s uniform, a
+# new rate every 0.5-2 s; random-log: the same range and durations, log-uniform; steps:
+# 4 Gbit/s with drops to 0.2 Gbit/s), SEED, OUT (results
 # directory, default perf/results/adapt-<date>). Needs root, gnuplot for the plot.
 set -euo pipefail
 BUILD=${1:-build}; shift || true
@@ -42,10 +43,15 @@ kind, seed = sys.argv[1], int(sys.argv[2])
 rng = random.Random(seed)
 for _ in range(20000):
     if kind == "random":
+        rate = rng.uniform(0.1e9, 8e9)
+        dur = rng.uniform(0.5, 2.0)
+    elif kind == "random-log":
         rate = math.exp(rng.uniform(math.log(0.1e9), math.log(8e9)))
         dur = rng.uniform(0.5, 2.0)
-    else:  # steps: mostly 4 Gbit/s, a drop to 0.2 Gbit/s every ~10 s
+    elif kind == "steps":  # steps: mostly 4 Gbit/s, a drop to 0.2 Gbit/s every ~10 s
         rate, dur = (4e9, rng.uniform(6, 12)) if _ % 2 == 0 else (0.2e9, rng.uniform(1, 3))
+    else:
+        sys.exit(f"unknown TRACE '{kind}' (random, random-log, steps)")
     print(f"{rate:.0f} {dur:.3f}")
 EOF
 (

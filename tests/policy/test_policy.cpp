@@ -392,6 +392,82 @@ TEST(Chooser, TextChosenWhenItFitsAndIsBest) {
   EXPECT_TRUE(r->fits);
 }
 
+// A context shaped like the adapt benchmark's: mistral-7b, 12 chunks of 512 tokens,
+// 11 levels (3.5-23.4 MB per chunk), decode 2.5 ns per encoded byte, text at 5000 tok/s
+// (0.1 s per chunk: all text takes 1.23 s, over a 1 s deadline).
+ContextCosts mistral_costs() {
+  const uint64_t bytes[11] = {23417057, 19579531, 16036380, 13013246, 10455066, 8493578,
+                              7526604,  6801885,  5944498,  5265925,  3542785};
+  const double loss[11] = {0.015, 0, 0, 0.072, 0.011, 0.232, 0.475, 0.445, 1.378, 2.125, 4.29};
+  ContextCosts c;
+  c.level_quality_loss.assign(loss, loss + 11);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<uint64_t> b(bytes, bytes + 11);
+    std::vector<double> d;
+    for (uint64_t x : b) d.push_back(double(x) * 2.5e-9);
+    c.level_bytes.push_back(b);
+    c.decode_seconds.push_back(d);
+    c.tokens.push_back(512);
+  }
+  c.recompute_tokens_per_second = 5000;
+  return c;
+}
+
+TEST(Chooser, RecomputesBesideTheWireWhenNeitherAloneFits) {
+  // 0.1 Gbit/s: the smallest level of 12 chunks takes 3.4 s on the wire, text alone
+  // 1.23 s; text for the first chunks while the wire fetches the last ones fits 1 s.
+  ContextCosts c = mistral_costs();
+  FixedEstimator slow(0.1 * kGbit);
+  auto r = DeadlineChooser{}.choose(c, {0, 0, 1.0, 0}, slow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->recompute());
+  EXPECT_TRUE(r->fits) << r->note;
+  EXPECT_LE(r->predicted_total_seconds, 1.0);
+  // Played out on a constant link: a text prefix and a few fetched chunks, in time.
+  auto e = est("ewma", {.prior_bits_per_second = 0.1 * kGbit});
+  auto sim = simulate({constant_link(0.1 * kGbit), c, 0, 1.0}, *e, DeadlineChooser{});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_FALSE(sim->violated) << "finished at " << sim->finish_s << " s";
+  EXPECT_GE(sim->recomputed, 8u);
+  EXPECT_LT(sim->recomputed, 12u) << "text alone misses: some chunks must come over the wire";
+  // A text chunk's recompute waits for every earlier chunk (its attention needs them).
+  double in_memory = 0;
+  for (const auto& ch : sim->chunks) {
+    if (ch.choice.recompute()) EXPECT_GE(ch.decode_start_s, in_memory - 1e-12);
+    in_memory = std::max(in_memory, ch.decode_end_s);
+  }
+}
+
+TEST(Chooser, CountsTheWireAndRecomputeBacklogs) {
+  ContextCosts c = mistral_costs();
+  FixedEstimator link(2 * kGbit);
+  DeadlineChooser ch;
+  auto idle = ch.choose(c, {0, 0, 1.0, 0}, link);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  // The same chunk decided while 0.3 s of earlier transfers are still on the wire: the
+  // chooser has less time for this one and the rest, so it gives up quality.
+  ChooseState busy{0, 0, 1.0, 0};
+  busy.wire_backlog_s = 0.3;
+  auto late = ch.choose(c, busy, link);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_GT(late->predicted_total_seconds, idle->predicted_total_seconds);
+  EXPECT_GE(late->quality_loss, idle->quality_loss);
+  // A recompute lane busy for the whole deadline: text cannot fit.
+  ChooseState text_busy{11, 0, 0.2, 0};
+  text_busy.recompute_backlog_s = 0.5;
+  auto t = ch.choose(c, text_busy, link);
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->recompute());
+  for (double bad : {-1.0, double(NAN)}) {
+    ChooseState s{0, 0, 1, 0};
+    s.wire_backlog_s = bad;
+    EXPECT_EQ(ch.choose(c, s, link).status().code(), StatusCode::invalid_argument);
+    s = {0, 0, 1, 0};
+    s.recompute_backlog_s = bad;
+    EXPECT_EQ(ch.choose(c, s, link).status().code(), StatusCode::invalid_argument);
+  }
+}
+
 TEST(Chooser, QualityFloorAndBadInputs) {
   ContextCosts c = study_costs(false);
   FixedEstimator slow(0.01 * kGbit);
