@@ -66,6 +66,12 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
         if (p.ok()) wire_s = p->seconds;
       }
     });
+    if (s.ok() && choice.ok())
+      KVS_LOG_DEBUG("chunk {}: {} (level {}, {}); left {:.3f} s, backlogs wire {:.3f} decode {:.3f} text {:.3f}; "
+                    "predicted done {:.3f} total {:.3f}",
+                    chunk, choice->recompute() ? "text" : "fetch", choice->level, choice->note, st.time_left_s,
+                    st.wire_backlog_s, st.decode_backlog_s, st.recompute_backlog_s, choice->predicted_seconds,
+                    choice->predicted_total_seconds);
     uint32_t level = uint32_t(costs->levels() - 1);
     if (!s.ok() || !choice.ok()) {
       // No usable decision: the smallest level keeps the fetch going; say why once.

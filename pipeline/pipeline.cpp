@@ -1,6 +1,7 @@
 // The streaming pipeline. A dispatcher thread per fetch walks the chunks in order:
-// it asks the decision callback, takes a free receive buffer (back-pressure: at most
-// `depth` chunks are on the wire or waiting to decode), and issues the get. When a
+// it takes a free receive buffer (back-pressure: at most `depth` chunks are on the
+// wire or waiting to decode), waits until fewer than `max_on_wire` transfers are
+// outstanding, asks the decision callback, and issues the get. When a
 // chunk's bytes land, a decode worker decodes it straight from that buffer into the
 // runtime's memory and returns the buffer. So chunk i+1.. travel while chunk i decodes.
 //
@@ -14,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/ranges.h>
@@ -85,9 +87,14 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
   std::condition_variable done_cv_;
   std::vector<ChunkTimings> timings_;
   uint32_t remaining_ = 0;
+  uint32_t on_wire_ = 0;  // transfers requested and not landed (under mu_)
+  std::condition_variable on_wire_cv_;
   Status first_error_;
 
   void dispatch();
+  // Waits until fewer than `limit` transfers are outstanding; the fetch's deadline or
+  // cancel ends the wait.
+  Status wait_on_wire_below(uint32_t limit);
   Status decode_cpu(uint32_t i, std::span<const uint8_t> bytes);
   Status decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu);
   // Records the end of chunk i (with `st`), tells the runtime, wakes wait().
@@ -329,8 +336,26 @@ class PipelineImpl final : public Pipeline {
 };
 
 void FetchImpl::dispatch() {
+  // Each chunk is decided as late as it can be: once a receive buffer is free and fewer
+  // than max_on_wire transfers are outstanding. A decision made earlier would use an
+  // older throughput estimate and could not follow a change of the link. A chunk
+  // decided as text gives its buffer to the next one.
+  std::optional<uint32_t> held;
+  const uint32_t max_on_wire = p_.cfg_.max_on_wire ? p_.cfg_.max_on_wire : p_.cfg_.depth;
   for (uint32_t i = 0; i < req_.chunks.size(); ++i) {
     if (Status st = over(); !st.ok()) {
+      finish(i, st);
+      continue;
+    }
+    if (!held) {
+      auto buffer = p_.acquire(req_.deadline, req_.cancel);
+      if (!buffer.ok()) {
+        finish(i, buffer.status());
+        continue;
+      }
+      held = *buffer;
+    }
+    if (Status st = wait_on_wire_below(max_on_wire); !st.ok()) {
       finish(i, st);
       continue;
     }
@@ -357,15 +382,12 @@ void FetchImpl::dispatch() {
                             d.level, level_bytes[d.level], p_.cfg_.max_chunk_bytes));
       continue;
     }
-    auto buffer = p_.acquire(req_.deadline, req_.cancel);
-    if (!buffer.ok()) {
-      finish(i, buffer.status());
-      continue;
-    }
-    const uint32_t b = *buffer;
+    const uint32_t b = *held;
+    held.reset();
     {
       std::lock_guard lock(mu_);
       timings_[i].wire_start = Clock::now();
+      ++on_wire_;
     }
     p_.client_.get_async(req_.context, stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes, req_.deadline,
                          req_.cancel, [self = shared_from_this(), i, b](Result<size_t> r) {
@@ -373,7 +395,9 @@ void FetchImpl::dispatch() {
                              std::lock_guard lock(self->mu_);
                              self->timings_[i].wire_end = Clock::now();
                              if (r.ok()) self->timings_[i].bytes = *r;
+                             --self->on_wire_;
                            }
+                           self->on_wire_cv_.notify_all();
                            if (!r.ok()) {
                              self->p_.release(b);
                              self->finish(i, r.status().with_context(fmt::format("chunk {}", i)));
@@ -382,6 +406,16 @@ void FetchImpl::dispatch() {
                            self->p_.submit_decode(self, i, b, *r);
                          });
   }
+  if (held) p_.release(*held);
+}
+
+Status FetchImpl::wait_on_wire_below(uint32_t limit) {
+  std::unique_lock lock(mu_);
+  while (on_wire_ >= limit) {
+    if (Status st = over(); !st.ok()) return st;
+    on_wire_cv_.wait_for(lock, 5ms);
+  }
+  return {};
 }
 
 void FetchImpl::decode(uint32_t i, uint32_t buffer, size_t len, GpuWorker* gpu) {

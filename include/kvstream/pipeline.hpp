@@ -82,6 +82,11 @@ struct PipelineConfig {
   /// host buffers. Needs the client's backend to declare Capabilities::cuda_memory:
   /// no backend does yet, so create() fails `unsupported`, naming the backend.
   bool gpudirect = false;
+  /// Transfers requested and not yet landed, at most (0: up to depth). The next chunk
+  /// is decided only when it can go on the wire, so an adaptive decision uses the
+  /// freshest throughput estimate. Default 2: the next request is already out while
+  /// one lands, which hides the round trip.
+  uint32_t max_on_wire = 2;
 };
 
 /// Runtime KV memory on the GPU: where a GPU pipeline (Pipeline::decodes_on() == gpu)

@@ -9,7 +9,7 @@
 #
 # Environment: TRACE=random|random-log|steps (default random: 0.1-8 Gbit/s uniform, a
 # new rate every 0.5-2 s; random-log: the same range and durations, log-uniform; steps:
-# 4 Gbit/s with drops to 0.2 Gbit/s), SEED, OUT (results
+# 4 Gbit/s with drops to 0.2 Gbit/s; constant:<bits/s>), SEED, OUT (results
 # directory, default perf/results/adapt-<date>). Needs root, gnuplot for the plot.
 set -euo pipefail
 BUILD=${1:-build}; shift || true
@@ -48,10 +48,12 @@ for _ in range(20000):
     elif kind == "random-log":
         rate = math.exp(rng.uniform(math.log(0.1e9), math.log(8e9)))
         dur = rng.uniform(0.5, 2.0)
+    elif kind.startswith("constant:"):  # constant:<bits/s>, for looking at one rate
+        rate, dur = float(kind.split(":", 1)[1]), 3600.0
     elif kind == "steps":  # steps: mostly 4 Gbit/s, a drop to 0.2 Gbit/s every ~10 s
         rate, dur = (4e9, rng.uniform(6, 12)) if _ % 2 == 0 else (0.2e9, rng.uniform(1, 3))
     else:
-        sys.exit(f"unknown TRACE '{kind}' (random, random-log, steps)")
+        sys.exit(f"unknown TRACE '{kind}' (random, random-log, steps, constant:<bits/s>)")
     print(f"{rate:.0f} {dur:.3f}")
 EOF
 (
