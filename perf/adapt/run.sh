@@ -111,7 +111,7 @@ plot "$OUT/plot_rate.dat" with lines lw 2 title "link rate (tbf)", \
 unset logscale y
 set ylabel "level (-1 = text)"; set yrange [-1.5:10.5]
 plot "$OUT/plot_levels.dat" with points pt 5 ps 0.5 title "ours + ewma: level per chunk"
-set yrange [0:*]; set ylabel "seconds"; set xlabel "time (s)"
+set yrange [0:*]; set offsets 0, 0, 0.3, 0; set ylabel "seconds"; set xlabel "time (s)"
 plot "$OUT/plot_ttft.dat" using 1:2 with points pt 7 ps 0.6 title "ours + ewma: time to first token", \
      "$OUT/plot_ttft.dat" using 1:3 with lines title "deadline"
 unset multiplot
