@@ -33,7 +33,14 @@ namespace {
 
 // The stages below are cloned for AVX-512 and AVX2 so their loops vectorise on
 // either machine; the arithmetic (no fused multiply-add, fixed order) is identical.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void dequant_tile(const int8_t* q, const float* pred,
+// Not under ThreadSanitizer: the clones' ifunc resolver runs while the library is
+// relocated, before TSan's runtime is up, and its instrumented entry crashes the load.
+#if defined(__SANITIZE_THREAD__)
+#define KVS_CLONED_FOR_SIMD
+#else
+#define KVS_CLONED_FOR_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+KVS_CLONED_FOR_SIMD void dequant_tile(const int8_t* q, const float* pred,
                                                                                const float* step, float* out,
                                                                                uint32_t rows, uint32_t n) {
   for (uint32_t r = 0; r < rows; ++r, q += n, out += n)
@@ -101,7 +108,7 @@ inline void klt_block_generic(const float* ut, uint32_t n, const float* y, float
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void klt_inverse_tile(
+KVS_CLONED_FOR_SIMD void klt_inverse_tile(
     const float* ut, uint32_t n, uint32_t C, uint32_t rows, const float* y, const float* mean, const float* scale,
     float* z, float* out) {
   for (uint32_t r = 0; r < rows; r += 2) {
@@ -132,7 +139,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void klt_inverse_ti
 
 }  // namespace
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void rope_forward_tile(
+KVS_CLONED_FOR_SIMD void rope_forward_tile(
     float* x, uint32_t rows, uint32_t first_t, uint32_t heads, uint32_t head_dim, uint32_t rot, bool interleaved,
     const float* ec, const float* es, const uint32_t* partner) {
   float tmp[1024];

@@ -606,3 +606,63 @@ TEST(Study, DeadlineChooserVersusPaper) {
     EXPECT_LE(ours->loss, paper.loss + 1e-12) << ours->label;
   }
 }
+
+TEST(Study, MistralGeometryLikeTheShapedLinkRun) {
+  // The context of perf/adapt/run.sh (mistral_costs above: 12 x 512 tokens, 11 levels,
+  // text at 5000 tok/s) on 300 simulated requests per trace kind, each starting at a
+  // random point of its own trace, the estimators warmed by one 8 MB transfer just
+  // before. Uniform is the reading of "random rates between 0.1 and 8 Gbit/s";
+  // log-uniform spends 37 % of its time below 0.5 Gbit/s.
+  struct Arm {
+    const char* label;
+    const char* estimator;
+    const char* chooser;
+    int violations = 0;
+    double loss = 0;
+    int text = 0;
+  };
+  for (bool log_uniform : {false, true}) {
+    std::vector<Arm> arms = {{"paper + last", "last", "paper"},
+                             {"deadline + last", "last", "deadline"},
+                             {"deadline + ewma", "ewma", "deadline"},
+                             {"deadline + percentile", "percentile", "deadline"},
+                             {"deadline + oracle", "oracle", "deadline"}};
+    constexpr int kRequests = 300;
+    SplitMix rng{log_uniform ? 77u : 78u};
+    for (int i = 0; i < kRequests; ++i) {
+      LinkTrace t;
+      t.latency_s = 0.0005;
+      for (double at = 0; at < 40; at += rng.uniform(0.5, 2.0))
+        t.segments.push_back({at, log_uniform ? kGbit * 0.1 * std::exp(rng.uniform(0, std::log(80.0)))
+                                              : kGbit * rng.uniform(0.1, 8)});
+      auto trace = std::make_shared<const LinkTrace>(t);
+      const double start = rng.uniform(1, 30);
+      for (auto& a : arms) {
+        const bool oracle = std::string_view(a.estimator) == "oracle";
+        auto e = est(a.estimator, {.prior_bits_per_second = 1 * kGbit, .trace = trace});
+        if (!oracle) {
+          auto end = t.transfer_end(start - 0.3, 8 * kMB);
+          ASSERT_TRUE(end.ok());
+          ASSERT_TRUE(e->observe(8 * kMB, start - 0.3, *end).ok());
+        }
+        auto ch = make_chooser(a.chooser, {.k = oracle ? 0.0 : 1.0});
+        ASSERT_TRUE(ch.ok());
+        auto r = simulate({t, mistral_costs(), start, 1.0}, *e, **ch);
+        ASSERT_TRUE(r.ok()) << r.status();
+        a.violations += r->violated;
+        a.loss += r->mean_quality_loss / kRequests;
+        a.text += int(r->recomputed);
+      }
+    }
+    std::printf("\n  %s traces, 1 s deadline\n  %-24s %10s %12s %10s\n", log_uniform ? "log-uniform" : "uniform", "arm",
+                "violations", "mean loss %", "text/req");
+    for (const auto& a : arms)
+      std::printf("  %-24s %6d/%-3d %12.3f %10.1f\n", a.label, a.violations, kRequests, a.loss,
+                  double(a.text) / kRequests);
+    const Arm& paper = arms[0];
+    for (size_t k = 1; k + 1 < arms.size(); ++k) {
+      EXPECT_LT(arms[k].violations, paper.violations) << arms[k].label;
+      EXPECT_LE(arms[k].loss, paper.loss) << arms[k].label;
+    }
+  }
+}
