@@ -205,14 +205,18 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
       // Reserve: the later chunks with their fastest options. Text goes first (a text
       // chunk after a fetched one would wait for its decode), so the reserve is the
       // best split: chunks c0+1 .. s-1 recomputed, s .. n-1 fetched, each at its
-      // fastest level.
-      Lanes best;
+      // fastest level. Every lane only grows as chunks are appended, so a split whose
+      // text prefix, or whose decode lane part-way through the fetched suffix, is
+      // already later than the best completion so far cannot win: the text prefix of
+      // every later split is longer still, and the rest of this suffix only adds.
+      Lanes best, prefix = lanes;
       bool have = false;
+      double unused = 0;
       const uint32_t last_split = text_ok ? n : c0 + 1;
       for (uint32_t split = c0 + 1; split <= last_split; ++split) {
-        Lanes cand = lanes;
-        double unused = 0;
-        for (uint32_t j = c0 + 1; j < split; ++j) append(j, text_option, cand, unused, hedge);
+        if (split > c0 + 1) append(split - 1, text_option, prefix, unused, hedge);
+        if (have && prefix.text > best.complete()) break;
+        Lanes cand = prefix;
         bool valid = true;
         for (uint32_t j = split; j < n && valid; ++j) {
           Lanes fastest;
@@ -224,8 +228,9 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
             if (!any || f.decode < fastest.decode || (f.decode == fastest.decode && f.wire < fastest.wire))
               fastest = f, any = true;
           }
-          valid = any;  // no level allowed: only the all-text split is a plan
           cand = fastest;
+          // No level allowed: only the all-text split is a plan. Already too late: dropped.
+          valid = any && !(have && cand.decode > best.complete());
         }
         if (!valid) continue;
         if (!have || cand.complete() < best.complete() ||
@@ -252,19 +257,18 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
     return best;
   };
 
-  std::vector<Costed> hedged, plain;
-  if (!cost_all(options_.reserve_factor, hedged)) {
+  // cost_all stops at the first prediction that fails: an error, or no estimate yet.
+  auto prediction_failed = [&]() -> Result<Choice> {
     if (!est_error.ok()) return est_error;
     return no_estimate_choice(costs, options_, c0);
-  }
+  };
+  std::vector<Costed> hedged, plain;
+  if (!cost_all(options_.reserve_factor, hedged)) return prediction_failed();
   const Costed* best = best_fit(hedged);
   const char* why = "best fit";
   if (!best && options_.reserve_factor > 1) {
     // Nothing fits with the hedge: what fits if the link keeps its predicted rate.
-    if (!cost_all(1.0, plain)) {
-      if (!est_error.ok()) return est_error;
-      return no_estimate_choice(costs, options_, c0);
-    }
+    if (!cost_all(1.0, plain)) return prediction_failed();
     best = best_fit(plain);
     why = "fits without the reserve's hedge";
   }

@@ -309,16 +309,20 @@ class Chooser {
 ///                             (= seconds + k x uncertainty_seconds),
 ///                 decode_free = max(wire_end, decode_free) + decode_seconds[c][l].
 /// For text:       text_free = max(text_free, decode_free) + tokens[c] / recompute rate.
-/// The context is complete at max(decode_free, text_free). Then the reserve: every
-/// later chunk is appended with the option that completes the context soonest (ties:
-/// the one that leaves less work on the lanes), under the same quality floor, its
-/// transfer times scaled by ChooserOptions::reserve_factor. Option o fits when that
+/// The context is complete at max(decode_free, text_free). Then the reserve for the
+/// later chunks: the split that completes the context soonest (ties: the one that
+/// leaves less work on the lanes) of "chunks c+1 .. s-1 recomputed, s .. n-1 fetched,
+/// each at the allowed level that frees the decoder soonest", its transfer times scaled
+/// by ChooserOptions::reserve_factor. Text goes first in the reserve because a text
+/// chunk after a fetched one would wait for its decode. Option o fits when that
 /// completion is <= time_left_s. The chooser returns the fitting option with the
 /// lowest quality loss (ties: the earliest completion), among those that also spend at
 /// most the allowed part of the slack (see ChooserOptions::slack_share: the slack is
 /// time_left_s minus the cheapest completion; an option spends its completion minus
-/// the cheapest completion). When nothing fits it returns the option that completes
-/// the context soonest, with fits = false.
+/// the cheapest completion). When nothing fits with the hedged reserve it chooses the
+/// same way with the reserve unhedged (the link keeps its predicted rate). When nothing
+/// fits either way it returns the option that puts chunk c in memory soonest, with
+/// fits = false.
 /// With slack_share = 1 all slack may go to the current chunk; the default (0, an
 /// equal share per remaining chunk) keeps slack for later chunks, which is what keeps
 /// the deadline when the link slows down mid-fetch. Estimates are refreshed after

@@ -60,13 +60,14 @@ ContextCosts study_costs(bool with_text = true) {
   return c;
 }
 
-LinkTrace random_trace(SplitMix& rng, double horizon_s = 30) {
+// Rates in [0.1, 8] Gbit/s, log-uniform (or uniform), each held for 0.5-2 s.
+LinkTrace random_trace(SplitMix& rng, double horizon_s = 30, bool log_uniform = true, double latency_s = 0.002) {
   LinkTrace t;
-  t.latency_s = 0.002;
+  t.latency_s = latency_s;
   double at = 0;
   while (at < horizon_s) {
-    // Log-uniform rate in [0.1, 8] Gbit/s, held for 0.5-2 s.
-    t.segments.push_back({at, kGbit * 0.1 * std::exp(rng.uniform(0, std::log(80.0)))});
+    t.segments.push_back({at, log_uniform ? kGbit * 0.1 * std::exp(rng.uniform(0, std::log(80.0)))
+                                          : kGbit * rng.uniform(0.1, 8)});
     at += rng.uniform(0.5, 2.0);
   }
   return t;
@@ -630,11 +631,7 @@ TEST(Study, MistralGeometryLikeTheShapedLinkRun) {
     constexpr int kRequests = 300;
     SplitMix rng{log_uniform ? 77u : 78u};
     for (int i = 0; i < kRequests; ++i) {
-      LinkTrace t;
-      t.latency_s = 0.0005;
-      for (double at = 0; at < 40; at += rng.uniform(0.5, 2.0))
-        t.segments.push_back({at, log_uniform ? kGbit * 0.1 * std::exp(rng.uniform(0, std::log(80.0)))
-                                              : kGbit * rng.uniform(0.1, 8)});
+      const LinkTrace t = random_trace(rng, 40, log_uniform, 0.0005);
       auto trace = std::make_shared<const LinkTrace>(t);
       const double start = rng.uniform(1, 30);
       for (auto& a : arms) {
