@@ -11,6 +11,8 @@
 
 #if KVSTREAM_HAVE_URING
 #include <liburing.h>
+
+#include "transport/ring_lifetime.hpp"
 #endif
 
 #include "core/log.hpp"
@@ -71,9 +73,16 @@ Result<std::vector<std::byte>> read_file(const std::string& path, size_t offset)
   // segments per submission.
   thread_local struct Ring {
     io_uring ring{};
-    bool ok = io_uring_queue_init(8, &ring, 0) == 0;
+    bool ok = init();
+    bool init() {
+      if (io_uring_queue_init(8, &ring, 0) != 0) return false;
+      transport::note_ring_mapped();
+      return true;
+    }
     ~Ring() {
-      if (ok) io_uring_queue_exit(&ring);
+      if (!ok) return;
+      transport::note_ring_unmapped();
+      io_uring_queue_exit(&ring);
     }
   } r;
   if (r.ok) {

@@ -22,6 +22,7 @@
 
 #include "core/log.hpp"
 #include "transport/backend_impl.hpp"
+#include "transport/ring_lifetime.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 
 namespace kvstream::transport {
@@ -112,7 +113,10 @@ class Ring {
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
   ~Ring() {
-    if (ready_) io_uring_queue_exit(&ring_);
+    if (ready_) {
+      note_ring_unmapped();
+      io_uring_queue_exit(&ring_);
+    }
   }
 
   /// `coop`: IORING_SETUP_COOP_TASKRUN, i.e. operations continue (a send after its
@@ -126,6 +130,7 @@ class Ring {
     if (rc < 0)
       return make_status(StatusCode::unavailable, "tcp: io_uring_queue_init({}) failed: {}", depth, errno_text(-rc));
     ready_ = true;
+    note_ring_mapped();
     return {};
   }
 
