@@ -8,6 +8,11 @@
 #include <future>
 #include <thread>
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "kvstream/transport.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
@@ -211,6 +216,128 @@ TEST_P(LibfabricProvider, PostedSendsAreZeroCopyAndWaitBreaksOnTimeout) {
   auto again = p->client->post_send(hdr, {});
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::unavailable);
+}
+
+TEST_P(LibfabricProvider, OneSidedReadsOfAnExposedRegion) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_TRUE(p->client_backend->capabilities().one_sided_read) << "both providers here grant FI_RMA reads";
+  const size_t n = (size_t(5) << 20) + 123;
+  auto src = test_util::pattern(n, 17);
+  std::vector<std::byte> dst(n);
+  auto smr = p->server_backend->register_memory(src.data(), n, MemoryType::host);
+  auto dmr = p->client_backend->register_memory(dst.data(), n, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && dmr.ok());
+  auto ex = smr->expose();
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  ASSERT_TRUE(p->client->read(dmr->span(0, n), *ex, 0, deadline_in(10s), {}).ok());
+  EXPECT_EQ(dst, src);
+  std::fill(dst.begin(), dst.end(), std::byte{0});
+  ASSERT_TRUE(p->client->read(dmr->span(7, 4096), *ex, n - 4096, deadline_in(10s), {}).ok());
+  EXPECT_EQ(0, std::memcmp(dst.data() + 7, src.data() + n - 4096, 4096));
+  // The owner reads the client's region too (a shared listener endpoint).
+  auto cex = dmr->expose();
+  ASSERT_TRUE(cex.ok());
+  std::vector<std::byte> back(4096);
+  auto bmr = p->server_backend->register_memory(back.data(), back.size(), MemoryType::host);
+  ASSERT_TRUE(bmr.ok());
+  ASSERT_TRUE(p->server->read(bmr->span(0, 4096), *cex, 7, deadline_in(10s), {}).ok());
+  EXPECT_EQ(0, std::memcmp(back.data(), src.data() + n - 4096, 4096));
+  // Refused before anything is posted; the connection stays usable.
+  EXPECT_EQ(p->client->read(dmr->span(0, 2), *ex, n - 1, deadline_in(1s), {}).code(), StatusCode::out_of_range);
+  RemoteRegion bad = *ex;
+  bad.key.pop_back();
+  EXPECT_EQ(p->client->read(dmr->span(0, 16), bad, 0, deadline_in(1s), {}).code(), StatusCode::invalid_argument);
+  bad = *ex;
+  bad.key.back() = std::byte{7};
+  EXPECT_EQ(p->client->read(dmr->span(0, 16), bad, 0, deadline_in(1s), {}).code(), StatusCode::invalid_argument);
+  CancelToken cancelled;
+  cancelled.cancel();
+  EXPECT_EQ(p->client->read(dmr->span(0, 16), *ex, 0, deadline_in(1s), cancelled).code(), StatusCode::cancelled);
+  std::vector<std::byte> loose(16);  // not registered (tcp;ofi_rxm needs FI_MR_LOCAL)
+  const Status unreg = p->client->read(loose, *ex, 0, deadline_in(1s), {});
+  if (!unreg.ok()) EXPECT_EQ(unreg.code(), StatusCode::invalid_argument) << unreg.to_string();
+  ASSERT_TRUE(p->client->read(dmr->span(0, 64), *ex, 64, deadline_in(10s), {}).ok());
+  EXPECT_EQ(0, std::memcmp(dst.data(), src.data() + 64, 64));
+}
+
+// A read from an owner process that stops answering (SIGSTOP) ends by its deadline,
+// and nothing lands in the caller's buffer after it returned, even once the owner
+// runs again (libfabric cannot cancel an RMA read: the endpoint is closed under it).
+TEST_P(LibfabricProvider, ReadFromAStalledOwnerEndsByItsDeadline) {
+  const size_t n = size_t(64) << 20;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the owner: no gtest in here, only _exit codes
+    ::close(fds[0]);
+    auto b = create_backend(ofi_config(GetParam()));
+    if (!b.ok()) ::_exit(2);
+    auto l = (*b)->listen("127.0.0.1:0");
+    if (!l.ok()) ::_exit(3);
+    auto src = test_util::pattern(n, 23);
+    auto mr = (*b)->register_memory(src.data(), n, MemoryType::host);
+    if (!mr.ok()) ::_exit(4);
+    auto ex = mr->expose();
+    if (!ex.ok()) ::_exit(5);
+    const std::string addr = (*l)->address();
+    if (::write(fds[1], addr.c_str(), addr.size() + 1) != ssize_t(addr.size() + 1)) ::_exit(6);
+    auto c = (*l)->accept(deadline_in(20s), {});
+    if (!c.ok()) ::_exit(7);
+    if (!(*c)->send(encode_remote(*ex), {}, deadline_in(20s), {}).ok()) ::_exit(8);
+    std::this_thread::sleep_for(60s);  // serves reads from its progress thread until killed
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{pid};
+  char addr[256] = {};
+  pollfd pfd{fds[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 20000), 1) << "the owner process did not start";
+  ASSERT_GT(::read(fds[0], addr, sizeof addr - 1), 0);
+  ::close(fds[0]);
+  auto b = create_backend(ofi_config(GetParam()));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto c = (*b)->connect(addr, deadline_in(20s), {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::vector<std::byte> h;
+  ASSERT_TRUE((*c)->recv_header(h, deadline_in(20s), {}).ok());
+  auto remote = decode_remote(h);
+  ASSERT_TRUE(remote.ok()) << remote.status().to_string();
+  std::vector<std::byte> dst(n);
+  auto dmr = (*b)->register_memory(dst.data(), n, MemoryType::host);
+  ASSERT_TRUE(dmr.ok());
+  const auto want = test_util::pattern(n, 23);
+  ASSERT_TRUE((*c)->read(dmr->span(0, 1 << 20), *remote, 0, deadline_in(10s), {}).ok());
+  EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), 1 << 20));
+
+  ::kill(pid, SIGSTOP);
+  std::fill(dst.begin(), dst.end(), std::byte{0xEE});
+  const auto t0 = Clock::now();
+  const Status st = (*c)->read(dmr->span(0, n), *remote, 0, deadline_in(300ms), {});
+  const auto took = Clock::now() - t0;
+  std::printf("[ libfabric %s ] 64 MiB read from a stopped owner: %s after %.0f ms\n", GetParam().c_str(),
+              st.ok() ? "completed" : st.to_string().c_str(),
+              std::chrono::duration<double, std::milli>(took).count());
+  if (st.ok()) {
+    // A provider that reads the owner's memory without its help (shm through CMA)
+    // completes regardless: then the data must be right.
+    EXPECT_EQ(dst, want);
+  } else {
+    EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();
+    EXPECT_LT(took, 300ms + 250ms);
+    const auto snapshot = dst;
+    ::kill(pid, SIGCONT);
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(dst == snapshot) << "bytes landed in the buffer after read returned";
+    EXPECT_EQ((*c)->read(dmr->span(0, 16), *remote, 0, deadline_in(1s), {}).code(), StatusCode::unavailable);
+  }
 }
 
 TEST_P(LibfabricProvider, ThroughputOneMiB) {

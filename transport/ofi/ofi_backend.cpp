@@ -8,6 +8,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -99,9 +100,27 @@ struct Core {
   void* desc_for(const void* p, size_t n);
 };
 
+/// Wire form of a libfabric remote key (RemoteRegion::key): u64 key, then one byte
+/// saying how the reader addresses the region (1: by virtual address, FI_MR_VIRT_ADDR;
+/// 0: by offset from its start). The reader checks the byte against its own domain,
+/// so two ends that disagree fail clearly instead of reading the wrong bytes.
+constexpr size_t kRemoteKeyBytes = 9;
+
 struct OfiRegion final : MemoryRegion::Impl {
   std::shared_ptr<Core> core;
   fid_mr* mr = nullptr;
+  Result<std::vector<std::byte>> packed_key() const override {
+    if (!core->rma)
+      return make_status(StatusCode::unsupported, "libfabric: provider {} has no FI_RMA reads", core->provider);
+    const uint64_t key = fi_mr_key(mr);
+    if (key == FI_KEY_NOTAVAIL)
+      return make_status(StatusCode::unsupported, "libfabric: provider {} gives no key for this region",
+                         core->provider);
+    std::vector<std::byte> out(kRemoteKeyBytes);
+    std::memcpy(out.data(), &key, sizeof key);
+    out[8] = std::byte{core->mr_virt_addr ? uint8_t(1) : uint8_t(0)};
+    return out;
+  }
   ~OfiRegion() override {
     {
       std::lock_guard lock(core->regions_mu);
@@ -212,6 +231,7 @@ class Endpoint {
   /// Posts a tagged receive (retrying while the provider says EAGAIN).
   Status post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag, uint64_t ignore,
                    Deadline deadline) {
+    if (!ep_) return closed_error();
     track(op);
     for (int idle = 0;;) {
       ssize_t r = fi_trecv(ep_, buf, len, desc, FI_ADDR_UNSPEC, tag, ignore, &op->ctx);
@@ -228,6 +248,7 @@ class Endpoint {
   /// Posts a tagged send from op->buf (or `buf`) to `dest`.
   Status post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                    uint64_t tag, Deadline deadline, const CancelToken& cancel) {
+    if (!ep_) return closed_error();
     track(op);
     if (op->counted) {
       active_sends_.fetch_add(1);
@@ -254,6 +275,7 @@ class Endpoint {
   /// fi_tinject: buffered by the provider, no completion.
   Status inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag, Deadline deadline,
                 const CancelToken& cancel) {
+    if (!ep_) return closed_error();
     for (int idle = 0;;) {
       ssize_t r = fi_tinject(ep_, buf, len, dest, tag);
       if (r == 0) return {};
@@ -284,6 +306,7 @@ class Endpoint {
   /// so the provider no longer refers to its buffer. False if it never completed.
   bool cancel_and_drain(Op& op, std::chrono::milliseconds limit = 10s) {
     if (op.done.load(std::memory_order_acquire)) return true;
+    if (!ep_) return false;  // closed: the provider dropped it (our buffer, never reused)
     fi_cancel(&ep_->fid, &op.ctx);
     auto st = wait([&] { return op.done.load(std::memory_order_acquire); }, deadline_in(limit), nullptr, "cancel");
     return st.ok();
@@ -294,6 +317,7 @@ class Endpoint {
   /// busy until its completion.
   ssize_t try_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                    uint64_t tag) {
+    if (!ep_) return -FI_ESHUTDOWN;
     track(op);
     op->counted = true;
     active_sends_.fetch_add(1);
@@ -309,12 +333,50 @@ class Endpoint {
 
   /// One attempt at fi_tinject (no retry, no completion).
   ssize_t try_inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag) {
+    if (!ep_) return -FI_ESHUTDOWN;
     return fi_tinject(ep_, buf, len, dest, tag);
+  }
+
+  /// Posts an RMA read of `len` bytes at the peer's `addr` under `key` into `buf`
+  /// (retrying while the provider says EAGAIN, until the deadline or cancel).
+  Status post_read(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, fi_addr_t src, uint64_t addr,
+                   uint64_t key, Deadline deadline, const CancelToken& cancel) {
+    if (!ep_) return closed_error();
+    track(op);
+    for (int idle = 0;;) {
+      const ssize_t r = fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx);
+      if (r == 0) return {};
+      Status s;
+      if (r != -FI_EAGAIN)
+        s = make_status(StatusCode::unavailable, "libfabric: fi_read: {}", fi_err(int(r)));
+      else if (cancel.cancelled())
+        s = make_status(StatusCode::cancelled, "libfabric: read cancelled");
+      else if (Clock::now() >= deadline)
+        s = make_status(StatusCode::timed_out, "libfabric: read queue stayed full until the deadline");
+      if (!s.ok()) {
+        untrack(op.get());
+        return s;
+      }
+      if (poll() == 0) backoff(idle++);
+    }
+  }
+
+  /// Closes the endpoint now, with operations still posted: the provider drops them,
+  /// so none of them touches its buffer afterwards (what an interrupted RMA read,
+  /// which libfabric cannot cancel, needs). Only for an endpoint one connection owns.
+  /// Every later post fails with unavailable.
+  void close_now() {
+    if (!ep_) return;
+    stop_.store(true);
+    wake();
+    if (progress_.joinable()) progress_.join();
+    fi_close(&ep_->fid);
+    ep_ = nullptr;
   }
 
   /// Asks the provider to cancel a posted operation (it may not support it for sends).
   void cancel(Op& op) {
-    if (!op.done.load(std::memory_order_acquire)) fi_cancel(&ep_->fid, &op.ctx);
+    if (ep_ && !op.done.load(std::memory_order_acquire)) fi_cancel(&ep_->fid, &op.ctx);
   }
 
   /// One pass over the CQ; routes completions. Returns how many it handled.
@@ -348,6 +410,10 @@ class Endpoint {
 
  private:
   explicit Endpoint(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+
+  static Status closed_error() {
+    return make_status(StatusCode::unavailable, "libfabric: the endpoint was closed after an interrupted read");
+  }
 
   Status init(fi_info* info) {
     int r = fi_endpoint(core_->domain, info, &ep_, nullptr);
@@ -446,8 +512,11 @@ struct ConnShared {
 
 class OfiConnection final : public Connection {
  public:
-  OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name)
-      : ep_(std::move(ep)), peer_(peer), id_(id), peer_name_(std::move(peer_name)),
+  /// `owns_endpoint`: the endpoint is this connection's alone (a client's), so an
+  /// interrupted read may close it; an accepted connection shares its listener's.
+  OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name,
+                bool owns_endpoint)
+      : ep_(std::move(ep)), peer_(peer), id_(id), peer_name_(std::move(peer_name)), owns_endpoint_(owns_endpoint),
         shared_(std::make_shared<ConnShared>()) {}
 
   /// Posts the receive for the peer's "bye".
@@ -708,6 +777,77 @@ class OfiConnection final : public Connection {
     return {};
   }
 
+  Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
+              const CancelToken& cancel) override {
+    Core& core = ep_->core();
+    if (!core.rma)
+      return make_status(StatusCode::unsupported, "libfabric: provider {} has no FI_RMA reads", core.provider);
+    if (offset > src.size || dest.size() > src.size - offset)
+      return make_status(StatusCode::out_of_range, "libfabric: read of {} bytes at {} of a {}-byte remote region",
+                         dest.size(), offset, src.size);
+    if (dest.empty()) return {};
+    if (cancel.cancelled()) return make_status(StatusCode::cancelled, "libfabric: read cancelled");
+    if (src.key.size() != kRemoteKeyBytes || uint8_t(src.key[8]) > 1)
+      return make_status(StatusCode::invalid_argument, "libfabric: a remote key from {} is malformed ({} bytes)",
+                         peer_name_, src.key.size());
+    if ((uint8_t(src.key[8]) == 1) != core.mr_virt_addr)
+      return make_status(StatusCode::invalid_argument,
+                         "libfabric: a remote key from {} addresses its region {}, this domain {}", peer_name_,
+                         uint8_t(src.key[8]) ? "by virtual address" : "by offset",
+                         core.mr_virt_addr ? "by virtual address" : "by offset");
+    if (!broken_.empty()) return make_status(StatusCode::unavailable, "libfabric: {}", broken_);
+    if (shared_->bye.load())
+      return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
+    uint64_t key = 0;
+    std::memcpy(&key, src.key.data(), sizeof key);
+    void* desc = core.desc_for(dest.data(), dest.size());
+    if (!desc && core.mr_local)
+      return make_status(StatusCode::invalid_argument,
+                         "libfabric: read destination is not registered with this backend (provider needs FI_MR_LOCAL)");
+    // With FI_MR_VIRT_ADDR the target address is the owner's virtual address, else the
+    // offset into the registration.
+    const uint64_t base = (core.mr_virt_addr ? src.address : 0) + offset;
+    const size_t seg = core.segment, nseg = (dest.size() + seg - 1) / seg;
+    std::vector<std::shared_ptr<Op>> ops;
+    ops.reserve(nseg);
+    auto all_done = [&] {
+      for (auto& o : ops)
+        if (!o->done.load(std::memory_order_acquire)) return false;
+      return true;
+    };
+    Status st;
+    for (size_t i = 0; i < nseg && st.ok(); ++i) {
+      const size_t off = i * seg, len = std::min(seg, dest.size() - off);
+      auto op = ep_->new_op();
+      st = ep_->post_read(op, dest.data() + off, len, desc, peer_, base + off, key, deadline, cancel);
+      if (st.ok()) ops.push_back(std::move(op));
+    }
+    if (st.ok())
+      st = ep_->wait([&] { return all_done() || shared_->bye.load(std::memory_order_acquire); }, deadline, &cancel,
+                     "read");
+    if (st.ok() && !all_done())
+      st = make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection during a read", peer_name_);
+    if (!st.ok()) {
+      // RMA reads cannot be cancelled: nothing may land in `dest` after we return, so
+      // wait briefly for them, then close the endpoint (ours alone) under them.
+      if (!ep_->wait(all_done, deadline_in(20ms), nullptr, "read drain").ok()) {
+        if (owns_endpoint_) {
+          ep_->close_now();
+        } else {
+          KVS_LOG_ERROR("libfabric: a read into a caller's buffer from {} could not be stopped", peer_name_);
+        }
+      }
+      broken_ = fmt::format("connection to {} unusable after an interrupted read ({})", peer_name_, st.message());
+      return st;
+    }
+    for (auto& o : ops)
+      if (o->err) {
+        broken_ = fmt::format("read from {} failed: {}", peer_name_, fi_err(o->err));
+        return make_status(StatusCode::unavailable, "libfabric: {}", broken_);
+      }
+    return {};
+  }
+
   std::string describe() const override {
     return fmt::format("libfabric {} ({})", peer_name_, ep_->core().provider);
   }
@@ -833,6 +973,7 @@ class OfiConnection final : public Connection {
   fi_addr_t peer_;
   uint32_t id_;
   std::string peer_name_;
+  bool owns_endpoint_;
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
   // Sender side.
@@ -894,7 +1035,7 @@ class OfiListener final : public Listener {
     KVS_RETURN_IF_ERROR(post_hello());  // keep the pool of hello receives full
     KVS_ASSIGN_OR_RETURN(fi_addr_t peer, ep_->insert(h.addr));
     const uint32_t id = next_id_++ & uint32_t(kConnMask);
-    auto conn = std::make_unique<OfiConnection>(ep_, peer, id, strip_scheme(ep_->straddr(h.addr)));
+    auto conn = std::make_unique<OfiConnection>(ep_, peer, id, strip_scheme(ep_->straddr(h.addr)), false);
     KVS_RETURN_IF_ERROR(conn->start());
     // The ack, tagged with the client's nonce, tells it its connection id.
     auto op = ep_->new_op(sizeof(HelloAck));
@@ -959,9 +1100,7 @@ class OfiBackend final : public Backend {
     caps_.provider = core_->provider;
     caps_.host_memory = true;
     caps_.cuda_memory = core_->hmem;
-    // The provider may grant FI_RMA, but the interface has no read call yet: declare
-    // only what a caller can use.
-    caps_.one_sided_read = false;
+    caps_.one_sided_read = core_->rma;  // FI_RMA reads (MemoryRegion::expose + Connection::read)
     caps_.notifications = false;
     caps_.max_message_bytes = std::min<uint64_t>(uint64_t(core_->segment) * kSegMask, uint64_t(1) << 40);
   }
@@ -1055,7 +1194,7 @@ class OfiBackend final : public Backend {
     std::memcpy(&a, ack->buf.get(), sizeof a);
     if (ack->err || ack->len != sizeof a || a.magic != kHelloMagic)
       return make_status(StatusCode::unavailable, "libfabric: bad hello-ack from {}", address);
-    auto conn = std::make_unique<OfiConnection>(ep, server, a.conn_id, fmt::format("{}:{}", host, port));
+    auto conn = std::make_unique<OfiConnection>(ep, server, a.conn_id, fmt::format("{}:{}", host, port), true);
     KVS_RETURN_IF_ERROR(conn->start());
     KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, a.conn_id);
     return std::unique_ptr<Connection>(std::move(conn));

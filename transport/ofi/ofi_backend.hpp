@@ -25,6 +25,14 @@
 //    send() is post_send + wait_sends, so a large blocking send needs a peer that reads.
 //  * an orderly Connection destruction sends "bye" with the number of messages sent;
 //    a receiver that has consumed all of them gets StatusCode::unavailable at once.
+//  * one-sided reads (where the provider grants FI_RMA and FI_READ: tcp;ofi_rxm and
+//    shm here, verbs/efa elsewhere): MemoryRegion::expose packs fi_mr_key and the
+//    domain's addressing mode (virtual address or offset); Connection::read posts
+//    fi_read segments straight into the caller's registered buffer. libfabric cannot
+//    cancel an RMA read, so an interrupted one is given 20 ms to finish and then a
+//    client's endpoint (one per connection) is closed under it: nothing lands in the
+//    caller's buffer after read returns. An accepted connection shares the listener's
+//    endpoint and can only log that case.
 //  * progress: the provider's data progress is manual, so each endpoint has a progress
 //    thread (busy only while its sends are in flight, else it naps 1 ms), and every
 //    waiting call polls the completion queue itself. The domain is FI_THREAD_SAFE and
