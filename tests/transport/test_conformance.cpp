@@ -245,11 +245,12 @@ TEST_P(Conformance, PostedReceiveTooSmallIsAnError) {
 // (whole, and a range) without the owner taking part, and a read past its end is
 // refused; elsewhere both halves say unsupported.
 TEST_P(Conformance, OneSidedReadsWhereDeclared) {
-  auto p = make_pair();
-  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  // Buffers first, so they outlive the backends' progress threads (see test_ofi.cpp).
   const size_t n = 3 << 20;
   auto src = pattern(n, 99);
   std::vector<std::byte> dst(n);
+  auto p = make_pair();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
   auto smr = p->server_backend->register_memory(src.data(), src.size(), MemoryType::host);
   auto dmr = p->client_backend->register_memory(dst.data(), dst.size(), MemoryType::host);
   ASSERT_TRUE(smr.ok() && dmr.ok());

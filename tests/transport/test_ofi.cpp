@@ -219,12 +219,14 @@ TEST_P(LibfabricProvider, PostedSendsAreZeroCopyAndWaitBreaksOnTimeout) {
 }
 
 TEST_P(LibfabricProvider, OneSidedReadsOfAnExposedRegion) {
+  // The buffers outlive the endpoints (declared first): the owner's provider thread
+  // sent from `src`, and only joining it orders that before the free for TSan.
+  const size_t n = (size_t(5) << 20) + 123;
+  auto src = test_util::pattern(n, 17);
+  std::vector<std::byte> dst(n), back(4096);
   auto p = make_ofi_pair(GetParam());
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   ASSERT_TRUE(p->client_backend->capabilities().one_sided_read) << "both providers here grant FI_RMA reads";
-  const size_t n = (size_t(5) << 20) + 123;
-  auto src = test_util::pattern(n, 17);
-  std::vector<std::byte> dst(n);
   auto smr = p->server_backend->register_memory(src.data(), n, MemoryType::host);
   auto dmr = p->client_backend->register_memory(dst.data(), n, MemoryType::host);
   ASSERT_TRUE(smr.ok() && dmr.ok());
@@ -238,7 +240,6 @@ TEST_P(LibfabricProvider, OneSidedReadsOfAnExposedRegion) {
   // The owner reads the client's region too (a shared listener endpoint).
   auto cex = dmr->expose();
   ASSERT_TRUE(cex.ok());
-  std::vector<std::byte> back(4096);
   auto bmr = p->server_backend->register_memory(back.data(), back.size(), MemoryType::host);
   ASSERT_TRUE(bmr.ok());
   ASSERT_TRUE(p->server->read(bmr->span(0, 4096), *cex, 7, deadline_in(10s), {}).ok());

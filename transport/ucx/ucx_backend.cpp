@@ -164,6 +164,11 @@ void recv_cb(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* 
 
 struct Context {
   ucp_context_h h = nullptr;
+  /// Guards the context and its one worker (UCS_THREAD_MODE_SERIALIZED, and a
+  /// context without UCP_PARAM_FIELD_MT_WORKERS_SHARED): every UCX call, including
+  /// a registration's map and unmap, which touch state the worker's progress uses.
+  /// It lives here, not in the engine, because regions may outlive the engine.
+  std::mutex mu;
   ~Context() {
     if (h) ucp_cleanup(h);
   }
@@ -173,11 +178,14 @@ struct UcxRegion : MemoryRegion::Impl {
   std::shared_ptr<Context> ctx;
   ucp_mem_h memh = nullptr;
   ~UcxRegion() override {
-    if (memh) ucp_mem_unmap(ctx->h, memh);
+    if (!memh) return;
+    std::lock_guard lk(ctx->mu);
+    ucp_mem_unmap(ctx->h, memh);
   }
   Result<std::vector<std::byte>> packed_key() const override {
     void* buf = nullptr;
     size_t len = 0;
+    std::lock_guard lk(ctx->mu);
     const ucs_status_t st = ucp_rkey_pack(ctx->h, memh, &buf, &len);
     if (st != UCS_OK) return make_status(StatusCode::unavailable, "ucx: ucp_rkey_pack: {}", ucs_status_string(st));
     std::vector<std::byte> key(static_cast<std::byte*>(buf), static_cast<std::byte*>(buf) + len);
@@ -275,10 +283,11 @@ void conn_cb(ucp_conn_request_h req, void* arg) { static_cast<ListenState*>(arg)
 
 class Engine {
  public:
+  explicit Engine(std::shared_ptr<Context> c) : ctx(std::move(c)), mu(ctx->mu) {}
   std::shared_ptr<Context> ctx;
   ucp_worker_h worker = nullptr;
   int efd = -1;
-  std::mutex mu;
+  std::mutex& mu;  // the context's
   std::atomic<int> sleepers{0};
   std::atomic<int> waiters{0};
   std::string provider;
@@ -302,7 +311,7 @@ class Engine {
   }
 
   static Result<std::shared_ptr<Engine>> create(const BackendConfig& config) {
-    auto e = std::make_shared<Engine>();
+    auto e = std::make_shared<Engine>(std::make_shared<Context>());
     ucp_config_t* cfg = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
     if (st != UCS_OK) return make_status(StatusCode::unavailable, "ucx: ucp_config_read: {}", ucs_status_string(st));
@@ -341,7 +350,6 @@ class Engine {
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-    e->ctx = std::make_shared<Context>();
     st = ucp_init(&params, cfg, &e->ctx->h);
     ucp_config_release(cfg);
     if (st != UCS_OK) {
@@ -386,6 +394,11 @@ class Engine {
     if (n && sleepers.load() > 0) ucp_worker_signal(worker);
   }
 
+  /// One progress call. Requires mu.
+  void progress_once_locked() {
+    if (ucp_worker_progress(worker) && sleepers.load() > 0) ucp_worker_signal(worker);
+  }
+
   /// Waits until `pred` (called with mu held after progress) yields a Status, the
   /// deadline passes (timed_out) or `cancel` fires (cancelled).
   /// `what` and `peer` only name the operation in errors ("recv_header from" + peer).
@@ -406,7 +419,14 @@ class Engine {
     Clock::time_point spin_end{}, next_yield{}, now{};
     for (unsigned round = 0;; ++round) {
       std::unique_lock lk(mu);
-      progress_locked();
+      // Already there (a send that completed inline, a header that arrived while the
+      // caller was busy): no progress call at all. Then one progress call per round,
+      // not "until idle": a round trip's latency is the time from the peer's message
+      // landing to the predicate seeing it, and a second call that finds nothing
+      // only delays that.
+      if (round == 0)
+        if (std::optional<Status> s = pred()) return std::move(*s);
+      progress_once_locked();
       if (std::optional<Status> s = pred()) return std::move(*s);
       if (cancel && cancel->cancelled())
         return make_status(StatusCode::cancelled, "ucx: {}{}{} cancelled", what, sep, peer);
@@ -1324,7 +1344,11 @@ class UcxBackend final : public Backend {
     p.memory_type = type == MemoryType::cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
     auto r = std::make_shared<UcxRegion>();
     r->ctx = eng_->ctx;
-    ucs_status_t st = ucp_mem_map(eng_->ctx->h, &p, &r->memh);
+    ucs_status_t st;
+    {
+      std::lock_guard lk(eng_->mu);
+      st = ucp_mem_map(eng_->ctx->h, &p, &r->memh);
+    }
     if (st != UCS_OK) {
       r->memh = nullptr;
       return make_status(StatusCode::resource_exhausted, "ucx: ucp_mem_map of {} bytes: {}", size,
