@@ -77,7 +77,8 @@ constexpr unsigned kHelloAmId = 7;
 constexpr uint32_t kHelloMagic = 0x4b565543;  // "KVUC"
 constexpr size_t kPrefix = 8;                 // u64 body size in front of the header bytes
 constexpr size_t kHeaderRing = 32;            // header receives posted ahead per connection
-constexpr auto kSpin = 200us;                 // busy progress before sleeping on the event fd
+constexpr auto kSpin = 2000us;                 // busy progress before sleeping on the event fd
+constexpr auto kEagerSpin = 20us;             // polling without pauses (small-message latency)
 constexpr auto kFirstYield = 1us;             // spinning: first sched_yield after this
 constexpr auto kYieldGap = 5us;               // then every kYieldGap while yields return at once
 constexpr auto kYieldSwitched = 1us;          // a yield this long ran another task: yield every round
@@ -148,6 +149,14 @@ struct Op {
     req = nullptr;
   }
 };
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 void send_cb(void* /*request*/, ucs_status_t status, void* user) { static_cast<Op*>(user)->complete(status); }
 
@@ -291,6 +300,12 @@ class Engine {
   std::mutex& mu;  // the context's
   std::atomic<int> sleepers{0};
   std::atomic<int> waiters{0};
+  /// Bumped by every application call (a plain store: no read-modify-write on the
+  /// small-message path). While it moves, the background thread keeps off the worker
+  /// (and its mutex): an application between two calls of a busy exchange would
+  /// otherwise queue behind a background progress pass (futex waits at 1 MiB rates).
+  std::atomic<uint32_t> activity{0};
+  void touch() { activity.store(activity.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   std::string provider;
   bool cuda = false;
   bool peer_errors = true;  // UCP_ERR_HANDLING_MODE_PEER (BackendConfig::ucx_peer_errors = false turns it off)
@@ -419,13 +434,14 @@ class Engine {
         if (counted) w.fetch_sub(1);
       }
     } waiter{waiters};
+    touch();
     const char* sep = peer.empty() ? "" : " ";
     // Busy-poll for kSpin, then sleep on the event fd. While spinning, sched_yield
     // only pays off when another task (often the peer) waits for this core: a yield
     // that returns at once (nobody else runnable here) is followed by kYieldGap of
     // pure spinning; one that took a while (another task ran) by yielding again next
     // round, so that a peer sharing the core is not starved for a whole time slice.
-    Clock::time_point spin_end{}, next_yield{}, now{};
+    Clock::time_point spin_end{}, eager_end{}, next_yield{}, now{};
     for (unsigned round = 0;; ++round) {
       std::unique_lock lk(mu);
       // Already there (a send that completed inline, a header that arrived while the
@@ -447,17 +463,23 @@ class Engine {
       if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {}{}{} timed out", what, sep, peer);
       if (spin_end == Clock::time_point{}) {
         spin_end = now + kSpin;
+        eager_end = now + kEagerSpin;
         next_yield = now + kFirstYield;
       }
       if (now < spin_end) {
         lk.unlock();
-        // No pause between rounds: a round is a progress call (tens of ns), not a
-        // load of one cache line, and a pause (~25 ns on Zen 4) only delays seeing
-        // the message (0.53 -> 0.44 us shared-memory round trips).
+        // For the first kEagerSpin no pause between rounds: a pause (~25 ns on
+        // Zen 4) only delays seeing a small message (0.53 -> 0.44 us shared-memory
+        // round trips). A longer wait is a bulk transfer's, and there a thread
+        // polling flat out takes execution units from the copy on the sibling
+        // hyperthread (shm bandwidth fell from ~11 to ~3.5 GB/s in some runs), so
+        // it pauses between rounds.
         if (now >= next_yield) {
           std::this_thread::yield();
           const auto after = Clock::now();
           next_yield = after - now > kYieldSwitched ? after : after + kYieldGap;
+        } else if (now >= eager_end) {
+          for (int i = 0; i < 8; ++i) cpu_relax();
         }
         continue;
       }
@@ -585,10 +607,14 @@ class Engine {
   }
 
   void background() {
+    uint32_t seen = activity.load(std::memory_order_relaxed);
     while (!stop_.load()) {
-      if (waiters.load() > 0) {
-        // A caller is progressing the worker; only look for bodies to stage.
-        // try_lock: never make the waiting caller queue behind us.
+      const uint32_t act = activity.load(std::memory_order_relaxed);
+      if (waiters.load() > 0 || act != seen) {
+        seen = act;
+        // A caller is progressing the worker, or was active within the last
+        // millisecond: only look for bodies to stage. try_lock: never make a caller
+        // queue behind us.
         if (std::unique_lock lk(mu, std::try_to_lock); lk.owns_lock()) stage(Clock::now());
         std::this_thread::sleep_for(1ms);
         continue;
@@ -795,6 +821,7 @@ class UcxConnection final : public Connection {
       return make_status(StatusCode::invalid_argument, "ucx: header of {} bytes exceeds {}", header.size(),
                          kMaxHeaderBytes);
     Engine& e = *eng_;
+    e.touch();
     std::lock_guard lk(e.mu);
     reap_locked();
     if (cs_->failed || !cs_->ep) return cs_->failure();
@@ -958,6 +985,7 @@ class UcxConnection final : public Connection {
 
   Status post_recv(std::span<std::byte> dest) override {
     Engine& e = *eng_;
+    e.touch();
     std::lock_guard lk(e.mu);
     if (cs_->failed) return cs_->failure();
     if (int32_t(cs_->rx_next - cs_->post_next) > 0) cs_->post_next = cs_->rx_next;
@@ -989,6 +1017,7 @@ class UcxConnection final : public Connection {
 
   Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override {
     Engine& e = *eng_;
+    e.touch();
     std::unique_lock lk(e.mu);
     if (!cs_->body_pending) {
       if (dest.empty()) return {};
