@@ -52,6 +52,9 @@ demo: build
 # sanitizer build and is skipped here). Under TSan, UCX's memory hooks are off: libucm
 # intercepts madvise, which glibc calls as a thread exits, and TSan's interceptor then
 # crashes in that dying thread (every test that starts and ends a UCX worker thread).
+# demo_quick is left out of the TSan pass: the whole tinyllama demo under TSan runs
+# past the test timeout, and its threads (pipeline, node, client) are the ones the
+# pipeline and transport tests already run under TSan.
 SAN_COMMON := -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVSTREAM_WITH_CUDA=OFF -DKVSTREAM_BUILD_PERF=OFF
 test-sanitize: deps
 	cmake -S . -B build-asan $(SAN_COMMON) \
@@ -63,7 +66,7 @@ test-sanitize: deps
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"
 	cmake --build build-tsan -j $(JOBS)
 	UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
-	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer"
+	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer|demo_quick"
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz
