@@ -25,7 +25,8 @@ const CancelToken kNoCancel;
 
 // Control header of every message: what it is and, for a read request, what to send.
 struct Ctl {
-  uint32_t op;  // 1 write (body follows), 2 ack, 3 read request, 4 read data, 5 done
+  uint32_t op;  // 1 write (body follows), 2 ack, 3 read request, 4 read data, 5 done,
+                // 6 expose request (answered by the node's RemoteRegion, for get)
   uint32_t batch;
   uint64_t block;
 };
@@ -91,6 +92,10 @@ Status serve_one(Backend& b, Connection& c, std::vector<std::byte>& buf, const M
         KVS_ASSIGN_OR_RETURN(last, c.post_send(as_bytes(data), mr.span(0, ctl.block)));
       }
       KVS_RETURN_IF_ERROR(c.wait_sends(last, dl, kNoCancel));
+    } else if (ctl.op == 6) {
+      // Exposed once; the client's gets then read it one-sidedly, without us.
+      KVS_ASSIGN_OR_RETURN(RemoteRegion region, mr.expose());
+      KVS_RETURN_IF_ERROR(c.send(encode_remote(region), {}, dl, kNoCancel));
     } else {
       return make_status(StatusCode::corrupt_data, "unexpected op {}", ctl.op);
     }
@@ -140,6 +145,19 @@ int run_client(const Options& o) {
              "p99 us", "p999 us");
   std::vector<Row> rows;
   std::vector<std::byte> h;
+  RemoteRegion remote;
+  if (o.mode == "get") {
+    if (!(*b)->capabilities().one_sided_read)
+      return fail(make_status(StatusCode::unsupported, "--mode get: backend {} has no one-sided reads",
+                              (*b)->capabilities().backend));
+    Ctl ask{6, 0, 0};
+    if (Status s = (*c)->send(as_bytes(ask), {}, deadline_in(10s), kNoCancel); !s.ok()) return fail(s);
+    auto len = (*c)->recv_header(h, deadline_in(10s), kNoCancel);
+    if (!len.ok()) return fail(len.status());
+    auto r = decode_remote(h);
+    if (!r.ok()) return fail(r.status());
+    remote = std::move(r).value();
+  }
   for (uint64_t block : sizes) {
     // `dl`: one deadline for the whole batch (taken from the timing clock read).
     auto one_batch = [&](Deadline dl) -> Status {
@@ -153,6 +171,11 @@ int run_client(const Options& o) {
         // The node acks the batch once, after its last message.
         KVS_ASSIGN_OR_RETURN(size_t len, (*c)->recv_header(h, dl, kNoCancel));
         if (len) KVS_RETURN_IF_ERROR((*c)->recv_body({}, dl, kNoCancel));  // acks have none
+      } else if (o.mode == "get") {
+        // One-sided: each read lands before the next is posted (Connection::read
+        // blocks), so a batch is `batch` reads back to back.
+        if (block > remote.size) return make_status(StatusCode::out_of_range, "block larger than the node's buffer");
+        for (uint32_t i = 0; i < o.batch; ++i) KVS_RETURN_IF_ERROR((*c)->read(mr->span(0, block), remote, 0, dl, kNoCancel));
       } else {
         Ctl r{3, o.batch, block};
         for (uint32_t i = 0; i < o.batch; ++i) KVS_RETURN_IF_ERROR((*c)->post_recv(mr->span(0, block)));
@@ -233,8 +256,9 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", o.iterations, "timed iterations per size (0: --seconds worth)");
   app.add_option("--warmup", o.warmup, "untimed iterations per size (default 3)");
   app.add_option("--seconds", o.seconds_per_size, "time per block size when --iterations is 0")->capture_default_str();
-  app.add_option("--mode", o.mode, "write (client sends) or read (server sends)")
-      ->check(CLI::IsMember({"write", "read"}))
+  app.add_option("--mode", o.mode,
+                 "write (client sends), read (server sends) or get (client reads the server's buffer one-sidedly)")
+      ->check(CLI::IsMember({"write", "read", "get"}))
       ->capture_default_str();
   app.add_option("--json", o.json, "write the rows as JSON");
   CLI11_PARSE(app, argc, argv);
