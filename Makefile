@@ -10,7 +10,7 @@ DEB_PACKAGES := cmake ninja-build g++ clang pkg-config \
   libfmt-dev libspdlog-dev libgtest-dev libzstd-dev libxxhash-dev libcli11-dev nlohmann-json3-dev \
   libucx-dev libfabric-dev liburing-dev libssl-dev libhiredis-dev redis-server
 
-.PHONY: all deps configure build test demo clean test-sanitize
+.PHONY: all deps configure build test demo clean test-sanitize test-sanitize-transport
 
 all: build
 
@@ -35,8 +35,12 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The suite, then the transport tests (backends, storage node, faults, load, cluster)
+# again under ASan + UBSan and under TSan: the reliability surface, in CI every time
+# (about 6 more minutes on 2 cores). `make test-sanitize` runs everything under both.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory test-sanitize-transport
 
 # The end-to-end demo (examples/demo): a storage node on loopback, tinyllama's KV cache
 # of a real story encoded at every level and stored, fetched adaptively through a paced
@@ -57,17 +61,29 @@ demo: build
 # past the test timeout, and its threads (pipeline, node, client) are the ones the
 # pipeline and transport tests already run under TSan.
 SAN_COMMON := -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVSTREAM_WITH_CUDA=OFF -DKVSTREAM_BUILD_PERF=OFF
+ASAN_CONFIG := $(SAN_COMMON) \
+  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined"
+TSAN_CONFIG := $(SAN_COMMON) -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"
+ASAN_RUN := ASAN_OPTIONS=detect_leaks=1
+TSAN_RUN := UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no
 test-sanitize: deps
-	cmake -S . -B build-asan $(SAN_COMMON) \
-	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined"
+	cmake -S . -B build-asan $(ASAN_CONFIG)
 	cmake --build build-asan -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer"
-	cmake -S . -B build-tsan $(SAN_COMMON) -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" \
-	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"
+	$(ASAN_RUN) ctest --test-dir build-asan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer"
+	cmake -S . -B build-tsan $(TSAN_CONFIG)
 	cmake --build build-tsan -j $(JOBS)
-	UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
-	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer|demo_quick"
+	$(TSAN_RUN) ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer|demo_quick"
+
+# test_transport alone under both sanitizers (part of `make test`).
+test-sanitize-transport: deps
+	cmake -S . -B build-asan $(ASAN_CONFIG) >/dev/null
+	cmake --build build-asan -j $(JOBS) --target test_transport
+	$(ASAN_RUN) ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L '^test_transport$$'
+	cmake -S . -B build-tsan $(TSAN_CONFIG) >/dev/null
+	cmake --build build-tsan -j $(JOBS) --target test_transport
+	$(TSAN_RUN) ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L '^test_transport$$'
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz
