@@ -15,13 +15,13 @@
 //
 // Progress: each backend owns one ucp_worker (UCS_THREAD_MODE_SERIALIZED) guarded by
 // one mutex (the context's) held only around UCX calls. A waiting call first checks
-// whether it is already done, then progresses the worker itself (a 200 us spin of
-// single progress calls, then ucp_worker_arm + poll on the worker's event fd with
-// <= 10 ms timeouts). The spin yields the core only while that lets another task run
+// whether it is already done, then progresses the worker itself (a 2 ms spin of
+// single progress calls, without pauses for the first 20 us, then ucp_worker_arm +
+// poll on the worker's event fd with <= 10 ms timeouts). The spin yields the core only while that lets another task run
 // (the peer often shares the core on small boxes); otherwise it busy-polls. The small
 // message path reads no clock and takes the mutex once per call where it can: on this
 // VM a clock read is ~25 ns and a shared-memory round trip ~0.45 us. A background
-// thread progresses the worker while no call is waiting:
+// thread progresses the worker while the application is idle (no call for 1 ms):
 // without it a large send could never complete when the receiving process is not
 // inside a recv call (UCX's rendezvous needs the receiver to make progress).
 //
