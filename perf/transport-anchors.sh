@@ -57,11 +57,11 @@ kvlat() {  # host backend: small-message round trip (us), batch 1
   python3 -c "import json;print(json.load(open('$tmp/lat.json'))['rows'][0]['lat_us_p50'])"
 }
 
-ucxbw() {  # tls -> MB/s of tag_bw 1 MiB
+ucxbw() {  # tls -> MB/s of tag_bw 1 MiB, run about as long as ours (SECS s at ~4 GB/s)
   local port=$((20000 + RANDOM % 20000))
-  UCX_TLS=$1 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p $port >/dev/null 2>&1 &
+  UCX_TLS=$1 ucx_perftest -t tag_bw -s 1048576 -n $((SECS * 4000)) -p $port >/dev/null 2>&1 &
   sleep 0.5
-  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t tag_bw -s 1048576 -n 2000 -p $port 2>&1 | tee $tmp/tagbw.log | awk '/Final:/ {print $(NF-2)}'
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -t tag_bw -s 1048576 -n $((SECS * 4000)) -p $port 2>&1 | tee $tmp/tagbw.log | awk '/Final:/ {print $(NF-2)}'
   wait
 }
 ucxlat() {  # tls -> UCP am_lat (ucp_am_lat) p50 round trip (us) of 8-byte messages (the Final line gives one-way p50; ours is a p50 too)
