@@ -175,7 +175,8 @@ int run_client(const Options& o) {
         // One-sided: each read lands before the next is posted (Connection::read
         // blocks), so a batch is `batch` reads back to back.
         if (block > remote.size) return make_status(StatusCode::out_of_range, "block larger than the node's buffer");
-        for (uint32_t i = 0; i < o.batch; ++i) KVS_RETURN_IF_ERROR((*c)->read(mr->span(0, block), remote, 0, dl, kNoCancel));
+        for (uint32_t i = 0; i < o.batch; ++i)
+          KVS_RETURN_IF_ERROR((*c)->read(mr->span(0, block), remote, 0, dl, kNoCancel));
       } else {
         Ctl r{3, o.batch, block};
         for (uint32_t i = 0; i < o.batch; ++i) KVS_RETURN_IF_ERROR((*c)->post_recv(mr->span(0, block)));

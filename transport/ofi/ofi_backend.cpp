@@ -254,35 +254,32 @@ class Endpoint {
       active_sends_.fetch_add(1);
       wake();
     }
-    for (int idle = 0;;) {
-      ssize_t r = fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx);
-      if (r == 0) return {};
-      Status s;
-      if (r != -FI_EAGAIN)
-        s = make_status(StatusCode::unavailable, "libfabric: fi_tsend: {}", fi_err(int(r)));
-      else if (cancel.cancelled())
-        s = make_status(StatusCode::cancelled, "libfabric: send cancelled");
-      else if (Clock::now() >= deadline)
-        s = make_status(StatusCode::timed_out, "libfabric: send queue stayed full until the deadline");
-      if (!s.ok()) {
-        if (untrack(op.get()) && op->counted) active_sends_.fetch_sub(1);
-        return s;
-      }
-      if (poll() == 0) backoff(idle++);
-    }
+    Status s = retry_post([&] { return fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx); }, "fi_tsend", "send",
+                          deadline, cancel);
+    if (!s.ok() && untrack(op.get()) && op->counted) active_sends_.fetch_sub(1);
+    return s;
   }
 
   /// fi_tinject: buffered by the provider, no completion.
   Status inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag, Deadline deadline,
                 const CancelToken& cancel) {
     if (!ep_) return closed_error();
+    return retry_post([&] { return fi_tinject(ep_, buf, len, dest, tag); }, "fi_tinject", "send", deadline, cancel);
+  }
+
+  /// Makes one post (`attempt`: an fi_* call) until the provider takes it, retrying
+  /// while it says EAGAIN (polling the CQ frees queue entries) until the deadline or a
+  /// cancel. `call` names the fi_* function, `what` the operation, in errors.
+  template <typename Attempt>
+  Status retry_post(Attempt attempt, std::string_view call, std::string_view what, Deadline deadline,
+                    const CancelToken& cancel) {
     for (int idle = 0;;) {
-      ssize_t r = fi_tinject(ep_, buf, len, dest, tag);
+      const ssize_t r = attempt();
       if (r == 0) return {};
-      if (r != -FI_EAGAIN) return make_status(StatusCode::unavailable, "libfabric: fi_tinject: {}", fi_err(int(r)));
-      if (cancel.cancelled()) return make_status(StatusCode::cancelled, "libfabric: send cancelled");
+      if (r != -FI_EAGAIN) return make_status(StatusCode::unavailable, "libfabric: {}: {}", call, fi_err(int(r)));
+      if (cancel.cancelled()) return make_status(StatusCode::cancelled, "libfabric: {} cancelled", what);
       if (Clock::now() >= deadline)
-        return make_status(StatusCode::timed_out, "libfabric: send queue stayed full until the deadline");
+        return make_status(StatusCode::timed_out, "libfabric: {} queue stayed full until the deadline", what);
       if (poll() == 0) backoff(idle++);
     }
   }
@@ -343,22 +340,10 @@ class Endpoint {
                    uint64_t key, Deadline deadline, const CancelToken& cancel) {
     if (!ep_) return closed_error();
     track(op);
-    for (int idle = 0;;) {
-      const ssize_t r = fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx);
-      if (r == 0) return {};
-      Status s;
-      if (r != -FI_EAGAIN)
-        s = make_status(StatusCode::unavailable, "libfabric: fi_read: {}", fi_err(int(r)));
-      else if (cancel.cancelled())
-        s = make_status(StatusCode::cancelled, "libfabric: read cancelled");
-      else if (Clock::now() >= deadline)
-        s = make_status(StatusCode::timed_out, "libfabric: read queue stayed full until the deadline");
-      if (!s.ok()) {
-        untrack(op.get());
-        return s;
-      }
-      if (poll() == 0) backoff(idle++);
-    }
+    Status s = retry_post([&] { return fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx); }, "fi_read", "read",
+                          deadline, cancel);
+    if (!s.ok()) untrack(op.get());
+    return s;
   }
 
   /// Closes the endpoint now, with operations still posted: the provider drops them,

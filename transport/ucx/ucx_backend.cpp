@@ -809,13 +809,8 @@ class UcxConnection final : public Connection {
 
   Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
               const CancelToken& cancel) override {
+    // A small message usually completes inside the post; wait_sends then returns at once.
     KVS_ASSIGN_OR_RETURN(uint64_t seq, post_send(header, body));
-    {
-      // A small message usually completes inside the post: no wait, no second lock.
-      std::lock_guard lk(eng_->mu);
-      reap_locked();
-      if (cs_->tx_reaped >= seq && (cs_->tx_error_seq == 0 || cs_->tx_error_seq > seq)) return {};
-    }
     return wait_sends(seq, deadline, cancel);
   }
 
@@ -880,14 +875,18 @@ class UcxConnection final : public Connection {
 
   Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override {
     Engine& e = *eng_;
-    bool bad_seq = false;  // checked in the predicate: one lock for a send that is done
+    {
+      std::lock_guard lk(e.mu);
+      if (seq >= cs_->tx_next)
+        return make_status(StatusCode::invalid_argument, "ucx: wait_sends({}) but only {} sends were posted", seq,
+                           cs_->tx_next - 1);
+      // A small send usually completed inside its post: done without entering the
+      // wait (~50 ns of a 0.45 us shared-memory round trip).
+      reap_locked();
+      if (cs_->tx_reaped >= seq && (cs_->tx_error_seq == 0 || cs_->tx_error_seq > seq)) return {};
+    }
     Status s = e.wait(
         [&]() -> std::optional<Status> {
-          if (seq >= cs_->tx_next) {
-            bad_seq = true;
-            return make_status(StatusCode::invalid_argument, "ucx: wait_sends({}) but only {} sends were posted", seq,
-                               cs_->tx_next - 1);
-          }
           reap_locked();
           if (cs_->tx_error_seq != 0 && cs_->tx_error_seq <= seq) return cs_->failure();
           if (cs_->tx_reaped >= seq) return Status{};
@@ -895,7 +894,7 @@ class UcxConnection final : public Connection {
           return std::nullopt;
         },
         deadline, &cancel, "send to", cs_->peer);
-    if (!s.ok() && !bad_seq) abort_sends(s);
+    if (!s.ok()) abort_sends(s);
     return s;
   }
 
