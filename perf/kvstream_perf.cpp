@@ -130,7 +130,14 @@ struct Row {
 int run_client(const Options& o) {
   auto b = create_backend(o.backend);
   if (!b.ok()) return fail(b.status());
-  auto c = (*b)->connect(fmt::format("{}:{}", o.client, o.port), deadline_in(10s), {});
+  // A server started just before may not listen yet: retry a refused connect for up
+  // to 10 s, as a perf run's two sides are usually launched together.
+  const Deadline connect_by = deadline_in(10s);
+  auto c = (*b)->connect(fmt::format("{}:{}", o.client, o.port), connect_by, {});
+  while (!c.ok() && c.status().code() == StatusCode::unavailable && Clock::now() + 100ms < connect_by) {
+    std::this_thread::sleep_for(100ms);
+    c = (*b)->connect(fmt::format("{}:{}", o.client, o.port), connect_by, {});
+  }
   if (!c.ok()) return fail(c.status());
   fmt::print("# {} {} batch {}\n", (*c)->describe(), o.mode, o.batch);
   std::vector<std::byte> buf(o.max_block);

@@ -97,6 +97,8 @@ alternate() {  # name anchor-cmd ours-cmd: runs both RUNS times, alternating
     a=$(eval "$2"); o=$(eval "$3")
     echo "${a:-0} ${o:-0}" >> "$f"
   done
+  # Every pair on stderr ("anchor/ours"), for the record.
+  echo "  $1 runs (anchor/ours): $(awk '{printf "%.2f/%.2f ", $1, $2}' "$f")" >&2
   stats "$f"
 }
 ratio() { python3 -c "import sys; a, o = float(sys.argv[1]), float(sys.argv[2]); print(f'{o / a:.2f}' if a else 'n/a')" "$1" "$2"; }
