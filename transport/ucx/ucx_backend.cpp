@@ -15,12 +15,12 @@
 //
 // Progress: each backend owns one ucp_worker (UCS_THREAD_MODE_SERIALIZED) guarded by
 // one mutex (the context's) held only around UCX calls. A waiting call first checks
-// whether it is already done, then progresses the worker itself (a 200 us spin of
-// single progress calls, without pauses for the first 20 us, then ucp_worker_arm +
-// poll on the worker's event fd with <= 10 ms timeouts). A longer spin helped a 1 MiB
-// tcp sender (a core was 19% idle) but made a shared-memory sender, which only waits
-// while the receiver copies, take the sibling hyperthread's execution units from that
-// copy (~3.5 instead of ~10 GB/s in half the runs at 2 ms; 0 of 12 at 200 us). The spin yields the core only while that lets another task run
+// whether it is already done, then progresses the worker itself (a spin of single
+// progress calls, without pauses for the first 20 us, that lasts until 200 us pass
+// without a call doing anything; then ucp_worker_arm + poll on the worker's event fd
+// with <= 10 ms timeouts). Measuring the spin from the wait's start instead put a
+// tcp receiver to sleep in the middle of a 1 MiB body, and the sender then paid a
+// wakeup per segment. The spin yields the core only while that lets another task run
 // (the peer often shares the core on small boxes); otherwise it busy-polls. The small
 // message path reads no clock and takes the mutex once per call where it can: on this
 // VM a clock read is ~25 ns and a shared-memory round trip ~0.45 us. A background
@@ -36,7 +36,8 @@
 //
 // Error mode: endpoints use UCP_ERR_HANDLING_MODE_PEER (peer failure is detected).
 // UCX 1.13 then leaves cma out; with the get_zcopy rendezvous scheme (set unless
-// UCX_TLS is tcp alone) large shm messages still reach ~10 GB/s over sysv.
+// UCX_TLS is tcp alone) large shm messages go through the sysv FIFO (two copies) at
+// 2-12 GB/s on the 2-vCPU VM, whole runs slow or fast, as ucx_perftest -e's do.
 // BackendConfig::ucx_peer_errors = false trades failure detection (a dead peer may
 // then surface only as a timeout) for cma.
 //
