@@ -68,22 +68,20 @@ TSAN_CONFIG := $(SAN_COMMON) -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"
 ASAN_RUN := ASAN_OPTIONS=detect_leaks=1
 TSAN_RUN := UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no
+# One sanitizer pass: $(call san_pass,build dir,cmake config,env of the run,build args,ctest args)
+define san_pass
+	cmake -S . -B $(1) $(2) >/dev/null
+	cmake --build $(1) -j $(JOBS) $(4)
+	$(3) ctest --test-dir $(1) --output-on-failure -j $(JOBS) $(5)
+endef
 test-sanitize: deps
-	cmake -S . -B build-asan $(ASAN_CONFIG)
-	cmake --build build-asan -j $(JOBS)
-	$(ASAN_RUN) ctest --test-dir build-asan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer"
-	cmake -S . -B build-tsan $(TSAN_CONFIG)
-	cmake --build build-tsan -j $(JOBS)
-	$(TSAN_RUN) ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -E "fuzz_smoke|install_consumer|demo_quick"
+	$(call san_pass,build-asan,$(ASAN_CONFIG),$(ASAN_RUN),,-E "fuzz_smoke|install_consumer")
+	$(call san_pass,build-tsan,$(TSAN_CONFIG),$(TSAN_RUN),,-E "fuzz_smoke|install_consumer|demo_quick")
 
 # test_transport alone under both sanitizers (part of `make test`).
 test-sanitize-transport: deps
-	cmake -S . -B build-asan $(ASAN_CONFIG) >/dev/null
-	cmake --build build-asan -j $(JOBS) --target test_transport
-	$(ASAN_RUN) ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L '^test_transport$$'
-	cmake -S . -B build-tsan $(TSAN_CONFIG) >/dev/null
-	cmake --build build-tsan -j $(JOBS) --target test_transport
-	$(TSAN_RUN) ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L '^test_transport$$'
+	$(call san_pass,build-asan,$(ASAN_CONFIG),$(ASAN_RUN),--target test_transport,-L '^test_transport$$')
+	$(call san_pass,build-tsan,$(TSAN_CONFIG),$(TSAN_RUN),--target test_transport,-L '^test_transport$$')
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz

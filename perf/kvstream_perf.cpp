@@ -132,11 +132,12 @@ int run_client(const Options& o) {
   if (!b.ok()) return fail(b.status());
   // A server started just before may not listen yet: retry a refused connect for up
   // to 10 s, as a perf run's two sides are usually launched together.
+  const std::string address = fmt::format("{}:{}", o.client, o.port);
   const Deadline connect_by = deadline_in(10s);
-  auto c = (*b)->connect(fmt::format("{}:{}", o.client, o.port), connect_by, {});
+  auto c = (*b)->connect(address, connect_by, {});
   while (!c.ok() && c.status().code() == StatusCode::unavailable && Clock::now() + 100ms < connect_by) {
     std::this_thread::sleep_for(100ms);
-    c = (*b)->connect(fmt::format("{}:{}", o.client, o.port), connect_by, {});
+    c = (*b)->connect(address, connect_by, {});
   }
   if (!c.ok()) return fail(c.status());
   fmt::print("# {} {} batch {}\n", (*c)->describe(), o.mode, o.batch);

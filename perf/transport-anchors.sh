@@ -57,11 +57,12 @@ kvlat() {  # host backend: small-message round trip (us), batch 1
   python3 -c "import json;print(json.load(open('$tmp/lat.json'))['rows'][0]['lat_us_p50'])"
 }
 
-ucxbw() {  # tls [perftest flags] -> MB/s of tag_bw 1 MiB, run about as long as ours (SECS s at ~4 GB/s)
+ucxbw() {  # tls [perftest flags] -> Gbit/s of tag_bw 1 MiB (it reports MiB/s), run about as long as ours (SECS s at ~4 GB/s)
   local port=$((20000 + RANDOM % 20000)) tls=$1; shift
   UCX_TLS=$tls ucx_perftest "$@" -t tag_bw -s 1048576 -n $((SECS * 4000)) -p $port >/dev/null 2>&1 &
   sleep 0.5
-  UCX_TLS=$tls ucx_perftest "$@" 127.0.0.1 -t tag_bw -s 1048576 -n $((SECS * 4000)) -p $port 2>&1 | tee $tmp/tagbw.log | awk '/Final:/ {print $(NF-2)}'
+  UCX_TLS=$tls ucx_perftest "$@" 127.0.0.1 -t tag_bw -s 1048576 -n $((SECS * 4000)) -p $port 2>/dev/null |
+    awk '/Final:/ {print $(NF-2) * 1048576 * 8 / 1e9}'
   wait
 }
 # tag_bw as kvstream's default UCX endpoints are set up: peer error handling (-e), and
@@ -102,6 +103,14 @@ alternate() {  # name anchor-cmd ours-cmd: runs both RUNS times, alternating
   stats "$f"
 }
 ratio() { python3 -c "import sys; a, o = float(sys.argv[1]), float(sys.argv[2]); print(f'{o / a:.2f}' if a else 'n/a')" "$1" "$2"; }
+ucx_bw_pair() {  # label anchor-fn tls [kvstream-perf args]: one UCX bandwidth line
+  local label=$1 anchor=$2 tls=$3; shift 3
+  local ma mo ba bo
+  read -r ma mo ba bo _ _ <<< "$(alternate "$anchor-$tls" "$anchor $tls" \
+    "kvperf '' '' 127.0.0.1 ucx --ucx-tls $tls $* 2>/dev/null || echo 0")"
+  printf "%-30s UCX_TLS=%-7s median %6.2f best %6.2f Gbit/s; kvstream ucx median %6.2f best %6.2f   ratio median %s best %s (figure >= 0.9)\n" \
+    "$label" "$tls" "$ma" "$ba" "$mo" "$bo" "$(ratio "$ma" "$mo")" "$(ratio "$ba" "$bo")"
+}
 
 echo "== loopback ($RUNS alternating runs each; median and best)"
 read -r ma mo ba bo _ _ <<< "$(alternate tcp 'iperf "" "" 127.0.0.1' 'kvperf "" "" 127.0.0.1 tcp')"
@@ -117,14 +126,8 @@ if command -v ucx_perftest >/dev/null; then
     # UCX 1.13 keeps cma out and moves shared-memory data through the sysv FIFO
     # (two copies, whose speed swings 2-12 GB/s here run to run); its anchor is
     # tag_bw -e with the same settings.
-    read -r ma mo ba bo _ _ <<< "$(alternate "bw-$tls" "echo \"\$(ucxbw $tls) * 1048576 * 8 / 1000000000\" | bc -l" \
-      "kvperf '' '' 127.0.0.1 ucx --ucx-tls $tls --ucx-no-peer-errors 2>/dev/null || echo 0")"
-    printf "no error handling:   tag_bw UCX_TLS=%-7s median %6.2f best %6.2f Gbit/s; kvstream ucx median %6.2f best %6.2f   ratio median %s best %s (figure >= 0.9)\n" \
-      $tls "$ma" "$ba" "$mo" "$bo" "$(ratio "$ma" "$mo")" "$(ratio "$ba" "$bo")"
-    read -r ma mo ba bo _ _ <<< "$(alternate "bwe-$tls" "echo \"\$(ucxbw_peer $tls) * 1048576 * 8 / 1000000000\" | bc -l" \
-      "kvperf '' '' 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0")"
-    printf "peer error handling: tag_bw -e UCX_TLS=%-7s median %6.2f best %6.2f Gbit/s; kvstream ucx median %6.2f best %6.2f   ratio median %s best %s (figure >= 0.9)\n" \
-      $tls "$ma" "$ba" "$mo" "$bo" "$(ratio "$ma" "$mo")" "$(ratio "$ba" "$bo")"
+    ucx_bw_pair "no error handling: tag_bw" ucxbw "$tls" --ucx-no-peer-errors
+    ucx_bw_pair "peer error handling: tag_bw -e" ucxbw_peer "$tls"
     read -r ma mo ba bo la lo <<< "$(alternate "lat-$tls" "ucxlat $tls" "kvlat 127.0.0.1 ucx --ucx-tls $tls 2>/dev/null || echo 0")"
     printf "am_lat round trip UCX_TLS=%-7s median %6.2f best %6.2f us;   kvstream ucx 8 B round trip median %6.2f best %6.2f us   ratio median %s best %s (figure <= 1.5)\n" \
       $tls "$ma" "$la" "$mo" "$lo" "$(ratio "$ma" "$mo")" "$(ratio "$la" "$lo")"

@@ -81,7 +81,7 @@ constexpr unsigned kHelloAmId = 7;
 constexpr uint32_t kHelloMagic = 0x4b565543;  // "KVUC"
 constexpr size_t kPrefix = 8;                 // u64 body size in front of the header bytes
 constexpr size_t kHeaderRing = 32;            // header receives posted ahead per connection
-constexpr auto kSpin = 200us;                  // busy progress before sleeping on the event fd
+constexpr auto kSpin = 200us;                 // spin without progress before sleeping on the event fd
 constexpr auto kEagerSpin = 20us;             // polling without pauses (small-message latency)
 constexpr auto kFirstYield = 1us;             // spinning: first sched_yield after this
 constexpr auto kYieldGap = 5us;               // then every kYieldGap while yields return at once
@@ -442,11 +442,12 @@ class Engine {
     } waiter{waiters};
     touch();
     const char* sep = peer.empty() ? "" : " ";
-    // Busy-poll for kSpin, then sleep on the event fd. While spinning, sched_yield
-    // only pays off when another task (often the peer) waits for this core: a yield
-    // that returns at once (nobody else runnable here) is followed by kYieldGap of
-    // pure spinning; one that took a while (another task ran) by yielding again next
-    // round, so that a peer sharing the core is not starved for a whole time slice.
+    // Busy-poll until kSpin passes without progress, then sleep on the event fd.
+    // While spinning, sched_yield only pays off when another task (often the peer)
+    // waits for this core: a yield that returns at once (nobody else runnable here)
+    // is followed by kYieldGap of pure spinning; one that took a while (another task
+    // ran) by yielding again next round, so that a peer sharing the core is not
+    // starved for a whole time slice.
     Clock::time_point spin_end{}, eager_end{}, next_yield{}, now{};
     bool busy = false;  // a progress call since the last clock read did something
     for (unsigned round = 0;; ++round) {
@@ -469,18 +470,17 @@ class Engine {
       // anyway. Past the spin (rounds that sleep) every round reads it.
       if (round % 16 == 0 || now >= spin_end) {
         now = Clock::now();
+        if (round == 0) {
+          eager_end = now + kEagerSpin;
+          next_yield = now + kFirstYield;
+        }
         // The spin runs kSpin past the last round that moved something: a 1 MiB
         // body over tcp streams in for ~300 us, and a receiver that went to sleep
         // mid-body made the sender pay a wakeup per segment (15% of its time).
-        if (busy) spin_end = now + kSpin;
+        if (busy || round == 0) spin_end = now + kSpin;
         busy = false;
       }
       if (now >= deadline) return make_status(StatusCode::timed_out, "ucx: {}{}{} timed out", what, sep, peer);
-      if (eager_end == Clock::time_point{}) {
-        spin_end = now + kSpin;
-        eager_end = now + kEagerSpin;
-        next_yield = now + kFirstYield;
-      }
       if (now < spin_end) {
         lk.unlock();
         // For the first kEagerSpin no pause between rounds: a pause (~25 ns on
