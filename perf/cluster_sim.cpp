@@ -4,10 +4,10 @@
 // docs/storage-backends.md. Usage: kvstream-cluster-sim [nodes] [replication] [chunks]
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "kvstream/cluster.hpp"
@@ -30,9 +30,23 @@ std::vector<std::vector<uint32_t>> place(const HashRing& ring, int chunks, uint3
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int nodes = argc > 1 ? std::atoi(argv[1]) : 100;
-  const uint32_t r = argc > 2 ? uint32_t(std::atoi(argv[2])) : 2;
-  const int chunks = argc > 3 ? std::atoi(argv[3]) : 200000;
+  CLI::App app{"Placement simulation of the storage cluster's consistent-hash ring: load balance over the nodes "
+               "and the placements that move when a node is added or removed"};
+  int nodes = 100;
+  uint32_t r = 2;
+  int chunks = 200000;
+  // Positional, as before. Node addresses are 10.1.<i/250>.<i%250+1>, so at most 64000 nodes
+  // (one more is added in the simulation).
+  app.add_option("nodes", nodes, "storage nodes")->check(CLI::Range(1, 63999))->capture_default_str();
+  app.add_option("replication", r, "replicas of each chunk (at most the node count)")
+      ->check(CLI::Range(1u, 1u << 16))
+      ->capture_default_str();
+  app.add_option("chunks", chunks, "chunks placed (1000 contexts of chunks/1000 chunks each)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (r > uint32_t(nodes))
+    return app.exit(CLI::ValidationError("replication", fmt::format("{} is more than the {} nodes", r, nodes)));
   fmt::print("{} nodes, replication {}, {} chunks ({} placements)\n\n", nodes, r, chunks, uint64_t(chunks) * r);
   fmt::print("| points per node | max/mean placements | min/mean | moved adding node {} (ideal {:.4f}) | moved removing node 0 (ideal {:.4f}) | moved between other nodes |\n",
              nodes + 1, 1.0 / (nodes + 1), 1.0 / nodes);

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "kvstream/scheduler.hpp"
@@ -57,7 +58,10 @@ int fail(const Status& s) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  CLI::App app{"A runtime's own request scheduler on kvstream's fetch scheduler: admission against a TTFT budget, "
+               "priorities and a cancel, all in this process (a storage node on loopback); takes no options"};
+  CLI11_PARSE(app, argc, argv);
   // --- The storage side: a node with three contexts at every level. -------------
   const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-scheduler-example-{}", ::getpid());
   struct Cleanup {
