@@ -61,7 +61,8 @@ class Channel {
     Status st;
     {
       std::lock_guard lock(send_mu_);
-      st = conn_->send(encode(req), body, pending_deadline(req.id), stop_);
+      st = send_segmented(*conn_, encode(req), body, [id = req.id](uint32_t i) { return data_request_header(id, i); },
+                          pending_deadline(req.id), stop_);
     }
     if (!st.ok()) {
       mark_broken(st);
@@ -187,24 +188,10 @@ class Channel {
     }
     if (!known) return make_status(StatusCode::corrupt_data, "response to unknown request {}", r.id);
     const auto body_deadline = deadline_in(30s);
+    if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity);
     if (abandoned || r.code != StatusCode::ok) {
       KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
       complete(r.id, r.code == StatusCode::ok ? Status{} : Status(r.code, r.message), {});
-      return {};
-    }
-    if (op == Op::get) {
-      if (len > capacity) {
-        KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));
-        complete(r.id, make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", len, capacity), {});
-        return {};
-      }
-      const auto span = dest.span(offset, len);
-      KVS_RETURN_IF_ERROR(conn_->recv_body(span, body_deadline, stop_));
-      if (body_checksum(span) != r.checksum) {
-        complete(r.id, make_status(StatusCode::corrupt_data, "chunk failed its checksum in transit"), {});
-        return {};
-      }
-      complete(r.id, len, {});
       return {};
     }
     // Small bodies (stat, list) go through a buffer of our own.
@@ -221,6 +208,45 @@ class Channel {
       return {};
     }
     complete(r.id, len, std::move(body));
+    return {};
+  }
+
+  // A get's body: its first segment came with the response, the others follow as
+  // `data` messages; each lands at its place in the destination (or is discarded when
+  // the request is over or the buffer too small), and the whole is checked once.
+  Status land_get(const Response& r, size_t first_len, bool abandoned, const MemoryRegion& dest, size_t offset,
+                  size_t capacity) {
+    const uint64_t total = r.total, n = segment_count(total);
+    if (first_len != segment_bytes(total, 0))
+      return make_status(StatusCode::corrupt_data, "response {}: first segment of {} bytes for a body of {}", r.id,
+                         first_len, total);
+    const bool keep = !abandoned && total <= capacity;
+    std::vector<std::byte> header;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t len = segment_bytes(total, i);
+      const auto deadline = deadline_in(30s);
+      if (i > 0) {
+        KVS_ASSIGN_OR_RETURN(size_t got, conn_->recv_header(header, deadline, stop_));
+        auto d = decode_response(header);
+        if (!d.ok() || d->op != Op::data || d->id != r.id || got != len)
+          return make_status(StatusCode::corrupt_data, "segment {} of response {} is malformed", i, r.id);
+      }
+      KVS_RETURN_IF_ERROR(
+          conn_->recv_body(keep ? dest.span(offset + i * kSegmentBytes, len) : std::span<std::byte>(), deadline, stop_));
+    }
+    if (abandoned) {
+      complete(r.id, Status{}, {});
+      return {};
+    }
+    if (!keep) {
+      complete(r.id, make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", total, capacity), {});
+      return {};
+    }
+    if (body_checksum(dest.span(offset, total)) != r.checksum) {
+      complete(r.id, make_status(StatusCode::corrupt_data, "chunk failed its checksum in transit"), {});
+      return {};
+    }
+    complete(r.id, size_t(total), {});
     return {};
   }
 };
@@ -259,6 +285,7 @@ class ClientImpl final : public Client {
     }
     Request req;
     req.op = Op::put, req.context = context, req.chunk = chunk, req.level = level;
+    req.total = bytes.size(), req.checksum = body_checksum(bytes);
     KVS_ASSIGN_OR_RETURN(auto r, call(req, bytes, deadline, cancel));
     (void)r;
     return {};

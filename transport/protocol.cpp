@@ -12,7 +12,7 @@ namespace kvstream::storage {
 namespace {
 constexpr uint32_t kRequestMagic = 0x5153564b;   // "KVSQ"
 constexpr uint32_t kResponseMagic = 0x5253564b;  // "KVSR"
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;  // 2: segmented bodies, put checksums
 
 class Writer {
  public:
@@ -71,14 +71,15 @@ class Reader {
   bool ok_ = true;
 };
 
-bool op_valid(uint8_t op) { return op >= uint8_t(Op::hello) && op <= uint8_t(Op::list); }
+bool op_valid(uint8_t op) { return op >= uint8_t(Op::hello) && op <= uint8_t(Op::data); }
 bool has_context(Op op) { return op == Op::put || op == Op::get || op == Op::stat || op == Op::remove; }
 }  // namespace
 
 Status validate_id(std::string_view id, size_t max_bytes, std::string_view what) {
   if (id.empty() || id.size() > max_bytes)
     return make_status(StatusCode::invalid_argument, "{} must be 1..{} bytes", what, max_bytes);
-  if (id == "." || id == "..") return make_status(StatusCode::invalid_argument, "{} '{}' is not allowed", what, id);
+  // A leading dot is the store's own (.tmp, .quarantine, .lock), and rules out "." and "..".
+  if (id.front() == '.') return make_status(StatusCode::invalid_argument, "{} may not start with '.'", what);
   for (char c : id)
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
           c == '-'))
@@ -90,6 +91,7 @@ std::vector<std::byte> encode(const Request& r) {
   Writer w;
   w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint16_t(0));
   w.put(r.id), w.put(r.chunk), w.put(r.level);
+  if (r.op == Op::put) w.put(r.total), w.put(r.checksum);
   if (has_context(r.op)) w.put_str8(r.context);
   if (r.op == Op::auth) {
     w.put_str8(r.name_space);
@@ -109,6 +111,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (version != kVersion) return make_status(StatusCode::unsupported, "request version {}", version);
   if (!op_valid(op) || Op(op) == Op::hello) return make_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
+  if (r.op == Op::put) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>();
   if (has_context(r.op)) {
     const uint8_t n = rd.get<uint8_t>();
     r.context = rd.get_str(n, kMaxContextBytes);
@@ -119,6 +122,8 @@ Result<Request> decode_request(std::span<const std::byte> header) {
     rd.get_bytes(r.mac.data(), r.mac.size());
   }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed request header");
+  if (r.total > kMaxChunkBytes)
+    return make_status(StatusCode::out_of_range, "body of {} bytes (limit {})", r.total, kMaxChunkBytes);
   if (r.level >= kMaxLevels) return make_status(StatusCode::out_of_range, "level {} (limit {})", r.level, kMaxLevels);
   if (r.chunk >= kMaxChunksPerContext)
     return make_status(StatusCode::out_of_range, "chunk {} (limit {})", r.chunk, kMaxChunksPerContext);
@@ -130,7 +135,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
 std::vector<std::byte> encode(const Response& r) {
   Writer w;
   w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(r.code)), w.put(uint8_t(0));
-  w.put(r.id), w.put(r.checksum);
+  w.put(r.id), w.put(r.checksum), w.put(r.total);
   std::string msg = r.message.substr(0, kMaxMessageBytes);
   w.put_str16(msg);
   if (r.op == Op::hello) w.put_bytes(r.nonce.data(), r.nonce.size());
@@ -143,7 +148,7 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   const uint32_t magic = rd.get<uint32_t>();
   const uint8_t version = rd.get<uint8_t>(), op = rd.get<uint8_t>(), code = rd.get<uint8_t>();
   rd.get<uint8_t>();
-  r.id = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>();
+  r.id = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.total = rd.get<uint64_t>();
   const uint16_t n = rd.get<uint16_t>();
   r.message = rd.get_str(n, kMaxMessageBytes);
   if (!rd.ok() || magic != kResponseMagic) return make_status(StatusCode::corrupt_data, "not a kvstream response");
@@ -154,6 +159,7 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   r.code = StatusCode(code);
   if (r.op == Op::hello) rd.get_bytes(r.nonce.data(), r.nonce.size());
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed response header");
+  if (r.total > kMaxChunkBytes) return make_status(StatusCode::corrupt_data, "response body of {} bytes", r.total);
   return r;
 }
 
@@ -206,6 +212,31 @@ Result<std::vector<std::string>> decode_names(std::span<const std::byte> body) {
   }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed list body");
   return out;
+}
+
+std::vector<std::byte> data_request_header(uint64_t id, uint32_t index) {
+  Request d;
+  d.op = Op::data, d.id = id, d.chunk = index;
+  return encode(d);
+}
+
+std::vector<std::byte> data_response_header(uint64_t id) {
+  Response d;
+  d.op = Op::data, d.id = id;
+  return encode(d);
+}
+
+Status send_segmented(transport::Connection& c, std::span<const std::byte> first_header,
+                      std::span<const std::byte> body,
+                      const std::function<std::vector<std::byte>(uint32_t)>& data_header,
+                      transport::Deadline deadline, const transport::CancelToken& cancel) {
+  const uint64_t n = segment_count(body.size());
+  KVS_ASSIGN_OR_RETURN(uint64_t seq, c.post_send(first_header, body.first(segment_bytes(body.size(), 0))));
+  for (uint64_t i = 1; i < n; ++i) {
+    KVS_ASSIGN_OR_RETURN(seq, c.post_send(data_header(uint32_t(i)),
+                                          body.subspan(i * kSegmentBytes, segment_bytes(body.size(), i))));
+  }
+  return c.wait_sends(seq, deadline, cancel);
 }
 
 uint64_t body_checksum(std::span<const std::byte> body) { return XXH3_64bits(body.data(), body.size()); }

@@ -2,8 +2,10 @@
 // message headers, with every field bounded. Documented in docs/protocol.md.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,17 +14,31 @@
 
 namespace kvstream::storage {
 
-enum class Op : uint8_t { hello = 1, auth = 2, put = 3, get = 4, stat = 5, remove = 6, list = 7 };
+// `data` carries one further segment of a put's or a get's body (docs/protocol.md).
+enum class Op : uint8_t { hello = 1, auth = 2, put = 3, get = 4, stat = 5, remove = 6, list = 7, data = 8 };
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 512;
 inline constexpr uint32_t kMaxChunksPerContext = 1u << 20;
+/// Put and get bodies travel in segments of this size (the last may be shorter): the
+/// node never holds more than a segment or two of a transfer in memory, whatever size
+/// the header declares.
+inline constexpr uint64_t kSegmentBytes = uint64_t(1) << 20;
+/// Number of segments of a body of `total` bytes (at least one message: the first).
+inline uint64_t segment_count(uint64_t total) { return total == 0 ? 1 : (total + kSegmentBytes - 1) / kSegmentBytes; }
+/// Bytes of segment `i` of a body of `total` bytes.
+inline uint64_t segment_bytes(uint64_t total, uint64_t i) {
+  const uint64_t at = i * kSegmentBytes;
+  return at >= total ? 0 : std::min(kSegmentBytes, total - at);
+}
 
 struct Request {
   Op op = Op::get;
   uint64_t id = 0;
-  uint32_t chunk = 0;
+  uint32_t chunk = 0;                   // data: the segment's index
   uint32_t level = 0;
+  uint64_t total = 0;                   // put: body bytes in all segments
+  uint64_t checksum = 0;                // put: xxh3-64 of the whole body
   std::string context;                  // put/get/stat/remove
   std::string name_space;               // auth
   std::array<uint8_t, kMacBytes> mac{};  // auth
@@ -33,7 +49,8 @@ struct Response {
   uint64_t id = 0;
   StatusCode code = StatusCode::ok;
   std::string message;                      // error text, bounded
-  uint64_t checksum = 0;                    // xxh3-64 of the body
+  uint64_t checksum = 0;                    // xxh3-64 of the whole body (all segments)
+  uint64_t total = 0;                       // body bytes in all segments (get)
   std::array<uint8_t, kNonceBytes> nonce{};  // hello
 };
 
@@ -43,6 +60,20 @@ std::vector<std::byte> encode(const Response& r);
 /// invalid_argument (ids that fail validate_id).
 Result<Request> decode_request(std::span<const std::byte> header);
 Result<Response> decode_response(std::span<const std::byte> header);
+
+/// Header of the `data` message that carries segment `index` of request `id`'s body.
+std::vector<std::byte> data_request_header(uint64_t id, uint32_t index);
+/// Header of a `data` message of response `id`.
+std::vector<std::byte> data_response_header(uint64_t id);
+
+/// Sends `first_header` with the first segment of `body` (registered memory), then
+/// one `data` message per further segment with headers from `data_header(i)`, all
+/// posted before waiting once (rendezvous transports keep the link busy). Errors:
+/// those of the connection; on any the connection is broken.
+Status send_segmented(transport::Connection& c, std::span<const std::byte> first_header,
+                      std::span<const std::byte> body,
+                      const std::function<std::vector<std::byte>(uint32_t)>& data_header,
+                      transport::Deadline deadline, const transport::CancelToken& cancel);
 
 /// Body of a stat response.
 std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats);

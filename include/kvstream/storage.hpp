@@ -29,8 +29,9 @@ inline constexpr size_t kMaxContextBytes = 200;
 inline constexpr uint32_t kMaxLevels = 32;
 inline constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
 
-/// Checks a namespace or context id: 1..max bytes of [A-Za-z0-9._-], not "." or
-/// "..", so it can never name a path outside the store. Errors: invalid_argument.
+/// Checks a namespace or context id: 1..max bytes of [A-Za-z0-9._-], not starting
+/// with "." (the store's own names start so, and "." and ".." are ruled out), so it
+/// can never name a path outside the store. Errors: invalid_argument.
 Status validate_id(std::string_view id, size_t max_bytes, std::string_view what);
 
 /// Sizes of every stored level of one chunk (0: that level is absent).
@@ -44,16 +45,31 @@ struct ChunkStat {
 struct ServerConfig {
   std::string address = "127.0.0.1:7471";  ///< loopback unless told otherwise; port 0 = any
   transport::BackendConfig backend;        ///< transport backend (default tcp)
-  std::string directory;                   ///< where chunks live (required)
+  std::string directory;                   ///< where chunks live (required; one node per directory)
   std::map<std::string, std::string> secrets;  ///< namespace -> secret; only these namespaces exist
-  uint64_t cache_bytes = uint64_t(256) << 20;  ///< in-memory cache of hot chunks
-  uint32_t max_connections = 256;          ///< further connections are refused
+  uint64_t cache_bytes = uint64_t(256) << 20;  ///< in-memory cache of hot chunks (inside the budget)
+  /// The node's one bound on memory held for requests: cached objects and the body
+  /// segments of puts and gets in flight (1 MiB each) draw from it; a request that
+  /// finds no room is answered resource_exhausted. 0 = cache_bytes + 256 MiB.
+  uint64_t memory_budget_bytes = 0;
+  /// Authenticated connections; further logins are refused with resource_exhausted.
+  uint32_t max_connections = 256;
   /// Connections one namespace (tenant) may hold at once; further ones are refused
   /// after authentication with resource_exhausted, so one tenant cannot take every
   /// connection slot from the others.
   uint32_t max_connections_per_namespace = 64;
+  /// Connections that have not authenticated yet, apart from the slots above; when
+  /// all are taken a new one replaces the oldest.
+  uint32_t max_unauthenticated = 128;
+  /// Unauthenticated connections from one source address; more are closed at once.
+  uint32_t max_unauthenticated_per_source = 16;
+  /// A connection that has not authenticated by then is closed.
+  std::chrono::milliseconds auth_timeout{2000};
   uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure
   std::chrono::milliseconds idle_timeout{60000};  ///< a silent client is disconnected after this
+  /// Warnings a peer can cause at will (refused connections, failed logins) are
+  /// logged at most once per interval, with counts.
+  std::chrono::milliseconds log_interval{10000};
 };
 
 /// A running storage node. Stops (and joins its threads) on destruction.
@@ -69,6 +85,11 @@ class Server {
   virtual void stop() = 0;
   struct Counters {
     uint64_t requests = 0, errors = 0, bytes_out = 0, bytes_in = 0, cache_hits = 0, auth_failures = 0;
+    uint64_t refused_connections = 0;     ///< closed before or at login (limits)
+    uint64_t evicted_unauthenticated = 0; ///< pre-auth connections replaced by newer ones
+    uint64_t budget_refusals = 0;         ///< requests answered resource_exhausted for memory
+    uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
+    uint64_t budget_limit_bytes = 0;
   };
   [[nodiscard]] virtual Counters counters() const = 0;
 };

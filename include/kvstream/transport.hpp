@@ -158,6 +158,10 @@ class Connection {
     return make_status(StatusCode::unsupported, "{}: one-sided reads are not available on this backend", describe());
   }
 
+  /// The peer's "host:port" as this backend sees it (a listener's per-source limits
+  /// use it); empty where the backend cannot tell.
+  [[nodiscard]] virtual std::string peer_address() const { return {}; }
+
   /// "tcp 127.0.0.1:7471 (io_uring)" and the like: backend, address, path.
   [[nodiscard]] virtual std::string describe() const = 0;
 };

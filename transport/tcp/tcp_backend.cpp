@@ -401,6 +401,7 @@ class TcpConnection final : public Connection {
     return {};
   }
 
+  [[nodiscard]] std::string peer_address() const override { return peer_; }
   [[nodiscard]] std::string describe() const override {
     return fmt::format("tcp {} (io_uring{})", peer_, opt_.send_zc ? ", send_zc" : "");
   }

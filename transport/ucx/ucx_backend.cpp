@@ -1227,6 +1227,7 @@ class UcxConnection final : public Connection {
     return {};
   }
 
+  [[nodiscard]] std::string peer_address() const override { return cs_->peer; }
   [[nodiscard]] std::string describe() const override { return fmt::format("ucx {} ({})", cs_->peer, cs_->tls); }
 
  private:

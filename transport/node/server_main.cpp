@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node"};
   kvstream::storage::ServerConfig cfg;
   std::string secrets_file;
-  uint64_t cache_mb = cfg.cache_bytes >> 20;
+  uint64_t cache_mb = cfg.cache_bytes >> 20, budget_mb = 0;
+  uint64_t auth_ms = uint64_t(cfg.auth_timeout.count()), idle_ms = uint64_t(cfg.idle_timeout.count());
   app.add_option("--listen", cfg.address, "host:port to listen on (loopback unless told otherwise)")
       ->capture_default_str();
   app.add_option("--backend", cfg.backend.name, "tcp, ucx or libfabric")->capture_default_str();
@@ -29,9 +30,26 @@ int main(int argc, char** argv) {
                  "JSON file {\"namespace\": \"secret\", ...} (secrets of at least 16 bytes)")
       ->required();
   app.add_option("--cache-mb", cache_mb, "in-memory cache of hot chunks")->capture_default_str();
-  app.add_option("--max-connections", cfg.max_connections, "connection limit")->capture_default_str();
+  app.add_option("--memory-budget-mb", budget_mb,
+                 "bound on memory held for requests (cache + bodies in flight); 0 = cache + 256")
+      ->capture_default_str();
+  app.add_option("--max-connections", cfg.max_connections, "authenticated connections")->capture_default_str();
+  app.add_option("--max-connections-per-namespace", cfg.max_connections_per_namespace,
+                 "connections one namespace may hold")
+      ->capture_default_str();
+  app.add_option("--max-unauthenticated", cfg.max_unauthenticated,
+                 "connections not yet authenticated (the oldest gives way to a new one)")
+      ->capture_default_str();
+  app.add_option("--max-unauthenticated-per-source", cfg.max_unauthenticated_per_source,
+                 "unauthenticated connections from one address")
+      ->capture_default_str();
+  app.add_option("--auth-timeout-ms", auth_ms, "time a connection has to authenticate")->capture_default_str();
+  app.add_option("--idle-timeout-ms", idle_ms, "a silent client is disconnected after this")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   cfg.cache_bytes = cache_mb << 20;
+  cfg.memory_budget_bytes = budget_mb << 20;
+  cfg.auth_timeout = std::chrono::milliseconds(auth_ms);
+  cfg.idle_timeout = std::chrono::milliseconds(idle_ms);
 
   std::ifstream f(secrets_file);
   if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", secrets_file), 1;

@@ -1,0 +1,384 @@
+#include "transport/node/chunk_store.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <new>
+
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include "core/log.hpp"
+
+namespace kvstream::storage {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string file_name(uint32_t chunk, uint32_t level) { return fmt::format("c{}.l{}", chunk, level); }
+
+// An object is read whole (and may be cached) when it is at most this share of the
+// cache; larger ones stream, so one big object neither flushes the cache nor takes
+// the budget whole.
+constexpr uint64_t kCacheShare = 4;
+}  // namespace
+
+std::string ObjectKey::name() const { return fmt::format("{}/{}/{}", ns, ctx, file_name(chunk, level)); }
+
+Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& directory, uint64_t cache_bytes,
+                                                     MemoryBudget& budget) {
+  if (directory.empty()) return make_status(StatusCode::invalid_argument, "storage directory is not set");
+  std::error_code ec;
+  fs::create_directories(directory, ec);
+  if (ec) return detail::log_error(make_status(StatusCode::io_error, "cannot create '{}': {}", directory, ec.message()));
+  auto s = std::unique_ptr<ChunkStore>(new ChunkStore(budget));
+  KVS_ASSIGN_OR_RETURN(s->lock_, DirLock::acquire(directory));
+  s->dir_ = directory;
+  s->tmp_dir_ = directory + "/.tmp";
+  s->quarantine_dir_ = directory + "/.quarantine";
+  s->cache_limit_ = cache_bytes;
+  // Temporary files are only ever half-written objects of a process that held the
+  // lock and is gone: none can be completed, so they all go.
+  if (fs::exists(s->tmp_dir_, ec)) {
+    for (const auto& f : fs::directory_iterator(s->tmp_dir_, ec)) {
+      fs::remove(f.path(), ec);
+      ++s->counters_.stale_temporaries;
+    }
+  }
+  fs::create_directories(s->tmp_dir_, ec);
+  if (!ec) fs::create_directories(s->quarantine_dir_, ec);
+  if (ec) return detail::log_error(make_status(StatusCode::io_error, "cannot prepare '{}': {}", directory, ec.message()));
+  s->scan();
+  budget.set_reclaimer([p = s.get()](uint64_t n) { p->reclaim(n); });
+  if (s->counters_.stale_temporaries || s->counters_.quarantined)
+    KVS_LOG_WARN("store '{}': removed {} temporary files of interrupted writes, moved {} damaged objects to {}",
+                 directory, s->counters_.stale_temporaries, s->counters_.quarantined, s->quarantine_dir_);
+  return s;
+}
+
+ChunkStore::~ChunkStore() { budget_.set_reclaimer(nullptr); }
+
+// The index is the directory itself. Names that are not objects are skipped;
+// temporaries of the older layout (<name>.tmp beside the object) are removed; objects
+// whose header does not verify (truncated, damaged, copied under another name) are
+// moved aside so that stat never reports them.
+void ChunkStore::scan() {
+  std::error_code ec;
+  for (const auto& nsd : fs::directory_iterator(dir_, ec)) {
+    const std::string ns = nsd.path().filename();
+    if (!nsd.is_directory() || !validate_id(ns, kMaxNamespaceBytes, "namespace").ok()) continue;
+    for (const auto& cd : fs::directory_iterator(nsd.path(), ec)) {
+      const std::string ctx = cd.path().filename();
+      if (!cd.is_directory() || !validate_id(ctx, kMaxContextBytes, "context").ok()) continue;
+      for (const auto& f : fs::directory_iterator(cd.path(), ec)) {
+        const std::string name = f.path().filename();
+        if (name.size() > 4 && name.ends_with(".tmp")) {
+          fs::remove(f.path(), ec);
+          ++counters_.stale_temporaries;
+          continue;
+        }
+        unsigned chunk = 0, level = 0;
+        char tail = 0;
+        if (std::sscanf(name.c_str(), "c%u.l%u%c", &chunk, &level, &tail) != 2 || level >= kMaxLevels ||
+            chunk >= (1u << 20) || file_name(chunk, level) != name)
+          continue;
+        const ObjectKey k{ns, ctx, chunk, level};
+        auto obj = ObjectFile::open(f.path(), k.name());
+        if (!obj.ok()) {
+          quarantine_locked(k, f.path(), obj.status().message());
+          continue;
+        }
+        set_entry_locked(k, Entry{obj->size(), next_generation_++});
+      }
+    }
+  }
+}
+
+std::mutex& ChunkStore::stripe(const std::string& ns, const std::string& ctx) {
+  return stripes_[XXH3_64bits_withSeed(ctx.data(), ctx.size(), XXH3_64bits(ns.data(), ns.size())) % stripes_.size()];
+}
+std::string ChunkStore::context_dir(const std::string& ns, const std::string& ctx) const {
+  return dir_ + "/" + ns + "/" + ctx;
+}
+std::string ChunkStore::object_path(const ObjectKey& k) const {
+  return context_dir(k.ns, k.ctx) + "/" + file_name(k.chunk, k.level);
+}
+
+Status ChunkStore::check_key(const ObjectKey& k) {
+  KVS_RETURN_IF_ERROR(validate_id(k.ns, kMaxNamespaceBytes, "namespace"));
+  KVS_RETURN_IF_ERROR(validate_id(k.ctx, kMaxContextBytes, "context id"));
+  if (k.level >= kMaxLevels) return make_status(StatusCode::out_of_range, "level {} (limit {})", k.level, kMaxLevels);
+  return {};
+}
+
+ChunkStore::Entry* ChunkStore::entry_locked(const ObjectKey& k) {
+  auto n = index_.find(k.ns);
+  if (n == index_.end()) return nullptr;
+  auto c = n->second.find(k.ctx);
+  if (c == n->second.end()) return nullptr;
+  auto ch = c->second.chunks.find(k.chunk);
+  if (ch == c->second.chunks.end() || ch->second.size() <= k.level) return nullptr;
+  Entry& e = ch->second[k.level];
+  return e.generation ? &e : nullptr;
+}
+
+void ChunkStore::set_entry_locked(const ObjectKey& k, Entry e) {
+  if (e.generation == 0) {  // absent: drop it, and the chunk and context once empty
+    auto n = index_.find(k.ns);
+    if (n == index_.end()) return;
+    auto c = n->second.find(k.ctx);
+    if (c == n->second.end()) return;
+    auto ch = c->second.chunks.find(k.chunk);
+    if (ch == c->second.chunks.end() || ch->second.size() <= k.level) return;
+    ch->second[k.level] = {};
+    while (!ch->second.empty() && ch->second.back().generation == 0) ch->second.pop_back();
+    if (ch->second.empty()) c->second.chunks.erase(ch);
+    if (c->second.chunks.empty()) n->second.erase(c);
+    return;
+  }
+  auto& v = index_[k.ns][k.ctx].chunks[k.chunk];
+  if (v.size() <= k.level) v.resize(k.level + 1);
+  v[k.level] = e;
+}
+
+void ChunkStore::quarantine_locked(const ObjectKey& k, const std::string& path, std::string_view why) {
+  const std::string to =
+      fmt::format("{}/{}.{}.{}.{}", quarantine_dir_, k.ns, k.ctx, file_name(k.chunk, k.level), next_generation_++);
+  if (std::rename(path.c_str(), to.c_str()) != 0)
+    KVS_LOG_WARN("cannot move damaged object '{}' aside: {}", path, std::strerror(errno));
+  else
+    KVS_LOG_WARN("object {} is damaged ({}): moved to '{}'", k.name(), why, to);
+  ++counters_.quarantined;
+  set_entry_locked(k, {});
+  cache_drop_locked(k.name());
+}
+
+Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t length) {
+  KVS_RETURN_IF_ERROR(check_key(key));
+  if (length > kMaxChunkBytes)
+    return make_status(StatusCode::out_of_range, "{} bytes (limit {})", length, kMaxChunkBytes);
+  PendingPut p;
+  KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length));
+  p.key_ = std::move(key);
+  return p;
+}
+
+Status ChunkStore::commit(PendingPut&& p, uint64_t checksum) {
+  const ObjectKey& k = p.key_;
+  KVS_RETURN_IF_ERROR(p.tmp_.finish(k.name(), checksum));
+  std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+  const std::string ns_dir = dir_ + "/" + k.ns, ctx_dir = context_dir(k.ns, k.ctx);
+  std::error_code ec;
+  // A new directory's entry in its parent must be durable too.
+  const bool new_ns = !fs::exists(ns_dir, ec);
+  const bool new_ctx = new_ns || !fs::exists(ctx_dir, ec);
+  if (new_ctx) {
+    fs::create_directories(ctx_dir, ec);
+    if (ec) {
+      KVS_LOG_WARN("cannot create '{}': {}", ctx_dir, ec.message());
+      return make_status(StatusCode::io_error, "cannot create context {}/{}: {}", k.ns, k.ctx, ec.message());
+    }
+    if (new_ns) KVS_RETURN_IF_ERROR(fsync_directory(dir_));
+    KVS_RETURN_IF_ERROR(fsync_directory(ns_dir));
+  }
+  KVS_RETURN_IF_ERROR(p.tmp_.rename_to(object_path(k)));
+  // Visible from here on: the index and the cache follow before the lock is dropped,
+  // and the acknowledgement waits for the directory's sync.
+  {
+    std::lock_guard lock(mu_);
+    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++});
+    cache_drop_locked(k.name());
+  }
+  return fsync_directory(ctx_dir);
+}
+
+Status ChunkStore::put(const ObjectKey& key, std::span<const std::byte> bytes) {
+  KVS_ASSIGN_OR_RETURN(auto p, begin_put(key, bytes.size()));
+  KVS_RETURN_IF_ERROR(p.append(bytes));
+  return commit(std::move(p), XXH3_64bits(bytes.data(), bytes.size()));
+}
+
+Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
+  KVS_RETURN_IF_ERROR(check_key(k));
+  const std::string key = k.name();
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      const Bytes& b = it->second->second;
+      ObjectRead r;
+      r.bytes = b, r.size = b->data.size(), r.checksum = b->checksum, r.cache_hit = true;
+      return r;
+    }
+  }
+  ObjectRead r;
+  uint64_t generation = 0;
+  {
+    std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+    const std::string path = object_path(k);
+    auto f = ObjectFile::open(path, key);
+    if (!f.ok()) {
+      if (f.status().code() == StatusCode::corrupt_data) {
+        std::lock_guard lock(mu_);
+        quarantine_locked(k, path, f.status().message());
+      }
+      return f.status();
+    }
+    r.file = std::move(f).value();
+    std::lock_guard lock(mu_);
+    if (const Entry* e = entry_locked(k)) generation = e->generation;
+  }
+  r.size = r.file.size(), r.checksum = r.file.header().checksum;
+  if (cache_limit_ == 0 || r.size > cache_limit_ / kCacheShare) return r;
+  // Small enough to read whole and cache, if the budget has room; else it streams.
+  auto lease = budget_.acquire(r.size);
+  if (!lease.ok()) return r;
+  std::shared_ptr<Blob> blob;
+  try {
+    blob = std::make_shared<Blob>();
+    blob->data.resize(r.size);
+  } catch (const std::bad_alloc&) {
+    return r;
+  }
+  KVS_RETURN_IF_ERROR(r.file.read(0, blob->data));
+  blob->checksum = XXH3_64bits(blob->data.data(), blob->data.size());
+  if (blob->checksum != r.checksum) {
+    report_corrupt(k, r.file);
+    return make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", key);
+  }
+  blob->lease = std::move(lease).value();
+  {
+    std::lock_guard lock(mu_);
+    // Only the version the index still names goes into the cache: a commit since the
+    // open made this one stale.
+    const Entry* e = entry_locked(k);
+    if (e && generation != 0 && e->generation == generation) cache_put_locked(key, blob);
+  }
+  r.bytes = std::move(blob);
+  r.file = ObjectFile();
+  return r;
+}
+
+Result<std::vector<std::byte>> ChunkStore::read_all(const ObjectKey& k) {
+  KVS_ASSIGN_OR_RETURN(auto r, get(k));
+  if (r.bytes) return r.bytes->data;
+  std::vector<std::byte> out(r.size);
+  KVS_RETURN_IF_ERROR(r.file.read(0, out));
+  if (XXH3_64bits(out.data(), out.size()) != r.checksum) {
+    report_corrupt(k, r.file);
+    return make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", k.name());
+  }
+  return out;
+}
+
+void ChunkStore::report_corrupt(const ObjectKey& k, const ObjectFile& file) {
+  std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+  const std::string path = object_path(k);
+  struct stat st {};
+  std::lock_guard lock(mu_);
+  if (::stat(path.c_str(), &st) == 0 && std::pair<uint64_t, uint64_t>(st.st_dev, st.st_ino) == file.identity())
+    quarantine_locked(k, path, "payload checksum");
+  else
+    cache_drop_locked(k.name());  // a newer version replaced it already
+}
+
+Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std::string& ctx) {
+  std::lock_guard lock(mu_);
+  auto n = index_.find(ns);
+  if (n == index_.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+  auto c = n->second.find(ctx);
+  if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+  std::vector<ChunkStat> out;
+  for (const auto& [chunk, levels] : c->second.chunks) {
+    ChunkStat s{chunk, {}};
+    for (const Entry& e : levels) s.level_bytes.push_back(e.size);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
+  KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
+  KVS_RETURN_IF_ERROR(validate_id(ctx, kMaxContextBytes, "context id"));
+  std::lock_guard stripe_lock(stripe(ns, ctx));
+  {
+    std::lock_guard lock(mu_);
+    auto n = index_.find(ns);
+    if (n == index_.end() || n->second.erase(ctx) == 0) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+    cache_drop_prefix_locked(ns + "/" + ctx + "/");
+  }
+  // No write lands in a context directory except by a commit, which holds this
+  // stripe: nothing appears in it while it goes.
+  std::error_code ec;
+  fs::remove_all(context_dir(ns, ctx), ec);
+  if (ec) {
+    KVS_LOG_WARN("cannot remove '{}': {}", context_dir(ns, ctx), ec.message());
+    return make_status(StatusCode::io_error, "cannot remove context '{}': {}", ctx, ec.message());
+  }
+  return fsync_directory(dir_ + "/" + ns);
+}
+
+std::vector<std::string> ChunkStore::list(const std::string& ns) {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  if (auto n = index_.find(ns); n != index_.end())
+    for (const auto& [ctx, c] : n->second) out.push_back(ctx);
+  return out;
+}
+
+ChunkStore::Counters ChunkStore::counters() {
+  std::lock_guard lock(mu_);
+  Counters c = counters_;
+  c.cache_bytes = cache_used_, c.cache_objects = cache_.size();
+  return c;
+}
+
+void ChunkStore::cache_put_locked(const std::string& key, Bytes b) {
+  cache_drop_locked(key);
+  if (b->data.size() > cache_limit_) return;
+  lru_.emplace_front(key, std::move(b));
+  cache_[key] = lru_.begin();
+  cache_used_ += lru_.front().second->data.size();
+  while (cache_used_ > cache_limit_ && !lru_.empty()) {
+    cache_used_ -= lru_.back().second->data.size();
+    cache_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+}
+
+void ChunkStore::cache_drop_locked(const std::string& key) {
+  if (auto it = cache_.find(key); it != cache_.end()) {
+    cache_used_ -= it->second->second->data.size();
+    lru_.erase(it->second);
+    cache_.erase(it);
+  }
+}
+
+void ChunkStore::cache_drop_prefix_locked(const std::string& prefix) {
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if (it->first.compare(0, prefix.size(), prefix) == 0) {
+      cache_used_ -= it->second->data.size();
+      cache_.erase(it->first);
+      it = lru_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The budget wants room: the least recently used objects go first. Bytes still being
+// sent stay alive (and leased) until their send ends.
+void ChunkStore::reclaim(uint64_t bytes) {
+  std::vector<Bytes> dropped;  // released after the lock
+  std::lock_guard lock(mu_);
+  uint64_t freed = 0;
+  while (freed < bytes && !lru_.empty()) {
+    freed += lru_.back().second->data.size();
+    cache_used_ -= lru_.back().second->data.size();
+    cache_.erase(lru_.back().first);
+    dropped.push_back(std::move(lru_.back().second));
+    lru_.pop_back();
+  }
+}
+
+}  // namespace kvstream::storage

@@ -1,0 +1,149 @@
+// The storage node's store: one file per (namespace, context, chunk, level) under a
+// directory, an in-memory index rebuilt from the directory at start, and an LRU cache
+// of hot objects inside the node's memory budget.
+//
+// Write order (docs/protocol.md, "Writes"): a put streams into its own temporary file
+// under <dir>/.tmp, is checked against the checksum the client declared, fsynced, and
+// committed by a rename under its context's lock, then the context directory is
+// fsynced. Commits of one object are serialized; the last one to commit wins, and a
+// put is acknowledged only after its commit, so every get returns exactly one
+// committed version in full. The cache is dropped at each commit and filled only
+// with the version the disk holds.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvstream/storage.hpp"
+#include "transport/node/dir_lock.hpp"
+#include "transport/node/memory_budget.hpp"
+#include "transport/node/object_file.hpp"
+
+namespace kvstream::storage {
+
+/// Which object: a tenant's (context, chunk, level).
+struct ObjectKey {
+  std::string ns, ctx;
+  uint32_t chunk = 0, level = 0;
+  /// "ns/ctx/c<chunk>.l<level>": what the object header binds and errors name.
+  [[nodiscard]] std::string name() const;
+};
+
+/// An object's bytes in memory, and the budget they are held under.
+struct Blob {
+  std::vector<std::byte> data;
+  uint64_t checksum = 0;
+  MemoryBudget::Lease lease;
+};
+using Bytes = std::shared_ptr<const Blob>;
+
+/// What a get found: the whole object in memory (`bytes`), or an open version of it to
+/// stream in pieces (`file`; its checksum is verified as it streams).
+struct ObjectRead {
+  Bytes bytes;
+  ObjectFile file;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  bool cache_hit = false;
+};
+
+class ChunkStore {
+ public:
+  /// Opens (creating) `directory`: takes its lock, removes temporary files of
+  /// interrupted writes, indexes the objects whose headers verify and moves the others
+  /// to <dir>/.quarantine. Cached objects draw from `budget` (which must outlive the
+  /// store) up to `cache_bytes`. Errors: already_exists (another node holds the
+  /// directory), io_error.
+  static Result<std::unique_ptr<ChunkStore>> open(const std::string& directory, uint64_t cache_bytes,
+                                                  MemoryBudget& budget);
+  ~ChunkStore();
+
+  /// A put under way: its bytes go straight to a temporary file.
+  class PendingPut {
+   public:
+    Status append(std::span<const std::byte> bytes) { return tmp_.append(bytes); }
+    [[nodiscard]] const ObjectKey& key() const { return key_; }
+
+   private:
+    friend class ChunkStore;
+    ObjectKey key_;
+    TempObject tmp_;
+  };
+  /// Starts a put of `length` bytes. Errors: invalid_argument (ids), out_of_range,
+  /// io_error, resource_exhausted (disk full).
+  Result<PendingPut> begin_put(ObjectKey key, uint64_t length);
+  /// Verifies the payload against `checksum`, makes it durable and visible. Errors:
+  /// corrupt_data (checksum or length), io_error, resource_exhausted.
+  Status commit(PendingPut&& put, uint64_t checksum);
+  /// begin_put + append + commit of a whole body.
+  Status put(const ObjectKey& key, std::span<const std::byte> bytes);
+
+  /// The object: from the cache, read whole into the budget (and cached when it fits),
+  /// or open to stream. Errors: not_found, corrupt_data (the object is then moved
+  /// aside and leaves the index), io_error.
+  Result<ObjectRead> get(const ObjectKey& key);
+  /// Reads the whole object into memory, checksum verified (tests and tools).
+  Result<std::vector<std::byte>> read_all(const ObjectKey& key);
+  /// A streamed read of `file` failed its checksum: the object is moved aside (if
+  /// the name still holds that version) and leaves the index.
+  void report_corrupt(const ObjectKey& key, const ObjectFile& file);
+
+  Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx);
+  /// Deletes a context. Errors: not_found, io_error.
+  Status remove(const std::string& ns, const std::string& ctx);
+  std::vector<std::string> list(const std::string& ns);
+
+  struct Counters {
+    uint64_t quarantined = 0, stale_temporaries = 0, cache_bytes = 0, cache_objects = 0;
+  };
+  [[nodiscard]] Counters counters();
+
+ private:
+  ChunkStore(MemoryBudget& budget) : budget_(budget) {}
+  struct Entry {
+    uint64_t size = 0;
+    uint64_t generation = 0;  // 0: absent
+  };
+  struct Context {
+    std::map<uint32_t, std::vector<Entry>> chunks;  // chunk -> per level
+  };
+  using Lru = std::list<std::pair<std::string, Bytes>>;
+
+  std::string dir_, tmp_dir_, quarantine_dir_;
+  uint64_t cache_limit_ = 0;
+  MemoryBudget& budget_;
+  DirLock lock_;
+  // Commits, removes and the opening of an object for reading take their context's
+  // stripe, so a reader's descriptor and the generation it records belong together.
+  std::array<std::mutex, 64> stripes_;
+  std::mutex mu_;  // the index, the cache and the counters (taken after a stripe)
+  std::map<std::string, std::map<std::string, Context>> index_;
+  uint64_t next_generation_ = 1;
+  Lru lru_;  // most recent at the front
+  std::unordered_map<std::string, Lru::iterator> cache_;
+  uint64_t cache_used_ = 0;
+  Counters counters_;
+
+  std::mutex& stripe(const std::string& ns, const std::string& ctx);
+  std::string context_dir(const std::string& ns, const std::string& ctx) const;
+  std::string object_path(const ObjectKey& k) const;
+  static Status check_key(const ObjectKey& k);
+  Entry* entry_locked(const ObjectKey& k);
+  void set_entry_locked(const ObjectKey& k, Entry e);
+  void quarantine_locked(const ObjectKey& k, const std::string& path, std::string_view why);
+  void cache_put_locked(const std::string& key, Bytes b);
+  void cache_drop_locked(const std::string& key);
+  void cache_drop_prefix_locked(const std::string& prefix);
+  void reclaim(uint64_t bytes);
+  void scan();
+};
+
+}  // namespace kvstream::storage

@@ -1,0 +1,408 @@
+// The storage node: accepts connections on any backend, admits each to a bounded
+// pre-authentication pool, authenticates it against its namespace secret, then serves
+// its requests in order, one thread per connection. Bodies move in segments through
+// buffers leased from the node's memory budget.
+#include <atomic>
+#include <list>
+#include <map>
+#include <new>
+#include <optional>
+#include <thread>
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include "core/log.hpp"
+#include "core/rate_limited_log.hpp"
+#include "transport/node/chunk_store.hpp"
+#include "transport/node/preauth_pool.hpp"
+#include "transport/node/segment_pool.hpp"
+#include "transport/protocol.hpp"
+
+namespace kvstream::storage {
+
+using namespace std::chrono_literals;
+using transport::CancelToken;
+using transport::Connection;
+using transport::deadline_in;
+using transport::Deadline;
+
+namespace {
+
+constexpr uint64_t kDefaultInflightBytes = uint64_t(256) << 20;
+
+class ServerImpl final : public Server {
+ public:
+  ServerImpl(const ServerConfig& cfg)
+      : cfg_(cfg),
+        budget_(cfg.memory_budget_bytes ? cfg.memory_budget_bytes : cfg.cache_bytes + kDefaultInflightBytes),
+        preauth_(cfg.max_unauthenticated, cfg.max_unauthenticated_per_source),
+        refused_log_("storage node refused a connection", cfg.log_interval),
+        login_log_("storage node login failed", cfg.log_interval),
+        conn_log_("storage node closed a connection", cfg.log_interval) {}
+  ~ServerImpl() override { stop(); }
+
+  static Result<std::unique_ptr<Server>> create(const ServerConfig& cfg) {
+    if (cfg.secrets.empty()) return make_status(StatusCode::invalid_argument, "server needs at least one namespace");
+    for (const auto& [ns, secret] : cfg.secrets) {
+      KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
+      if (secret.size() < 16)
+        return make_status(StatusCode::invalid_argument, "secret of namespace '{}' is shorter than 16 bytes", ns);
+    }
+    if (cfg.memory_budget_bytes && cfg.memory_budget_bytes < cfg.cache_bytes + 2 * kSegmentBytes)
+      return make_status(StatusCode::invalid_argument,
+                         "memory budget of {} bytes leaves less than two body segments beside a cache of {}",
+                         cfg.memory_budget_bytes, cfg.cache_bytes);
+    auto s = std::make_unique<ServerImpl>(cfg);
+    KVS_ASSIGN_OR_RETURN(s->store_, ChunkStore::open(cfg.directory, cfg.cache_bytes, s->budget_));
+    KVS_ASSIGN_OR_RETURN(s->backend_, transport::create_backend(cfg.backend));
+    s->segments_ = std::make_unique<SegmentPool>(*s->backend_, s->budget_, kSegmentBytes);
+    KVS_ASSIGN_OR_RETURN(s->listener_, s->backend_->listen(cfg.address));
+    s->address_ = s->listener_->address();
+    s->acceptor_ = std::thread([p = s.get()] { p->accept_loop(); });
+    KVS_LOG_INFO("storage node on {} ({}), {} namespaces, store '{}', memory budget {} MiB", s->address_,
+                 s->backend_->capabilities().backend, cfg.secrets.size(), cfg.directory, s->budget_.limit() >> 20);
+    return std::unique_ptr<Server>(std::move(s));
+  }
+
+  std::string address() const override { return address_; }
+
+  void stop() override {
+    if (stopped_.exchange(true)) return;
+    stop_.cancel();
+    if (acceptor_.joinable()) acceptor_.join();
+    std::list<Worker> workers;
+    {
+      std::lock_guard lock(mu_);
+      workers.swap(workers_);
+    }
+    for (auto& w : workers) w.cancel.cancel();
+    for (auto& w : workers) w.thread.join();
+  }
+
+  Counters counters() const override {
+    Counters c;
+    c.requests = requests_, c.errors = errors_, c.bytes_out = bytes_out_, c.bytes_in = bytes_in_;
+    c.cache_hits = cache_hits_, c.auth_failures = auth_failures_;
+    c.refused_connections = refused_, c.evicted_unauthenticated = preauth_.evicted();
+    c.budget_refusals = budget_.refusals(), c.budget_peak_bytes = budget_.peak(), c.budget_limit_bytes = budget_.limit();
+    return c;
+  }
+
+ private:
+  ServerConfig cfg_;
+  MemoryBudget budget_;
+  PreAuthPool preauth_;
+  detail::RateLimitedLog refused_log_, login_log_, conn_log_;
+  std::unique_ptr<ChunkStore> store_;
+  std::unique_ptr<transport::Backend> backend_;
+  std::unique_ptr<SegmentPool> segments_;
+  std::unique_ptr<transport::Listener> listener_;
+  std::string address_;
+  CancelToken stop_;
+  std::atomic<bool> stopped_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+    CancelToken cancel;  // this connection's waits: cancelled at stop or eviction
+  };
+  std::list<Worker> workers_;
+  uint32_t authenticated_ = 0;                      // guarded by mu_
+  std::map<std::string, uint32_t> per_namespace_;  // connections held per namespace (guarded by mu_)
+  std::atomic<uint64_t> requests_{0}, errors_{0}, bytes_out_{0}, bytes_in_{0}, cache_hits_{0}, auth_failures_{0},
+      refused_{0};
+
+  void accept_loop() {
+    while (!stop_.cancelled()) {
+      refused_log_.flush(), login_log_.flush(), conn_log_.flush();
+      auto c = listener_->accept(deadline_in(200ms), stop_);
+      if (!c.ok()) {
+        if (c.status().code() != StatusCode::timed_out && c.status().code() != StatusCode::cancelled)
+          refused_log_.note(fmt::format("accept: {}", c.status().to_string()));
+        continue;
+      }
+      std::shared_ptr<Connection> conn = std::move(c).value();
+      CancelToken cancel;
+      auto ticket = preauth_.admit(host_of(conn->peer_address()), cancel);
+      if (!ticket.ok()) {
+        ++refused_;
+        refused_log_.note(fmt::format("{}: {}", conn->describe(), ticket.status().message()));
+        continue;  // dropping the connection closes it
+      }
+      std::lock_guard lock(mu_);
+      // Join the threads of connections that ended, so a long-running node does not
+      // accumulate them.
+      for (auto it = workers_.begin(); it != workers_.end();) {
+        if (it->done->load()) {
+          it->thread.join();
+          it = workers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      auto t = std::make_shared<PreAuthPool::Ticket>(std::move(ticket).value());
+      workers_.push_back({std::thread([this, done, conn, cancel, t] {
+                            serve(*conn, cancel, *t);
+                            done->store(true);
+                          }),
+                          done, cancel});
+    }
+  }
+
+  Status reply(Connection& c, const Response& r, Deadline deadline, const CancelToken& cancel) {
+    return c.send(encode(r), {}, deadline, cancel);
+  }
+
+  // Challenge-response: the client proves it knows the namespace's secret without
+  // sending it. A failure says nothing about which namespaces exist.
+  Result<std::string> authenticate(Connection& c, const CancelToken& cancel) {
+    const Deadline deadline = deadline_in(cfg_.auth_timeout);
+    KVS_ASSIGN_OR_RETURN(auto nonce, make_nonce());
+    Response hello;
+    hello.op = Op::hello;
+    hello.nonce = nonce;
+    KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
+    std::vector<std::byte> header;
+    KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
+    if (body != 0) return make_status(StatusCode::corrupt_data, "authentication message with a body");
+    KVS_ASSIGN_OR_RETURN(Request req, decode_request(header));
+    Response r;
+    r.op = Op::auth;
+    r.id = req.id;
+    const auto it = cfg_.secrets.find(req.name_space);
+    // Compute a MAC even for unknown namespaces so timing does not reveal which exist.
+    const auto want = auth_mac(it == cfg_.secrets.end() ? std::string(32, '\0') : it->second, nonce, req.name_space);
+    if (req.op != Op::auth || it == cfg_.secrets.end() || !mac_equal(want, req.mac)) {
+      ++auth_failures_;
+      r.code = StatusCode::permission_denied;
+      r.message = "authentication failed";
+      (void)reply(c, r, deadline, cancel);
+      return make_status(StatusCode::permission_denied, "authentication failed from {}", c.describe());
+    }
+    {
+      std::lock_guard lock(mu_);
+      uint32_t& held = per_namespace_[req.name_space];
+      std::string refusal;
+      if (authenticated_ >= cfg_.max_connections)
+        refusal = fmt::format("the node holds {} connections, the limit", authenticated_);
+      else if (held >= cfg_.max_connections_per_namespace)
+        refusal = fmt::format("namespace holds {} connections, the limit", held);
+      if (!refusal.empty()) {
+        ++refused_;
+        r.code = StatusCode::resource_exhausted;
+        r.message = refusal;
+        (void)reply(c, r, deadline, cancel);
+        return make_status(StatusCode::resource_exhausted, "refusing {} for '{}': {}", c.describe(), req.name_space,
+                           refusal);
+      }
+      ++held, ++authenticated_;
+    }
+    if (Status s = reply(c, r, deadline, cancel); !s.ok()) {
+      release_namespace(req.name_space);
+      return s;
+    }
+    return req.name_space;
+  }
+
+  void release_namespace(const std::string& ns) {
+    std::lock_guard lock(mu_);
+    if (auto it = per_namespace_.find(ns); it != per_namespace_.end() && it->second > 0) --it->second;
+    if (authenticated_ > 0) --authenticated_;
+  }
+
+  void serve(Connection& c, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
+    auto ns = authenticate(c, cancel);
+    ticket.release();
+    if (!ns.ok()) {
+      if (ns.status().code() != StatusCode::cancelled || !stop_.cancelled()) login_log_.note(ns.status().to_string());
+      return;
+    }
+    struct Release {  // the namespace's connection slot, held while this connection lives
+      ServerImpl* self;
+      std::string ns;
+      ~Release() { self->release_namespace(ns); }
+    } release{this, *ns};
+    std::vector<std::byte> header;
+    while (!cancel.cancelled()) {
+      auto body_len = c.recv_header(header, deadline_in(cfg_.idle_timeout), cancel);
+      if (!body_len.ok()) {
+        if (body_len.status().code() != StatusCode::cancelled && body_len.status().code() != StatusCode::unavailable)
+          conn_log_.note(fmt::format("{}: {}", c.describe(), body_len.status().to_string()));
+        return;
+      }
+      ++requests_;
+      auto req = decode_request(header);
+      const bool bad_body = req.ok() && (req->op == Op::put ? *body_len != segment_bytes(req->total, 0)
+                                                              : *body_len != 0);
+      if (!req.ok() || bad_body || req->op == Op::auth || req->op == Op::data) {
+        // A malformed request ends the connection: its framing can no longer be trusted.
+        ++errors_;
+        Response r;
+        r.code = req.ok() ? StatusCode::corrupt_data : req.status().code();
+        r.message = req.ok() ? "request out of place or with a body of the wrong size" : req.status().message();
+        if (req.ok()) r.op = req->op, r.id = req->id;
+        (void)reply(c, r, deadline_in(cfg_.idle_timeout), cancel);
+        conn_log_.note(fmt::format("closing {}: {}", c.describe(), r.message));
+        return;
+      }
+      Status st;
+      try {
+        st = handle(c, *ns, *req, cancel);
+      } catch (const std::bad_alloc&) {
+        // Every buffer of a request comes from the budget; this is the system itself
+        // running short. The connection goes, the node stays.
+        st = make_status(StatusCode::resource_exhausted, "out of memory serving a request");
+      }
+      if (!st.ok()) {
+        conn_log_.note(fmt::format("{}: {}", c.describe(), st.to_string()));
+        return;
+      }
+    }
+  }
+
+  // Serves one request. Returns an error only when the connection must end.
+  Status handle(Connection& c, const std::string& ns, const Request& req, const CancelToken& cancel) {
+    Response r;
+    r.op = req.op;
+    r.id = req.id;
+    std::vector<std::byte> small;
+    auto fail = [&](const Status& s) {
+      ++errors_;
+      r.code = s.code();
+      r.message = s.message();
+    };
+    switch (req.op) {
+      case Op::put: {
+        Status outcome;
+        KVS_RETURN_IF_ERROR(receive_put(c, ObjectKey{ns, req.context, req.chunk, req.level}, req, cancel, outcome));
+        if (!outcome.ok()) fail(outcome);
+        break;
+      }
+      case Op::get:
+        return send_get(c, ObjectKey{ns, req.context, req.chunk, req.level}, r, cancel);
+      case Op::stat: {
+        auto s = store_->stat(ns, req.context);
+        if (s.ok()) small = encode_stats(*s);
+        else fail(s.status());
+        break;
+      }
+      case Op::remove:
+        if (Status s = store_->remove(ns, req.context); !s.ok()) fail(s);
+        break;
+      case Op::list:
+        small = encode_names(store_->list(ns));
+        break;
+      default:
+        fail(make_status(StatusCode::invalid_argument, "unexpected request"));
+    }
+    if (r.code != StatusCode::ok) small.clear();
+    r.checksum = body_checksum(small);
+    const auto deadline = deadline_in(cfg_.idle_timeout);
+    if (small.empty()) return reply(c, r, deadline, cancel);
+    KVS_ASSIGN_OR_RETURN(auto mr, backend_->register_memory(small.data(), small.size(), transport::MemoryType::host));
+    KVS_RETURN_IF_ERROR(c.send(encode(r), mr.span(0, small.size()), deadline, cancel));
+    bytes_out_ += small.size();
+    return {};
+  }
+
+  // Receives every segment of a put, streaming them into the store. The whole body is
+  // always read off the wire, so a refused put (budget, disk, ids) leaves the
+  // connection in step and is answered with its reason (`outcome`). Returns an error
+  // only when the connection must end.
+  Status receive_put(Connection& c, const ObjectKey& key, const Request& req, const CancelToken& cancel,
+                     Status& outcome) {
+    Status& st = outcome;
+    SegmentPool::Segment seg;
+    std::optional<ChunkStore::PendingPut> pending;
+    if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
+    else st = s.status();
+    if (st.ok()) {
+      if (auto p = store_->begin_put(key, req.total); p.ok()) pending.emplace(std::move(p).value());
+      else st = p.status();
+    }
+    const uint64_t n = segment_count(req.total);
+    std::vector<std::byte> header;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t len = segment_bytes(req.total, i);
+      const auto deadline = deadline_in(cfg_.idle_timeout);
+      if (i > 0) {
+        auto got = c.recv_header(header, deadline, cancel);
+        if (!got.ok()) return got.status();
+        auto d = decode_request(header);
+        if (!d.ok() || d->op != Op::data || d->id != req.id || d->chunk != i || *got != len)
+          return make_status(StatusCode::corrupt_data, "segment {} of put {} is malformed", i, req.id);
+      }
+      const auto dest = st.ok() ? seg.span(len) : std::span<std::byte>();
+      KVS_RETURN_IF_ERROR(c.recv_body(dest, deadline, cancel));
+      bytes_in_ += len;
+      if (st.ok()) st = pending->append(dest);
+    }
+    if (st.ok()) st = store_->commit(std::move(*pending), req.checksum);
+    return {};
+  }
+
+  // Sends a get's reply: the object from memory, or streamed from its open file through
+  // two segments (one is read while the other is on the wire).
+  Status send_get(Connection& c, const ObjectKey& key, Response& r, const CancelToken& cancel) {
+    const auto deadline = deadline_in(cfg_.idle_timeout);
+    auto found = store_->get(key);
+    if (!found.ok()) {
+      ++errors_;
+      r.code = found.status().code(), r.message = found.status().message();
+      return reply(c, r, deadline, cancel);
+    }
+    cache_hits_ += found->cache_hit;
+    r.checksum = found->checksum, r.total = found->size;
+    if (found->bytes) {
+      const auto& data = found->bytes->data;
+      transport::MemoryRegion mr;
+      if (!data.empty()) {
+        KVS_ASSIGN_OR_RETURN(mr, backend_->register_memory(const_cast<std::byte*>(data.data()), data.size(),
+                                                           transport::MemoryType::host));
+      }
+      KVS_RETURN_IF_ERROR(send_segmented(c, encode(r), data, [&](uint32_t) { return data_response_header(r.id); },
+                                         deadline, cancel));
+      bytes_out_ += data.size();
+      return {};
+    }
+    std::array<SegmentPool::Segment, 2> bufs;
+    for (auto& b : bufs)
+      if (auto s = segments_->acquire(); s.ok()) b = std::move(s).value();
+    if (!bufs[0].valid()) {
+      ++errors_;
+      r.code = StatusCode::resource_exhausted, r.message = "the node's memory budget is full";
+      r.checksum = 0, r.total = 0;
+      return reply(c, r, deadline, cancel);
+    }
+    const size_t nbufs = bufs[1].valid() ? 2 : 1;
+    const uint64_t n = segment_count(found->size);
+    std::vector<uint64_t> seqs(n);
+    XXH3_state_t hash;
+    XXH3_64bits_reset(&hash);
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t len = segment_bytes(found->size, i);
+      if (i >= nbufs) KVS_RETURN_IF_ERROR(c.wait_sends(seqs[i - nbufs], deadline, cancel));  // its buffer is free
+      const auto span = bufs[i % nbufs].span(len);
+      // A read error after the header has promised the body cannot be put in a reply:
+      // the connection ends and the client sees its request fail.
+      KVS_RETURN_IF_ERROR(found->file.read(i * kSegmentBytes, span));
+      XXH3_64bits_update(&hash, span.data(), span.size());
+      KVS_ASSIGN_OR_RETURN(seqs[i], c.post_send(i == 0 ? encode(r) : data_response_header(r.id), span));
+    }
+    KVS_RETURN_IF_ERROR(c.wait_sends(seqs[n - 1], deadline, cancel));
+    bytes_out_ += found->size;
+    // The client checks the same sum and reports corrupt_data; the node moves the
+    // damaged object aside.
+    if (XXH3_64bits_digest(&hash) != found->checksum) store_->report_corrupt(key, found->file);
+    return {};
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::start(const ServerConfig& config) { return ServerImpl::create(config); }
+
+}  // namespace kvstream::storage
