@@ -1,0 +1,272 @@
+// kvstream-node-checker: N clients issue random put/get/remove on a small key set
+// against a real kvstream-server process, which is killed (-9) and restarted at
+// random points; then the whole history is checked (tests/checker/history.hpp).
+// Seeded: the same seed gives the same operations, sizes and crash points (counted
+// in completed operations); the interleaving is the machine's.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvstream/log.hpp"
+#include "kvstream/storage.hpp"
+#include "tests/checker/history.hpp"
+
+using namespace kvstream;
+using namespace kvstream::checker;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSecret = "checker-secret-0123456789";
+
+std::atomic<uint64_t> g_ticket{1};
+uint64_t ticket() { return g_ticket.fetch_add(1); }
+
+// The value of put `id`: u64 id, u64 size, then bytes that follow from the id, so a
+// reader can tell whether what it got is one put's whole value.
+uint8_t value_byte(uint64_t id, uint64_t i) {
+  uint64_t z = id * 0x9e3779b97f4a7c15ull + (i / 8) * 0xbf58476d1ce4e5b9ull;
+  z ^= z >> 31;
+  z *= 0x94d049bb133111ebull;
+  return uint8_t(z >> ((i % 8) * 8));
+}
+std::vector<std::byte> make_value(uint64_t id, size_t size) {
+  std::vector<std::byte> v(std::max<size_t>(size, 16));
+  std::memcpy(v.data(), &id, 8);
+  const uint64_t n = v.size();
+  std::memcpy(v.data() + 8, &n, 8);
+  for (size_t i = 16; i < v.size(); ++i) v[i] = std::byte(value_byte(id, i));
+  return v;
+}
+// The put id of a whole value, or nullopt when the bytes are not one.
+std::optional<uint64_t> parse_value(std::span<const std::byte> b) {
+  if (b.size() < 16) return std::nullopt;
+  uint64_t id = 0, n = 0;
+  std::memcpy(&id, b.data(), 8), std::memcpy(&n, b.data() + 8, 8);
+  if (n != b.size() || id == 0) return std::nullopt;
+  for (size_t i = 16; i < b.size(); ++i)
+    if (b[i] != std::byte(value_byte(id, i))) return std::nullopt;
+  return id;
+}
+
+class Node {
+ public:
+  Node(std::string bin, std::string dir, std::string secrets, uint16_t port)
+      : bin_(std::move(bin)), dir_(std::move(dir)), secrets_(std::move(secrets)), port_(port) {}
+  ~Node() { kill(); }
+  bool start() {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string listen = fmt::format("127.0.0.1:{}", port_);
+      ::setenv("KVSTREAM_LOG_LEVEL", "error", 1);
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, 1);
+      ::execl(bin_.c_str(), bin_.c_str(), "--listen", listen.c_str(), "--dir", dir_.c_str(), "--secrets",
+              secrets_.c_str(), "--cache-mb", "4", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    return pid_ > 0;
+  }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+  [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
+
+ private:
+  std::string bin_, dir_, secrets_;
+  uint16_t port_;
+  pid_t pid_ = -1;
+};
+
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET, a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+Outcome outcome_of(const Status& s) {
+  if (s.ok()) return Outcome::ok;
+  switch (s.code()) {
+    case StatusCode::unavailable:
+    case StatusCode::timed_out:
+    case StatusCode::cancelled:
+      return Outcome::unknown;  // the connection broke: it may have taken effect
+    default:
+      return Outcome::failed;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvstream storage node checker: random operations, kill -9 and restart, history check"};
+  std::string server_bin, work_dir;
+  uint64_t seed = 1, ops = 20000, crashes = 10;
+  uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2;
+  size_t max_bytes = 3 << 20;
+  app.add_option("--server", server_bin, "path of kvstream-server")->required();
+  app.add_option("--seed", seed, "seed of operations, sizes and crash points")->capture_default_str();
+  app.add_option("--ops", ops, "operations in all")->capture_default_str();
+  app.add_option("--crashes", crashes, "kill -9 and restart cycles")->capture_default_str();
+  app.add_option("--clients", clients, "concurrent clients")->capture_default_str()->check(CLI::Range(1u, 64u));
+  app.add_option("--contexts", contexts, "contexts")->capture_default_str()->check(CLI::Range(1u, 100u));
+  app.add_option("--chunks", chunks, "chunks per context")->capture_default_str()->check(CLI::Range(1u, 100u));
+  app.add_option("--levels", levels, "levels per chunk")->capture_default_str()->check(CLI::Range(1u, 32u));
+  app.add_option("--max-bytes", max_bytes, "largest value (spans several protocol segments)")->capture_default_str();
+  app.add_option("--dir", work_dir, "work directory (default: a new one under /tmp, removed after)");
+  CLI11_PARSE(app, argc, argv);
+  set_log_level(LogLevel::off);  // broken connections are the point here
+
+  const bool own_dir = work_dir.empty();
+  if (own_dir) work_dir = (fs::temp_directory_path() / fmt::format("kvstream-checker-{}", ::getpid())).string();
+  fs::remove_all(work_dir);
+  fs::create_directories(work_dir + "/store");
+  const std::string secrets = work_dir + "/secrets.json";
+  std::ofstream(secrets) << fmt::format("{{\"checker\": \"{}\"}}", kSecret);
+  Node node(server_bin, work_dir + "/store", secrets, free_port());
+  if (!node.start()) return fmt::print(stderr, "cannot start {}\n", server_bin), 2;
+
+  const uint32_t keys = contexts * chunks * levels;
+  std::mutex hist_mu;
+  std::vector<Operation> history;
+  history.reserve(ops + 16);
+  std::atomic<uint64_t> issued{0}, completed{0}, next_put_id{1};
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> crash_count{0}, reconnects{0};
+
+  auto connect = [&](std::unique_ptr<storage::Client>& c) {
+    storage::ClientConfig cc;
+    cc.address = node.address(), cc.name_space = "checker", cc.secret = kSecret;
+    for (int i = 0; i < 3000 && !done; ++i) {  // the node may be restarting
+      auto r = storage::Client::connect(cc, transport::deadline_in(2s));
+      if (r.ok()) return c = std::move(r).value(), true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  };
+
+  std::vector<std::thread> workers;
+  for (uint32_t w = 0; w < clients; ++w) {
+    workers.emplace_back([&, w] {
+      std::mt19937_64 rng(seed * 1000003 + w);
+      std::unique_ptr<storage::Client> c;
+      std::vector<std::byte> buf(std::max<size_t>(max_bytes, 16) + 64);
+      transport::MemoryRegion mr;
+      while (issued.fetch_add(1) < ops) {
+        if (!c) {
+          if (!connect(c)) break;
+          mr = *c->register_memory(buf.data(), buf.size());
+          ++reconnects;
+        }
+        Operation o;
+        o.key = uint32_t(rng() % keys);
+        o.context = o.key / (chunks * levels);
+        const uint32_t chunk = (o.key / levels) % chunks, level = o.key % levels;
+        const std::string ctx = fmt::format("ctx{}", o.context);
+        const uint64_t dice = rng() % 100;
+        Status st;
+        if (dice < 45) {
+          o.kind = Kind::put;
+          o.put_id = next_put_id.fetch_add(1);
+          // Mostly small values, some spanning several segments.
+          const size_t size = (rng() % 8 == 0) ? rng() % (max_bytes + 1) : rng() % 20000;
+          const auto v = make_value(o.put_id, size);
+          o.invoked = ticket();
+          st = c->put(ctx, chunk, level, v, transport::deadline_in(20s));
+          o.returned = ticket();
+        } else if (dice < 92) {
+          o.kind = Kind::get;
+          o.invoked = ticket();
+          auto r = c->get(ctx, chunk, level, mr, 0, buf.size(), transport::deadline_in(20s));
+          o.returned = ticket();
+          if (r.ok()) {
+            auto id = parse_value(std::span(buf).first(*r));
+            o.torn = !id;
+            o.put_id = id.value_or(0);
+          } else if (r.status().code() == StatusCode::not_found) {
+            o.put_id = 0;
+          } else if (r.status().code() == StatusCode::corrupt_data) {
+            o.corrupt = true;
+          } else {
+            st = r.status();
+          }
+        } else {
+          o.kind = Kind::remove;
+          o.invoked = ticket();
+          st = c->remove(ctx, transport::deadline_in(20s));
+          o.returned = ticket();
+          if (st.code() == StatusCode::not_found) st = {};  // removing nothing is a remove
+        }
+        o.outcome = outcome_of(st);
+        if (o.kind == Kind::get && o.outcome != Outcome::ok) o.outcome = Outcome::unknown;  // an unread read
+        if (o.outcome == Outcome::unknown) c.reset();  // its connection is gone
+        std::lock_guard lock(hist_mu);
+        history.push_back(o);
+        ++completed;
+      }
+    });
+  }
+  // Crash points: after a seeded number of completed operations each.
+  std::thread chaos([&] {
+    std::mt19937_64 rng(seed ^ 0x5eed);
+    const uint64_t every = std::max<uint64_t>(1, ops / (crashes + 1));
+    for (uint64_t k = 0; k < crashes && !done; ++k) {
+      const uint64_t at = (k + 1) * every + rng() % std::max<uint64_t>(1, every / 2) - every / 4;
+      while (completed < at && !done) std::this_thread::sleep_for(1ms);
+      if (done) break;
+      node.kill();
+      ++crash_count;
+      // Restarted at once on the same port and directory.
+      if (!node.start()) break;
+    }
+  });
+  for (auto& t : workers) t.join();
+  done = true;
+  chaos.join();
+  node.kill();
+
+  const auto anomalies = check(history);
+  uint64_t counts[3] = {}, unknown = 0, failed = 0;
+  for (const auto& o : history) {
+    ++counts[int(o.kind)];
+    unknown += o.outcome == Outcome::unknown;
+    failed += o.outcome == Outcome::failed;
+  }
+  fmt::print("seed {}: {} operations ({} puts, {} gets, {} removes; {} in flight at a crash or refused by a dying "
+             "node, {} refused), {} kill -9 + restart cycles, {} connects; {} anomalies\n",
+             seed, history.size(), counts[0], counts[1], counts[2], unknown, failed, crash_count.load(),
+             reconnects.load(), anomalies.size());
+  for (size_t i = 0; i < std::min<size_t>(anomalies.size(), 20); ++i) {
+    const auto& o = history[anomalies[i].op];
+    fmt::print("  anomaly: op {} (get key {}, tickets {}..{}, read put {}): {}\n", anomalies[i].op, o.key, o.invoked,
+               o.returned, o.put_id, anomalies[i].what);
+  }
+  if (own_dir) fs::remove_all(work_dir);
+  if (history.size() < ops / 2) return fmt::print(stderr, "too few operations completed\n"), 1;
+  return anomalies.empty() ? 0 : 1;
+}

@@ -1,0 +1,138 @@
+// The storage node under hostile clients: declared bodies far larger than what they
+// send, floods of unauthenticated sockets, sockets that never log in. The node's
+// memory stays inside its budget and tenants keep being served.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "kvstream/storage.hpp"
+#include "tests/support/raw_peer.hpp"
+#include "transport/protocol.hpp"
+
+using namespace kvstream;
+using namespace kvstream::storage;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using kvstream::testing::RawPeer;
+
+namespace {
+
+const std::string kSecretA = "0123456789abcdef-tenant-a", kSecretB = "0123456789abcdef-tenant-b";
+
+class NodeLimits : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("kvstream-limits2-{}-{}", ::getpid(), counter_++);
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  ServerConfig config() {
+    ServerConfig cfg;
+    cfg.address = "127.0.0.1:0";
+    cfg.directory = dir_.string();
+    cfg.secrets = {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}};
+    return cfg;
+  }
+  Result<std::unique_ptr<Client>> client(const std::string& addr) {
+    ClientConfig cc;
+    cc.address = addr, cc.name_space = "tenant-b", cc.secret = kSecretB;
+    return Client::connect(cc, deadline_in(10s));
+  }
+  // Waits (bounded) until `pred` holds; the node's threads act on their own time.
+  template <typename P>
+  static bool eventually(P pred) {
+    for (int i = 0; i < 1000; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return pred();
+  }
+  fs::path dir_;
+  static inline int counter_ = 0;
+};
+
+// Puts that declare 1 GiB and send 1 KiB allocate nothing of the declared size: each
+// holds one 1 MiB segment from the budget at most, those past the budget are refused
+// with an error reply, and a tenant's put is refused cleanly, never with a crash, then
+// served once the attackers go.
+TEST_F(NodeLimits, DeclaredHugePutsStayInsideTheBudget) {
+  auto cfg = config();
+  cfg.cache_bytes = 0;
+  cfg.memory_budget_bytes = 4 << 20;
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const std::string addr = (*server)->address();
+  std::vector<RawPeer> attackers(6);
+  const std::vector<std::byte> kib(1024, std::byte{7});
+  for (size_t i = 0; i < attackers.size(); ++i) {
+    ASSERT_TRUE(attackers[i].connect(addr));
+    ASSERT_TRUE(attackers[i].authenticate("tenant-a", kSecretA));
+    Request put;
+    put.op = Op::put, put.id = 1, put.context = "big", put.chunk = uint32_t(i);
+    put.total = kMaxChunkBytes, put.checksum = 0;
+    ASSERT_TRUE(attackers[i].send_message(encode(put), kSegmentBytes, kib));
+  }
+  EXPECT_TRUE(eventually([&] { return (*server)->counters().budget_refusals >= 2; }));
+  const auto c = (*server)->counters();
+  EXPECT_LE(c.budget_peak_bytes, c.budget_limit_bytes);
+  auto tenant = client(addr);
+  ASSERT_TRUE(tenant.ok()) << tenant.status().to_string();
+  const std::vector<std::byte> body(1000, std::byte{1});
+  const Status refused = (*tenant)->put("mine", 0, 0, body, deadline_in(10s));
+  EXPECT_EQ(refused.code(), StatusCode::resource_exhausted) << refused.to_string();
+  attackers.clear();  // their connections close; their segments come back
+  EXPECT_TRUE(eventually([&] { return (*tenant)->put("mine", 0, 0, body, deadline_in(10s)).ok(); }));
+  EXPECT_LE((*server)->counters().budget_peak_bytes, c.budget_limit_bytes);
+}
+
+// Unauthenticated sockets: one source past its limit is closed at once; many sources
+// fill the pre-auth pool, where newcomers replace the oldest; tenants log in and are
+// served all the while, from their own slots.
+TEST_F(NodeLimits, UnauthenticatedFloodLeavesTenantsServed) {
+  auto cfg = config();
+  cfg.max_unauthenticated = 16;
+  cfg.max_unauthenticated_per_source = 4;
+  cfg.auth_timeout = 30s;  // held for the whole test unless evicted
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok());
+  const std::string addr = (*server)->address();
+  std::vector<RawPeer> one_source(20);
+  for (auto& p : one_source) ASSERT_TRUE(p.connect(addr, "127.0.0.2"));
+  int closed = 0;
+  for (auto& p : one_source) closed += p.closed_by_peer(500) ? 1 : 0;
+  EXPECT_EQ(closed, 16) << "a source holds at most 4 unauthenticated connections";
+  std::vector<RawPeer> many_sources(40);
+  for (size_t i = 0; i < many_sources.size(); ++i)
+    ASSERT_TRUE(many_sources[i].connect(addr, fmt::format("127.0.1.{}", i + 1)));
+  EXPECT_TRUE(eventually([&] { return (*server)->counters().evicted_unauthenticated >= 24; }));
+  std::vector<std::unique_ptr<Client>> tenants;
+  for (int i = 0; i < 20; ++i) {
+    auto t = client(addr);
+    ASSERT_TRUE(t.ok()) << "login " << i << ": " << t.status().to_string();
+    tenants.push_back(std::move(t).value());
+  }
+  const std::vector<std::byte> body(5000, std::byte{3});
+  for (auto& t : tenants) ASSERT_TRUE(t->put("ctx", 0, 0, body, deadline_in(10s)).ok());
+  const auto c = (*server)->counters();
+  EXPECT_GE(c.refused_connections, 16u);
+  EXPECT_GE(c.evicted_unauthenticated, 24u);
+}
+
+// A socket that does not authenticate by the deadline is closed; an authenticated one
+// that idles for as long is not.
+TEST_F(NodeLimits, AuthenticationHasADeadline) {
+  auto cfg = config();
+  cfg.auth_timeout = 300ms;
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok());
+  RawPeer idle, tenant;
+  ASSERT_TRUE(idle.connect((*server)->address()));
+  ASSERT_TRUE(tenant.connect((*server)->address()));
+  ASSERT_TRUE(tenant.authenticate("tenant-a", kSecretA));
+  EXPECT_TRUE(idle.closed_by_peer(10000));
+  EXPECT_FALSE(tenant.closed_by_peer(600)) << "an authenticated connection is held to idle_timeout";
+}
+
+}  // namespace
