@@ -25,6 +25,13 @@ class RawPeer {
   RawPeer() = default;
   RawPeer(const RawPeer&) = delete;
   RawPeer(RawPeer&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  RawPeer& operator=(RawPeer&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
   ~RawPeer() {
     if (fd_ >= 0) ::close(fd_);
   }

@@ -1,0 +1,230 @@
+// kvstream-attack-bench: a storage node's memory and another tenant's service while
+// hostile clients attack it (issue 15's figures). The node runs as its own process
+// (kvstream-server, default settings), so its resident size is read from /proc.
+//   unloaded     the victim tenant alone: its fetch latency is the anchor;
+//   huge-puts    64 connections of an attacker tenant each declare a 1 GiB put and
+//                trickle 1 KiB every 100 ms;
+//   preauth      255 sockets from 255 loopback source addresses connect and never
+//                log in (reconnecting 100 ms after the node drops one).
+// The victim fetches 1 MiB objects over one connection and logs in anew every 20
+// fetches; per phase: fetches and logins that succeeded, p50/p99 fetch latency, the
+// node's peak RSS against its memory budget.
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvstream/log.hpp"
+#include "kvstream/storage.hpp"
+#include "tests/support/raw_peer.hpp"
+
+using namespace kvstream;
+using namespace std::chrono_literals;
+using kvstream::testing::RawPeer;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kVictimSecret = "victim-secret-0123456789", kAttackerSecret = "attacker-secret-012345678";
+
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+struct PhaseResult {
+  std::string phase;
+  uint64_t fetches = 0, fetch_ok = 0, logins = 0, login_ok = 0, peak_rss = 0;
+  double p50_ms = 0, p99_ms = 0;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"storage node memory and a tenant's service under attack"};
+  std::string server_bin = (fs::read_symlink("/proc/self/exe").parent_path() / "kvstream-server").string();
+  std::string json_out;
+  double seconds = 8;
+  uint32_t objects = 32, attackers = 64, preauth = 255;
+  app.add_option("--server-bin", server_bin, "kvstream-server to attack")->capture_default_str();
+  app.add_option("--seconds", seconds, "length of each phase")->capture_default_str()->check(CLI::Range(1.0, 600.0));
+  app.add_option("--objects", objects, "1 MiB objects the victim fetches")->capture_default_str()->check(CLI::Range(1u, 1024u));
+  app.add_option("--attackers", attackers, "huge-put connections")->capture_default_str()->check(CLI::Range(1u, 64u));
+  app.add_option("--preauth", preauth, "unauthenticated sockets")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  app.add_option("--json", json_out, "also write the table as JSON here");
+  CLI11_PARSE(app, argc, argv);
+  set_log_level(LogLevel::error);
+
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-attack-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / "store");
+  std::ofstream(dir / "secrets.json") << fmt::format(R"({{"victim": "{}", "attacker": "{}"}})", kVictimSecret,
+                                                     kAttackerSecret);
+  int out_pipe[2];
+  if (::pipe(out_pipe) != 0) return 2;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out_pipe[1], 1);
+    ::setenv("KVSTREAM_LOG_LEVEL", "warn", 1);
+    const std::string store = (dir / "store").string(), secrets = (dir / "secrets.json").string();
+    ::execl(server_bin.c_str(), server_bin.c_str(), "--listen", "127.0.0.1:0", "--dir", store.c_str(), "--secrets",
+            secrets.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  std::string first;
+  char ch;
+  while (::read(out_pipe[0], &ch, 1) == 1 && ch != '\n') first += ch;
+  const auto at = first.rfind(' ');
+  if (first.rfind("listening on", 0) != 0 || at == std::string::npos)
+    return fmt::print(stderr, "kvstream-server did not start: '{}'\n", first), 2;
+  const std::string addr = first.substr(at + 1);
+  // The node's stdout goes on (its closing line); drain it so it never blocks.
+  std::thread drain([fd = out_pipe[0]] {
+    char b[256];
+    while (::read(fd, b, sizeof b) > 0) {
+    }
+  });
+
+  storage::ClientConfig vc;
+  vc.address = addr, vc.name_space = "victim", vc.secret = kVictimSecret;
+  auto setup = storage::Client::connect(vc, transport::deadline_in(10s));
+  if (!setup.ok()) return fmt::print(stderr, "victim: {}\n", setup.status().to_string()), 2;
+  std::vector<std::byte> obj(1 << 20, std::byte{0x5a});
+  for (uint32_t i = 0; i < objects; ++i)
+    if (!(*setup)->put("ctx", i, 0, obj, transport::deadline_in(20s)).ok()) return 2;
+  setup->reset();
+
+  auto victim_phase = [&](const std::string& name) {
+    PhaseResult r;
+    r.phase = name;
+    std::vector<double> lat;
+    std::atomic<bool> stop{false};
+    std::thread sampler([&] {
+      while (!stop) r.peak_rss = std::max(r.peak_rss, rss_bytes(pid)), std::this_thread::sleep_for(20ms);
+    });
+    std::vector<std::byte> buf(1 << 20);
+    const auto end = transport::Clock::now() + std::chrono::duration<double>(seconds);
+    std::unique_ptr<storage::Client> c;
+    transport::MemoryRegion mr;
+    for (uint64_t i = 0; transport::Clock::now() < end; ++i) {
+      if (i % 20 == 0) {
+        c.reset();
+        ++r.logins;
+        auto cc = storage::Client::connect(vc, transport::deadline_in(5s));
+        if (!cc.ok()) continue;
+        ++r.login_ok;
+        c = std::move(cc).value();
+        mr = *c->register_memory(buf.data(), buf.size());
+      }
+      if (!c) continue;
+      ++r.fetches;
+      const auto t0 = transport::Clock::now();
+      auto g = c->get("ctx", uint32_t(i % objects), 0, mr, 0, buf.size(), transport::deadline_in(5s));
+      if (g.ok() && *g == buf.size() && buf[777] == std::byte{0x5a}) {
+        ++r.fetch_ok;
+        lat.push_back(std::chrono::duration<double, std::milli>(transport::Clock::now() - t0).count());
+      }
+    }
+    stop = true;
+    sampler.join();
+    r.p50_ms = percentile(lat, 0.5), r.p99_ms = percentile(lat, 0.99);
+    return r;
+  };
+
+  std::vector<PhaseResult> results;
+  results.push_back(victim_phase("unloaded"));
+  {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> ts;
+    std::atomic<uint32_t> started{0};
+    for (uint32_t a = 0; a < attackers; ++a) {
+      ts.emplace_back([&, a] {
+        RawPeer p;
+        if (!p.connect(addr) || !p.authenticate("attacker", kAttackerSecret)) return;
+        storage::Request put;
+        put.op = storage::Op::put, put.id = 1, put.context = "huge", put.chunk = a;
+        put.total = storage::kMaxChunkBytes;
+        const std::vector<std::byte> kib(1024, std::byte{1});
+        if (!p.send_message(storage::encode(put), storage::kSegmentBytes, kib)) return;
+        ++started;
+        while (!stop && p.write_all(kib.data(), kib.size())) std::this_thread::sleep_for(100ms);
+      });
+    }
+    const auto ready_by = transport::Clock::now() + 5s;
+    while (started < attackers && transport::Clock::now() < ready_by) std::this_thread::sleep_for(10ms);
+    results.push_back(victim_phase("huge-puts"));
+    stop = true;
+    for (auto& t : ts) t.join();
+  }
+  {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> ts;
+    // 255 sockets over 8 threads, each socket from its own source address.
+    for (uint32_t t = 0; t < 8; ++t) {
+      ts.emplace_back([&, t] {
+        std::vector<RawPeer> socks;
+        std::vector<std::string> sources;
+        for (uint32_t i = t; i < preauth; i += 8) sources.push_back(fmt::format("127.0.{}.{}", 2 + i / 250, 1 + i % 250));
+        socks.resize(sources.size());
+        for (size_t i = 0; i < socks.size(); ++i) socks[i].connect(addr, sources[i]);
+        while (!stop) {
+          for (size_t i = 0; i < socks.size() && !stop; ++i) {
+            if (socks[i].closed_by_peer(0)) {  // dropped by the node: come back
+              socks[i] = RawPeer();
+              socks[i].connect(addr, sources[i]);
+            }
+          }
+          std::this_thread::sleep_for(100ms);
+        }
+      });
+    }
+    std::this_thread::sleep_for(500ms);
+    results.push_back(victim_phase("preauth"));
+    stop = true;
+    for (auto& t : ts) t.join();
+  }
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  drain.join();
+  fs::remove_all(dir);
+
+  const uint64_t budget = (256ull + 256ull) << 20;  // the node's default: cache 256 MiB + 256 MiB
+  const double anchor = results[0].p99_ms;
+  fmt::print("| phase | peak RSS (MiB) | budget (MiB) | fetches ok | logins ok | p50 (ms) | p99 (ms) | p99 / unloaded |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json j = nlohmann::json::array();
+  bool pass = true;
+  for (const auto& r : results) {
+    const double ratio = anchor > 0 ? r.p99_ms / anchor : 0;
+    fmt::print("| {} | {:.1f} | {} | {}/{} | {}/{} | {:.2f} | {:.2f} | {:.2f} |\n", r.phase, double(r.peak_rss) / (1 << 20),
+               budget >> 20, r.fetch_ok, r.fetches, r.login_ok, r.logins, r.p50_ms, r.p99_ms, ratio);
+    j.push_back({{"phase", r.phase}, {"peak_rss_bytes", r.peak_rss}, {"budget_bytes", budget},
+                 {"fetches", r.fetches}, {"fetch_ok", r.fetch_ok}, {"logins", r.logins}, {"login_ok", r.login_ok},
+                 {"p50_ms", r.p50_ms}, {"p99_ms", r.p99_ms}, {"p99_vs_unloaded", ratio}});
+    pass = pass && r.peak_rss <= budget && r.fetch_ok == r.fetches && r.login_ok == r.logins && ratio <= 5.0;
+  }
+  fmt::print("{}\n", pass ? "within the figures (RSS <= budget, 100% success, p99 <= 5x unloaded)"
+                          : "OUTSIDE the figures");
+  if (!json_out.empty()) std::ofstream(json_out) << j.dump(2) << "\n";
+  return pass ? 0 : 1;
+}
