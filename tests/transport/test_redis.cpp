@@ -148,6 +148,25 @@ TEST_F(Redis, CorruptValueIsDetected) {
   EXPECT_EQ((*c)->get("bad", 0, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::corrupt_data);
 }
 
+// A value's checksum binds its key: copied to another chunk's key it is refused, not
+// served as that chunk.
+TEST_F(Redis, ValueCopiedToAnotherKeyIsRefused) {
+  std::string cli;
+  for (const char* d : {"/usr/bin/", "/usr/local/bin/"})
+    if (fs::exists(std::string(d) + "redis-cli")) cli = std::string(d) + "redis-cli";
+  if (cli.empty()) GTEST_SKIP() << "redis-cli is not installed (Debian package redis-tools)";
+  auto c = client();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->put("moved", 10, 0, test_util::pattern(5000, 1), deadline_in(5s)).ok());
+  const std::string cmd =
+      fmt::format("{} -p {} COPY kvs:tenant-a:moved:10:0 kvs:tenant-a:moved:11:0 > /dev/null", cli, port_);
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::vector<std::byte> buf(10000);
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  EXPECT_TRUE((*c)->get("moved", 10, 0, *mr, 0, buf.size(), deadline_in(5s)).ok());
+  EXPECT_EQ((*c)->get("moved", 11, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::corrupt_data);
+}
+
 TEST_F(Redis, DeadlineAndCancelEvenWhenTheServerStalls) {
   auto c = client();
   ASSERT_TRUE(c.ok());

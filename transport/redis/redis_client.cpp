@@ -19,6 +19,8 @@
 
 #include <hiredis/hiredis.h>
 
+#include <xxhash.h>
+
 #include "core/log.hpp"
 #include "transport/backend_impl.hpp"
 #include "transport/protocol.hpp"
@@ -36,6 +38,12 @@ using transport::MemoryRegion;
 namespace {
 
 constexpr size_t kChecksumBytes = 8;
+
+// A value's checksum is seeded with its key, so a value copied or renamed to another
+// key (another chunk or level) fails it, as the node's object headers do.
+uint64_t bound_checksum(const std::string& key, std::span<const std::byte> payload) {
+  return XXH3_64bits_withSeed(payload.data(), payload.size(), XXH3_64bits(key.data(), key.size()));
+}
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -224,7 +232,7 @@ class RedisClient final : public storage::Client {
                          bytes.size());
     // The value is copied here, so the call may end (cancel) while it is on the wire.
     auto value = std::make_shared<std::string>(kChecksumBytes + bytes.size(), '\0');
-    const uint64_t sum = storage::body_checksum(bytes);
+    const uint64_t sum = bound_checksum(chunk_key(context, chunk, level), bytes);
     for (size_t i = 0; i < kChecksumBytes; ++i) (*value)[i] = char(uint8_t(sum >> (8 * i)));
     if (!bytes.empty()) std::memcpy(value->data() + kChecksumBytes, bytes.data(), bytes.size());
     auto r = call<bool>(deadline, cancel,
@@ -277,7 +285,7 @@ class RedisClient final : public storage::Client {
         for (size_t i = 0; i < kChecksumBytes; ++i) sum |= uint64_t(uint8_t(r->str[i])) << (8 * i);
         if (payload.size() > capacity)
           out = make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", payload.size(), capacity);
-        else if (storage::body_checksum(payload) != sum)
+        else if (bound_checksum(key, payload) != sum)
           out = make_status(StatusCode::corrupt_data, "{} failed its checksum", key);
         else if (j.claim()) {
           if (!payload.empty()) std::memcpy(dest.span(offset, payload.size()).data(), payload.data(), payload.size());
