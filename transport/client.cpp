@@ -275,6 +275,11 @@ class ClientImpl final : public Client {
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
              Deadline deadline, const CancelToken& cancel) override {
+    return put_versioned(context, chunk, level, bytes, next_write_version(), deadline, cancel);
+  }
+
+  Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                       uint64_t version, Deadline deadline, const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
     if (level >= kMaxLevels || bytes.size() > kMaxChunkBytes)
       return make_status(StatusCode::out_of_range, "level {} / {} bytes beyond the protocol's bounds", level,
@@ -285,7 +290,7 @@ class ClientImpl final : public Client {
     }
     Request req;
     req.op = Op::put, req.context = context, req.chunk = chunk, req.level = level;
-    req.total = bytes.size(), req.checksum = body_checksum(bytes);
+    req.total = bytes.size(), req.checksum = body_checksum(bytes), req.version = version;
     KVS_ASSIGN_OR_RETURN(auto r, call(req, bytes, deadline, cancel));
     (void)r;
     return {};

@@ -147,9 +147,21 @@ class PacedClient final : public Client {
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
              Deadline deadline, const CancelToken& cancel) override {
     const double requested = secs(Clock::now());
-    Status s = inner_->put(context, chunk, level, bytes, deadline, cancel);
+    return pace_put(inner_->put(context, chunk, level, bytes, deadline, cancel), requested, bytes.size(), deadline,
+                    cancel);
+  }
+
+  Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                       uint64_t version, Deadline deadline, const CancelToken& cancel) override {
+    const double requested = secs(Clock::now());
+    return pace_put(inner_->put_versioned(context, chunk, level, bytes, version, deadline, cancel), requested,
+                    bytes.size(), deadline, cancel);
+  }
+
+  // Holds a put that the node took until the paced uplink would have carried it.
+  Status pace_put(Status s, double requested, size_t bytes, Deadline deadline, const CancelToken& cancel) {
     if (!s.ok() || !config_.pace_puts) return s;
-    const auto end = at(up_.charge(requested, bytes.size()));
+    const auto end = at(up_.charge(requested, bytes));
     while (Clock::now() < end) {
       if (cancel.cancelled()) return make_status(StatusCode::cancelled, "put cancelled (paced link)");
       if (Clock::now() >= deadline) return make_status(StatusCode::timed_out, "put past its deadline (paced link)");

@@ -1,5 +1,7 @@
 #include "transport/protocol.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 
 #include <openssl/crypto.h>
@@ -91,7 +93,7 @@ std::vector<std::byte> encode(const Request& r) {
   Writer w;
   w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint16_t(0));
   w.put(r.id), w.put(r.chunk), w.put(r.level);
-  if (r.op == Op::put) w.put(r.total), w.put(r.checksum);
+  if (r.op == Op::put) w.put(r.total), w.put(r.checksum), w.put(r.version);
   if (has_context(r.op)) w.put_str8(r.context);
   if (r.op == Op::auth) {
     w.put_str8(r.name_space);
@@ -111,7 +113,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (version != kVersion) return make_status(StatusCode::unsupported, "request version {}", version);
   if (!op_valid(op) || Op(op) == Op::hello) return make_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
-  if (r.op == Op::put) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>();
+  if (r.op == Op::put) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
   if (has_context(r.op)) {
     const uint8_t n = rd.get<uint8_t>();
     r.context = rd.get_str(n, kMaxContextBytes);
@@ -237,6 +239,16 @@ Status send_segmented(transport::Connection& c, std::span<const std::byte> first
                                           body.subspan(i * kSegmentBytes, segment_bytes(body.size(), i))));
   }
   return c.wait_sends(seq, deadline, cancel);
+}
+
+uint64_t next_write_version() {
+  static std::atomic<uint64_t> last{0};
+  const uint64_t now = uint64_t(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  uint64_t prev = last.load(std::memory_order_relaxed), next;
+  do next = std::max(now, prev + 1);
+  while (!last.compare_exchange_weak(prev, next, std::memory_order_relaxed));
+  return next;
 }
 
 uint64_t body_checksum(std::span<const std::byte> body) { return XXH3_64bits(body.data(), body.size()); }

@@ -39,6 +39,7 @@ struct Request {
   uint32_t level = 0;
   uint64_t total = 0;                   // put: body bytes in all segments
   uint64_t checksum = 0;                // put: xxh3-64 of the whole body
+  uint64_t version = 0;                 // put: the write's version (0: unversioned)
   std::string context;                  // put/get/stat/remove
   std::string name_space;               // auth
   std::array<uint8_t, kMacBytes> mac{};  // auth
@@ -81,6 +82,11 @@ Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body);
 /// Body of a list response.
 std::vector<std::byte> encode_names(const std::vector<std::string>& names);
 Result<std::vector<std::string>> decode_names(std::span<const std::byte> body);
+
+/// A fresh write version from this process's clock: microseconds since the epoch,
+/// and always above every version it returned before (so writes issued one after
+/// another by this process are ordered as issued, whatever the wall clock does).
+uint64_t next_write_version();
 
 /// xxh3-64 of a body.
 uint64_t body_checksum(std::span<const std::byte> body);

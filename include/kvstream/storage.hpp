@@ -125,8 +125,24 @@ class Client {
   [[nodiscard]] virtual const transport::Capabilities* capabilities() const { return nullptr; }
 
   /// Stores one level of one chunk (replacing it). Durable when this returns ok.
+  /// Concurrent puts of one object are ordered by their write versions (this
+  /// process's clock, taken when put is called: see put_versioned); the newest wins
+  /// and a put that finds a newer one stored is refused with already_exists, having
+  /// changed nothing.
   virtual Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
                      transport::Deadline deadline, const transport::CancelToken& cancel = {}) = 0;
+
+  /// put at a given write version (> 0): a node keeps an object's highest version and
+  /// refuses an equal or older one with already_exists. A client that writes one
+  /// object to several places (replicas) gives each the same version, so all of them
+  /// end with the newest write whatever order the writes reach them in. Clients
+  /// without versions (Redis) store in arrival order.
+  virtual Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level,
+                               std::span<const std::byte> bytes, uint64_t version, transport::Deadline deadline,
+                               const transport::CancelToken& cancel = {}) {
+    (void)version;
+    return put(context, chunk, level, bytes, deadline, cancel);
+  }
 
   /// Fetches one level of one chunk straight into dest[offset, offset + capacity).
   /// Pipelined: many gets may be in flight; `done` runs on a client thread once the

@@ -11,6 +11,7 @@
 #include "kvstream/cluster.hpp"
 #include "transport/backend_impl.hpp"
 #include "transport/cluster/node_health.hpp"
+#include "transport/protocol.hpp"
 
 namespace kvstream::cluster {
 
@@ -155,13 +156,17 @@ class ReplicatedClient final : public storage::Client {
              Deadline deadline, const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
     const auto replicas = ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_);
+    // One write version for every replica: concurrent writers of this object reach
+    // the replicas in different orders, and each replica keeps the newest version,
+    // so they agree.
+    const uint64_t version = storage::next_write_version();
     // Every replica in parallel (the first on this thread); all answer by the deadline.
     std::vector<std::future<Status>> others;
     for (size_t i = 1; i < replicas.size(); ++i)
       others.push_back(std::async(std::launch::async, [&, n = replicas[i]] {
-        return put_one(n, context, chunk, level, bytes, deadline, cancel);
+        return put_one(n, context, chunk, level, bytes, version, deadline, cancel);
       }));
-    std::vector<Status> results{put_one(replicas[0], context, chunk, level, bytes, deadline, cancel)};
+    std::vector<Status> results{put_one(replicas[0], context, chunk, level, bytes, version, deadline, cancel)};
     for (auto& f : others) results.push_back(f.get());
     uint32_t acks = 0;
     std::string errors;
@@ -171,7 +176,11 @@ class ReplicatedClient final : public storage::Client {
         ++acks;
         continue;
       }
-      if (final_error(results[i].code()) || results[i].code() == StatusCode::cancelled) return results[i];
+      // already_exists: a newer write of this object reached that replica first; it
+      // reaches the others too, so this put lost the race everywhere.
+      if (final_error(results[i].code()) || results[i].code() == StatusCode::cancelled ||
+          results[i].code() == StatusCode::already_exists)
+        return results[i];
       if (first.ok()) first = results[i];
       errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes_[replicas[i]]->address, results[i].to_string());
     }
@@ -461,14 +470,14 @@ class ReplicatedClient final : public storage::Client {
   }
 
   Status put_one(uint32_t idx, const std::string& context, uint32_t chunk, uint32_t level,
-                 std::span<const std::byte> bytes, Deadline deadline, const CancelToken& cancel) {
+                 std::span<const std::byte> bytes, uint64_t version, Deadline deadline, const CancelToken& cancel) {
     Node& n = *nodes_[idx];
     auto c = client_of(n);
     if (!c) return make_status(StatusCode::unavailable, "not connected");
     const auto t0 = Clock::now();
     n.health.started(0);
-    Status s = c->put(context, chunk, level, bytes, deadline, cancel);
-    if (s.ok()) {
+    Status s = c->put_versioned(context, chunk, level, bytes, version, deadline, cancel);
+    if (s.ok() || s.code() == StatusCode::already_exists) {  // the node answered: it is well
       n.health.succeeded(0, seconds_between(t0, Clock::now()), 0);
     } else {
       n.health.failed(0);

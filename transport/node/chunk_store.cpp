@@ -88,7 +88,7 @@ void ChunkStore::scan() {
           quarantine_locked(k, f.path(), obj.status().message());
           continue;
         }
-        set_entry_locked(k, Entry{obj->size(), next_generation_++});
+        set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version});
       }
     }
   }
@@ -153,20 +153,37 @@ void ChunkStore::quarantine_locked(const ObjectKey& k, const std::string& path, 
   cache_drop_locked(k.name());
 }
 
-Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t length) {
+Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t length, uint64_t version) {
   KVS_RETURN_IF_ERROR(check_key(key));
   if (length > kMaxChunkBytes)
     return make_status(StatusCode::out_of_range, "{} bytes (limit {})", length, kMaxChunkBytes);
   PendingPut p;
   KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length));
   p.key_ = std::move(key);
+  p.version_ = version;
   return p;
 }
 
-Status ChunkStore::commit(PendingPut&& p, uint64_t checksum) {
+Status ChunkStore::commit(PendingPut&& pending, uint64_t checksum) {
+  PendingPut p = std::move(pending);  // a refused put's temporary file goes with it
   const ObjectKey& k = p.key_;
-  KVS_RETURN_IF_ERROR(p.tmp_.finish(k.name(), checksum));
+  // The file's sync happens outside the context's lock; only an unversioned write,
+  // whose version follows the stored one, has to learn it first.
+  const bool unversioned = p.version_ == 0;
+  if (!unversioned) KVS_RETURN_IF_ERROR(p.tmp_.finish(k.name(), checksum, p.version_));
   std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+  uint64_t stored = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (const Entry* e = entry_locked(k)) stored = e->version;
+  }
+  if (unversioned) {
+    p.version_ = stored + 1;
+    KVS_RETURN_IF_ERROR(p.tmp_.finish(k.name(), checksum, p.version_));
+  }
+  if (p.version_ <= stored)
+    return make_status(StatusCode::already_exists, "object {} holds a newer write (version {} >= {})", k.name(),
+                       stored, p.version_);
   const std::string ns_dir = dir_ + "/" + k.ns, ctx_dir = context_dir(k.ns, k.ctx);
   std::error_code ec;
   // A new directory's entry in its parent must be durable too.
@@ -186,14 +203,14 @@ Status ChunkStore::commit(PendingPut&& p, uint64_t checksum) {
   // and the acknowledgement waits for the directory's sync.
   {
     std::lock_guard lock(mu_);
-    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++});
+    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_});
     cache_drop_locked(k.name());
   }
   return fsync_directory(ctx_dir);
 }
 
-Status ChunkStore::put(const ObjectKey& key, std::span<const std::byte> bytes) {
-  KVS_ASSIGN_OR_RETURN(auto p, begin_put(key, bytes.size()));
+Status ChunkStore::put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version) {
+  KVS_ASSIGN_OR_RETURN(auto p, begin_put(key, bytes.size(), version));
   KVS_RETURN_IF_ERROR(p.append(bytes));
   return commit(std::move(p), XXH3_64bits(bytes.data(), bytes.size()));
 }

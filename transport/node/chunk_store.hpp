@@ -7,7 +7,10 @@
 // committed by a rename under its context's lock, then the context directory is
 // fsynced. Commits of one object are serialized; the last one to commit wins, and a
 // put is acknowledged only after its commit, so every get returns exactly one
-// committed version in full. The cache is dropped at each commit and filled only
+// committed version in full. Each put carries a write version: a commit whose version
+// is not above the stored one is refused (already_exists: the put lost to a newer
+// write), so writers that reach several replicas in different orders leave them all
+// with the same, newest version. The cache is dropped at each commit and filled only
 // with the version the disk holds.
 #pragma once
 
@@ -76,15 +79,18 @@ class ChunkStore {
     friend class ChunkStore;
     ObjectKey key_;
     TempObject tmp_;
+    uint64_t version_ = 0;
   };
-  /// Starts a put of `length` bytes. Errors: invalid_argument (ids), out_of_range,
-  /// io_error, resource_exhausted (disk full).
-  Result<PendingPut> begin_put(ObjectKey key, uint64_t length);
+  /// Starts a put of `length` bytes at write `version` (0: unversioned, newer than
+  /// whatever is stored). Errors: invalid_argument (ids), out_of_range, io_error,
+  /// resource_exhausted (disk full).
+  Result<PendingPut> begin_put(ObjectKey key, uint64_t length, uint64_t version = 0);
   /// Verifies the payload against `checksum`, makes it durable and visible. Errors:
+  /// already_exists (the stored version is as new or newer: nothing changed),
   /// corrupt_data (checksum or length), io_error, resource_exhausted.
   Status commit(PendingPut&& put, uint64_t checksum);
   /// begin_put + append + commit of a whole body.
-  Status put(const ObjectKey& key, std::span<const std::byte> bytes);
+  Status put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version = 0);
 
   /// The object: from the cache, read whole into the budget (and cached when it fits),
   /// or open to stream. Errors: not_found, corrupt_data (the object is then moved
@@ -111,6 +117,7 @@ class ChunkStore {
   struct Entry {
     uint64_t size = 0;
     uint64_t generation = 0;  // 0: absent
+    uint64_t version = 0;     // the write version in its header
   };
   struct Context {
     std::map<uint32_t, std::vector<Entry>> chunks;  // chunk -> per level

@@ -51,7 +51,8 @@ std::array<std::byte, kObjectHeaderBytes> encode_object_header(std::string_view 
   put_le(b.data() + 6, uint16_t(kObjectHeaderBytes));
   put_le(b.data() + 8, h.length);
   put_le(b.data() + 16, h.checksum);
-  put_le(b.data() + 24, binding_sum(name, std::span(b).first(24)));
+  put_le(b.data() + 24, h.version);
+  put_le(b.data() + 32, binding_sum(name, std::span(b).first(32)));
   return b;
 }
 
@@ -61,9 +62,9 @@ Result<ObjectHeader> decode_object_header(std::span<const std::byte> b, std::str
   if (get_le<uint16_t>(b.data() + 4) != kObjectVersion || get_le<uint16_t>(b.data() + 6) != kObjectHeaderBytes)
     return make_status(StatusCode::corrupt_data, "object {}: header version {} is not {}", name,
                        get_le<uint16_t>(b.data() + 4), kObjectVersion);
-  if (get_le<uint64_t>(b.data() + 24) != binding_sum(name, b.first(24)))
+  if (get_le<uint64_t>(b.data() + 32) != binding_sum(name, b.first(32)))
     return make_status(StatusCode::corrupt_data, "object {}: header does not belong to this name", name);
-  return ObjectHeader{get_le<uint64_t>(b.data() + 8), get_le<uint64_t>(b.data() + 16)};
+  return ObjectHeader{get_le<uint64_t>(b.data() + 8), get_le<uint64_t>(b.data() + 16), get_le<uint64_t>(b.data() + 24)};
 }
 
 ObjectFile::ObjectFile(ObjectFile&& o) noexcept
@@ -181,14 +182,14 @@ Status TempObject::append(std::span<const std::byte> bytes) {
   return {};
 }
 
-Status TempObject::finish(std::string_view name, uint64_t expected_checksum) {
+Status TempObject::finish(std::string_view name, uint64_t expected_checksum, uint64_t version) {
   if (fd_ < 0 || finished_) return make_status(StatusCode::invalid_argument, "finish of a closed object");
   if (written_ != length_)
     return make_status(StatusCode::corrupt_data, "object {}: {} of {} bytes arrived", name, written_, length_);
   const uint64_t sum = XXH3_64bits_digest(static_cast<XXH3_state_t*>(hash_));
   if (sum != expected_checksum)
     return make_status(StatusCode::corrupt_data, "object {} failed its checksum in transit", name);
-  const auto h = encode_object_header(name, ObjectHeader{length_, sum});
+  const auto h = encode_object_header(name, ObjectHeader{length_, sum, version});
   ssize_t w;
   do w = ::pwrite(fd_, h.data(), h.size(), 0);
   while (w < 0 && errno == EINTR);

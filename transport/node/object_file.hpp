@@ -14,15 +14,17 @@
 
 namespace kvstream::storage {
 
-/// Bytes of the object header: u32 magic "KVSO", u16 version, u16 header bytes,
-/// u64 payload length, u64 xxh3-64 of the payload (what the wire carries), u64 xxh3-64
-/// of the name and the preceding 24 bytes (so a copied or renamed file fails).
-inline constexpr size_t kObjectHeaderBytes = 32;
+/// Bytes of the object header: u32 magic "KVSO", u16 format version, u16 header
+/// bytes, u64 payload length, u64 xxh3-64 of the payload (what the wire carries), u64
+/// write version, u64 xxh3-64 of the name and the preceding 32 bytes (so a copied or
+/// renamed file fails).
+inline constexpr size_t kObjectHeaderBytes = 40;
 
 /// What an object header says, once its binding to `name` is verified.
 struct ObjectHeader {
   uint64_t length = 0;
   uint64_t checksum = 0;  ///< xxh3-64 of the payload
+  uint64_t version = 0;   ///< the write's version (protocol: Request::version)
 };
 
 /// The header of an object called `name` with this payload.
@@ -75,9 +77,10 @@ class TempObject {
   /// Appends payload bytes. Errors: out_of_range (past the declared length), io_error,
   /// resource_exhausted.
   Status append(std::span<const std::byte> bytes);
-  /// Writes the header for `name`, checks the payload is complete and matches
-  /// `expected_checksum`, and fsyncs. Errors: corrupt_data (checksum or length), io_error.
-  Status finish(std::string_view name, uint64_t expected_checksum);
+  /// Writes the header for `name` and `version`, checks the payload is complete and
+  /// matches `expected_checksum`, and fsyncs. Errors: corrupt_data (checksum or
+  /// length), io_error.
+  Status finish(std::string_view name, uint64_t expected_checksum, uint64_t version);
   /// Renames the finished file to `final_path` (same file system); the caller syncs the
   /// directory. Errors: io_error.
   Status rename_to(const std::string& final_path);

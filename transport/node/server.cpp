@@ -320,7 +320,7 @@ class ServerImpl final : public Server {
     if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
     else st = s.status();
     if (st.ok()) {
-      if (auto p = store_->begin_put(key, req.total); p.ok()) pending.emplace(std::move(p).value());
+      if (auto p = store_->begin_put(key, req.total, req.version); p.ok()) pending.emplace(std::move(p).value());
       else st = p.status();
     }
     const uint64_t n = segment_count(req.total);
