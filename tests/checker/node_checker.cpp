@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,18 +71,38 @@ class Node {
   Node(std::string bin, std::string dir, std::string secrets, uint16_t port)
       : bin_(std::move(bin)), dir_(std::move(dir)), secrets_(std::move(secrets)), port_(port) {}
   ~Node() { kill(); }
+  // Starts the node and waits for its "listening on" line; false when it did not
+  // come up (the caller retries: a port can linger briefly after a kill).
   bool start() {
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) return false;
     pid_ = ::fork();
     if (pid_ == 0) {
       const std::string listen = fmt::format("127.0.0.1:{}", port_);
       ::setenv("KVSTREAM_LOG_LEVEL", "error", 1);
-      const int devnull = ::open("/dev/null", O_WRONLY);
-      ::dup2(devnull, 1);
+      ::dup2(out[1], 1);
       ::execl(bin_.c_str(), bin_.c_str(), "--listen", listen.c_str(), "--dir", dir_.c_str(), "--secrets",
               secrets_.c_str(), "--cache-mb", "4", static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    return pid_ > 0;
+    ::close(out[1]);
+    std::string line;
+    pollfd p{out[0], POLLIN, 0};
+    char ch = 0;
+    while (line.size() < 200 && ::poll(&p, 1, 10000) > 0 && ::read(out[0], &ch, 1) == 1 && ch != '\n') line += ch;
+    ::close(out[0]);  // the node's later stdout (its closing line) goes nowhere
+    if (line.rfind("listening on", 0) == 0) return true;
+    kill();
+    return false;
+  }
+  // start(), retried for up to 10 s.
+  bool start_retrying(std::atomic<uint64_t>& retries) {
+    for (int i = 0; i < 100; ++i) {
+      if (start()) return true;
+      ++retries;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
   }
   void kill() {
     if (pid_ <= 0) return;
@@ -149,7 +170,8 @@ int main(int argc, char** argv) {
   const std::string secrets = work_dir + "/secrets.json";
   std::ofstream(secrets) << fmt::format("{{\"checker\": \"{}\"}}", kSecret);
   Node node(server_bin, work_dir + "/store", secrets, free_port());
-  if (!node.start()) return fmt::print(stderr, "cannot start {}\n", server_bin), 2;
+  std::atomic<uint64_t> start_retries{0};
+  if (!node.start_retrying(start_retries)) return fmt::print(stderr, "cannot start {}\n", server_bin), 2;
 
   const uint32_t keys = contexts * chunks * levels;
   std::mutex hist_mu;
@@ -242,7 +264,10 @@ int main(int argc, char** argv) {
       node.kill();
       ++crash_count;
       // Restarted at once on the same port and directory.
-      if (!node.start()) break;
+      if (!node.start_retrying(start_retries)) {
+        fmt::print(stderr, "the node did not come back after crash {}\n", k + 1);
+        break;
+      }
     }
   });
   for (auto& t : workers) t.join();
@@ -258,9 +283,9 @@ int main(int argc, char** argv) {
     failed += o.outcome == Outcome::failed;
   }
   fmt::print("seed {}: {} operations ({} puts, {} gets, {} removes; {} in flight at a crash or refused by a dying "
-             "node, {} refused), {} kill -9 + restart cycles, {} connects; {} anomalies\n",
+             "node, {} refused), {} kill -9 + restart cycles ({} restarts retried), {} connects; {} anomalies\n",
              seed, history.size(), counts[0], counts[1], counts[2], unknown, failed, crash_count.load(),
-             reconnects.load(), anomalies.size());
+             start_retries.load(), reconnects.load(), anomalies.size());
   for (size_t i = 0; i < std::min<size_t>(anomalies.size(), 20); ++i) {
     const auto& o = history[anomalies[i].op];
     fmt::print("  anomaly: op {} (get key {}, tickets {}..{}, read put {}): {}\n", anomalies[i].op, o.key, o.invoked,
@@ -268,5 +293,6 @@ int main(int argc, char** argv) {
   }
   if (own_dir) fs::remove_all(work_dir);
   if (history.size() < ops / 2) return fmt::print(stderr, "too few operations completed\n"), 1;
+  if (crash_count < crashes) return fmt::print(stderr, "only {} of {} crashes happened\n", crash_count.load(), crashes), 1;
   return anomalies.empty() ? 0 : 1;
 }
