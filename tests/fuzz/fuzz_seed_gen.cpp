@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   };
   int w = 0;
   using storage::Op;
-  for (Op op : {Op::hello, Op::auth, Op::put, Op::get, Op::stat, Op::remove, Op::list}) {
+  for (Op op : {Op::hello, Op::auth, Op::put, Op::get, Op::stat, Op::remove, Op::list, Op::data}) {
     storage::Request rq;
     rq.op = op;
     rq.id = 1000 + w;
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
     rq.level = 3;
     if (op == Op::put || op == Op::get || op == Op::stat || op == Op::remove) rq.context = "story-0042";
     if (op == Op::auth) rq.name_space = "tenant-a", rq.mac.fill(0x5a);
+    if (op == Op::put) rq.total = 3 << 20, rq.checksum = 0x1122334455667788ull, rq.version = 1700000000000000ull;
     if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     storage::Response rs;
     rs.op = op;
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
     rs.checksum = 0x0123456789abcdefull;
     if (op == Op::hello) rs.nonce.fill(0x33);
     if (op == Op::get) rs.code = StatusCode::not_found, rs.message = "no such chunk";
+    if (op == Op::data) rs.total = 0;
     if (!write_file(wdir + "/resp_" + std::to_string(w++), 1, bytes(storage::encode(rs)))) return 1;
   }
   if (!write_file(wdir + "/stats", 2, bytes(storage::encode_stats({{0, {100, 50, 0}}, {1, {90, 40, 20}}})))) return 1;
