@@ -77,7 +77,7 @@ int run_storage_bench(const StorageBenchOptions& o) {
         auto r = (*c)->get("load", i, 0, *mr, 0, buf.size(), deadline_in(5s));
         lat[t].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         if (!r.ok()) {
-          ++errors;
+          if (errors++ < 5) fmt::print(stderr, "fetch of chunk {}: {}\n", i, r.status().to_string());
           continue;
         }
         // Every delivered chunk is the right one, whole.

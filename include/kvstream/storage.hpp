@@ -59,10 +59,11 @@ struct ServerConfig {
   /// connection slot from the others.
   uint32_t max_connections_per_namespace = 64;
   /// Connections that have not authenticated yet, apart from the slots above; when
-  /// all are taken a new one replaces the oldest.
-  uint32_t max_unauthenticated = 128;
-  /// Unauthenticated connections from one source address; more are closed at once.
-  uint32_t max_unauthenticated_per_source = 16;
+  /// all are taken, the oldest of the source holding the most is closed for a new one.
+  uint32_t max_unauthenticated = 256;
+  /// Unauthenticated connections from one source address; a further one from it
+  /// closes that source's oldest.
+  uint32_t max_unauthenticated_per_source = 64;
   /// A connection that has not authenticated by then is closed.
   std::chrono::milliseconds auth_timeout{2000};
   uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure

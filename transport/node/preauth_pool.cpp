@@ -4,22 +4,50 @@ namespace kvstream::storage {
 
 Result<PreAuthPool::Ticket> PreAuthPool::admit(const std::string& source, const transport::CancelToken& cancel) {
   std::lock_guard lock(mu_);
+  if (max_total_ == 0 || max_per_source_ == 0)
+    return make_status(StatusCode::resource_exhausted, "no unauthenticated connections allowed");
+  // A source at its limit gives up its own oldest place: it cannot hold more, and a
+  // burst of its own logins (a runtime's workers starting together) only competes
+  // with itself.
   if (!source.empty()) {
     auto it = per_source_.find(source);
-    if (it != per_source_.end() && it->second >= max_per_source_)
-      return make_status(StatusCode::resource_exhausted, "{} unauthenticated connections from {}, the limit",
-                         it->second, source);
+    if (it != per_source_.end() && it->second >= max_per_source_) evict_locked(source);
   }
+  // Every place taken: the source holding the most gives up its oldest, so a flooding
+  // source pays first.
   while (!places_.empty() && places_.size() >= max_total_) {
-    places_.front().cancel.cancel();
-    drop_locked(places_.begin());
-    ++evicted_;
+    std::string busiest;
+    uint32_t most = 0;
+    for (const auto& [s, n] : per_source_)
+      if (n > most) most = n, busiest = s;
+    const uint32_t unknown = uint32_t(places_.size()) - held_by_known_locked();
+    if (unknown > most) busiest.clear();  // connections whose source is unknown count as one source
+    evict_locked(busiest);
   }
-  if (max_total_ == 0) return make_status(StatusCode::resource_exhausted, "no unauthenticated connections allowed");
   const uint64_t id = next_id_++;
   places_.push_back({id, source, cancel});
   if (!source.empty()) ++per_source_[source];
   return Ticket(this, id);
+}
+
+uint32_t PreAuthPool::held_by_known_locked() const {
+  uint32_t n = 0;
+  for (const auto& [s, c] : per_source_) n += c;
+  return n;
+}
+
+void PreAuthPool::evict_locked(const std::string& source) {
+  for (auto it = places_.begin(); it != places_.end(); ++it)
+    if (it->source == source) {
+      it->cancel.cancel();
+      drop_locked(it);
+      ++evicted_;
+      return;
+    }
+  // Not found (cannot happen while the counts agree): the oldest of all goes.
+  places_.front().cancel.cancel();
+  drop_locked(places_.begin());
+  ++evicted_;
 }
 
 void PreAuthPool::drop_locked(std::list<Place>::iterator it) {

@@ -1,9 +1,10 @@
-// Places for connections that have not yet proven a namespace. They are few and
-// bounded per source address, apart from the slots of authenticated tenants, so a
-// flood of idle or slow unauthenticated sockets cannot lock tenants out: a source at
-// its limit is refused at once, and when every place is taken a newcomer takes the
-// place of the oldest, whose waits are cancelled (a tenant's own handshake takes a
-// round trip; an idle socket has had longer).
+// Places for connections that have not yet proven a namespace, bounded in all and per
+// source address, apart from the slots of authenticated tenants, so a flood of idle or
+// slow unauthenticated sockets cannot lock tenants out. A newcomer always gets a place:
+// a source at its limit gives up its own oldest one, and when every place is taken the
+// source holding the most gives up its oldest. The connection that loses its place has
+// its waits cancelled. A tenant's handshake takes one round trip, while a flood's
+// sockets sit, so the oldest places are the flood's.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +44,9 @@ class PreAuthPool {
     uint64_t id_ = 0;
   };
 
-  /// A place for a connection from `source` (a host; empty when unknown, which has
-  /// no per-source bound) whose waits `cancel` ends if it is evicted. Errors:
-  /// resource_exhausted (the source holds its limit).
+  /// A place for a connection from `source` (a host; empty when unknown: such
+  /// connections count as one source) whose waits `cancel` ends if it is evicted.
+  /// Errors: resource_exhausted only when the limits are 0.
   Result<Ticket> admit(const std::string& source, const transport::CancelToken& cancel);
 
   [[nodiscard]] uint64_t evicted() const;
@@ -59,6 +60,8 @@ class PreAuthPool {
   };
   void release(uint64_t id) noexcept;
   void drop_locked(std::list<Place>::iterator it);
+  void evict_locked(const std::string& source);
+  [[nodiscard]] uint32_t held_by_known_locked() const;
   const uint32_t max_total_, max_per_source_;
   mutable std::mutex mu_;
   std::list<Place> places_;  // oldest first
