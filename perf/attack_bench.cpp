@@ -2,8 +2,9 @@
 // hostile clients attack it (issue 15's figures). The node runs as its own process
 // (kvstream-server, default settings), so its resident size is read from /proc.
 //   unloaded     the victim tenant alone: its fetch latency is the anchor;
-//   huge-puts    64 connections of an attacker tenant each declare a 1 GiB put and
-//                trickle 1 KiB every 100 ms;
+//   huge-puts    64 connections of an attacker tenant each declare a 1 GiB put, send
+//                its first 1 MiB segment whole and trickle the second, 1 KiB every
+//                100 ms;
 //   preauth      255 sockets from 255 loopback source addresses connect and never
 //                log in (reconnecting 100 ms after the node drops one).
 // The victim fetches 1 MiB objects over one connection and logs in anew every 20
@@ -163,8 +164,11 @@ int main(int argc, char** argv) {
         storage::Request put;
         put.op = storage::Op::put, put.id = 1, put.context = "huge", put.chunk = a;
         put.total = storage::kMaxChunkBytes;
-        const std::vector<std::byte> kib(1024, std::byte{1});
-        if (!p.send_message(storage::encode(put), storage::kSegmentBytes, kib)) return;
+        // The first segment whole (its buffer is then filled, every page touched), then
+        // the second one trickled.
+        const std::vector<std::byte> first(storage::kSegmentBytes, std::byte{1}), kib(1024, std::byte{1});
+        if (!p.send_message(storage::encode(put), storage::kSegmentBytes, first)) return;
+        if (!p.send_message(storage::data_request_header(1, 1), storage::kSegmentBytes, kib)) return;
         ++started;
         while (!stop && p.write_all(kib.data(), kib.size())) std::this_thread::sleep_for(100ms);
       });
