@@ -1,5 +1,7 @@
 #include "transport/node/preauth_pool.hpp"
 
+#include <algorithm>
+
 namespace kvstream::storage {
 
 Result<PreAuthPool::Ticket> PreAuthPool::admit(const std::string& source, const transport::CancelToken& cancel) {
@@ -16,13 +18,20 @@ Result<PreAuthPool::Ticket> PreAuthPool::admit(const std::string& source, const 
   // Every place taken: the source holding the most gives up its oldest, so a flooding
   // source pays first.
   while (!places_.empty() && places_.size() >= max_total_) {
-    std::string busiest;
-    uint32_t most = 0;
-    for (const auto& [s, n] : per_source_)
-      if (n > most) most = n, busiest = s;
-    const uint32_t unknown = uint32_t(places_.size()) - held_by_known_locked();
-    if (unknown > most) busiest.clear();  // connections whose source is unknown count as one source
-    evict_locked(busiest);
+    uint32_t most = uint32_t(places_.size()) - held_by_known_locked();  // unknown sources count as one
+    for (const auto& [s, n] : per_source_) most = std::max(most, n);
+    // Among the sources holding the most, the oldest place goes.
+    for (auto it = places_.begin(); it != places_.end(); ++it) {
+      const auto s = per_source_.find(it->source);
+      const uint32_t held = it->source.empty() ? uint32_t(places_.size()) - held_by_known_locked()
+                                               : (s == per_source_.end() ? 0 : s->second);
+      if (held == most) {
+        it->cancel.cancel();
+        drop_locked(it);
+        ++evicted_;
+        break;
+      }
+    }
   }
   const uint64_t id = next_id_++;
   places_.push_back({id, source, cancel});

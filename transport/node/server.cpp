@@ -76,7 +76,7 @@ class ServerImpl final : public Server {
       std::lock_guard lock(mu_);
       workers.swap(workers_);
     }
-    for (auto& w : workers) w.cancel.cancel();
+    for (auto& w : workers) w.cancel.cancel(), w.handshake.cancel();
     for (auto& w : workers) w.thread.join();
   }
 
@@ -106,7 +106,8 @@ class ServerImpl final : public Server {
   struct Worker {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
-    CancelToken cancel;  // this connection's waits: cancelled at stop or eviction
+    CancelToken cancel;     // this connection's waits: cancelled at stop
+    CancelToken handshake;  // its login's waits: cancelled at stop or eviction
   };
   std::list<Worker> workers_;
   uint32_t authenticated_ = 0;                      // guarded by mu_
@@ -124,8 +125,11 @@ class ServerImpl final : public Server {
         continue;
       }
       std::shared_ptr<Connection> conn = std::move(c).value();
-      CancelToken cancel;
-      auto ticket = preauth_.admit(host_of(conn->peer_address()), cancel);
+      // Two tokens: the handshake's, which losing the pre-auth place cancels, and the
+      // connection's, which only stop() cancels (a login that completed is never
+      // undone by a later eviction).
+      CancelToken handshake, cancel;
+      auto ticket = preauth_.admit(host_of(conn->peer_address()), handshake);
       if (!ticket.ok()) {
         ++refused_;
         refused_log_.note(fmt::format("{}: {}", conn->describe(), ticket.status().message()));
@@ -144,11 +148,11 @@ class ServerImpl final : public Server {
       }
       auto done = std::make_shared<std::atomic<bool>>(false);
       auto t = std::make_shared<PreAuthPool::Ticket>(std::move(ticket).value());
-      workers_.push_back({std::thread([this, done, conn, cancel, t] {
-                            serve(*conn, cancel, *t);
+      workers_.push_back({std::thread([this, done, conn, handshake, cancel, t] {
+                            serve(*conn, handshake, cancel, *t);
                             done->store(true);
                           }),
-                          done, cancel});
+                          done, cancel, handshake});
     }
   }
 
@@ -158,7 +162,9 @@ class ServerImpl final : public Server {
 
   // Challenge-response: the client proves it knows the namespace's secret without
   // sending it. A failure says nothing about which namespaces exist.
-  Result<std::string> authenticate(Connection& c, const CancelToken& cancel) {
+  // `ticket` (the pre-auth place) is given back before the answer goes out, so the
+  // place of a login that succeeded is never taken from it.
+  Result<std::string> authenticate(Connection& c, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
     const Deadline deadline = deadline_in(cfg_.auth_timeout);
     KVS_ASSIGN_OR_RETURN(auto nonce, make_nonce());
     Response hello;
@@ -200,6 +206,7 @@ class ServerImpl final : public Server {
       }
       ++held, ++authenticated_;
     }
+    ticket.release();
     if (Status s = reply(c, r, deadline, cancel); !s.ok()) {
       release_namespace(req.name_space);
       return s;
@@ -213,8 +220,8 @@ class ServerImpl final : public Server {
     if (authenticated_ > 0) --authenticated_;
   }
 
-  void serve(Connection& c, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
-    auto ns = authenticate(c, cancel);
+  void serve(Connection& c, const CancelToken& handshake, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
+    auto ns = authenticate(c, handshake, ticket);
     ticket.release();
     if (!ns.ok()) {
       if (ns.status().code() != StatusCode::cancelled || !stop_.cancelled()) login_log_.note(ns.status().to_string());
