@@ -144,7 +144,7 @@ TEST_P(Storage, BadIdsAreRejected) {
   auto server = Server::start(server_config());
   ASSERT_TRUE(server.ok());
   auto c = client((*server)->address());
-  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
   for (const std::string& bad : std::vector<std::string>{"../etc", "..", "a/b", "", std::string(300, 'x'), "sp ace"})
     EXPECT_EQ((*c)->put(bad, 0, 0, blob(10, 1), deadline_in(5s)).code(), StatusCode::invalid_argument) << bad;
   EXPECT_EQ((*c)->put("ok", 0, 99, blob(10, 1), deadline_in(5s)).code(), StatusCode::out_of_range);
@@ -156,7 +156,7 @@ TEST_P(Storage, SurvivesRestartAndDetectsDiskCorruption) {
     auto server = Server::start(server_config());
     ASSERT_TRUE(server.ok());
     auto c = client((*server)->address());
-    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
     ASSERT_TRUE((*c)->put("durable", 3, 1, blob(5000, 3), deadline_in(10s)).ok());
     ASSERT_TRUE((*c)->put("durable", 4, 1, blob(6000, 4), deadline_in(10s)).ok());
   }
@@ -171,7 +171,7 @@ TEST_P(Storage, SurvivesRestartAndDetectsDiskCorruption) {
   auto server = Server::start(server_config());
   ASSERT_TRUE(server.ok());
   auto c = client((*server)->address());
-  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
   auto st = (*c)->stat("durable", deadline_in(10s));
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(st->size(), 2u);
@@ -188,7 +188,7 @@ TEST_P(Storage, DeadlineAndCancelOfGets) {
   auto server = Server::start(server_config());
   ASSERT_TRUE(server.ok());
   auto c = client((*server)->address());
-  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
   ASSERT_TRUE((*c)->put("x", 0, 0, blob(1000, 1), deadline_in(10s)).ok());
   std::vector<std::byte> buf(1000);
   auto mr = (*c)->register_memory(buf.data(), buf.size());
@@ -205,7 +205,7 @@ TEST_P(Storage, NodeKilledMidTransferFailsWithinDeadline) {
   auto server = Server::start(server_config());
   ASSERT_TRUE(server.ok());
   auto c = client((*server)->address());
-  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
   const size_t size = 4 << 20;
   for (int i = 0; i < 8; ++i) ASSERT_TRUE((*c)->put("kill", i, 0, blob(size, i), deadline_in(20s)).ok());
   std::vector<std::byte> buf(size * 200);
