@@ -8,6 +8,7 @@
 
 #include "kvstream/storage.hpp"
 #include "tests/support/raw_peer.hpp"
+#include "tests/transport/node_test_util.hpp"
 #include "transport/protocol.hpp"
 
 using namespace kvstream;
@@ -23,22 +24,9 @@ const std::string kSecretA = "0123456789abcdef-tenant-a", kSecretB = "0123456789
 
 class NodeLimits : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-limits2-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  ServerConfig config() {
-    ServerConfig cfg;
-    cfg.address = "127.0.0.1:0";
-    cfg.directory = dir_.string();
-    cfg.secrets = {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}};
-    return cfg;
-  }
+  ServerConfig config() { return test_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}}); }
   Result<std::unique_ptr<Client>> client(const std::string& addr) {
-    ClientConfig cc;
-    cc.address = addr, cc.name_space = "tenant-b", cc.secret = kSecretB;
-    return Client::connect(cc, deadline_in(10s));
+    return test_util::connect_client(addr, "tenant-b", kSecretB);
   }
   // Waits (bounded) until `pred` holds; the node's threads act on their own time.
   template <typename P>
@@ -49,8 +37,7 @@ class NodeLimits : public ::testing::Test {
     }
     return pred();
   }
-  fs::path dir_;
-  static inline int counter_ = 0;
+  test_util::TempDir tmp_{"kvstream-limits"};
 };
 
 // Puts that declare 1 GiB and send 1 KiB allocate nothing of the declared size: each

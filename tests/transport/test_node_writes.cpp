@@ -7,12 +7,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <thread>
 
 #include "kvstream/storage.hpp"
 #include "transport/node/chunk_store.hpp"
 #include "transport/protocol.hpp"
+#include "tests/transport/node_test_util.hpp"
+#include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;
@@ -23,40 +24,28 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kSecret = "0123456789abcdef-tenant-a";
+using transport::test_util::pattern;
+namespace node_util = kvstream::storage::test_util;
+using node_util::TempDir;
 
-std::vector<std::byte> pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = std::byte(rng());
-  return v;
-}
-
-class NodeWrites : public ::testing::TestWithParam<std::string> {
+// A node of one tenant over `backend` in a fresh directory, and its clients.
+class NodeFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-writes-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  ServerConfig config() {
-    ServerConfig cfg;
-    cfg.address = "127.0.0.1:0";
-    cfg.backend.name = GetParam();
-    cfg.directory = dir_.string();
-    cfg.secrets = {{"tenant-a", kSecret}};
-    return cfg;
-  }
-  std::unique_ptr<Client> client(const std::string& addr, uint32_t conns = 1) {
-    ClientConfig cc;
-    cc.address = addr;
-    cc.backend.name = GetParam();
-    cc.name_space = "tenant-a";
-    cc.secret = kSecret;
-    cc.connections = conns;
-    auto c = Client::connect(cc, deadline_in(10s));
+  explicit NodeFixture(std::string backend) : backend_(std::move(backend)) {}
+  ServerConfig config() { return node_util::node_config(dir_, {{"tenant-a", kSecret}}, backend_); }
+  std::unique_ptr<Client> client(const std::string& addr) {
+    auto c = node_util::connect_client(addr, "tenant-a", kSecret, backend_);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     return c.ok() ? std::move(c).value() : nullptr;
   }
+  TempDir tmp_{"kvstream-node"};
+  const fs::path& dir_ = tmp_.path();
+  std::string backend_;
+};
+
+class NodeWrites : public ::testing::TestWithParam<std::string>, protected NodeFixture {
+ protected:
+  NodeWrites() : NodeFixture(GetParam()) {}
   // The object's bytes, or the status of the get.
   Result<std::vector<std::byte>> fetch(Client& c, const std::string& ctx, uint32_t chunk, uint32_t level,
                                        size_t cap = 8 << 20) {
@@ -67,8 +56,6 @@ class NodeWrites : public ::testing::TestWithParam<std::string> {
     buf.resize(n);
     return buf;
   }
-  fs::path dir_;
-  static inline int counter_ = 0;
 };
 
 // Two connections put a 4 MiB and a 2 MiB body to one object at the same moment: each
@@ -168,34 +155,14 @@ TEST_P(NodeWrites, BodiesLargerThanTheBudgetStream) {
 INSTANTIATE_TEST_SUITE_P(Backends, NodeWrites, ::testing::ValuesIn(available_backends()),
                          [](const auto& info) { return info.param; });
 
-class NodeLayout : public ::testing::Test {
+class NodeLayout : public ::testing::Test, protected NodeFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-layout-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  ServerConfig config() {
-    ServerConfig cfg;
-    cfg.address = "127.0.0.1:0";
-    cfg.directory = dir_.string();
-    cfg.secrets = {{"tenant-a", kSecret}};
-    return cfg;
-  }
-  std::unique_ptr<Client> client(const std::string& addr) {
-    ClientConfig cc;
-    cc.address = addr, cc.name_space = "tenant-a", cc.secret = kSecret;
-    auto c = Client::connect(cc, deadline_in(10s));
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
+  NodeLayout() : NodeFixture("tcp") {}
   Status get_status(Client& c, const std::string& ctx, uint32_t chunk, uint32_t level) {
     std::vector<std::byte> buf(1 << 20);
     auto mr = c.register_memory(buf.data(), buf.size());
     return c.get(ctx, chunk, level, *mr, 0, buf.size(), deadline_in(10s)).status();
   }
-  fs::path dir_;
-  static inline int counter_ = 0;
 };
 
 TEST_F(NodeLayout, SecondNodeOnOneDirectoryIsRefused) {

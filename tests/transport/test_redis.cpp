@@ -133,10 +133,15 @@ TEST_F(Redis, SameBytesAsTheNativeNode) {
     }
 }
 
-TEST_F(Redis, CorruptValueIsDetected) {
-  std::string cli;
+// Path of redis-cli, or "" where it is not installed.
+std::string redis_cli() {
   for (const char* d : {"/usr/bin/", "/usr/local/bin/"})
-    if (fs::exists(std::string(d) + "redis-cli")) cli = std::string(d) + "redis-cli";
+    if (fs::exists(std::string(d) + "redis-cli")) return std::string(d) + "redis-cli";
+  return {};
+}
+
+TEST_F(Redis, CorruptValueIsDetected) {
+  const std::string cli = redis_cli();
   if (cli.empty()) GTEST_SKIP() << "redis-cli is not installed (Debian package redis-tools)";
   auto c = client();
   ASSERT_TRUE(c.ok());
@@ -151,9 +156,7 @@ TEST_F(Redis, CorruptValueIsDetected) {
 // A value's checksum binds its key: copied to another chunk's key it is refused, not
 // served as that chunk.
 TEST_F(Redis, ValueCopiedToAnotherKeyIsRefused) {
-  std::string cli;
-  for (const char* d : {"/usr/bin/", "/usr/local/bin/"})
-    if (fs::exists(std::string(d) + "redis-cli")) cli = std::string(d) + "redis-cli";
+  const std::string cli = redis_cli();
   if (cli.empty()) GTEST_SKIP() << "redis-cli is not installed (Debian package redis-tools)";
   auto c = client();
   ASSERT_TRUE(c.ok());
