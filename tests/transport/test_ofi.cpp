@@ -70,6 +70,7 @@ TEST_P(LibfabricProvider, DeclaresProviderAndRoundTrips) {
   auto rmr = p->server_backend->register_memory(rbuf.data(), max, MemoryType::host);
   ASSERT_TRUE(smr.ok() && rmr.ok());
   for (size_t n : {size_t(0), size_t(1), size_t(63), size_t(4097), size_t(200000), max}) {
+    SCOPED_TRACE(testing::Message() << "body of " << n << " bytes");
     auto body = fill(n, uint8_t(n));
     if (n) std::memcpy(sbuf.data(), body.data(), n);
     auto header = fill(16 + n % 100, 3);
@@ -144,6 +145,49 @@ TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
       EXPECT_TRUE(std::all_of(buf.data() + 2 * n, buf.data() + 2 * n + *len, [&](std::byte b) { return b == want; }));
     }
   for (int i : {0, 1}) EXPECT_TRUE(clients[i]->wait_sends(last[i], deadline_in(10s), {}).ok());
+}
+
+// An accept() whose deadline ends mid-handshake (the client's hello taken, the
+// hello-ack not yet complete) loses no connection: the next call finishes it. The
+// storage node accepts in 200 ms rounds; a hello that came late in a round used to be
+// dropped, and its client, already connected, saw the connection closed at once.
+// Here every accept's deadline is already over: a handshake whose ack does not
+// complete at the first poll spans several calls. (Whether it does is the provider's
+// timing, so this does not catch the old behaviour every run; the storage tests under
+// TSan on a loaded machine did, about 1 run in 16.)
+TEST_P(LibfabricProvider, AcceptPastItsDeadlineLosesNoConnection) {
+  auto sb = create_backend(ofi_config(GetParam()));
+  auto cb = create_backend(ofi_config(GetParam()));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  for (int round = 0; round < 3; ++round) {
+    auto client = std::async(std::launch::async, [&] { return (*cb)->connect((*l)->address(), deadline_in(10s), {}); });
+    std::unique_ptr<Connection> server;
+    for (const auto give_up = deadline_in(10s); !server && Clock::now() < give_up;) {
+      auto a = (*l)->accept(Clock::now(), {});
+      if (a.ok()) {
+        server = std::move(a).value();
+      } else {
+        ASSERT_EQ(a.status().code(), StatusCode::timed_out) << a.status().to_string();
+        std::this_thread::sleep_for(1ms);
+      }
+    }
+    ASSERT_TRUE(server) << "round " << round << ": no connection accepted";
+    auto c = client.get();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    // The connection is the client's, and works both ways.
+    const std::byte h[2] = {std::byte(round), std::byte(7)};
+    std::vector<std::byte> got;
+    ASSERT_TRUE((*c)->send(h, {}, deadline_in(5s), {}).ok());
+    auto len = server->recv_header(got, deadline_in(5s), {});
+    ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
+    EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
+    ASSERT_TRUE(server->send(h, {}, deadline_in(5s), {}).ok());
+    len = (*c)->recv_header(got, deadline_in(5s), {});
+    ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
+    EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
+  }
 }
 
 TEST_P(LibfabricProvider, OrderlyCloseIsSeenAtOnceAfterPendingMessages) {

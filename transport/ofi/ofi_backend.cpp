@@ -367,14 +367,20 @@ class Endpoint {
   /// One pass over the CQ; routes completions. Returns how many it handled.
   int poll() {
     fi_cq_tagged_entry e[16];
-    ssize_t n = fi_cq_read(cq_, e, 16);
+    ssize_t n;
+    fi_cq_err_entry err{};
+    int got_err = 0;
+    {
+      std::lock_guard plock(poll_mu_);
+      n = fi_cq_read(cq_, e, 16);
+      if (n == -FI_EAVAIL) got_err = int(fi_cq_readerr(cq_, &err, 0));
+    }
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) complete(e[i].op_context, 0, e[i].len, e[i].tag);
       return int(n);
     }
     if (n == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      if (fi_cq_readerr(cq_, &err, 0) == 1) {
+      if (got_err == 1) {
         if (err.err != FI_ECANCELED)
           KVS_LOG_DEBUG("libfabric: completion error {}", fi_err(err.err));
         complete(err.op_context, err.err ? err.err : FI_EIO, err.len, err.tag);
@@ -477,6 +483,7 @@ class Endpoint {
   fid_av* av_ = nullptr;
   fid_cq* cq_ = nullptr;
   std::mutex mu_;
+  std::mutex poll_mu_;
   std::unordered_map<Op*, std::shared_ptr<Op>> inflight_;
   std::atomic<int> active_sends_{0};
   std::atomic<bool> stop_{false};
@@ -989,6 +996,7 @@ class OfiListener final : public Listener {
         shared_(std::make_shared<ListenShared>()) {}
 
   ~OfiListener() override {
+    pending_.reset();  // a handshake no accept() finished: its connection says bye
     {
       std::lock_guard lock(shared_->mu);
       shared_->closing = true;
@@ -998,48 +1006,112 @@ class OfiListener final : public Listener {
   }
 
   Status start() {
-    for (int i = 0; i < 8; ++i) KVS_RETURN_IF_ERROR(post_hello());
+    for (size_t i = 0; i < kHelloPool; ++i) KVS_RETURN_IF_ERROR(post_hello());
     return {};
   }
 
+  /// The caller's deadline bounds the wait for a connection, not the life of one that
+  /// came: a hello taken from the queue is the client's only connection request, so a
+  /// deadline or cancel that ends this call before its hello-ack completes keeps the
+  /// handshake pending, and the next call finishes it before waiting for another (one
+  /// whose ack has not completed within kHandshakeLimit is dropped, unavailable).
+  /// Dropping it at the caller's deadline lost connections the client already counted
+  /// as made: the storage node accepts in 200 ms rounds, and under TSan the first send
+  /// on a new tcp;ofi_rxm listener endpoint (the first hello-ack) takes about 100 ms.
   Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
-    Hello h{};
-    bool have = false;
-    KVS_RETURN_IF_ERROR(ep_->wait(
-        [&] {
-          std::lock_guard lock(shared_->mu);
-          if (shared_->hellos.empty()) return false;
-          h = shared_->hellos.front();
-          shared_->hellos.pop_front();
-          have = true;
-          return true;
-        },
-        deadline, &cancel, "accept"));
-    (void)have;
-    reap_hello_ops();
-    KVS_RETURN_IF_ERROR(post_hello());  // keep the pool of hello receives full
-    KVS_ASSIGN_OR_RETURN(fi_addr_t peer, ep_->insert(h.addr));
-    const uint32_t id = next_id_++ & uint32_t(kConnMask);
-    auto conn = std::make_unique<OfiConnection>(ep_, peer, id, strip_scheme(ep_->straddr(h.addr)), false);
-    KVS_RETURN_IF_ERROR(conn->start());
-    // The ack, tagged with the client's nonce, tells it its connection id.
-    auto op = ep_->new_op(sizeof(HelloAck));
-    HelloAck ack{kHelloMagic, id};
-    std::memcpy(op->buf.get(), &ack, sizeof ack);
-    KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*op));
-    KVS_RETURN_IF_ERROR(ep_->post_send(op, op->buf.get(), sizeof ack, desc, peer,
-                                       make_tag(MsgType::hello_ack, 0) | (h.nonce & kLow60), deadline, cancel));
-    KVS_RETURN_IF_ERROR(ep_->wait([&] { return op->done.load(); }, deadline, &cancel, "accept (hello-ack)"));
-    if (op->err)
-      return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}", conn->describe(),
-                         fi_err(op->err));
-    KVS_LOG_DEBUG("libfabric: accepted {} as connection {}", conn->describe(), id);
-    return std::unique_ptr<Connection>(std::move(conn));
+    if (!pending_) {
+      Hello h{};
+      KVS_RETURN_IF_ERROR(ep_->wait(
+          [&] {
+            std::lock_guard lock(shared_->mu);
+            if (shared_->hellos.empty()) return false;
+            h = shared_->hellos.front();
+            shared_->hellos.pop_front();
+            return true;
+          },
+          deadline, &cancel, "accept"));
+      refill_hellos();
+      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(h));
+    }
+    if (Status st = finish_handshake(deadline, cancel); !st.ok()) {
+      if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) pending_.reset();
+      return st;
+    }
+    auto hs = std::move(pending_);
+    KVS_LOG_DEBUG("libfabric: accepted {} as connection {}", hs->conn->describe(), hs->id);
+    return std::unique_ptr<Connection>(std::move(hs->conn));
   }
 
   std::string address() const override { return address_; }
 
  private:
+  static constexpr size_t kHelloPool = 8;  // hello receives kept posted
+  static constexpr auto kHandshakeLimit = 10s;  // for a taken hello's ack to complete
+
+  /// A connection whose hello was taken and whose hello-ack has not completed yet.
+  struct Handshake {
+    std::unique_ptr<OfiConnection> conn;
+    std::shared_ptr<Op> ack;
+    void* desc = nullptr;
+    fi_addr_t peer = FI_ADDR_UNSPEC;
+    uint64_t tag = 0;
+    uint32_t id = 0;
+    bool posted = false;  // the ack is with the provider
+    Deadline give_up{};   // kHandshakeLimit after the hello was taken
+  };
+
+  Result<std::unique_ptr<Handshake>> begin_handshake(const Hello& h) {
+    auto hs = std::make_unique<Handshake>();
+    hs->give_up = deadline_in(kHandshakeLimit);
+    KVS_ASSIGN_OR_RETURN(hs->peer, ep_->insert(h.addr));
+    hs->id = next_id_++ & uint32_t(kConnMask);
+    hs->conn = std::make_unique<OfiConnection>(ep_, hs->peer, hs->id, strip_scheme(ep_->straddr(h.addr)), false);
+    KVS_RETURN_IF_ERROR(hs->conn->start());
+    // The ack, tagged with the client's nonce, tells it its connection id.
+    hs->ack = ep_->new_op(sizeof(HelloAck));
+    const HelloAck ack{kHelloMagic, hs->id};
+    std::memcpy(hs->ack->buf.get(), &ack, sizeof ack);
+    KVS_ASSIGN_OR_RETURN(hs->desc, ep_->local_desc(*hs->ack));
+    hs->tag = make_tag(MsgType::hello_ack, 0) | (h.nonce & kLow60);
+    return hs;
+  }
+
+  /// Posts the pending handshake's ack (if not yet posted) and waits for it to complete.
+  /// timed_out or cancelled leave it pending; both make progress even past the deadline
+  /// (one post attempt, one poll), so a caller that keeps calling gets through.
+  Status finish_handshake(Deadline deadline, const CancelToken& cancel) {
+    Handshake& hs = *pending_;
+    Status st;
+    const Deadline until = std::min(deadline, hs.give_up);
+    if (!hs.posted) {
+      st = ep_->post_send(hs.ack, hs.ack->buf.get(), sizeof(HelloAck), hs.desc, hs.peer, hs.tag, until, cancel);
+      hs.posted = st.ok();
+    }
+    if (st.ok())
+      st = ep_->wait([&] { return hs.ack->done.load(std::memory_order_acquire); }, until, &cancel,
+                     "accept (hello-ack)");
+    if (st.code() == StatusCode::timed_out && Clock::now() >= hs.give_up)
+      return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} did not complete in {} s",
+                         hs.conn->describe(), kHandshakeLimit.count());
+    KVS_RETURN_IF_ERROR(st);
+    if (hs.ack->err)
+      return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}", hs.conn->describe(),
+                         fi_err(hs.ack->err));
+    return {};
+  }
+
+  /// Keeps kHelloPool hello receives posted (one completes per hello, and one that
+  /// completes with an error or a bad hello is replaced too). A failed repost is logged,
+  /// not fatal: the hello already taken is still accepted, and the next call retries.
+  void refill_hellos() {
+    reap_hello_ops();
+    while (hello_ops_.size() < kHelloPool)
+      if (Status s = post_hello(); !s.ok()) {
+        KVS_LOG_WARN("libfabric: listener {} could not repost a hello receive: {}", address_, s.to_string());
+        break;
+      }
+  }
+
   Status post_hello() {
     auto op = ep_->new_op(sizeof(Hello));
     auto sh = shared_;
@@ -1067,6 +1139,7 @@ class OfiListener final : public Listener {
   std::shared_ptr<ListenShared> shared_;
   std::vector<std::shared_ptr<Op>> hello_ops_;
   uint32_t next_id_ = 1;
+  std::unique_ptr<Handshake> pending_;  // taken hello whose ack a deadline interrupted
 };
 
 // ---- Backend ------------------------------------------------------------------------------

@@ -5,7 +5,10 @@
 //    receives posted; a client opens its own endpoint, inserts the listener's address
 //    into its address vector and sends a hello carrying its own address (fi_getname)
 //    and a nonce; the listener's accept() inserts that address, assigns the connection
-//    an id and answers with a hello-ack (tagged with the nonce) carrying the id.
+//    an id and answers with a hello-ack (tagged with the nonce) carrying the id. A
+//    deadline or cancel that ends accept() after it took a hello but before the ack
+//    completed leaves that handshake pending: the next accept() finishes it first, so
+//    no connection the client already counts as made is dropped.
 //  * every message is tagged: | type:4 | connection id:20 | sequence:24 | segment:16 |
 //    so many connections share the listener's endpoint and many messages can be in
 //    flight; a receive always names the exact message it wants (no reliance on the
