@@ -12,20 +12,18 @@
 // node's peak RSS against its memory budget.
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvstream/log.hpp"
 #include "kvstream/storage.hpp"
+#include "tests/support/node_process.hpp"
 #include "tests/support/raw_peer.hpp"
 
 using namespace kvstream;
@@ -79,31 +77,14 @@ int main(int argc, char** argv) {
   fs::create_directories(dir / "store");
   std::ofstream(dir / "secrets.json") << fmt::format(R"({{"victim": "{}", "attacker": "{}"}})", kVictimSecret,
                                                      kAttackerSecret);
-  int out_pipe[2];
-  if (::pipe(out_pipe) != 0) return 2;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out_pipe[1], 1);
-    ::setenv("KVSTREAM_LOG_LEVEL", "warn", 1);
-    const std::string store = (dir / "store").string(), secrets = (dir / "secrets.json").string();
-    ::execl(server_bin.c_str(), server_bin.c_str(), "--listen", "127.0.0.1:0", "--dir", store.c_str(), "--secrets",
-            secrets.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(out_pipe[1]);
-  std::string first;
-  char ch;
-  while (::read(out_pipe[0], &ch, 1) == 1 && ch != '\n') first += ch;
-  const auto at = first.rfind(' ');
-  if (first.rfind("listening on", 0) != 0 || at == std::string::npos)
-    return fmt::print(stderr, "kvstream-server did not start: '{}'\n", first), 2;
-  const std::string addr = first.substr(at + 1);
-  // The node's stdout goes on (its closing line); drain it so it never blocks.
-  std::thread drain([fd = out_pipe[0]] {
-    char b[256];
-    while (::read(fd, b, sizeof b) > 0) {
-    }
-  });
+  kvstream::testing::NodeProcess node;
+  if (!node.start(server_bin,
+                  {"--listen", "127.0.0.1:0", "--dir", (dir / "store").string(), "--secrets",
+                   (dir / "secrets.json").string()},
+                  "warn"))
+    return fmt::print(stderr, "{} did not start\n", server_bin), 2;
+  const std::string addr = node.address();
+  const pid_t pid = node.pid();
 
   storage::ClientConfig vc;
   vc.address = addr, vc.name_space = "victim", vc.secret = kVictimSecret;
@@ -206,10 +187,7 @@ int main(int argc, char** argv) {
     stop = true;
     for (auto& t : ts) t.join();
   }
-  ::kill(pid, SIGTERM);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  drain.join();
+  node.kill(SIGTERM);
   fs::remove_all(dir);
 
   const uint64_t budget = (256ull + 256ull) << 20;  // the node's default: cache 256 MiB + 256 MiB

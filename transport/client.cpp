@@ -216,24 +216,14 @@ class Channel {
   // the request is over or the buffer too small), and the whole is checked once.
   Status land_get(const Response& r, size_t first_len, bool abandoned, const MemoryRegion& dest, size_t offset,
                   size_t capacity) {
-    const uint64_t total = r.total, n = segment_count(total);
-    if (first_len != segment_bytes(total, 0))
-      return make_status(StatusCode::corrupt_data, "response {}: first segment of {} bytes for a body of {}", r.id,
-                         first_len, total);
+    const uint64_t total = r.total;
     const bool keep = !abandoned && total <= capacity;
-    std::vector<std::byte> header;
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t len = segment_bytes(total, i);
-      const auto deadline = deadline_in(30s);
-      if (i > 0) {
-        KVS_ASSIGN_OR_RETURN(size_t got, conn_->recv_header(header, deadline, stop_));
-        auto d = decode_response(header);
-        if (!d.ok() || d->op != Op::data || d->id != r.id || got != len)
-          return make_status(StatusCode::corrupt_data, "segment {} of response {} is malformed", i, r.id);
-      }
-      KVS_RETURN_IF_ERROR(
-          conn_->recv_body(keep ? dest.span(offset + i * kSegmentBytes, len) : std::span<std::byte>(), deadline, stop_));
-    }
+    KVS_RETURN_IF_ERROR(recv_segmented(
+        *conn_, false, r.id, total, first_len,
+        [&](uint64_t i, uint64_t len) {
+          return keep ? dest.span(offset + i * kSegmentBytes, len) : std::span<std::byte>();
+        },
+        [](std::span<std::byte>) {}, 30s, stop_));
     if (abandoned) {
       complete(r.id, Status{}, {});
       return {};

@@ -76,6 +76,17 @@ Status send_segmented(transport::Connection& c, std::span<const std::byte> first
                       const std::function<std::vector<std::byte>(uint32_t)>& data_header,
                       transport::Deadline deadline, const transport::CancelToken& cancel);
 
+/// Receives the body of message `id`, `total` bytes in segments, once its first header
+/// (announcing `first_len`) has been read: checks each further segment's `data` header
+/// (a request's when `of_request`, with its index) and size, lands segment i in
+/// `dest(i, len)` (an empty span discards it) and hands what landed to `landed`. Each
+/// segment has `per_segment` to arrive. Errors: corrupt_data (framing: the connection
+/// can no longer be trusted), the connection's.
+Status recv_segmented(transport::Connection& c, bool of_request, uint64_t id, uint64_t total, size_t first_len,
+                      const std::function<std::span<std::byte>(uint64_t i, uint64_t len)>& dest,
+                      const std::function<void(std::span<std::byte>)>& landed,
+                      std::chrono::milliseconds per_segment, const transport::CancelToken& cancel);
+
 /// Body of a stat response.
 std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats);
 Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body);

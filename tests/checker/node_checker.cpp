@@ -4,7 +4,6 @@
 // Seeded: the same seed gives the same operations, sizes and crash points (counted
 // in completed operations); the interleaving is the machine's.
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,16 +15,14 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvstream/log.hpp"
 #include "kvstream/storage.hpp"
 #include "tests/checker/history.hpp"
+#include "tests/support/node_process.hpp"
 
 using namespace kvstream;
 using namespace kvstream::checker;
@@ -66,57 +63,28 @@ std::optional<uint64_t> parse_value(std::span<const std::byte> b) {
   return id;
 }
 
+// The node under test: restarted on the same port and directory after each crash.
 class Node {
  public:
   Node(std::string bin, std::string dir, std::string secrets, uint16_t port)
       : bin_(std::move(bin)), dir_(std::move(dir)), secrets_(std::move(secrets)), port_(port) {}
-  ~Node() { kill(); }
-  // Starts the node and waits for its "listening on" line; false when it did not
-  // come up (the caller retries: a port can linger briefly after a kill).
-  bool start() {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return false;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const std::string listen = fmt::format("127.0.0.1:{}", port_);
-      ::setenv("KVSTREAM_LOG_LEVEL", "error", 1);
-      ::dup2(out[1], 1);
-      ::execl(bin_.c_str(), bin_.c_str(), "--listen", listen.c_str(), "--dir", dir_.c_str(), "--secrets",
-              secrets_.c_str(), "--cache-mb", "4", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    std::string line;
-    pollfd p{out[0], POLLIN, 0};
-    char ch = 0;
-    while (line.size() < 200 && ::poll(&p, 1, 10000) > 0 && ::read(out[0], &ch, 1) == 1 && ch != '\n') line += ch;
-    ::close(out[0]);  // the node's later stdout (its closing line) goes nowhere
-    if (line.rfind("listening on", 0) == 0) return true;
-    kill();
-    return false;
-  }
-  // start(), retried for up to 10 s.
+  // Starts the node, retried for up to 10 s (a port can linger briefly after a kill).
   bool start_retrying(std::atomic<uint64_t>& retries) {
+    const std::vector<std::string> args{"--listen", address(), "--dir", dir_, "--secrets", secrets_, "--cache-mb", "4"};
     for (int i = 0; i < 100; ++i) {
-      if (start()) return true;
+      if (proc_.start(bin_, args, "error")) return true;
       ++retries;
       std::this_thread::sleep_for(100ms);
     }
     return false;
   }
-  void kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    pid_ = -1;
-  }
+  void kill() { proc_.kill(); }
   [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
 
  private:
   std::string bin_, dir_, secrets_;
   uint16_t port_;
-  pid_t pid_ = -1;
+  kvstream::testing::NodeProcess proc_;
 };
 
 uint16_t free_port() {

@@ -343,13 +343,6 @@ std::vector<std::string> ChunkStore::list(const std::string& ns) {
   return out;
 }
 
-ChunkStore::Counters ChunkStore::counters() {
-  std::lock_guard lock(mu_);
-  Counters c = counters_;
-  c.cache_bytes = cache_used_, c.cache_objects = cache_.size();
-  return c;
-}
-
 void ChunkStore::cache_put_locked(const std::string& key, Bytes b) {
   cache_drop_locked(key);
   if (b->data.size() > cache_limit_) return;

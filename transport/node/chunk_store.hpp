@@ -45,6 +45,11 @@ struct Blob {
   std::vector<std::byte> data;
   uint64_t checksum = 0;
   MemoryBudget::Lease lease;
+  /// The transport's registration of `data`, made by the first get that sends it and
+  /// kept while the object lives (in the cache), so a hot object is not registered
+  /// again per get (a memory map and unmap each on UCX and libfabric).
+  mutable std::mutex region_mu;
+  mutable transport::MemoryRegion region;
 };
 using Bytes = std::shared_ptr<const Blob>;
 
@@ -107,11 +112,6 @@ class ChunkStore {
   Status remove(const std::string& ns, const std::string& ctx);
   std::vector<std::string> list(const std::string& ns);
 
-  struct Counters {
-    uint64_t quarantined = 0, stale_temporaries = 0, cache_bytes = 0, cache_objects = 0;
-  };
-  [[nodiscard]] Counters counters();
-
  private:
   ChunkStore(MemoryBudget& budget) : budget_(budget) {}
   struct Entry {
@@ -137,7 +137,9 @@ class ChunkStore {
   Lru lru_;  // most recent at the front
   std::unordered_map<std::string, Lru::iterator> cache_;
   uint64_t cache_used_ = 0;
-  Counters counters_;
+  struct {
+    uint64_t quarantined = 0, stale_temporaries = 0;
+  } counters_;  // logged at open
 
   std::mutex& stripe(const std::string& ns, const std::string& ctx);
   std::string context_dir(const std::string& ns, const std::string& ctx) const;

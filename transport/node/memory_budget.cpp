@@ -13,12 +13,6 @@ bool MemoryBudget::take(uint64_t n) {
   return true;
 }
 
-Result<MemoryBudget::Lease> MemoryBudget::try_acquire(uint64_t n) {
-  if (take(n)) return Lease(this, n);
-  refusals_.fetch_add(1, std::memory_order_relaxed);
-  return make_status(StatusCode::resource_exhausted, "the node's memory budget ({} bytes) is full", limit_);
-}
-
 Result<MemoryBudget::Lease> MemoryBudget::acquire(uint64_t n) {
   if (take(n)) return Lease(this, n);
   std::function<void(uint64_t)> reclaim;

@@ -45,8 +45,6 @@ class MemoryBudget {
     uint64_t bytes_ = 0;
   };
 
-  /// Takes `n` bytes without asking anyone for room. Errors: resource_exhausted.
-  Result<Lease> try_acquire(uint64_t n);
   /// Takes `n` bytes, asking the reclaimer for room when the budget is short.
   /// Errors: resource_exhausted.
   Result<Lease> acquire(uint64_t n);

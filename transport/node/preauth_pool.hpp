@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -50,7 +51,6 @@ class PreAuthPool {
   Result<Ticket> admit(const std::string& source, const transport::CancelToken& cancel);
 
   [[nodiscard]] uint64_t evicted() const;
-  [[nodiscard]] uint32_t held() const;
 
  private:
   struct Place {
@@ -60,12 +60,12 @@ class PreAuthPool {
   };
   void release(uint64_t id) noexcept;
   void drop_locked(std::list<Place>::iterator it);
-  void evict_locked(const std::string& source);
-  [[nodiscard]] uint32_t held_by_known_locked() const;
+  // Closes the oldest place that `which` picks.
+  void evict_first_locked(const std::function<bool(const Place&)>& which);
   const uint32_t max_total_, max_per_source_;
   mutable std::mutex mu_;
   std::list<Place> places_;  // oldest first
-  std::map<std::string, uint32_t> per_source_;
+  std::map<std::string, uint32_t> per_source_;  // places per source; "" is every unknown one
   uint64_t next_id_ = 1, evicted_ = 0;
 };
 

@@ -94,8 +94,10 @@ class ServerImpl final : public Server {
   MemoryBudget budget_;
   PreAuthPool preauth_;
   detail::RateLimitedLog refused_log_, login_log_, conn_log_;
-  std::unique_ptr<ChunkStore> store_;
+  // Declared before the store and the segments: their buffers hold registrations with
+  // it, so it goes after them.
   std::unique_ptr<transport::Backend> backend_;
+  std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<SegmentPool> segments_;
   std::unique_ptr<transport::Listener> listener_;
   std::string address_;
@@ -330,23 +332,14 @@ class ServerImpl final : public Server {
       if (auto p = store_->begin_put(key, req.total, req.version); p.ok()) pending.emplace(std::move(p).value());
       else st = p.status();
     }
-    const uint64_t n = segment_count(req.total);
-    std::vector<std::byte> header;
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t len = segment_bytes(req.total, i);
-      const auto deadline = deadline_in(cfg_.idle_timeout);
-      if (i > 0) {
-        auto got = c.recv_header(header, deadline, cancel);
-        if (!got.ok()) return got.status();
-        auto d = decode_request(header);
-        if (!d.ok() || d->op != Op::data || d->id != req.id || d->chunk != i || *got != len)
-          return make_status(StatusCode::corrupt_data, "segment {} of put {} is malformed", i, req.id);
-      }
-      const auto dest = st.ok() ? seg.span(len) : std::span<std::byte>();
-      KVS_RETURN_IF_ERROR(c.recv_body(dest, deadline, cancel));
-      bytes_in_ += len;
-      if (st.ok()) st = pending->append(dest);
-    }
+    KVS_RETURN_IF_ERROR(recv_segmented(
+        c, true, req.id, req.total, segment_bytes(req.total, 0),
+        [&](uint64_t, uint64_t len) { return st.ok() ? seg.span(len) : std::span<std::byte>(); },
+        [&](std::span<std::byte> got) {
+          if (st.ok()) st = pending->append(got);
+        },
+        cfg_.idle_timeout, cancel));
+    bytes_in_ += req.total;
     if (st.ok()) st = store_->commit(std::move(*pending), req.checksum);
     return {};
   }
@@ -364,11 +357,14 @@ class ServerImpl final : public Server {
     cache_hits_ += found->cache_hit;
     r.checksum = found->checksum, r.total = found->size;
     if (found->bytes) {
-      const auto& data = found->bytes->data;
-      transport::MemoryRegion mr;
+      const Blob& blob = *found->bytes;
+      const auto& data = blob.data;
       if (!data.empty()) {
-        KVS_ASSIGN_OR_RETURN(mr, backend_->register_memory(const_cast<std::byte*>(data.data()), data.size(),
-                                                           transport::MemoryType::host));
+        std::lock_guard lock(blob.region_mu);
+        if (!blob.region.valid()) {
+          KVS_ASSIGN_OR_RETURN(blob.region, backend_->register_memory(const_cast<std::byte*>(data.data()), data.size(),
+                                                                      transport::MemoryType::host));
+        }
       }
       KVS_RETURN_IF_ERROR(send_segmented(c, encode(r), data, [&](uint32_t) { return data_response_header(r.id); },
                                          deadline, cancel));
