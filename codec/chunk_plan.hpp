@@ -2,10 +2,12 @@
 // numbers the encoder and every decoder must compute identically.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "codec/profile_impl.hpp"
+#include "codec/reconstruct_kernels.hpp"
 
 namespace kvstream::codec {
 
@@ -57,9 +59,6 @@ struct MatrixPlan {
   }
 };
 
-void rope_forward_tile(float* x, uint32_t rows, uint32_t first_t, uint32_t heads, uint32_t head_dim, uint32_t rot,
-                       bool interleaved, const float* ec, const float* es, const uint32_t* partner);
-
 /// cos/sin of every (token, rotary pair) of a chunk, with the formula rope_rotate uses.
 struct RopeTable {
   std::vector<float> cos, sin;
@@ -68,14 +67,43 @@ struct RopeTable {
   // (the same products and sums as the pairwise formula, hence the same bits).
   std::vector<float> ec, es;
   std::vector<uint32_t> partner;
+  // Whole power-of-two heads rotate through rope_forward_rows: ec/es per token
+  // repeated to `width` (at least one 16-float vector), partner d ^ xor_mask.
+  std::vector<float> ecw, esw;
+  uint32_t width = 0, xor_mask = 0;
   uint32_t pairs = 0, rot = 0;
   RopePairing pairing = RopePairing::interleaved;
-  void build(const RopeParams& r, uint32_t head_dim, uint64_t first_position, uint32_t tokens) {
-    rot = r.rotary_dim == 0 || r.rotary_dim > head_dim ? head_dim : r.rotary_dim;
+  // What the table holds: positions [first, first + tokens) of `params`, `head_dim`.
+  RopeParams params{};
+  uint32_t head_dim = 0;
+  uint64_t first = 0, tokens = 0;
+
+  /// True when positions [first_position, first_position + n) are in the table.
+  [[nodiscard]] bool covers(const RopeParams& r, uint32_t hd, uint64_t first_position, uint64_t n) const {
+    return r == params && hd == head_dim && first_position >= first && first_position + n <= first + tokens;
+  }
+  /// Makes the table cover [first_position, first_position + n) and returns the row
+  /// of first_position. A decoder keeps one table across chunks (building costs a
+  /// sin and cos per pair and token, a sizeable share of decoding a short chunk), so
+  /// the table grows to a span of recent positions of up to 2^18 (token, channel)
+  /// entries (a few MiB) or one chunk, whichever is more.
+  uint64_t ensure(const RopeParams& r, uint32_t hd, uint64_t first_position, uint64_t n) {
+    if (!covers(r, hd, first_position, n)) {
+      const uint64_t max_span = std::max<uint64_t>(n, (uint64_t(1) << 18) / std::max<uint32_t>(hd, 1));
+      uint64_t lo = first_position, hi = first_position + n;
+      if (r == params && hd == head_dim && tokens > 0 && std::max(hi, first + tokens) - std::min(lo, first) <= max_span)
+        lo = std::min(lo, first), hi = std::max(hi, first + tokens);
+      build(r, hd, lo, uint32_t(hi - lo));
+    }
+    return first_position - first;
+  }
+  void build(const RopeParams& r, uint32_t hd, uint64_t first_position, uint32_t n) {
+    params = r, head_dim = hd, first = first_position, tokens = n;
+    rot = r.rotary_dim == 0 || r.rotary_dim > hd ? hd : r.rotary_dim;
     pairs = rot / 2;
     pairing = r.pairing;
-    cos.resize(size_t(tokens) * pairs), sin.resize(size_t(tokens) * pairs);
-    ec.resize(size_t(tokens) * rot), es.resize(size_t(tokens) * rot), partner.resize(rot);
+    cos.resize(size_t(n) * pairs), sin.resize(size_t(n) * pairs);
+    ec.resize(size_t(n) * rot), es.resize(size_t(n) * rot), partner.resize(rot);
     for (uint32_t i = 0; i < pairs; ++i) {
       const uint32_t a = r.pairing == RopePairing::interleaved ? 2 * i : i;
       const uint32_t b = r.pairing == RopePairing::interleaved ? 2 * i + 1 : i + pairs;
@@ -83,7 +111,7 @@ struct RopeTable {
     }
     std::vector<float> freq(pairs);
     for (uint32_t i = 0; i < pairs; ++i) freq[i] = 1.0f / std::pow(r.base, float(2 * i) / float(rot));
-    for (uint32_t t = 0; t < tokens; ++t)
+    for (uint32_t t = 0; t < n; ++t)
       for (uint32_t i = 0; i < pairs; ++i) {
         const float a = float(int64_t(first_position + t)) * freq[i];
         cos[size_t(t) * pairs + i] = std::cos(a);
@@ -94,10 +122,27 @@ struct RopeTable {
         es[size_t(t) * rot + ia] = -std::sin(a);
         es[size_t(t) * rot + ib] = std::sin(a);
       }
+    const bool pow2 = rot == hd && hd >= 2 && (hd & (hd - 1)) == 0 && hd <= 256;
+    width = pow2 ? std::max<uint32_t>(hd, 16) : 0;
+    xor_mask = r.pairing == RopePairing::interleaved ? 1 : hd / 2;
+    // Heads of 16 or more use ec/es as they are.
+    const uint32_t repeated = width > rot ? width : 0;
+    ecw.resize(size_t(n) * repeated), esw.resize(size_t(n) * repeated);
+    for (uint32_t t = 0; t < n && repeated; ++t)
+      for (uint32_t i = 0; i < width; ++i) {
+        ecw[size_t(t) * width + i] = ec[size_t(t) * rot + i % hd];
+        esw[size_t(t) * width + i] = es[size_t(t) * rot + i % hd];
+      }
   }
-  /// Forward rotation (decoder) of `rows` rows of tokens first_t.. (view-relative).
-  void rotate_tile(float* x, uint32_t rows, uint32_t first_t, uint32_t heads, uint32_t head_dim) const {
-    rope_forward_tile(x, rows, first_t, heads, head_dim, rot, pairing == RopePairing::interleaved, ec.data(),
+  /// Forward rotation (decoder) of `rows` rows of table rows first_t..
+  void rotate_tile(float* x, uint32_t rows, uint64_t first_t, uint32_t heads, uint32_t hd) const {
+    if (width && (heads * hd) % width == 0) {
+      const bool repeated = width > rot;
+      rope_forward_rows(x, rows, heads * hd, width, xor_mask, (repeated ? ecw : ec).data() + first_t * width,
+                        (repeated ? esw : es).data() + first_t * width);
+      return;
+    }
+    rope_forward_tile(x, rows, uint32_t(first_t), heads, hd, rot, pairing == RopePairing::interleaved, ec.data(),
                       es.data(), partner.data());
   }
   /// Rotates every head of one token's row (inverse = undo).

@@ -1,7 +1,8 @@
-// Static-table interleaved rANS: table building, encoder, and scalar / AVX2 /
-// AVX-512 decoders. See rans.hpp for the format and docs/entropy-coding.md for the
-// design and measurements.
+// Static-table interleaved rANS: frequency tables, their coding tables and the
+// encoder (the decoders are in rans_decode.cpp). See rans.hpp for the format and
+// docs/entropy-coding.md for the design and measurements.
 #include "codec/entropy/rans.hpp"
+#include "codec/entropy/rans_format.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -15,28 +16,10 @@
 #endif
 
 namespace kvstream::codec {
+using namespace rans_format;
+
 namespace {
 
-constexpr int kLanes = RANS_LANES;
-constexpr uint32_t kProbMask = PROB_SCALE - 1;
-constexpr uint32_t kStateLow = 1u << 16;  // states live in [kStateLow, 2^32)
-constexpr uint8_t kEscapeByte = 0x80;     // decode-table symbol byte meaning "escape"
-constexpr uint8_t kStreamVersion = 1;
-constexpr uint8_t kTableVersion = 1;
-constexpr size_t kHeaderBytes = 12;
-constexpr size_t kStateBytes = 4 * kLanes;
-constexpr size_t kStepWordBytes = 2 * kLanes;  // most word bytes one step can consume
-
-static_assert(PROB_BITS >= 10 && PROB_BITS <= 12, "decode entry packs 8 + 2*PROB_BITS bits into 32");
-static_assert(kLanes == 32, "SIMD kernels are written for 32 lanes");
-// Lets SIMD loops read a full step's window whenever the word pointer has not
-// passed the end of the word stream.
-static_assert(kStateBytes >= kStepWordBytes);
-
-// ---- little-endian helpers ----------------------------------------------------
-
-inline uint32_t load_u16(const uint8_t* p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
-inline uint32_t load_u32(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
 inline void put_u16(std::vector<uint8_t>& out, uint32_t v) {
   out.push_back(uint8_t(v));
   out.push_back(uint8_t(v >> 8));
@@ -239,10 +222,8 @@ Result<RansTables> RansTables::build(std::span<const FreqTable> tables) {
 
 // ---- shared argument checks ---------------------------------------------------
 
-namespace {
-
-Status check_shape(const RansTables& tables, std::span<const uint8_t> table_of_col, size_t rows, size_t cols,
-                   size_t& n) {
+Status rans_check_shape(const RansTables& tables, std::span<const uint8_t> table_of_col, size_t rows, size_t cols,
+                        size_t& n) {
   if (table_of_col.size() != cols)
     return make_status(StatusCode::invalid_argument, "table_of_col has {} ids for {} columns", table_of_col.size(),
                        cols);
@@ -257,6 +238,8 @@ Status check_shape(const RansTables& tables, std::span<const uint8_t> table_of_c
 }
 
 // ---- encoder ------------------------------------------------------------------
+
+namespace {
 
 // x / freq for 32-bit x via a 64-bit reciprocal (Lemire et al., "Faster remainder by
 // direct computation"); exact for every 32-bit x. freq 1 has rcp 0 and needs x itself.
@@ -278,7 +261,7 @@ inline uint32_t div_freq(uint32_t x, const RansTables::EncEntry& e) {
 Status rans_encode(const RansTables& tables, std::span<const uint8_t> table_of_col, const int8_t* symbols,
                    size_t rows, size_t cols, std::vector<uint8_t>& out) {
   size_t n = 0;
-  KVS_RETURN_IF_ERROR(check_shape(tables, table_of_col, rows, cols, n));
+  KVS_RETURN_IF_ERROR(rans_check_shape(tables, table_of_col, rows, cols, n));
   if (n != 0 && symbols == nullptr) return make_status(StatusCode::invalid_argument, "null symbols");
 
   // rANS codes last-in-first-out: walk symbols backwards (lane = i mod 32 then runs
@@ -323,331 +306,6 @@ Status rans_encode(const RansTables& tables, std::span<const uint8_t> table_of_c
   out.insert(out.end(), wp, wp + word_bytes);
   out.insert(out.end(), escapes.begin(), escapes.end());
   for (uint32_t s : state) put_u32(out, s);
-  return {};
-}
-
-// ---- decoder ------------------------------------------------------------------
-
-namespace {
-
-// Everything one decode call needs; kernels advance step/c0/wp/state.
-struct DecodeCtx {
-  const uint32_t* dec;      // decode tables
-  const uint8_t* tid;       // table id per column
-  size_t cols;
-  size_t n_mod;             // RANS_LANES mod cols
-  int8_t* out;
-  size_t full_steps;        // steps where all lanes carry a symbol
-  size_t step = 0;          // next step to decode
-  size_t c0 = 0;            // column of lane 0 at `step`
-  const uint8_t* wp;        // next word
-  const uint8_t* wend;      // end of the word stream (>= kStepWordBytes readable beyond)
-  bool escape_seen = false;
-  alignas(64) uint32_t state[kLanes];
-};
-
-inline void advance_column(DecodeCtx& c) {
-  c.c0 += c.n_mod;
-  if (c.c0 >= c.cols) c.c0 -= c.cols;
-}
-
-// Table ids of the 32 lanes for the current step: a pointer into table_of_col when
-// they are contiguous (always, when cols is a multiple of 32), else gathered with
-// wrap-around into `tmp`.
-inline const uint8_t* step_ids(const DecodeCtx& c, uint8_t* tmp) {
-  if (c.c0 + kLanes <= c.cols) return c.tid + c.c0;
-  size_t col = c.c0;
-  for (int l = 0; l < kLanes; ++l) {
-    tmp[l] = c.tid[col];
-    if (++col == c.cols) col = 0;
-  }
-  return tmp;
-}
-
-// One scalar step over lanes [0, lanes). Caller guarantees wp <= wend, so the up to
-// 64 bytes read here are in bounds (the states trailer follows the words).
-inline void scalar_step(DecodeCtx& c, int lanes) {
-  int8_t* out = c.out + c.step * kLanes;
-  size_t col = c.c0;
-  const uint8_t* wp = c.wp;
-  uint8_t esc = 0;
-  for (int l = 0; l < lanes; ++l) {
-    uint32_t x = c.state[l];
-    const uint32_t e = c.dec[(size_t(c.tid[col]) << PROB_BITS) + (x & kProbMask)];
-    out[l] = int8_t(uint8_t(e));
-    esc |= uint8_t(uint8_t(e) == kEscapeByte);
-    x = (e >> (8 + PROB_BITS)) * (x >> PROB_BITS) + ((e >> 8) & kProbMask);
-    const bool need = x < kStateLow;
-    const uint32_t w = load_u16(wp);
-    c.state[l] = need ? (x << 16) | w : x;
-    wp += need ? 2 : 0;
-    if (++col == c.cols) col = 0;
-  }
-  c.wp = wp;
-  c.escape_seen |= esc != 0;
-  advance_column(c);
-  ++c.step;
-}
-
-void decode_full_steps_scalar(DecodeCtx& c) {
-  while (c.step < c.full_steps && c.wp <= c.wend) scalar_step(c, kLanes);
-}
-
-#if defined(__x86_64__)
-
-// Lane permutation for the AVX2 renormalization: for an 8-bit "lane needs a word"
-// mask, entry[i] is the rank of lane i among the needing lanes, i.e. which of the
-// next words it takes.
-struct ExpandTable {
-  alignas(64) uint8_t idx[256][8];
-  constexpr ExpandTable() : idx{} {
-    for (int m = 0; m < 256; ++m) {
-      int rank = 0;
-      for (int i = 0; i < 8; ++i)
-        if (m & (1 << i)) idx[m][i] = uint8_t(rank++);
-    }
-  }
-};
-constexpr ExpandTable kExpand;
-
-// Decodes 8 lanes of one step: gather the slot entries, update the states, write the
-// 8 symbols, and refill the states that dropped below 2^16 from consecutive words.
-__attribute__((target("avx2,popcnt"))) inline __m256i avx2_lanes8(__m256i x, const uint8_t* ids, const uint32_t* dec,
-                                                                   int8_t* out, const uint8_t*& wp, __m128i& esc) {
-  const __m256i pmask = _mm256_set1_epi32(int(kProbMask));
-  const __m256i base = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)ids)), PROB_BITS);
-  const __m256i e = _mm256_i32gather_epi32((const int*)dec, _mm256_add_epi32(base, _mm256_and_si256(x, pmask)), 4);
-  const __m256i freq = _mm256_srli_epi32(e, 8 + PROB_BITS);
-  const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 8), pmask);
-  x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x, PROB_BITS)), bias);
-
-  // Low byte of each 32-bit entry -> 8 consecutive bytes.
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
-                                        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i b = _mm256_shuffle_epi8(e, pick);
-  const __m128i sym = _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-  _mm_storel_epi64((__m128i*)out, sym);
-  esc = _mm_or_si128(esc, _mm_cmpeq_epi8(sym, _mm_set1_epi8(char(kEscapeByte))));
-
-  const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), _mm256_setzero_si256());
-  const unsigned m = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
-  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)wp));
-  w = _mm256_permutevar8x32_epi32(w, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)kExpand.idx[m])));
-  x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), w), need);
-  wp += 2 * __builtin_popcount(m);
-  return x;
-}
-
-__attribute__((target("avx2,popcnt"))) void decode_full_steps_avx2(DecodeCtx& c) {
-  __m256i x0 = _mm256_load_si256((const __m256i*)&c.state[0]);
-  __m256i x1 = _mm256_load_si256((const __m256i*)&c.state[8]);
-  __m256i x2 = _mm256_load_si256((const __m256i*)&c.state[16]);
-  __m256i x3 = _mm256_load_si256((const __m256i*)&c.state[24]);
-  __m128i esc = _mm_setzero_si128();
-  const uint8_t* wp = c.wp;
-  alignas(32) uint8_t tmp[kLanes];
-  while (c.step < c.full_steps && wp <= c.wend) {
-    const uint8_t* ids = step_ids(c, tmp);
-    int8_t* out = c.out + c.step * kLanes;
-    x0 = avx2_lanes8(x0, ids, c.dec, out, wp, esc);
-    x1 = avx2_lanes8(x1, ids + 8, c.dec, out + 8, wp, esc);
-    x2 = avx2_lanes8(x2, ids + 16, c.dec, out + 16, wp, esc);
-    x3 = avx2_lanes8(x3, ids + 24, c.dec, out + 24, wp, esc);
-    advance_column(c);
-    ++c.step;
-  }
-  _mm256_store_si256((__m256i*)&c.state[0], x0);
-  _mm256_store_si256((__m256i*)&c.state[8], x1);
-  _mm256_store_si256((__m256i*)&c.state[16], x2);
-  _mm256_store_si256((__m256i*)&c.state[24], x3);
-  c.wp = wp;
-  c.escape_seen |= !_mm_testz_si128(esc, esc);
-}
-
-// GCC 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_epi32, GCC
-// bug 105593); the warning says nothing about this code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-// AVX-512 version of avx2_lanes8 for 16 lanes; the refill uses vpexpandd.
-__attribute__((target("avx512f,popcnt"))) inline __m512i avx512_lanes16(__m512i x, const uint8_t* ids,
-                                                                         const uint32_t* dec, int8_t* out,
-                                                                         const uint8_t*& wp, __m128i& esc) {
-  const __m512i pmask = _mm512_set1_epi32(int(kProbMask));
-  const __m512i base = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)ids)), PROB_BITS);
-  const __m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(base, _mm512_and_si512(x, pmask)), dec, 4);
-  const __m512i freq = _mm512_srli_epi32(e, 8 + PROB_BITS);
-  const __m512i bias = _mm512_and_si512(_mm512_srli_epi32(e, 8), pmask);
-  x = _mm512_add_epi32(_mm512_mullo_epi32(freq, _mm512_srli_epi32(x, PROB_BITS)), bias);
-
-  const __m128i sym = _mm512_cvtepi32_epi8(e);  // truncation keeps the symbol byte
-  _mm_storeu_si128((__m128i*)out, sym);
-  esc = _mm_or_si128(esc, _mm_cmpeq_epi8(sym, _mm_set1_epi8(char(kEscapeByte))));
-
-  const __mmask16 need = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(int(kStateLow)));
-  const __m512i w = _mm512_maskz_expand_epi32(need, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)wp)));
-  x = _mm512_mask_or_epi32(x, need, _mm512_slli_epi32(x, 16), w);
-  wp += 2 * __builtin_popcount(unsigned(need));
-  return x;
-}
-
-__attribute__((target("avx512f,popcnt"))) void decode_full_steps_avx512(DecodeCtx& c) {
-  __m512i x0 = _mm512_load_si512(&c.state[0]);
-  __m512i x1 = _mm512_load_si512(&c.state[16]);
-  __m128i esc = _mm_setzero_si128();
-  const uint8_t* wp = c.wp;
-  alignas(64) uint8_t tmp[kLanes];
-  while (c.step < c.full_steps && wp <= c.wend) {
-    const uint8_t* ids = step_ids(c, tmp);
-    int8_t* out = c.out + c.step * kLanes;
-    x0 = avx512_lanes16(x0, ids, c.dec, out, wp, esc);
-    x1 = avx512_lanes16(x1, ids + 16, c.dec, out + 16, wp, esc);
-    advance_column(c);
-    ++c.step;
-  }
-  _mm512_store_si512(&c.state[0], x0);
-  _mm512_store_si512(&c.state[16], x1);
-  c.wp = wp;
-  c.escape_seen |= !_mm_testz_si128(esc, esc);
-}
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"); }
-bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt"); }
-
-#else
-bool cpu_has_avx2() { return false; }
-bool cpu_has_avx512() { return false; }
-#endif
-
-using KernelFn = void (*)(DecodeCtx&);
-
-KernelFn kernel_for(RansPath path) {
-#if defined(__x86_64__)
-  if (path == RansPath::avx512) return decode_full_steps_avx512;
-  if (path == RansPath::avx2) return decode_full_steps_avx2;
-#endif
-  (void)path;
-  return decode_full_steps_scalar;
-}
-
-// Replaces every escape marker in out[0, n) with the next raw byte, in order.
-Status patch_escapes(int8_t* out, size_t n, const uint8_t* raw, size_t n_raw) {
-  size_t used = 0;
-  auto* p = reinterpret_cast<uint8_t*>(out);
-  auto* end = p + n;
-  while (true) {
-    p = static_cast<uint8_t*>(std::memchr(p, kEscapeByte, size_t(end - p)));
-    if (p == nullptr) break;
-    if (used == n_raw) return make_status(StatusCode::corrupt_data, "rans: more escapes than raw values");
-    *p++ = raw[used++];
-  }
-  if (used != n_raw) return make_status(StatusCode::corrupt_data, "rans: {} raw values, {} escapes", n_raw, used);
-  return {};
-}
-
-struct StreamLayout {
-  size_t total;
-  size_t n_words;
-  size_t n_escapes;
-};
-
-Result<StreamLayout> parse_header(std::span<const uint8_t> in) {
-  if (in.size() < kHeaderBytes) return make_status(StatusCode::corrupt_data, "rans: truncated header");
-  if (in[0] != kStreamVersion || in[1] != kLanes || in[2] != PROB_BITS || in[3] != 0)
-    return make_status(StatusCode::corrupt_data, "rans: bad header {:02x} {:02x} {:02x} {:02x}", in[0], in[1], in[2],
-                       in[3]);
-  StreamLayout s;
-  s.n_words = load_u32(&in[4]);
-  s.n_escapes = load_u32(&in[8]);
-  s.total = kHeaderBytes + 2 * s.n_words + s.n_escapes + kStateBytes;  // no overflow: < 2^35
-  return s;
-}
-
-}  // namespace
-
-Result<size_t> rans_coded_size(std::span<const uint8_t> in) {
-  KVS_ASSIGN_OR_RETURN(const StreamLayout s, parse_header(in));
-  return s.total;
-}
-
-bool rans_path_available(RansPath path) noexcept {
-  switch (path) {
-    case RansPath::automatic:
-    case RansPath::scalar: return true;
-    case RansPath::avx2: return cpu_has_avx2();
-    case RansPath::avx512: return cpu_has_avx512();
-  }
-  return false;
-}
-
-RansPath rans_best_path() noexcept {
-  static const RansPath best = cpu_has_avx512() ? RansPath::avx512
-                               : cpu_has_avx2() ? RansPath::avx2
-                                                : RansPath::scalar;
-  return best;
-}
-
-const char* rans_path_name(RansPath path) noexcept {
-  switch (path) {
-    case RansPath::automatic: return "automatic";
-    case RansPath::scalar: return "scalar";
-    case RansPath::avx2: return "avx2";
-    case RansPath::avx512: return "avx512";
-  }
-  return "?";
-}
-
-Status rans_decode(const RansTables& tables, std::span<const uint8_t> table_of_col, std::span<const uint8_t> in,
-                   int8_t* symbols_out, size_t rows, size_t cols, RansPath path) {
-  size_t n = 0;
-  KVS_RETURN_IF_ERROR(check_shape(tables, table_of_col, rows, cols, n));
-  if (n != 0 && symbols_out == nullptr) return make_status(StatusCode::invalid_argument, "null output");
-  if (path == RansPath::automatic) path = rans_best_path();
-  if (!rans_path_available(path))
-    return make_status(StatusCode::unsupported, "rans: {} decoder not available on this CPU", rans_path_name(path));
-
-  KVS_ASSIGN_OR_RETURN(const StreamLayout s, parse_header(in));
-  if (s.total != in.size())
-    return make_status(StatusCode::corrupt_data, "rans: {} bytes, header says {}", in.size(), s.total);
-  if (s.n_words > n || s.n_escapes > n)
-    return make_status(StatusCode::corrupt_data, "rans: {} words / {} escapes for {} symbols", s.n_words,
-                       s.n_escapes, n);
-
-  DecodeCtx c;
-  c.dec = tables.decode_table();
-  c.tid = table_of_col.data();
-  c.cols = cols;
-  c.n_mod = cols == 0 ? 0 : kLanes % cols;
-  c.out = symbols_out;
-  c.full_steps = n / kLanes;
-  c.wp = in.data() + kHeaderBytes;
-  c.wend = c.wp + 2 * s.n_words;
-  const uint8_t* raw = c.wend;
-  const uint8_t* states = raw + s.n_escapes;
-  for (int l = 0; l < kLanes; ++l) {
-    c.state[l] = load_u32(states + 4 * l);
-    if (c.state[l] < kStateLow) return make_status(StatusCode::corrupt_data, "rans: lane {} start state too low", l);
-  }
-
-  if (n != 0) {
-    kernel_for(path)(c);
-    // A kernel stops early only when a corrupt stream overran the words.
-    if (c.step < c.full_steps || c.wp > c.wend)
-      return make_status(StatusCode::corrupt_data, "rans: word stream overrun");
-    if (const int rest = int(n - c.full_steps * kLanes); rest != 0) scalar_step(c, rest);
-  }
-  if (c.wp != c.wend)
-    return make_status(StatusCode::corrupt_data, "rans: {} word bytes left over", c.wend - c.wp);
-  for (int l = 0; l < kLanes; ++l)
-    if (c.state[l] != kStateLow)
-      return make_status(StatusCode::corrupt_data, "rans: lane {} did not return to its initial state", l);
-  if (c.escape_seen || s.n_escapes != 0) KVS_RETURN_IF_ERROR(patch_escapes(symbols_out, n, raw, s.n_escapes));
   return {};
 }
 

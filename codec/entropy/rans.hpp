@@ -154,4 +154,20 @@ Result<size_t> rans_coded_size(std::span<const uint8_t> in);
 Status rans_decode(const RansTables& tables, std::span<const uint8_t> table_of_col, std::span<const uint8_t> in,
                    int8_t* symbols_out, size_t rows, size_t cols, RansPath path = RansPath::automatic);
 
+/// One coded matrix of a group (the arguments of rans_decode).
+struct RansJob {
+  std::span<const uint8_t> table_of_col;
+  std::span<const uint8_t> in;
+  int8_t* symbols_out = nullptr;
+  size_t rows = 0, cols = 0;
+};
+
+/// Decodes up to 16 coded matrices that share `tables`, each exactly as rans_decode
+/// would. Matrices with the same symbol count are decoded interleaved (up to four at a
+/// time with AVX-512, two with AVX2): a single stream is bound by the latency of its
+/// state updates, and independent streams fill the gaps, so a group decodes faster
+/// than its matrices one by one. Errors: as rans_decode, with the failing job's index;
+/// invalid_argument for more than 16 jobs. On error every output is unspecified.
+Status rans_decode_group(const RansTables& tables, std::span<const RansJob> jobs, RansPath path = RansPath::automatic);
+
 }  // namespace kvstream::codec

@@ -223,6 +223,50 @@ TEST(Rans, EveryPathDecodesIdentically) {
   std::printf("(automatic = %s)\n", rans_path_name(rans_best_path()));
 }
 
+// A group mixes what the interleaved kernels take (32-multiple columns, equal or
+// unequal step counts) with what they leave to one-stream decoding (odd columns,
+// fewer symbols than a step); every matrix must come out as rans_decode gives it.
+TEST(Rans, GroupDecodesEachMatrixAsAlone) {
+  const RansTables tables = make_tables();
+  std::mt19937_64 rng(5);
+  struct Shape {
+    size_t rows, cols;
+  };
+  const std::vector<Shape> shapes = {{128, 32}, {128, 32}, {115, 32}, {13, 32}, {128, 32},
+                                     {40, 1024}, {7, 33},  {1, 5},    {128, 32}, {300, 64}};
+  std::vector<std::vector<int8_t>> sym;
+  std::vector<std::vector<uint8_t>> ids, coded;
+  for (const Shape& sh : shapes) {
+    sym.push_back(draw(laplace_counts(1.0 + double(sym.size() % 3)), sh.rows * sh.cols, rng));
+    for (size_t i = sym.size(); i < sym.back().size(); i += 211) sym.back()[i] = int8_t(rng());  // escapes
+    ids.push_back(col_ids(sh.cols, tables.size()));
+    coded.emplace_back();
+    ASSERT_TRUE(rans_encode(tables, ids.back(), sym.back().data(), sh.rows, sh.cols, coded.back()).ok());
+  }
+  for (RansPath path : available_paths()) {
+    std::vector<std::vector<int8_t>> out;
+    std::vector<RansJob> jobs;
+    for (size_t j = 0; j < shapes.size(); ++j) out.emplace_back(shapes[j].rows * shapes[j].cols);
+    for (size_t j = 0; j < shapes.size(); ++j)
+      jobs.push_back({ids[j], coded[j], out[j].data(), shapes[j].rows, shapes[j].cols});
+    ASSERT_TRUE(rans_decode_group(tables, jobs, path).ok()) << rans_path_name(path);
+    for (size_t j = 0; j < shapes.size(); ++j) EXPECT_EQ(out[j], sym[j]) << rans_path_name(path) << " job " << j;
+
+    // One corrupt stream fails the group, named by its index; a wrong shape too.
+    std::vector<uint8_t> bad = coded[4];
+    bad[bad.size() / 2] ^= 0x5a;
+    jobs[4].in = bad;
+    const Status st = rans_decode_group(tables, jobs, path);
+    EXPECT_EQ(st.code(), StatusCode::corrupt_data) << rans_path_name(path);
+    EXPECT_NE(st.to_string().find("job 4"), std::string::npos) << st.to_string();
+    jobs[4].in = coded[4];
+    jobs[2].rows = 114;  // fewer symbols than were coded: words left over
+    EXPECT_FALSE(rans_decode_group(tables, jobs, path).ok());
+  }
+  std::vector<RansJob> too_many(17, RansJob{ids[0], coded[0], nullptr, shapes[0].rows, shapes[0].cols});
+  EXPECT_EQ(rans_decode_group(tables, too_many).code(), StatusCode::invalid_argument);
+}
+
 TEST(Rans, EncodingIsDeterministicAndAppends) {
   const RansTables tables = make_tables();
   std::mt19937_64 rng(4);

@@ -1,0 +1,524 @@
+// Static-table interleaved rANS decoders: scalar, AVX2 and AVX-512 kernels, one
+// stream at a time or several interleaved. See rans.hpp for the format and
+// docs/entropy-coding.md for the design and measurements.
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "codec/entropy/rans.hpp"
+#include "codec/entropy/rans_format.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kvstream::codec {
+
+using namespace rans_format;
+
+namespace {
+
+// Widest matrix the interleaved kernels take (their per-lane table offsets live on
+// the stack); wider ones decode one stream at a time.
+constexpr size_t kGroupMaxCols = 1024;
+
+// Everything one decode call needs; kernels advance step/c0/wp/state.
+struct DecodeCtx {
+  const uint32_t* dec;      // decode tables
+  const uint8_t* tid;       // table id per column
+  size_t cols;
+  size_t n_mod;             // RANS_LANES mod cols
+  int8_t* out;
+  size_t full_steps;        // steps where all lanes carry a symbol
+  size_t step = 0;          // next step to decode
+  size_t c0 = 0;            // column of lane 0 at `step`
+  const uint8_t* wp;        // next word
+  const uint8_t* wend;      // end of the word stream (>= kStepWordBytes readable beyond)
+  bool escape_seen = false;
+  alignas(64) uint32_t state[kLanes];
+};
+
+inline void advance_column(DecodeCtx& c) {
+  c.c0 += c.n_mod;
+  if (c.c0 >= c.cols) c.c0 -= c.cols;
+}
+
+// Table ids of the 32 lanes for the current step: a pointer into table_of_col when
+// they are contiguous (always, when cols is a multiple of 32), else gathered with
+// wrap-around into `tmp`.
+inline const uint8_t* step_ids(const DecodeCtx& c, uint8_t* tmp) {
+  if (c.c0 + kLanes <= c.cols) return c.tid + c.c0;
+  size_t col = c.c0;
+  for (int l = 0; l < kLanes; ++l) {
+    tmp[l] = c.tid[col];
+    if (++col == c.cols) col = 0;
+  }
+  return tmp;
+}
+
+// One scalar step over lanes [0, lanes). Caller guarantees wp <= wend, so the up to
+// 64 bytes read here are in bounds (the states trailer follows the words).
+inline void scalar_step(DecodeCtx& c, int lanes) {
+  int8_t* out = c.out + c.step * kLanes;
+  size_t col = c.c0;
+  const uint8_t* wp = c.wp;
+  uint8_t esc = 0;
+  for (int l = 0; l < lanes; ++l) {
+    uint32_t x = c.state[l];
+    const uint32_t e = c.dec[(size_t(c.tid[col]) << PROB_BITS) + (x & kProbMask)];
+    out[l] = int8_t(uint8_t(e));
+    esc |= uint8_t(uint8_t(e) == kEscapeByte);
+    x = (e >> (8 + PROB_BITS)) * (x >> PROB_BITS) + ((e >> 8) & kProbMask);
+    const bool need = x < kStateLow;
+    const uint32_t w = load_u16(wp);
+    c.state[l] = need ? (x << 16) | w : x;
+    wp += need ? 2 : 0;
+    if (++col == c.cols) col = 0;
+  }
+  c.wp = wp;
+  c.escape_seen |= esc != 0;
+  advance_column(c);
+  ++c.step;
+}
+
+void decode_full_steps_scalar(DecodeCtx& c) {
+  while (c.step < c.full_steps && c.wp <= c.wend) scalar_step(c, kLanes);
+}
+
+#if defined(__x86_64__)
+
+// Lane permutation for the AVX2 renormalization: for an 8-bit "lane needs a word"
+// mask, entry[i] is the rank of lane i among the needing lanes, i.e. which of the
+// next words it takes.
+struct ExpandTable {
+  alignas(64) uint8_t idx[256][8];
+  constexpr ExpandTable() : idx{} {
+    for (int m = 0; m < 256; ++m) {
+      int rank = 0;
+      for (int i = 0; i < 8; ++i)
+        if (m & (1 << i)) idx[m][i] = uint8_t(rank++);
+    }
+  }
+};
+constexpr ExpandTable kExpand;
+
+// Decodes 8 lanes of one step: gather the slot entries, update the states, write the
+// 8 symbols, and refill the states that dropped below 2^16 from consecutive words.
+__attribute__((target("avx2,popcnt"))) inline __m256i avx2_lanes8(__m256i x, const uint8_t* ids, const uint32_t* dec,
+                                                                   int8_t* out, const uint8_t*& wp, __m128i& esc) {
+  const __m256i pmask = _mm256_set1_epi32(int(kProbMask));
+  const __m256i base = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)ids)), PROB_BITS);
+  const __m256i e = _mm256_i32gather_epi32((const int*)dec, _mm256_add_epi32(base, _mm256_and_si256(x, pmask)), 4);
+  const __m256i freq = _mm256_srli_epi32(e, 8 + PROB_BITS);
+  const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 8), pmask);
+  x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x, PROB_BITS)), bias);
+
+  // Low byte of each 32-bit entry -> 8 consecutive bytes.
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i b = _mm256_shuffle_epi8(e, pick);
+  const __m128i sym = _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+  _mm_storel_epi64((__m128i*)out, sym);
+  esc = _mm_or_si128(esc, _mm_cmpeq_epi8(sym, _mm_set1_epi8(char(kEscapeByte))));
+
+  const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), _mm256_setzero_si256());
+  const unsigned m = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)wp));
+  w = _mm256_permutevar8x32_epi32(w, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)kExpand.idx[m])));
+  x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), w), need);
+  wp += 2 * __builtin_popcount(m);
+  return x;
+}
+
+__attribute__((target("avx2,popcnt"))) void decode_full_steps_avx2(DecodeCtx& c) {
+  __m256i x0 = _mm256_load_si256((const __m256i*)&c.state[0]);
+  __m256i x1 = _mm256_load_si256((const __m256i*)&c.state[8]);
+  __m256i x2 = _mm256_load_si256((const __m256i*)&c.state[16]);
+  __m256i x3 = _mm256_load_si256((const __m256i*)&c.state[24]);
+  __m128i esc = _mm_setzero_si128();
+  const uint8_t* wp = c.wp;
+  alignas(32) uint8_t tmp[kLanes];
+  while (c.step < c.full_steps && wp <= c.wend) {
+    const uint8_t* ids = step_ids(c, tmp);
+    int8_t* out = c.out + c.step * kLanes;
+    x0 = avx2_lanes8(x0, ids, c.dec, out, wp, esc);
+    x1 = avx2_lanes8(x1, ids + 8, c.dec, out + 8, wp, esc);
+    x2 = avx2_lanes8(x2, ids + 16, c.dec, out + 16, wp, esc);
+    x3 = avx2_lanes8(x3, ids + 24, c.dec, out + 24, wp, esc);
+    advance_column(c);
+    ++c.step;
+  }
+  _mm256_store_si256((__m256i*)&c.state[0], x0);
+  _mm256_store_si256((__m256i*)&c.state[8], x1);
+  _mm256_store_si256((__m256i*)&c.state[16], x2);
+  _mm256_store_si256((__m256i*)&c.state[24], x3);
+  c.wp = wp;
+  c.escape_seen |= !_mm_testz_si128(esc, esc);
+}
+
+// AVX2 version of decode_group_avx512 (two streams: their 8 state vectors and the
+// temporaries fill the 16 registers).
+__attribute__((target("avx2,popcnt"))) void decode_group2_avx2(DecodeCtx* const* cs, size_t steps) {
+  __m256i x[2][4];
+  __m128i esc[2];
+  const uint8_t* wp[2];
+  for (int k = 0; k < 2; ++k) {
+    for (int v = 0; v < 4; ++v) x[k][v] = _mm256_load_si256((const __m256i*)&cs[k]->state[8 * v]);
+    esc[k] = _mm_setzero_si128();
+    wp[k] = cs[k]->wp;
+  }
+  alignas(32) uint8_t tmp[2][kLanes];
+  size_t step = cs[0]->step;
+  for (; step < steps && wp[0] <= cs[0]->wend && wp[1] <= cs[1]->wend; ++step) {
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      DecodeCtx& c = *cs[k];
+      const uint8_t* ids = step_ids(c, tmp[k]);
+      int8_t* out = c.out + step * kLanes;
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) x[k][v] = avx2_lanes8(x[k][v], ids + 8 * v, c.dec, out + 8 * v, wp[k], esc[k]);
+      advance_column(c);
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    for (int v = 0; v < 4; ++v) _mm256_store_si256((__m256i*)&cs[k]->state[8 * v], x[k][v]);
+    cs[k]->wp = wp[k];
+    cs[k]->step = step;
+    cs[k]->escape_seen |= !_mm_testz_si128(esc[k], esc[k]);
+  }
+}
+
+// GCC 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_epi32, GCC
+// bug 105593); the warning says nothing about this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// AVX-512 version of avx2_lanes8 for 16 lanes, given each lane's decode-table offset
+// (table id << PROB_BITS); the refill uses vpexpandd.
+__attribute__((target("avx512f,popcnt"))) inline __m512i avx512_lanes16_based(__m512i x, __m512i base,
+                                                                               const uint32_t* dec, int8_t* out,
+                                                                               const uint8_t*& wp, __m128i& esc) {
+  const __m512i pmask = _mm512_set1_epi32(int(kProbMask));
+  const __m512i e = _mm512_i32gather_epi32(_mm512_add_epi32(base, _mm512_and_si512(x, pmask)), dec, 4);
+  const __m512i freq = _mm512_srli_epi32(e, 8 + PROB_BITS);
+  const __m512i bias = _mm512_and_si512(_mm512_srli_epi32(e, 8), pmask);
+  x = _mm512_add_epi32(_mm512_mullo_epi32(freq, _mm512_srli_epi32(x, PROB_BITS)), bias);
+
+  const __m128i sym = _mm512_cvtepi32_epi8(e);  // truncation keeps the symbol byte
+  _mm_storeu_si128((__m128i*)out, sym);
+  esc = _mm_or_si128(esc, _mm_cmpeq_epi8(sym, _mm_set1_epi8(char(kEscapeByte))));
+
+  const __mmask16 need = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(int(kStateLow)));
+  const __m512i w = _mm512_maskz_expand_epi32(need, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)wp)));
+  x = _mm512_mask_or_epi32(x, need, _mm512_slli_epi32(x, 16), w);
+  wp += 2 * __builtin_popcount(unsigned(need));
+  return x;
+}
+
+__attribute__((target("avx512f,popcnt"))) inline __m512i avx512_lanes16(__m512i x, const uint8_t* ids,
+                                                                         const uint32_t* dec, int8_t* out,
+                                                                         const uint8_t*& wp, __m128i& esc) {
+  const __m512i base = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)ids)), PROB_BITS);
+  return avx512_lanes16_based(x, base, dec, out, wp, esc);
+}
+
+__attribute__((target("avx512f,popcnt"))) void decode_full_steps_avx512(DecodeCtx& c) {
+  __m512i x0 = _mm512_load_si512(&c.state[0]);
+  __m512i x1 = _mm512_load_si512(&c.state[16]);
+  __m128i esc = _mm_setzero_si128();
+  const uint8_t* wp = c.wp;
+  alignas(64) uint8_t tmp[kLanes];
+  while (c.step < c.full_steps && wp <= c.wend) {
+    const uint8_t* ids = step_ids(c, tmp);
+    int8_t* out = c.out + c.step * kLanes;
+    x0 = avx512_lanes16(x0, ids, c.dec, out, wp, esc);
+    x1 = avx512_lanes16(x1, ids + 16, c.dec, out + 16, wp, esc);
+    advance_column(c);
+    ++c.step;
+  }
+  _mm512_store_si512(&c.state[0], x0);
+  _mm512_store_si512(&c.state[16], x1);
+  c.wp = wp;
+  c.escape_seen |= !_mm_testz_si128(esc, esc);
+}
+
+// K streams at once: one stream's step is a chain of dependent latencies (gather,
+// multiply, refill), so a single stream leaves the core idle most of each step;
+// independent streams fill those gaps. All streams are at the same step and have at
+// least `steps` full steps; the kernel stops there. The streams' states are named
+// variables, not an array, so that they stay in registers.
+template <int K>
+__attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* const* cs, size_t steps) {
+  static_assert(K >= 2 && K <= 4);
+  DecodeCtx& c0 = *cs[0];
+  DecodeCtx& c1 = *cs[1];
+  DecodeCtx& c2 = *cs[K > 2 ? 2 : 0];
+  DecodeCtx& c3 = *cs[K > 3 ? 3 : 0];
+  // Columns are a multiple of 32 (see group_fits), so a step's lanes are columns
+  // c0 .. c0 + 31 and cycle through cols / 32 positions: each lane's table offset per
+  // position is computed once here instead of at every step.
+  const size_t positions = c0.cols / kLanes;
+  alignas(64) uint32_t base[K][kGroupMaxCols];
+  for (int k = 0; k < K; ++k)
+    for (size_t c = 0; c < c0.cols; ++c) base[k][c] = uint32_t(cs[k]->tid[c]) << PROB_BITS;
+  size_t pos = c0.c0 / kLanes;
+  __m512i x0a = _mm512_load_si512(&c0.state[0]), x0b = _mm512_load_si512(&c0.state[16]);
+  __m512i x1a = _mm512_load_si512(&c1.state[0]), x1b = _mm512_load_si512(&c1.state[16]);
+  __m512i x2a = _mm512_load_si512(&c2.state[0]), x2b = _mm512_load_si512(&c2.state[16]);
+  __m512i x3a = _mm512_load_si512(&c3.state[0]), x3b = _mm512_load_si512(&c3.state[16]);
+  __m128i e0 = _mm_setzero_si128(), e1 = e0, e2 = e0, e3 = e0;
+  const uint8_t *w0 = c0.wp, *w1 = c1.wp, *w2 = c2.wp, *w3 = c3.wp;
+  size_t step = c0.step;
+// (Macros, not lambdas: a lambda does not inherit the function's target.)
+#define KVS_RANS_STEP(k, c, xa, xb, w, esc)                                                             \
+  do {                                                                                                  \
+    int8_t* out = (c).out + step * kLanes;                                                              \
+    const uint32_t* b = &base[k][pos * kLanes];                                                         \
+    xa = avx512_lanes16_based(xa, _mm512_load_si512(b), (c).dec, out, w, esc);                          \
+    xb = avx512_lanes16_based(xb, _mm512_load_si512(b + 16), (c).dec, out + 16, w, esc);                \
+  } while (0)
+#define KVS_RANS_SAVE(c, xa, xb, w, esc)           \
+  do {                                             \
+    _mm512_store_si512(&(c).state[0], xa);         \
+    _mm512_store_si512(&(c).state[16], xb);        \
+    (c).wp = w;                                    \
+    (c).step = step;                               \
+    (c).c0 = pos * kLanes;                         \
+    (c).escape_seen |= !_mm_testz_si128(esc, esc); \
+  } while (0)
+  for (; step < steps; ++step) {
+    bool in = w0 <= c0.wend && w1 <= c1.wend;
+    if constexpr (K > 2) in &= w2 <= c2.wend;
+    if constexpr (K > 3) in &= w3 <= c3.wend;
+    if (!in) break;
+    KVS_RANS_STEP(0, c0, x0a, x0b, w0, e0);
+    KVS_RANS_STEP(1, c1, x1a, x1b, w1, e1);
+    if constexpr (K > 2) KVS_RANS_STEP(2, c2, x2a, x2b, w2, e2);
+    if constexpr (K > 3) KVS_RANS_STEP(3, c3, x3a, x3b, w3, e3);
+    if (++pos == positions) pos = 0;
+  }
+  KVS_RANS_SAVE(c0, x0a, x0b, w0, e0);
+  KVS_RANS_SAVE(c1, x1a, x1b, w1, e1);
+  if constexpr (K > 2) KVS_RANS_SAVE(c2, x2a, x2b, w2, e2);
+  if constexpr (K > 3) KVS_RANS_SAVE(c3, x3a, x3b, w3, e3);
+#undef KVS_RANS_STEP
+#undef KVS_RANS_SAVE
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"); }
+bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt"); }
+
+#else
+bool cpu_has_avx2() { return false; }
+bool cpu_has_avx512() { return false; }
+#endif
+
+using KernelFn = void (*)(DecodeCtx&);
+
+KernelFn kernel_for(RansPath path) {
+#if defined(__x86_64__)
+  if (path == RansPath::avx512) return decode_full_steps_avx512;
+  if (path == RansPath::avx2) return decode_full_steps_avx2;
+#endif
+  (void)path;
+  return decode_full_steps_scalar;
+}
+
+// Replaces every escape marker in out[0, n) with the next raw byte, in order.
+Status patch_escapes(int8_t* out, size_t n, const uint8_t* raw, size_t n_raw) {
+  size_t used = 0;
+  auto* p = reinterpret_cast<uint8_t*>(out);
+  auto* end = p + n;
+  while (true) {
+    p = static_cast<uint8_t*>(std::memchr(p, kEscapeByte, size_t(end - p)));
+    if (p == nullptr) break;
+    if (used == n_raw) return make_status(StatusCode::corrupt_data, "rans: more escapes than raw values");
+    *p++ = raw[used++];
+  }
+  if (used != n_raw) return make_status(StatusCode::corrupt_data, "rans: {} raw values, {} escapes", n_raw, used);
+  return {};
+}
+
+struct StreamLayout {
+  size_t total;
+  size_t n_words;
+  size_t n_escapes;
+};
+
+Result<StreamLayout> parse_header(std::span<const uint8_t> in) {
+  if (in.size() < kHeaderBytes) return make_status(StatusCode::corrupt_data, "rans: truncated header");
+  if (in[0] != kStreamVersion || in[1] != kLanes || in[2] != PROB_BITS || in[3] != 0)
+    return make_status(StatusCode::corrupt_data, "rans: bad header {:02x} {:02x} {:02x} {:02x}", in[0], in[1], in[2],
+                       in[3]);
+  StreamLayout s;
+  s.n_words = load_u32(&in[4]);
+  s.n_escapes = load_u32(&in[8]);
+  s.total = kHeaderBytes + 2 * s.n_words + s.n_escapes + kStateBytes;  // no overflow: < 2^35
+  return s;
+}
+
+// Opens one job: validates its shape and header and loads its start states.
+Status open_job(const RansTables& tables, const RansJob& job, DecodeCtx& c, StreamLayout& s, size_t& n) {
+  KVS_RETURN_IF_ERROR(rans_check_shape(tables, job.table_of_col, job.rows, job.cols, n));
+  if (n != 0 && job.symbols_out == nullptr) return make_status(StatusCode::invalid_argument, "null output");
+  KVS_ASSIGN_OR_RETURN(s, parse_header(job.in));
+  if (s.total != job.in.size())
+    return make_status(StatusCode::corrupt_data, "rans: {} bytes, header says {}", job.in.size(), s.total);
+  if (s.n_words > n || s.n_escapes > n)
+    return make_status(StatusCode::corrupt_data, "rans: {} words / {} escapes for {} symbols", s.n_words,
+                       s.n_escapes, n);
+  c.dec = tables.decode_table();
+  c.tid = job.table_of_col.data();
+  c.cols = job.cols;
+  c.n_mod = job.cols == 0 ? 0 : kLanes % job.cols;
+  c.out = job.symbols_out;
+  c.full_steps = n / kLanes;
+  c.wp = job.in.data() + kHeaderBytes;
+  c.wend = c.wp + 2 * s.n_words;
+  const uint8_t* states = c.wend + s.n_escapes;
+  for (int l = 0; l < kLanes; ++l) {
+    c.state[l] = load_u32(states + 4 * l);
+    if (c.state[l] < kStateLow) return make_status(StatusCode::corrupt_data, "rans: lane {} start state too low", l);
+  }
+  return {};
+}
+
+// Finishes one job after the kernels: the steps they left (all of them, for a stream
+// that overran), the partial last step, and the checks that the stream was whole.
+Status finish_job(DecodeCtx& c, const StreamLayout& s, size_t n, KernelFn kernel) {
+  if (n != 0) {
+    if (c.step < c.full_steps) kernel(c);
+    // A kernel stops early only when a corrupt stream overran the words.
+    if (c.step < c.full_steps || c.wp > c.wend)
+      return make_status(StatusCode::corrupt_data, "rans: word stream overrun");
+    if (const int rest = int(n - c.full_steps * kLanes); rest != 0) scalar_step(c, rest);
+  }
+  if (c.wp != c.wend)
+    return make_status(StatusCode::corrupt_data, "rans: {} word bytes left over", c.wend - c.wp);
+  for (int l = 0; l < kLanes; ++l)
+    if (c.state[l] != kStateLow)
+      return make_status(StatusCode::corrupt_data, "rans: lane {} did not return to its initial state", l);
+  if (c.escape_seen || s.n_escapes != 0) KVS_RETURN_IF_ERROR(patch_escapes(c.out, n, c.wend, s.n_escapes));
+  return {};
+}
+
+// Runs the interleaved kernel of `path` over k streams that are all at the same step,
+// up to `steps`.
+void run_group(DecodeCtx* const* cs, int k, size_t steps, RansPath path) {
+#if defined(__x86_64__)
+  if (path == RansPath::avx512) {
+    if (k == 4) return decode_group_avx512<4>(cs, steps);
+    if (k == 3) return decode_group_avx512<3>(cs, steps);
+    if (k == 2) return decode_group_avx512<2>(cs, steps);
+  }
+  if (path == RansPath::avx2 && k == 2) return decode_group2_avx2(cs, steps);
+#endif
+  (void)cs, (void)k, (void)steps, (void)path;
+}
+
+// Whether a stream can join an interleaved group on `path`.
+bool group_fits(const DecodeCtx& c, RansPath path) {
+  if (path == RansPath::avx512) return c.cols % kLanes == 0 && c.cols <= kGroupMaxCols;
+  return true;
+}
+
+// How many streams one interleaved kernel takes on `path`.
+int group_width(RansPath path) {
+  if (path == RansPath::avx512) return 4;
+  if (path == RansPath::avx2) return 2;
+  return 1;
+}
+
+}  // namespace
+
+Result<size_t> rans_coded_size(std::span<const uint8_t> in) {
+  KVS_ASSIGN_OR_RETURN(const StreamLayout s, parse_header(in));
+  return s.total;
+}
+
+bool rans_path_available(RansPath path) noexcept {
+  switch (path) {
+    case RansPath::automatic:
+    case RansPath::scalar: return true;
+    case RansPath::avx2: return cpu_has_avx2();
+    case RansPath::avx512: return cpu_has_avx512();
+  }
+  return false;
+}
+
+RansPath rans_best_path() noexcept {
+  static const RansPath best = cpu_has_avx512() ? RansPath::avx512
+                               : cpu_has_avx2() ? RansPath::avx2
+                                                : RansPath::scalar;
+  return best;
+}
+
+const char* rans_path_name(RansPath path) noexcept {
+  switch (path) {
+    case RansPath::automatic: return "automatic";
+    case RansPath::scalar: return "scalar";
+    case RansPath::avx2: return "avx2";
+    case RansPath::avx512: return "avx512";
+  }
+  return "?";
+}
+
+Status rans_decode_group(const RansTables& tables, std::span<const RansJob> jobs, RansPath path) {
+  if (path == RansPath::automatic) path = rans_best_path();
+  if (!rans_path_available(path))
+    return make_status(StatusCode::unsupported, "rans: {} decoder not available on this CPU", rans_path_name(path));
+  constexpr size_t kMaxGroup = 16;  // jobs per call: the contexts live on the stack
+  if (jobs.size() > kMaxGroup)
+    return make_status(StatusCode::invalid_argument, "rans: {} jobs in one group, at most {}", jobs.size(), kMaxGroup);
+  DecodeCtx ctx[kMaxGroup];
+  StreamLayout layout[kMaxGroup];
+  size_t n[kMaxGroup];
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Status st = open_job(tables, jobs[j], ctx[j], layout[j], n[j]);
+    if (!st.ok()) return st.with_context(fmt::format("job {}", j));
+  }
+  // Interleave the streams, up to the kernel's width at a time: the widest group of
+  // unfinished streams that are all at the same step runs to the first one's end, and
+  // the longer ones go on in the next round. A stream the kernel stopped early (a
+  // corrupt one overran its words) is left to finish_job.
+  const int width = group_width(path);
+  bool stuck[kMaxGroup] = {};
+  while (width > 1) {
+    DecodeCtx* group[4];
+    int k = 0;
+    size_t at = 0, steps = 0;
+    for (size_t j = 0; j < jobs.size() && k < width; ++j) {
+      DecodeCtx& c = ctx[j];
+      if (stuck[j] || c.step >= c.full_steps || !group_fits(c, path) || (k > 0 && (c.step != at || c.cols != group[0]->cols)))
+        continue;
+      at = c.step;
+      steps = k == 0 ? c.full_steps : std::min(steps, c.full_steps);
+      group[k++] = &c;
+    }
+    if (k < 2) break;
+    run_group(group, k, steps, path);
+    for (int i = 0; i < k; ++i)
+      if (group[i]->step < steps) stuck[size_t(group[i] - ctx)] = true;
+  }
+  const KernelFn kernel = kernel_for(path);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Status st = finish_job(ctx[j], layout[j], n[j], kernel);
+    if (!st.ok()) return jobs.size() == 1 ? st : st.with_context(fmt::format("job {}", j));
+  }
+  return {};
+}
+
+Status rans_decode(const RansTables& tables, std::span<const uint8_t> table_of_col, std::span<const uint8_t> in,
+                   int8_t* symbols_out, size_t rows, size_t cols, RansPath path) {
+  const RansJob job{table_of_col, in, symbols_out, rows, cols};
+  return rans_decode_group(tables, std::span(&job, 1), path);
+}
+
+}  // namespace kvstream::codec
