@@ -111,4 +111,26 @@ struct PlotSeries {
 Status plot_xy(const std::vector<PlotSeries>& series, const std::string& xlabel, const std::string& ylabel,
                bool log_y, const std::string& png);
 
+/// One curve of a panel, drawn with points and lines of this colour ("#rrggbb") and width.
+struct PanelSeries {
+  PlotSeries data;
+  std::string color;
+  double width = 1;
+  bool dashed = false;
+};
+/// Text placed just above a point of a panel.
+struct PlotLabel {
+  double x = 0, y = 0;
+  std::string text, color;
+};
+struct PlotPanel {
+  std::string title;
+  std::vector<PanelSeries> series;
+  std::vector<PlotLabel> labels;
+};
+/// Writes a PNG of `panels` (gnuplot multiplot, `columns` per row, log-log axes with
+/// ticks at the panels' x values); the key is drawn in the first panel only.
+Status plot_panels(const std::vector<PlotPanel>& panels, uint32_t columns, const std::string& title,
+                   const std::string& xlabel, const std::string& ylabel, const std::string& png);
+
 }  // namespace kvstream::bench
