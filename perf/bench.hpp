@@ -78,9 +78,11 @@ struct TtftBenchOptions {
   std::vector<std::string> geometries = {"mistral-7b", "llama-70b"};
   std::vector<uint64_t> contexts = {1536, 4096, 9216, 16384};
   std::vector<double> links = {1e9, 3e9, 10e9};  ///< bits per second, paced by the library
-  /// Text prefill rates (tokens/s), derived in perf/README.md: 2 x parameters FLOPs per
-  /// token at 50% of the GPUs' fp16 peak (one A100 for 7B, four for 70B).
-  double prefill_7b = 10800, prefill_70b = 4400;
+  /// GPUs whose text prefill is the baseline (a100, h100; the first is the plot's main
+  /// one). Rates per model, derived in perf/README.md: 2 x parameters FLOPs per token at
+  /// `prefill_efficiency` of the GPUs' dense fp16 peak (one GPU for 7B, four for 70B).
+  std::vector<std::string> prefill_gpus = {"a100", "h100"};
+  double prefill_efficiency = 0.5;
   double quality_bound = 1.0;   ///< perplexity increase % kvstream may spend (codec benchmark's bound)
   double int8_quality = 0.011;  ///< the 8-bit baseline's measured ppl increase % (codec benchmark)
   std::string quality_profile = "build/tinyllama.kvsprofile";
@@ -110,5 +112,27 @@ struct PlotSeries {
 /// Writes a PNG with gnuplot (a clear error when gnuplot is not installed).
 Status plot_xy(const std::vector<PlotSeries>& series, const std::string& xlabel, const std::string& ylabel,
                bool log_y, const std::string& png);
+
+/// One curve of a panel, drawn with points and lines of this colour ("#rrggbb") and width.
+struct PanelSeries {
+  PlotSeries data;
+  std::string color;
+  double width = 1;
+  bool dashed = false;
+};
+/// Text placed just above a point of a panel.
+struct PlotLabel {
+  double x = 0, y = 0;
+  std::string text, color;
+};
+struct PlotPanel {
+  std::string title;
+  std::vector<PanelSeries> series;
+  std::vector<PlotLabel> labels;
+};
+/// Writes a PNG of `panels` (gnuplot multiplot, `columns` per row, log-log axes with
+/// ticks at the panels' x values); the key is drawn in the first panel only.
+Status plot_panels(const std::vector<PlotPanel>& panels, uint32_t columns, const std::string& title,
+                   const std::string& xlabel, const std::string& ylabel, const std::string& png);
 
 }  // namespace kvstream::bench

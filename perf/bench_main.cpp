@@ -71,15 +71,22 @@ int main(int argc, char** argv) {
   ad->add_option("--decode-threads", ao.decode_threads, "decode threads")->capture_default_str();
   ad->add_option("--json", ao.json, "write rows and every request as JSON");
   kvstream::bench::TtftBenchOptions to;
-  auto* tt = app.add_subcommand("ttft", "time to first token: kvstream vs text recompute, raw fp16 and 8-bit KV "
-                                        "over a paced link");
+  auto* tt = app.add_subcommand("ttft", "time to first token: text recompute (the baseline), raw fp16, 8-bit KV, "
+                                        "kvstream KV only and kvstream adaptive (a text prefix beside the fetch) over "
+                                        "a paced link");
   tt->add_option("--data", to.data, "tinyllama data directory");
   tt->add_option("--geometries", to.geometries, "mistral-7b, llama-70b, ... (assembled from real KV)")
       ->capture_default_str();
   tt->add_option("--contexts", to.contexts, "context lengths in tokens")->capture_default_str();
   tt->add_option("--links", to.links, "link rates in bits/s (paced by the library)")->capture_default_str();
-  tt->add_option("--prefill-7b", to.prefill_7b, "text prefill rate of the 7B models (tokens/s)")->capture_default_str();
-  tt->add_option("--prefill-70b", to.prefill_70b, "text prefill rate of llama-70b (tokens/s)")->capture_default_str();
+  tt->add_option("--prefill-gpus", to.prefill_gpus, "GPUs whose text prefill is the baseline: a100, h100 (the first "
+                                                    "is the plot's main one)")
+      ->check(CLI::IsMember({"a100", "h100"}))
+      ->capture_default_str();
+  tt->add_option("--prefill-efficiency", to.prefill_efficiency,
+                 "fraction of the GPUs' dense fp16 peak that prefill reaches (perf/README.md)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
   tt->add_option("--quality-bound", to.quality_bound, "ppl increase % kvstream may spend")->capture_default_str();
   tt->add_option("--quality-profile", to.quality_profile, "profile with measured ppl increase per level")
       ->capture_default_str();

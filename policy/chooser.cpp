@@ -274,9 +274,22 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
   }
   const bool fits = best != nullptr;
   if (!fits) {
-    // Late whatever it picks: finish this chunk soonest and decide the rest with fresh estimates.
+    // Late whatever it picks: finish this chunk soonest and decide the rest with fresh
+    // estimates, or (late_completes_context) follow the plan that completes the context
+    // soonest. Plans often tie (a text chunk now or a fetched one now and that text
+    // chunk after it), and its ties go to text: a text chunk decided now runs on the
+    // runtime's GPU whatever the link does, where text placed after a fetched chunk
+    // waits for its transfer. Then to the sooner chunk, not to quality: when the text
+    // lane decides the completion every level ties, and the fastest keeps the margin.
+    auto sooner = [&](const Costed& a, const Costed& b) {
+      if (options_.late_completes_context) {
+        if (std::abs(a.total - b.total) > 1e-9 * std::max(1.0, std::abs(b.total))) return a.total < b.total;
+        if (a.o.text != b.o.text) return a.o.text;
+      }
+      return a.done < b.done || (a.done == b.done && a.o.loss < b.o.loss);
+    };
     for (const Costed& k : plain.empty() ? hedged : plain)
-      if (!best || k.done < best->done || (k.done == best->done && k.o.loss < best->o.loss)) best = &k;
+      if (!best || sooner(k, *best)) best = &k;
   }
   Choice ch = make_choice(best->o.text, best->o.level, costs);
   ch.fits = fits;

@@ -279,6 +279,16 @@ struct ChooserOptions {
   /// slack / chunks left (this one included); 1 = all of it (greedy); in between, that
   /// fraction.
   double slack_share = 0.0;
+  /// "deadline", when nothing fits (the deadline is already lost, or is "now": a fetch
+  /// that wants its first token soonest): false = the option that puts chunk c in
+  /// memory soonest; true = the option whose plan (this chunk, then the reserve)
+  /// completes the whole context soonest, ties: text (it then runs as a prefix, beside
+  /// the link, not after a fetched chunk it would wait for), then the chunk in memory
+  /// sooner, then the lower loss. The first token needs every chunk, so this is the rule for time to
+  /// first token: chunk by chunk "soonest in memory" recomputes one text chunk at most
+  /// (the second would land after a fetched one), where the soonest plan recomputes as
+  /// long a prefix as the fetched suffix takes.
+  bool late_completes_context = false;
 };
 
 /// Picks the level (or recompute) of the next chunk.
@@ -321,8 +331,9 @@ class Chooser {
 /// time_left_s minus the cheapest completion; an option spends its completion minus
 /// the cheapest completion). When nothing fits with the hedged reserve it chooses the
 /// same way with the reserve unhedged (the link keeps its predicted rate). When nothing
-/// fits either way it returns the option that puts chunk c in memory soonest, with
-/// fits = false.
+/// fits either way it returns the option that puts chunk c in memory soonest (or, with
+/// ChooserOptions::late_completes_context, the one that completes the context
+/// soonest), with fits = false.
 /// With slack_share = 1 all slack may go to the current chunk; the default (0, an
 /// equal share per remaining chunk) keeps slack for later chunks, which is what keeps
 /// the deadline when the link slows down mid-fetch. Estimates are refreshed after

@@ -10,7 +10,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -84,6 +86,7 @@ class PipelineTest : public ::testing::Test {
         ASSERT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(ranges_[i]), L, bytes).ok());
         ASSERT_TRUE(client_->put("ctx", i, L, std::as_bytes(std::span(bytes)), deadline_in(10s)).ok());
         if (L == level_of(i)) expected_bytes_.push_back(bytes);
+        stored_bytes_[{i, L}] = std::move(bytes);
       }
   }
   void TearDown() override {
@@ -125,6 +128,7 @@ class PipelineTest : public ::testing::Test {
   codec::Profile profile_;
   std::vector<TokenRange> ranges_;
   std::vector<std::vector<uint8_t>> expected_bytes_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint8_t>> stored_bytes_;  // (chunk, level) as stored
 };
 
 TEST_F(PipelineTest, PipelinedEqualsSerialBitForBit) {
@@ -354,6 +358,77 @@ TEST_F(PipelineTest, AdaptiveFetchChoosesLevelsAndLearnsThePeer) {
   // An inconsistent plan is refused.
   plan.level_quality_loss = {0.1};
   EXPECT_FALSE(pipeline::adaptive_callbacks(plan, stored_sizes(*client_), req.deadline).ok());
+}
+
+// The plan of a fetch asked for its first token soonest ("deadline" chooser, a deadline
+// already due, text allowed) recomputes a text prefix while the suffix is fetched:
+// here the oracle's link makes a chunk's smallest level as slow as recomputing it (1 s
+// each, predicted), so the soonest plan splits the context. The fetched chunks must be
+// exactly what decoding each one's stored level alone gives, and the recomputed ones
+// reported (decision recompute, nothing fetched) with their destination untouched.
+TEST_F(PipelineTest, AdaptiveTextPrefixDeliversTheSuffixAsASerialFetch) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {3, 1 << 20, 2});
+  ASSERT_TRUE(p.ok());
+  const auto sizes = stored_sizes(*client_);
+  const uint64_t smallest = *std::min_element(sizes[0].begin(), sizes[0].end());
+  policy::EstimatorOptions eo;
+  eo.trace = std::make_shared<const policy::LinkTrace>(policy::LinkTrace{{{0, 8.0 * double(smallest)}}, 0});
+  pipeline::AdaptivePlan plan;
+  plan.chooser = std::move(policy::make_chooser("deadline", {.late_completes_context = true})).value();
+  plan.estimators = std::shared_ptr<policy::EstimatorSet>(std::move(policy::EstimatorSet::create("oracle", eo)).value());
+  plan.peer = server_->address();
+  plan.level_quality_loss = {0.1, 0.5, 2.0, 5.0};
+  for (const auto& r : ranges_) plan.chunk_tokens.push_back(r.size());
+  plan.recompute_tokens_per_second = kChunk;  // 1 s per full chunk
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  constexpr std::byte kUntouched{0x5a};
+  std::memset(out.bytes().data(), int(kUntouched), out.bytes().size());
+  std::atomic<uint32_t> reported_text{0};
+  auto req = request(out.view());
+  auto cb = pipeline::adaptive_callbacks(plan, sizes, Clock::now(), [&](const pipeline::ChunkTimings& t) {
+    if (t.decision.action == pipeline::ChunkDecision::Action::recompute) ++reported_text;
+  });
+  ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+  auto f = (*p)->fetch(req, *cb);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->wait().ok());
+  const auto timings = (*f)->timings();
+  uint32_t text = 0;
+  while (text < timings.size() && timings[text].decision.action == pipeline::ChunkDecision::Action::recompute) ++text;
+  ASSERT_GE(text, 1u) << "the plan recomputes a text prefix";
+  ASSERT_LT(text, timings.size()) << "and fetches the rest";
+  EXPECT_EQ(reported_text.load(), text);
+  // Row by row: a chunk's slice of the packed cache is not one span.
+  const size_t row_bytes = kGeom.channels() * 2;
+  auto rows_match = [&](const KvView& v, const std::function<bool(uint32_t, uint32_t, uint64_t)>& ok) {
+    for (uint32_t l = 0; l < kGeom.layers; ++l)
+      for (uint32_t pl = 0; pl < 2; ++pl)
+        for (uint64_t tok = 0; tok < v.tokens(); ++tok)
+          if (!ok(l, pl, tok)) return false;
+    return true;
+  };
+  auto ref = KvCache::create(kGeom, DType::f16, kTokens).value();
+  for (const auto& t : timings) {
+    const KvView got = *out.view().slice(ranges_[t.chunk]);
+    if (t.decision.action == pipeline::ChunkDecision::Action::recompute) {
+      EXPECT_LT(t.chunk, text) << "text only as the prefix: a later text chunk would wait for the fetched KV";
+      EXPECT_EQ(t.bytes, 0u);
+      EXPECT_TRUE(rows_match(got, [&](uint32_t l, uint32_t pl, uint64_t tok) {
+        const std::byte* r = got.row(l, pl, tok);
+        return std::all_of(r, r + row_bytes, [&](std::byte b) { return b == kUntouched; });
+      })) << "chunk " << t.chunk << " is the runtime's to recompute";
+      continue;
+    }
+    ASSERT_TRUE(t.status.ok()) << t.chunk << ": " << t.status.to_string();
+    const auto& stored = stored_bytes_.at({t.chunk, t.decision.level});
+    EXPECT_EQ(t.bytes, stored.size());
+    const KvView want = *ref.view().slice(ranges_[t.chunk]);
+    ASSERT_TRUE(codec::decode_chunk(profile_, stored, want).ok());
+    EXPECT_TRUE(rows_match(got, [&](uint32_t l, uint32_t pl, uint64_t tok) {
+      return std::memcmp(got.row(l, pl, tok), want.row(l, pl, tok), row_bytes) == 0;
+    })) << "chunk " << t.chunk << " level " << t.decision.level;
+  }
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
 }
 
 }  // namespace
