@@ -197,7 +197,9 @@ __attribute__((target("avx2,popcnt"))) void decode_group2_avx2(DecodeCtx* const*
 #endif
 
 // AVX-512 version of avx2_lanes8 for 16 lanes, given each lane's decode-table offset
-// (table id << PROB_BITS); the refill uses vpexpandd.
+// (table id << PROB_BITS); the refill uses vpexpandd. kEscapes: whether to note escape
+// symbols in `esc` (the interleaved kernels leave that to one scan of the output).
+template <bool kEscapes = true>
 __attribute__((target("avx512f,popcnt"))) inline __m512i avx512_lanes16_based(__m512i x, __m512i base,
                                                                                const uint32_t* dec, int8_t* out,
                                                                                const uint8_t*& wp, __m128i& esc) {
@@ -209,7 +211,7 @@ __attribute__((target("avx512f,popcnt"))) inline __m512i avx512_lanes16_based(__
 
   const __m128i sym = _mm512_cvtepi32_epi8(e);  // truncation keeps the symbol byte
   _mm_storeu_si128((__m128i*)out, sym);
-  esc = _mm_or_si128(esc, _mm_cmpeq_epi8(sym, _mm_set1_epi8(char(kEscapeByte))));
+  if constexpr (kEscapes) esc = _mm_or_si128(esc, _mm_cmpeq_epi8(sym, _mm_set1_epi8(char(kEscapeByte))));
 
   const __mmask16 need = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(int(kStateLow)));
   const __m512i w = _mm512_maskz_expand_epi32(need, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)wp)));
@@ -277,8 +279,8 @@ __attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* co
   do {                                                                                                  \
     int8_t* out = (c).out + step * kLanes;                                                              \
     const uint32_t* b = &base[k][pos * kLanes];                                                         \
-    xa = avx512_lanes16_based(xa, _mm512_load_si512(b), (c).dec, out, w, esc);                          \
-    xb = avx512_lanes16_based(xb, _mm512_load_si512(b + 16), (c).dec, out + 16, w, esc);                \
+    xa = avx512_lanes16_based<false>(xa, _mm512_load_si512(b), (c).dec, out, w, esc);                   \
+    xb = avx512_lanes16_based<false>(xb, _mm512_load_si512(b + 16), (c).dec, out + 16, w, esc);         \
   } while (0)
 #define KVS_RANS_SAVE(c, xa, xb, w, esc)           \
   do {                                             \
@@ -287,7 +289,7 @@ __attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* co
     (c).wp = w;                                    \
     (c).step = step;                               \
     (c).c0 = pos * kLanes;                         \
-    (c).escape_seen |= !_mm_testz_si128(esc, esc); \
+    (c).escape_seen = true; /* finish_job scans */ \
   } while (0)
   for (; step < steps; ++step) {
     bool in = w0 <= c0.wend && w1 <= c1.wend;
