@@ -31,6 +31,7 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
       costs->decode_seconds.push_back(std::move(d));
     }
   }
+  costs->decode_workers = plan.decode_workers;
   if (plan.recompute_tokens_per_second > 0 && !plan.chunk_tokens.empty()) {
     costs->tokens = plan.chunk_tokens;
     costs->recompute_tokens_per_second = plan.recompute_tokens_per_second;
@@ -43,10 +44,12 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
   // chooser would see an idle link and an idle decoder before every chunk.
   struct Booking {
     std::mutex mu;
-    double wire_free = 0, decode_free = 0, text_free = 0;
-    std::map<uint32_t, double> predicted_landing;  // fetched chunks not landed yet
+    double wire_free = 0, decode_free = 0, text_free = 0;  // decode_free: every fetched chunk decoded
+    std::vector<double> worker_free;                       // each decode worker
+    std::map<uint32_t, double> predicted_landing;          // fetched chunks not landed yet
   };
   auto book = std::make_shared<Booking>();
+  book->worker_free.assign(costs->decode_workers, 0.0);
   FetchCallbacks cb;
   cb.decide = [plan, costs, deadline_s, book](uint32_t chunk, std::span<const uint64_t>) {
     std::lock_guard lk(book->mu);
@@ -56,6 +59,7 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
     st.time_left_s = deadline_s - st.now_s;
     st.wire_backlog_s = std::max(0.0, book->wire_free - st.now_s);
     st.decode_backlog_s = std::max(0.0, book->decode_free - st.now_s);
+    for (double w : book->worker_free) st.decode_worker_backlog_s.push_back(std::max(0.0, w - st.now_s));
     st.recompute_backlog_s = std::max(0.0, book->text_free - st.now_s);
     Result<policy::Choice> choice = make_status(StatusCode::internal, "no choice");
     double wire_s = 0;
@@ -87,8 +91,10 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
     }
     book->wire_free = std::max(book->wire_free, st.now_s) + wire_s;
     book->predicted_landing[chunk] = book->wire_free;
-    book->decode_free = std::max(book->decode_free, book->wire_free) +
-                        (costs->decode_seconds.empty() ? 0.0 : costs->decode_seconds[chunk][level]);
+    auto worker = std::min_element(book->worker_free.begin(), book->worker_free.end());
+    *worker = std::max(*worker, book->wire_free) +
+              (costs->decode_seconds.empty() ? 0.0 : costs->decode_seconds[chunk][level]);
+    book->decode_free = std::max(book->decode_free, *worker);
     return ChunkDecision{ChunkDecision::Action::fetch, level};
   };
   auto wire = std::make_shared<WireClock>();
@@ -105,6 +111,7 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
           const double delta = policy::to_seconds(t.wire_end) - it->second;
           book->wire_free = std::max(book->wire_free + delta, policy::to_seconds(t.wire_end));
           book->decode_free = std::max(book->decode_free + delta, policy::to_seconds(t.decode_end));
+          for (double& w : book->worker_free) w = std::max(0.0, w + delta);
         }
         book->predicted_landing.erase(it);
       }

@@ -202,6 +202,7 @@ class SchedulerImpl final : public Scheduler {
       c.level_bytes.push_back(stats[i].level_bytes);
     }
     c.level_quality_loss = plan_.level_quality_loss;
+    c.decode_workers = plan_.decode_workers;
     if (!plan_.decode_seconds_per_byte.empty())
       for (const auto& sizes : c.level_bytes) {
         std::vector<double> d(sizes.size(), 0.0);

@@ -1,5 +1,6 @@
 // Level choosers: "deadline" (ours) and "paper" (CacheGen's equal share).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -36,6 +37,9 @@ Status ContextCosts::validate() const {
                              l, decode_seconds[c][l]);
     }
   }
+  if (decode_workers < 1 || decode_workers > kMaxDecodeWorkers)
+    return make_status(StatusCode::invalid_argument, "costs: {} decode workers, expected 1..{}", decode_workers,
+                       kMaxDecodeWorkers);
   if (!std::isfinite(recompute_tokens_per_second) || recompute_tokens_per_second < 0)
     return make_status(StatusCode::invalid_argument, "costs: recompute rate {} tokens/s is invalid",
                        recompute_tokens_per_second);
@@ -67,6 +71,14 @@ Status check_state(const ContextCosts& costs, const ChooseState& s) {
     return make_status(StatusCode::invalid_argument, "choose: decode backlog {} s is invalid", s.decode_backlog_s);
   if (!std::isfinite(s.wire_backlog_s) || s.wire_backlog_s < 0)
     return make_status(StatusCode::invalid_argument, "choose: wire backlog {} s is invalid", s.wire_backlog_s);
+  if (!s.decode_worker_backlog_s.empty()) {
+    if (s.decode_worker_backlog_s.size() != costs.decode_workers)
+      return make_status(StatusCode::invalid_argument, "choose: {} decode worker backlogs for {} workers",
+                         s.decode_worker_backlog_s.size(), costs.decode_workers);
+    for (double b : s.decode_worker_backlog_s)
+      if (!std::isfinite(b) || b < 0)
+        return make_status(StatusCode::invalid_argument, "choose: decode worker backlog {} s is invalid", b);
+  }
   if (!std::isfinite(s.recompute_backlog_s) || s.recompute_backlog_s < 0)
     return make_status(StatusCode::invalid_argument, "choose: recompute backlog {} s is invalid",
                        s.recompute_backlog_s);
@@ -139,14 +151,33 @@ struct Option {
   double loss = 0;
 };
 
-// The three lanes of DeadlineChooser's model, in seconds from now.
+// The lanes of DeadlineChooser's model, in seconds from now.
 struct Lanes {
   double wire = 0;    // the last requested transfer lands
-  double decode = 0;  // the decoder is free (every fetched chunk so far is in memory)
+  double decode = 0;  // every fetched chunk so far is in memory
   double text = 0;    // the recompute lane is free (every text chunk so far is in memory)
+  uint32_t workers = 1;
+  std::array<double, kMaxDecodeWorkers> free{};  // when each decode worker is free
   [[nodiscard]] double complete() const { return std::max(decode, text); }
   [[nodiscard]] double work() const { return wire + decode + text; }
+  // A chunk that lands at `landed` decodes for `seconds` on the first free worker;
+  // returns when it is decoded (an earlier chunk on another worker may finish later).
+  double decode_chunk(double landed, double seconds) {
+    double* w = std::min_element(free.begin(), free.begin() + workers);
+    *w = std::max(landed, *w) + seconds;
+    decode = std::max(decode, *w);
+    return *w;
+  }
 };
+
+Lanes lanes_now(const ContextCosts& costs, const ChooseState& s) {
+  Lanes l{s.wire_backlog_s, s.decode_backlog_s, s.recompute_backlog_s, costs.decode_workers, {}};
+  for (uint32_t w = 0; w < l.workers; ++w) {
+    l.free[w] = s.decode_worker_backlog_s.empty() ? s.decode_backlog_s : s.decode_worker_backlog_s[w];
+    l.decode = std::max(l.decode, l.free[w]);
+  }
+  return l;
+}
 
 }  // namespace
 
@@ -176,8 +207,7 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
       return false;
     }
     lanes.wire += (p->seconds + options_.k * p->uncertainty_seconds) * factor;
-    lanes.decode = std::max(lanes.wire, lanes.decode) + decode_of(costs, chunk, o.level);
-    chunk_done = lanes.decode;
+    chunk_done = lanes.decode_chunk(lanes.wire, decode_of(costs, chunk, o.level));
     return true;
   };
 
@@ -194,7 +224,7 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
     double done = kInf, total = kInf;
   };
   const Option text_option{true, 0, costs.text_quality_loss};
-  const Lanes now{state.wire_backlog_s, state.decode_backlog_s, state.recompute_backlog_s};
+  const Lanes now = lanes_now(costs, state);
   // Every option followed by the reserve, the reserve's transfers scaled by `hedge`.
   auto cost_all = [&](double hedge, std::vector<Costed>& costed) -> bool {
     costed.clear();

@@ -17,8 +17,10 @@ Result<SimResult> simulate(const SimConfig& config, Estimator& estimator, const 
   const ContextCosts& costs = config.costs;
   const double deadline_abs = config.start_s + config.deadline_s;
   SimResult out;
-  // Three lanes: the wire, the decoder, the runtime's recompute of text chunks.
+  // The lanes: the wire, the decode workers, the runtime's recompute of text chunks.
+  // stage_free: every fetched chunk so far is decoded.
   double wire_free = config.start_s, stage_free = config.start_s, text_free = config.start_s;
+  std::vector<double> worker_free(costs.decode_workers, config.start_s);
   double loss_sum = 0;
   for (uint32_t c = 0; c < costs.chunks(); ++c) {
     const double now = wire_free;
@@ -27,6 +29,7 @@ Result<SimResult> simulate(const SimConfig& config, Estimator& estimator, const 
     st.now_s = now;
     st.time_left_s = deadline_abs - now;
     st.decode_backlog_s = std::max(0.0, stage_free - now);
+    for (double w : worker_free) st.decode_worker_backlog_s.push_back(std::max(0.0, w - now));
     st.recompute_backlog_s = std::max(0.0, text_free - now);  // wire_backlog_s: 0, requests go one at a time
     auto choice = chooser.choose(costs, st, estimator);
     if (!choice.ok()) return choice.status().with_context(fmt::format("simulate: chunk {}", c));
@@ -49,10 +52,12 @@ Result<SimResult> simulate(const SimConfig& config, Estimator& estimator, const 
       sc.wire_start_s = now;
       sc.wire_end_s = end;
       KVS_RETURN_IF_ERROR(estimator.observe(sc.bytes, now, end).with_context(fmt::format("simulate: chunk {}", c)));
-      sc.decode_start_s = std::max(end, stage_free);
+      auto worker = std::min_element(worker_free.begin(), worker_free.end());
+      sc.decode_start_s = std::max(end, *worker);
       sc.decode_end_s = sc.decode_start_s + (costs.decode_seconds.empty() ? 0.0 : costs.decode_seconds[c][l]);
       wire_free = end;
-      stage_free = sc.decode_end_s;
+      *worker = sc.decode_end_s;
+      stage_free = std::max(stage_free, sc.decode_end_s);
     }
     if (!sc.choice.fits) ++out.fallbacks;
     loss_sum += sc.choice.quality_loss;

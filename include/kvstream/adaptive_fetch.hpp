@@ -20,6 +20,9 @@ struct AdaptivePlan {
   std::string peer;                                  ///< the storage node's address
   std::vector<double> level_quality_loss;            ///< per level (e.g. the profile's ppl increase %)
   std::vector<double> decode_seconds_per_byte;       ///< per level, measured; empty: decode cost ignored
+  /// The pipeline's decode threads (PipelineConfig::decode_threads): chunks decode side
+  /// by side, each at decode_seconds_per_byte as measured with all of them busy.
+  uint32_t decode_workers = 1;
   std::vector<uint64_t> chunk_tokens;                ///< per chunk, for recompute; empty: no text option
   double recompute_tokens_per_second = 0;            ///< the runtime's prefill rate; 0: no text option
 };

@@ -209,6 +209,9 @@ class EstimatorSet {
 // ---- Level choosers -----------------------------------------------------------------
 
 /// What the chooser knows of a context before fetching it.
+/// Most decode workers a ContextCosts may declare.
+inline constexpr uint32_t kMaxDecodeWorkers = 16;
+
 struct ContextCosts {
   /// level_bytes[c][l]: stored size of level l of chunk c. Every chunk has the same
   /// number of levels (>= 1) and every size is > 0.
@@ -225,6 +228,12 @@ struct ContextCosts {
   double recompute_tokens_per_second = 0;
   /// Quality lost by a recomputed chunk (normally 0: it is exact).
   double text_quality_loss = 0;
+  /// Decoders working side by side (the pipeline's decode threads), 1..kMaxDecodeWorkers.
+  /// Each chunk decodes on one of them; decode_seconds is a chunk's time while the
+  /// others are busy too. A single chunk then takes its whole decode time, however
+  /// many workers there are, while a long context is drained `decode_workers` times
+  /// faster: one serial stage with the time divided would get the first case wrong.
+  uint32_t decode_workers = 1;
 
   [[nodiscard]] uint32_t chunks() const noexcept { return uint32_t(level_bytes.size()); }
   [[nodiscard]] uint32_t levels() const noexcept { return uint32_t(level_quality_loss.size()); }
@@ -239,6 +248,9 @@ struct ChooseState {
   double now_s = -1;             ///< when its transfer would start (for time-aware estimators; <0: unknown)
   double time_left_s = 0;        ///< from now to the deadline (may be <= 0: already late)
   double decode_backlog_s = 0;   ///< from now until the decode stage is free (>= 0)
+  /// With several decode workers: from now until each is free (each >= 0; its size
+  /// is decode_workers). Empty: every worker is free after decode_backlog_s.
+  std::vector<double> decode_worker_backlog_s;
   /// From now until the transfers already requested have landed (>= 0): the pipeline
   /// decides a chunk while earlier ones are still on the wire, and this chunk's bytes
   /// flow only after theirs.

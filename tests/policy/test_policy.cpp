@@ -493,6 +493,60 @@ TEST(Chooser, WhenLateTheContextSoonestPlanRecomputesAPrefixBesideTheFetch) {
   EXPECT_LT(planned.finish_s, 12 * 0.1 * 0.5) << "both lanes at work: under half of all-text";
 }
 
+// Decode workers side by side: a long context drains as fast as they allow, while a
+// single chunk still takes a whole decode. Costs: one level, 1 MB, 0.1 s to decode on
+// a worker; a link that moves a chunk in 8 ms; text at 0.15 s per chunk.
+TEST(Chooser, DecodeWorkersDrainSideBySideButOneChunkTakesItsWholeDecode) {
+  auto costs = [](uint32_t chunks, uint32_t workers, bool text) {
+    ContextCosts c;
+    c.level_quality_loss = {0.1};
+    c.level_bytes.assign(chunks, {kMB});
+    c.decode_seconds.assign(chunks, {0.1});
+    c.decode_workers = workers;
+    if (text) c.tokens.assign(chunks, 1500), c.recompute_tokens_per_second = 10000;
+    return c;
+  };
+  FixedEstimator link(1e9);
+  DeadlineChooser ch{ChooserOptions{.late_completes_context = true}};
+  // Eight chunks, KV only: two workers finish in about half the time of one (the
+  // second starts with the second chunk's landing), in the prediction and in the
+  // simulation; the simulated decodes overlap.
+  for (uint32_t workers : {1u, 2u}) {
+    auto r = ch.choose(costs(8, workers, false), {0, 0, 0, 0}, link);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const double finish = workers == 1 ? 0.008 + 0.8 : 0.016 + 0.4;
+    EXPECT_NEAR(r->predicted_total_seconds, finish, 1e-9) << workers;
+    auto sim = simulate({constant_link(1e9), costs(8, workers, false), 0, 1e-6}, link, ch);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    EXPECT_NEAR(sim->finish_s, finish, 1e-6) << workers;
+    if (workers == 2) EXPECT_LT(sim->chunks[1].decode_start_s, sim->chunks[0].decode_end_s);
+  }
+  // One chunk: KV takes 0.108 s on any number of workers, text 0.15 s: KV. Make text
+  // faster than a whole decode but slower than half of one: text, even with two
+  // workers (a model that divided the decode by the workers would fetch).
+  ContextCosts one = costs(1, 2, true);
+  auto r = ch.choose(one, {0, 0, 0, 0}, link);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->recompute());
+  one.recompute_tokens_per_second = 1500 / 0.08;
+  r = ch.choose(one, {0, 0, 0, 0}, link);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->recompute());
+  // Worker backlogs: one worker busy for 1 s, the other free: the chunk goes to the
+  // free one. Both busy: it waits.
+  ChooseState st{0, 0, 0, 0};
+  st.decode_worker_backlog_s = {1.0, 0.0};
+  r = ch.choose(costs(1, 2, false), st, link);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->predicted_seconds, 0.108, 1e-9);
+  st.decode_worker_backlog_s = {1.0, 0.5};
+  r = ch.choose(costs(1, 2, false), st, link);
+  EXPECT_NEAR(r->predicted_seconds, 0.6, 1e-9);
+  st.decode_worker_backlog_s = {1.0};
+  EXPECT_EQ(ch.choose(costs(1, 2, false), st, link).status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(ch.choose(costs(1, 0, false), {0, 0, 0, 0}, link).status().code(), StatusCode::invalid_argument);
+}
+
 TEST(Chooser, QualityFloorAndBadInputs) {
   ContextCosts c = study_costs(false);
   FixedEstimator slow(0.01 * kGbit);
