@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
   tt->add_option("--quality-profile", to.quality_profile, "profile with measured ppl increase per level")
       ->capture_default_str();
   tt->add_option("--decode-threads", to.decode_threads, "decode threads")->capture_default_str();
+  tt->add_option("--chunk-tokens", to.chunk_tokens, "tokens per stored chunk (the text/KV split falls between chunks)")
+      ->capture_default_str();
   tt->add_option("--json", to.json, "write the rows as JSON");
   tt->add_option("--plot", to.plot, "write TTFT against context length (PNG, gnuplot)");
   CLI11_PARSE(app, argc, argv);

@@ -5,10 +5,12 @@
 //
 // The link is paced by the library (storage::make_paced_client over loopback: bytes
 // really move, completions are released at the link's rate), so the run needs no root.
-// Each geometry's context is made of real stored chunks of 1536 tokens (CacheGen's
-// chunk size) assembled from genuine tinyllama KV: a few distinct ones, repeated to
-// reach the longer contexts (bytes, decode work and statistics are real; the content
-// repeats), plus one shorter chunk where a context ends mid-chunk.
+// Each geometry's context is made of real stored chunks of --chunk-tokens tokens (512;
+// CacheGen uses 1536, but the text/KV split falls between chunks, and a context of
+// one chunk cannot be split at all) assembled from genuine tinyllama KV: a few
+// distinct ones, repeated to reach the longer contexts (bytes, decode work and
+// statistics are real; the content repeats), plus one shorter chunk where a context
+// ends mid-chunk.
 //
 // kvstream-kv: the pipeline with the "deadline" chooser held to a quality floor (the
 // codec benchmark's 1% perplexity bound), asked for the soonest finish, KV only.
@@ -43,7 +45,6 @@ using transport::deadline_in;
 
 namespace {
 
-constexpr uint32_t kChunk = 1536;
 constexpr uint32_t kDistinct = 2;  // distinct full chunks stored per geometry
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -58,7 +59,7 @@ struct Layout {
   std::vector<TokenRange> ranges;
   std::vector<uint32_t> stored;
 };
-Layout layout_for(uint64_t tokens, uint64_t short_tokens) {
+Layout layout_for(uint64_t tokens, uint64_t short_tokens, uint32_t kChunk) {
   Layout l;
   l.ranges = codec::chunk_ranges(tokens, kChunk);
   for (size_t i = 0; i < l.ranges.size(); ++i)
@@ -251,6 +252,8 @@ Status write_plot(const nlohmann::json& rows, const TtftBenchOptions& o) {
 }  // namespace
 
 int run_ttft_bench(const TtftBenchOptions& o) {
+  const uint32_t kChunk = o.chunk_tokens;
+  if (kChunk == 0) return fail(make_status(StatusCode::invalid_argument, "--chunk-tokens must be > 0"));
   auto qprof = codec::Profile::load_file(o.quality_profile);
   if (!qprof.ok())
     return fail(qprof.status().with_context(
@@ -382,7 +385,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
       auto mr = client->register_memory(landing.data(), landing.size());
       if (!mr.ok()) return fail(mr.status());
       for (uint64_t tokens : o.contexts) {
-        const Layout lay = layout_for(tokens, short_tokens);
+        const Layout lay = layout_for(tokens, short_tokens, kChunk);
         const auto chunks = uint32_t(lay.ranges.size());
         // The fetch side (fp16, 8-bit, kvstream-kv) does not depend on the prefill GPU:
         // measured once per (geometry, context, link) and reported beside each GPU's text.
