@@ -158,7 +158,7 @@ __attribute__((target("avx2,popcnt"))) void decode_full_steps_avx2(DecodeCtx& c)
 }
 
 // AVX2 version of decode_group_avx512 (two streams: their 8 state vectors and the
-// temporaries fill the 16 registers).
+// temporaries fill the 16 registers); each stream decodes `steps` more full steps.
 __attribute__((target("avx2,popcnt"))) void decode_group2_avx2(DecodeCtx* const* cs, size_t steps) {
   __m256i x[2][4];
   __m128i esc[2];
@@ -169,13 +169,13 @@ __attribute__((target("avx2,popcnt"))) void decode_group2_avx2(DecodeCtx* const*
     wp[k] = cs[k]->wp;
   }
   alignas(32) uint8_t tmp[2][kLanes];
-  size_t step = cs[0]->step;
-  for (; step < steps && wp[0] <= cs[0]->wend && wp[1] <= cs[1]->wend; ++step) {
+  size_t done = 0;
+  for (; done < steps && wp[0] <= cs[0]->wend && wp[1] <= cs[1]->wend; ++done) {
 #pragma GCC unroll 2
     for (int k = 0; k < 2; ++k) {
       DecodeCtx& c = *cs[k];
       const uint8_t* ids = step_ids(c, tmp[k]);
-      int8_t* out = c.out + step * kLanes;
+      int8_t* out = c.out + (c.step + done) * kLanes;
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) x[k][v] = avx2_lanes8(x[k][v], ids + 8 * v, c.dec, out + 8 * v, wp[k], esc[k]);
       advance_column(c);
@@ -184,7 +184,7 @@ __attribute__((target("avx2,popcnt"))) void decode_group2_avx2(DecodeCtx* const*
   for (int k = 0; k < 2; ++k) {
     for (int v = 0; v < 4; ++v) _mm256_store_si256((__m256i*)&cs[k]->state[8 * v], x[k][v]);
     cs[k]->wp = wp[k];
-    cs[k]->step = step;
+    cs[k]->step += done;
     cs[k]->escape_seen |= !_mm_testz_si128(esc[k], esc[k]);
   }
 }
@@ -249,9 +249,10 @@ __attribute__((target("avx512f,popcnt"))) void decode_full_steps_avx512(DecodeCt
 
 // K streams at once: one stream's step is a chain of dependent latencies (gather,
 // multiply, refill), so a single stream leaves the core idle most of each step;
-// independent streams fill those gaps. All streams are at the same step and have at
-// least `steps` full steps; the kernel stops there. The streams' states are named
-// variables, not an array, so that they stay in registers.
+// independent streams fill those gaps. Each stream, from wherever it is, decodes
+// `steps` more full steps (all have that many left), unless one overruns its words.
+// The streams' states are named variables, not an array, so that they stay in
+// registers.
 template <int K>
 __attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* const* cs, size_t steps) {
   static_assert(K >= 2 && K <= 4);
@@ -266,46 +267,48 @@ __attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* co
   alignas(64) uint32_t base[K][kGroupMaxCols];
   for (int k = 0; k < K; ++k)
     for (size_t c = 0; c < c0.cols; ++c) base[k][c] = uint32_t(cs[k]->tid[c]) << PROB_BITS;
-  size_t pos = c0.c0 / kLanes;
+  size_t p0 = c0.c0 / kLanes, p1 = c1.c0 / kLanes, p2 = c2.c0 / kLanes, p3 = c3.c0 / kLanes;
+  int8_t *o0 = c0.out + c0.step * kLanes, *o1 = c1.out + c1.step * kLanes, *o2 = c2.out + c2.step * kLanes,
+         *o3 = c3.out + c3.step * kLanes;
   __m512i x0a = _mm512_load_si512(&c0.state[0]), x0b = _mm512_load_si512(&c0.state[16]);
   __m512i x1a = _mm512_load_si512(&c1.state[0]), x1b = _mm512_load_si512(&c1.state[16]);
   __m512i x2a = _mm512_load_si512(&c2.state[0]), x2b = _mm512_load_si512(&c2.state[16]);
   __m512i x3a = _mm512_load_si512(&c3.state[0]), x3b = _mm512_load_si512(&c3.state[16]);
   __m128i e0 = _mm_setzero_si128(), e1 = e0, e2 = e0, e3 = e0;
   const uint8_t *w0 = c0.wp, *w1 = c1.wp, *w2 = c2.wp, *w3 = c3.wp;
-  size_t step = c0.step;
+  size_t done = 0;
 // (Macros, not lambdas: a lambda does not inherit the function's target.)
-#define KVS_RANS_STEP(k, c, xa, xb, w, esc)                                                             \
-  do {                                                                                                  \
-    int8_t* out = (c).out + step * kLanes;                                                              \
-    const uint32_t* b = &base[k][pos * kLanes];                                                         \
-    xa = avx512_lanes16_based<false>(xa, _mm512_load_si512(b), (c).dec, out, w, esc);                   \
-    xb = avx512_lanes16_based<false>(xb, _mm512_load_si512(b + 16), (c).dec, out + 16, w, esc);         \
+#define KVS_RANS_STEP(k, c, xa, xb, w, esc, o, p)                                                 \
+  do {                                                                                            \
+    const uint32_t* b = &base[k][p * kLanes];                                                     \
+    xa = avx512_lanes16_based<false>(xa, _mm512_load_si512(b), (c).dec, o, w, esc);               \
+    xb = avx512_lanes16_based<false>(xb, _mm512_load_si512(b + 16), (c).dec, o + 16, w, esc);     \
+    o += kLanes;                                                                                  \
+    if (++p == positions) p = 0;                                                                  \
   } while (0)
-#define KVS_RANS_SAVE(c, xa, xb, w, esc)           \
+#define KVS_RANS_SAVE(c, xa, xb, w, p)             \
   do {                                             \
     _mm512_store_si512(&(c).state[0], xa);         \
     _mm512_store_si512(&(c).state[16], xb);        \
     (c).wp = w;                                    \
-    (c).step = step;                               \
-    (c).c0 = pos * kLanes;                         \
+    (c).step += done;                              \
+    (c).c0 = p * kLanes;                           \
     (c).escape_seen = true; /* finish_job scans */ \
   } while (0)
-  for (; step < steps; ++step) {
+  for (; done < steps; ++done) {
     bool in = w0 <= c0.wend && w1 <= c1.wend;
     if constexpr (K > 2) in &= w2 <= c2.wend;
     if constexpr (K > 3) in &= w3 <= c3.wend;
     if (!in) break;
-    KVS_RANS_STEP(0, c0, x0a, x0b, w0, e0);
-    KVS_RANS_STEP(1, c1, x1a, x1b, w1, e1);
-    if constexpr (K > 2) KVS_RANS_STEP(2, c2, x2a, x2b, w2, e2);
-    if constexpr (K > 3) KVS_RANS_STEP(3, c3, x3a, x3b, w3, e3);
-    if (++pos == positions) pos = 0;
+    KVS_RANS_STEP(0, c0, x0a, x0b, w0, e0, o0, p0);
+    KVS_RANS_STEP(1, c1, x1a, x1b, w1, e1, o1, p1);
+    if constexpr (K > 2) KVS_RANS_STEP(2, c2, x2a, x2b, w2, e2, o2, p2);
+    if constexpr (K > 3) KVS_RANS_STEP(3, c3, x3a, x3b, w3, e3, o3, p3);
   }
-  KVS_RANS_SAVE(c0, x0a, x0b, w0, e0);
-  KVS_RANS_SAVE(c1, x1a, x1b, w1, e1);
-  if constexpr (K > 2) KVS_RANS_SAVE(c2, x2a, x2b, w2, e2);
-  if constexpr (K > 3) KVS_RANS_SAVE(c3, x3a, x3b, w3, e3);
+  KVS_RANS_SAVE(c0, x0a, x0b, w0, p0);
+  KVS_RANS_SAVE(c1, x1a, x1b, w1, p1);
+  if constexpr (K > 2) KVS_RANS_SAVE(c2, x2a, x2b, w2, p2);
+  if constexpr (K > 3) KVS_RANS_SAVE(c3, x3a, x3b, w3, p3);
 #undef KVS_RANS_STEP
 #undef KVS_RANS_SAVE
 }
@@ -411,8 +414,8 @@ Status finish_job(DecodeCtx& c, const StreamLayout& s, size_t n, KernelFn kernel
   return {};
 }
 
-// Runs the interleaved kernel of `path` over k streams that are all at the same step,
-// up to `steps`.
+// Runs the interleaved kernel of `path`: each of the k streams decodes `steps` more
+// full steps.
 void run_group(DecodeCtx* const* cs, int k, size_t steps, RansPath path) {
 #if defined(__x86_64__)
   if (path == RansPath::avx512) {
@@ -486,28 +489,29 @@ Status rans_decode_group(const RansTables& tables, std::span<const RansJob> jobs
     Status st = open_job(tables, jobs[j], ctx[j], layout[j], n[j]);
     if (!st.ok()) return st.with_context(fmt::format("job {}", j));
   }
-  // Interleave the streams, up to the kernel's width at a time: the widest group of
-  // unfinished streams that are all at the same step runs to the first one's end, and
-  // the longer ones go on in the next round. A stream the kernel stopped early (a
-  // corrupt one overran its words) is left to finish_job.
+  // Interleave the streams, up to the kernel's width at a time: the unfinished streams
+  // with the most steps left (of one column count) run together for as many steps as
+  // the shortest of them has left, and the rest go on in the next round. A stream the
+  // kernel stopped early (a corrupt one overran its words) is left to finish_job.
   const int width = group_width(path);
   bool stuck[kMaxGroup] = {};
+  auto left = [&](size_t j) { return ctx[j].full_steps - ctx[j].step; };
   while (width > 1) {
+    size_t order[kMaxGroup];
+    size_t m = 0;
+    for (size_t j = 0; j < jobs.size(); ++j)
+      if (!stuck[j] && left(j) > 0 && group_fits(ctx[j], path)) order[m++] = j;
+    std::sort(order, order + m, [&](size_t a, size_t b) { return left(a) > left(b) || (left(a) == left(b) && a < b); });
     DecodeCtx* group[4];
+    size_t before[4];
     int k = 0;
-    size_t at = 0, steps = 0;
-    for (size_t j = 0; j < jobs.size() && k < width; ++j) {
-      DecodeCtx& c = ctx[j];
-      if (stuck[j] || c.step >= c.full_steps || !group_fits(c, path) || (k > 0 && (c.step != at || c.cols != group[0]->cols)))
-        continue;
-      at = c.step;
-      steps = k == 0 ? c.full_steps : std::min(steps, c.full_steps);
-      group[k++] = &c;
-    }
+    for (size_t i = 0; i < m && k < width; ++i)
+      if (k == 0 || ctx[order[i]].cols == group[0]->cols) before[k] = ctx[order[i]].step, group[k++] = &ctx[order[i]];
     if (k < 2) break;
+    const size_t steps = left(size_t(group[k - 1] - ctx));  // the shortest: sorted by steps left
     run_group(group, k, steps, path);
     for (int i = 0; i < k; ++i)
-      if (group[i]->step < steps) stuck[size_t(group[i] - ctx)] = true;
+      if (group[i]->step - before[i] < steps) stuck[size_t(group[i] - ctx)] = true;
   }
   const KernelFn kernel = kernel_for(path);
   for (size_t j = 0; j < jobs.size(); ++j) {
