@@ -189,9 +189,10 @@ void reconstruct(const ChunkContext& cx, const MatrixWork& w, DecodeScratch::Imp
   s.tile.resize(size_t(tile) * C);
   const uint32_t words = (C + 31) / 32;
   if (plan.block) {
-    // Room and zero masks for the rows past a tile's end that the KLT computes and drops.
+    // Room for the rows past a tile's end that the KLT computes and drops (their masks
+    // are zeroed per tile below; their values may be anything).
     const uint32_t padded = (tile + kKltRows - 1) / kKltRows * kKltRows + kKltRows;
-    s.tile2.assign(size_t(padded) * C, 0.0f), s.z.resize(kKltRows * size_t(C)), s.nz.assign(size_t(padded) * words, 0);
+    s.tile2.resize(size_t(padded) * C), s.z.resize(kKltRows * size_t(C)), s.nz.resize(size_t(padded) * words);
   }
   size_t next_out = 0, next_direct = 0;
   for (uint32_t t0 = 0; t0 < T; t0 += tile) {

@@ -274,15 +274,15 @@ __attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* co
   __m512i x1a = _mm512_load_si512(&c1.state[0]), x1b = _mm512_load_si512(&c1.state[16]);
   __m512i x2a = _mm512_load_si512(&c2.state[0]), x2b = _mm512_load_si512(&c2.state[16]);
   __m512i x3a = _mm512_load_si512(&c3.state[0]), x3b = _mm512_load_si512(&c3.state[16]);
-  __m128i e0 = _mm_setzero_si128(), e1 = e0, e2 = e0, e3 = e0;
+  __m128i no_escapes = _mm_setzero_si128();  // not tracked here: finish_job scans the output
   const uint8_t *w0 = c0.wp, *w1 = c1.wp, *w2 = c2.wp, *w3 = c3.wp;
   size_t done = 0;
 // (Macros, not lambdas: a lambda does not inherit the function's target.)
-#define KVS_RANS_STEP(k, c, xa, xb, w, esc, o, p)                                                 \
+#define KVS_RANS_STEP(k, c, xa, xb, w, o, p)                                                      \
   do {                                                                                            \
     const uint32_t* b = &base[k][p * kLanes];                                                     \
-    xa = avx512_lanes16_based<false>(xa, _mm512_load_si512(b), (c).dec, o, w, esc);               \
-    xb = avx512_lanes16_based<false>(xb, _mm512_load_si512(b + 16), (c).dec, o + 16, w, esc);     \
+    xa = avx512_lanes16_based<false>(xa, _mm512_load_si512(b), (c).dec, o, w, no_escapes);     \
+    xb = avx512_lanes16_based<false>(xb, _mm512_load_si512(b + 16), (c).dec, o + 16, w, no_escapes); \
     o += kLanes;                                                                                  \
     if (++p == positions) p = 0;                                                                  \
   } while (0)
@@ -300,10 +300,10 @@ __attribute__((target("avx512f,popcnt"))) void decode_group_avx512(DecodeCtx* co
     if constexpr (K > 2) in &= w2 <= c2.wend;
     if constexpr (K > 3) in &= w3 <= c3.wend;
     if (!in) break;
-    KVS_RANS_STEP(0, c0, x0a, x0b, w0, e0, o0, p0);
-    KVS_RANS_STEP(1, c1, x1a, x1b, w1, e1, o1, p1);
-    if constexpr (K > 2) KVS_RANS_STEP(2, c2, x2a, x2b, w2, e2, o2, p2);
-    if constexpr (K > 3) KVS_RANS_STEP(3, c3, x3a, x3b, w3, e3, o3, p3);
+    KVS_RANS_STEP(0, c0, x0a, x0b, w0, o0, p0);
+    KVS_RANS_STEP(1, c1, x1a, x1b, w1, o1, p1);
+    if constexpr (K > 2) KVS_RANS_STEP(2, c2, x2a, x2b, w2, o2, p2);
+    if constexpr (K > 3) KVS_RANS_STEP(3, c3, x3a, x3b, w3, o3, p3);
   }
   KVS_RANS_SAVE(c0, x0a, x0b, w0, p0);
   KVS_RANS_SAVE(c1, x1a, x1b, w1, p1);
