@@ -80,7 +80,9 @@ struct RopeTable {
 
   /// True when positions [first_position, first_position + n) are in the table.
   [[nodiscard]] bool covers(const RopeParams& r, uint32_t hd, uint64_t first_position, uint64_t n) const {
-    return r == params && hd == head_dim && first_position >= first && first_position + n <= first + tokens;
+    // Written so that no sum can wrap: positions come from untrusted chunk headers.
+    return r == params && hd == head_dim && first_position >= first && n <= tokens &&
+           first_position - first <= tokens - n;
   }
   /// Makes the table cover [first_position, first_position + n) and returns the row
   /// of first_position. A decoder keeps one table across chunks (building costs a
@@ -91,8 +93,12 @@ struct RopeTable {
     if (!covers(r, hd, first_position, n)) {
       const uint64_t max_span = std::max<uint64_t>(n, (uint64_t(1) << 18) / std::max<uint32_t>(hd, 1));
       uint64_t lo = first_position, hi = first_position + n;
-      if (r == params && hd == head_dim && tokens > 0 && std::max(hi, first + tokens) - std::min(lo, first) <= max_span)
+      const bool no_wrap = first_position <= UINT64_MAX - n && first <= UINT64_MAX - tokens;
+      if (no_wrap && r == params && hd == head_dim && tokens > 0 &&
+          std::max(hi, first + tokens) - std::min(lo, first) <= max_span)
         lo = std::min(lo, first), hi = std::max(hi, first + tokens);
+      else
+        hi = lo + n;  // this chunk alone (its positions may wrap, as the encoder's do)
       build(r, hd, lo, uint32_t(hi - lo));
     }
     return first_position - first;

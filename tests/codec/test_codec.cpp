@@ -436,6 +436,23 @@ TEST_P(CodecCase, OutliersComeBackExactly) {
 
 // ---- 3. Parallel decode, scratch reuse -------------------------------------------------
 
+// A decoder's scratch keeps its RoPE table across chunks; chunks at positions where
+// first + tokens wraps (headers are untrusted) must not be taken as covered by it.
+TEST_P(CodecCase, ScratchReusedAcrossChunksAtAnyPosition) {
+  const Built& b = built(cs());
+  const KvGeometry& g = cs().geom;
+  DecodeScratch scratch;
+  for (uint64_t first : {uint64_t(0), uint64_t(40), ~uint64_t(0) - 20, uint64_t(7), ~uint64_t(0) - 3}) {
+    const KvCache src = make_cache(g, DType::f32, 32, first, cs().rope, first + 1);
+    const std::vector<uint8_t> bytes = encode(b.profile, src.view(), 3);
+    KvCache fresh = KvCache::create(g, DType::f32, 32, first).value();
+    ASSERT_TRUE(decode_chunk(b.profile, bytes, fresh.view()).ok());
+    KvCache reused = KvCache::create(g, DType::f32, 32, first).value();
+    ASSERT_TRUE(decode_chunk(b.profile, bytes, reused.view(), &scratch).ok());
+    EXPECT_TRUE(same_bytes(fresh, reused)) << "first position " << first;
+  }
+}
+
 TEST_P(CodecCase, ParallelDecodeAndScratchMatchSerialBitForBit) {
   const Built& b = built(cs());
   const KvGeometry& g = cs().geom;
