@@ -8,7 +8,7 @@
 //   kvs:{namespace}:{context}:sizes            hash "chunk:level" -> payload bytes (stat)
 //   kvs:{namespace}:contexts                   set of context ids (list)
 // A put writes all three in one MULTI/EXEC transaction. A get verifies the checksum
-// (the native protocol's xxh3-64, transport/protocol.hpp) before copying the payload
+// (the native protocol's xxh3-64, storage/protocol.hpp) before copying the payload
 // into the caller's buffer: one copy, as hiredis owns the reply. docs/storage-backends.md
 // says when to use it.
 #pragma once

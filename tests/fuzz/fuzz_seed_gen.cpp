@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 using namespace kvstream;
 

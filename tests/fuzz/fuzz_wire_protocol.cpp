@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;

@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 
 namespace kvstream::testing {

@@ -9,7 +9,7 @@
 #include "kvstream/storage.hpp"
 #include "tests/support/raw_peer.hpp"
 #include "tests/transport/node_test_util.hpp"
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;

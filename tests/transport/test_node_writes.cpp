@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "kvstream/storage.hpp"
-#include "transport/node/chunk_store.hpp"
-#include "transport/protocol.hpp"
+#include "storage/node/chunk_store.hpp"
+#include "storage/protocol.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "kvstream/storage.hpp"
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;

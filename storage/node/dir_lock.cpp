@@ -1,4 +1,4 @@
-#include "transport/node/dir_lock.hpp"
+#include "storage/node/dir_lock.hpp"
 
 #include <cerrno>
 #include <cstring>

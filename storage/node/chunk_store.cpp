@@ -1,4 +1,4 @@
-#include "transport/node/chunk_store.hpp"
+#include "storage/node/chunk_store.hpp"
 
 #include <cstdio>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "transport/node/preauth_pool.hpp"
+#include "storage/node/preauth_pool.hpp"
 
 #include <algorithm>
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "core/log.hpp"
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 namespace kvstream::storage {
 

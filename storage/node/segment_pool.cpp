@@ -1,4 +1,4 @@
-#include "transport/node/segment_pool.hpp"
+#include "storage/node/segment_pool.hpp"
 
 #include <sys/mman.h>
 

@@ -10,8 +10,8 @@
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
 #include "transport/backend_impl.hpp"
-#include "transport/cluster/node_health.hpp"
-#include "transport/protocol.hpp"
+#include "storage/cluster/node_health.hpp"
+#include "storage/protocol.hpp"
 
 namespace kvstream::cluster {
 

@@ -23,7 +23,7 @@
 
 #include "core/log.hpp"
 #include "transport/backend_impl.hpp"
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 namespace kvstream::redis {
 

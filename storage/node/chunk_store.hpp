@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "kvstream/storage.hpp"
-#include "transport/node/dir_lock.hpp"
-#include "transport/node/memory_budget.hpp"
-#include "transport/node/object_file.hpp"
+#include "storage/node/dir_lock.hpp"
+#include "storage/node/memory_budget.hpp"
+#include "storage/node/object_file.hpp"
 
 namespace kvstream::storage {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvstream/transport.hpp"
-#include "transport/node/memory_budget.hpp"
+#include "storage/node/memory_budget.hpp"
 
 namespace kvstream::storage {
 

@@ -1,4 +1,4 @@
-#include "transport/cluster/node_health.hpp"
+#include "storage/cluster/node_health.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "transport/protocol.hpp"
+#include "storage/protocol.hpp"
 
 #include <atomic>
 #include <chrono>

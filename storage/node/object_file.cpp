@@ -1,4 +1,4 @@
-#include "transport/node/object_file.hpp"
+#include "storage/node/object_file.hpp"
 
 #include <atomic>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "transport/node/memory_budget.hpp"
+#include "storage/node/memory_budget.hpp"
 
 namespace kvstream::storage {
 

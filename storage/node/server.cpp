@@ -14,10 +14,10 @@
 
 #include "core/log.hpp"
 #include "core/rate_limited_log.hpp"
-#include "transport/node/chunk_store.hpp"
-#include "transport/node/preauth_pool.hpp"
-#include "transport/node/segment_pool.hpp"
-#include "transport/protocol.hpp"
+#include "storage/node/chunk_store.hpp"
+#include "storage/node/preauth_pool.hpp"
+#include "storage/node/segment_pool.hpp"
+#include "storage/protocol.hpp"
 
 namespace kvstream::storage {
 
