@@ -15,6 +15,13 @@ Clock::time_point WireClock::transfer_start(Clock::time_point requested, Clock::
   return start;
 }
 
+std::vector<double> decode_costs(std::span<const uint64_t> level_bytes, std::span<const double> seconds_per_byte) {
+  std::vector<double> d(level_bytes.size(), 0.0);
+  for (size_t l = 0; l < level_bytes.size() && l < seconds_per_byte.size(); ++l)
+    d[l] = double(level_bytes[l]) * seconds_per_byte[l];
+  return d;
+}
+
 Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<std::vector<uint64_t>> level_bytes,
                                           transport::Deadline deadline,
                                           std::function<void(const ChunkTimings&)> on_chunk) {
@@ -23,14 +30,9 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
   auto costs = std::make_shared<policy::ContextCosts>();
   costs->level_bytes = std::move(level_bytes);
   costs->level_quality_loss = plan.level_quality_loss;
-  if (!plan.decode_seconds_per_byte.empty()) {
-    for (const auto& sizes : costs->level_bytes) {
-      std::vector<double> d(sizes.size(), 0.0);
-      for (size_t l = 0; l < sizes.size() && l < plan.decode_seconds_per_byte.size(); ++l)
-        d[l] = double(sizes[l]) * plan.decode_seconds_per_byte[l];
-      costs->decode_seconds.push_back(std::move(d));
-    }
-  }
+  if (!plan.decode_seconds_per_byte.empty())
+    for (const auto& sizes : costs->level_bytes)
+      costs->decode_seconds.push_back(decode_costs(sizes, plan.decode_seconds_per_byte));
   costs->decode_workers = plan.decode_workers;
   if (plan.recompute_tokens_per_second > 0 && !plan.chunk_tokens.empty()) {
     costs->tokens = plan.chunk_tokens;
@@ -51,8 +53,18 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
   auto book = std::make_shared<Booking>();
   book->worker_free.assign(costs->decode_workers, 0.0);
   FetchCallbacks cb;
-  cb.decide = [plan, costs, deadline_s, book](uint32_t chunk, std::span<const uint64_t>) {
+  cb.decide = [plan, costs, deadline_s, book](uint32_t chunk, std::span<const uint64_t> sizes) {
     std::lock_guard lk(book->mu);
+    // The pipeline's sizes are those of the chunk it will fetch for this range (after
+    // stored_contexts and stored_chunks): they win over the table given at creation,
+    // which a caller may have indexed by stored chunk instead of by range.
+    if (chunk < costs->level_bytes.size() && !sizes.empty() &&
+        !std::equal(sizes.begin(), sizes.end(), costs->level_bytes[chunk].begin(), costs->level_bytes[chunk].end())) {
+      costs->level_bytes[chunk].assign(sizes.begin(), sizes.end());
+      if (!costs->decode_seconds.empty()) costs->decode_seconds[chunk] = decode_costs(sizes, plan.decode_seconds_per_byte);
+      if (Status v = costs->validate(); !v.ok())
+        KVS_LOG_WARN("chunk {}: the stored sizes do not fit the plan: {}", chunk, v.to_string());
+    }
     policy::ChooseState st;
     st.chunk = chunk;
     st.now_s = policy::to_seconds(Clock::now());

@@ -37,6 +37,14 @@ class PipelineImpl;
 // What one decode worker owns on the GPU path: decode() synchronizes its stream
 // before returning (the rANS checks are read back), so concurrency across chunks comes
 // from several workers, each with its own decoder (not thread-safe) and stream.
+// Where range i of a request is stored.
+const std::string& stored_context(const FetchRequest& r, size_t i) {
+  return r.stored_contexts.empty() ? r.context : r.stored_contexts[i];
+}
+uint32_t stored_chunk(const FetchRequest& r, size_t i) {
+  return r.stored_chunks.empty() ? uint32_t(i) : r.stored_chunks[i];
+}
+
 struct GpuWorker {
   std::unique_ptr<gpu::GpuDecoder> decoder;
   gpu::Stream stream;
@@ -44,7 +52,7 @@ struct GpuWorker {
 
 class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchImpl> {
  public:
-  FetchImpl(PipelineImpl& p, FetchRequest req, FetchCallbacks cb, std::map<uint32_t, std::vector<uint64_t>> sizes)
+  FetchImpl(PipelineImpl& p, FetchRequest req, FetchCallbacks cb, std::vector<std::vector<uint64_t>> sizes)
       : p_(p), req_(std::move(req)), cb_(std::move(cb)), sizes_(std::move(sizes)) {
     timings_.resize(req_.chunks.size());
     for (uint32_t i = 0; i < timings_.size(); ++i) timings_[i].chunk = i;
@@ -81,7 +89,7 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
   PipelineImpl& p_;
   FetchRequest req_;
   FetchCallbacks cb_;
-  std::map<uint32_t, std::vector<uint64_t>> sizes_;
+  std::vector<std::vector<uint64_t>> sizes_;  // stored level sizes of range i (empty: none stored)
   std::thread dispatcher_;
   mutable std::mutex mu_;
   std::condition_variable done_cv_;
@@ -158,10 +166,14 @@ class PipelineImpl final : public Pipeline {
     if (!req.stored_chunks.empty() && req.stored_chunks.size() != req.chunks.size())
       return make_status(StatusCode::invalid_argument, "{} stored chunk ids for {} ranges", req.stored_chunks.size(),
                          req.chunks.size());
-    // The sizes of every level of every chunk, before anything is fetched.
-    KVS_ASSIGN_OR_RETURN(auto stats, client_.stat(req.context, req.deadline, req.cancel));
-    std::map<uint32_t, std::vector<uint64_t>> sizes;
-    for (auto& s : stats) sizes[s.chunk] = std::move(s.level_bytes);
+    if (!req.stored_contexts.empty() && req.stored_contexts.size() != req.chunks.size())
+      return make_status(StatusCode::invalid_argument, "{} stored contexts for {} ranges", req.stored_contexts.size(),
+                         req.chunks.size());
+    if (!req.level_bytes.empty() && req.level_bytes.size() != req.chunks.size())
+      return make_status(StatusCode::invalid_argument, "level sizes of {} chunks for {} ranges", req.level_bytes.size(),
+                         req.chunks.size());
+    // The sizes of every level of every range's chunk, before anything is fetched.
+    KVS_ASSIGN_OR_RETURN(auto sizes, range_level_bytes(client_, req));
     auto f = std::make_shared<FetchImpl>(*this, std::move(req), std::move(cb), std::move(sizes));
     f->start();
     return std::shared_ptr<Fetch>(f);
@@ -359,10 +371,8 @@ void FetchImpl::dispatch() {
       finish(i, st);
       continue;
     }
-    const uint32_t stored = req_.stored_chunks.empty() ? i : req_.stored_chunks[i];
-    const auto it = sizes_.find(stored);
-    const std::span<const uint64_t> level_bytes =
-        it == sizes_.end() ? std::span<const uint64_t>() : std::span<const uint64_t>(it->second);
+    const uint32_t stored = stored_chunk(req_, i);
+    const std::span<const uint64_t> level_bytes(sizes_[i]);
     const ChunkDecision d = cb_.decide ? cb_.decide(i, level_bytes) : ChunkDecision{};
     {
       std::lock_guard lock(mu_);
@@ -389,7 +399,7 @@ void FetchImpl::dispatch() {
       timings_[i].wire_start = Clock::now();
       ++on_wire_;
     }
-    p_.client_.get_async(req_.context, stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes, req_.deadline,
+    p_.client_.get_async(stored_context(req_, i), stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes, req_.deadline,
                          req_.cancel, [self = shared_from_this(), i, b](Result<size_t> r) {
                            {
                              std::lock_guard lock(self->mu_);
@@ -486,6 +496,24 @@ void FetchImpl::finish(uint32_t i, Status st) {
 }
 
 }  // namespace
+
+Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& client, const FetchRequest& req) {
+  if (!req.level_bytes.empty()) return req.level_bytes;
+  std::vector<std::vector<uint64_t>> sizes(req.chunks.size());
+  // One stat per context, however many ranges come from it.
+  std::map<std::string, std::map<uint32_t, std::vector<uint64_t>>> by_context;
+  for (size_t i = 0; i < req.chunks.size(); ++i) {
+    const std::string& ctx = stored_context(req, i);
+    auto it = by_context.find(ctx);
+    if (it == by_context.end()) {
+      KVS_ASSIGN_OR_RETURN(auto stats, client.stat(ctx, req.deadline, req.cancel));
+      it = by_context.emplace(ctx, std::map<uint32_t, std::vector<uint64_t>>{}).first;
+      for (auto& st : stats) it->second[st.chunk] = std::move(st.level_bytes);
+    }
+    if (auto c = it->second.find(stored_chunk(req, i)); c != it->second.end()) sizes[i] = c->second;
+  }
+  return sizes;
+}
 
 std::string_view decode_on_name(DecodeOn d) noexcept {
   switch (d) {

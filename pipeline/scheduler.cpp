@@ -193,23 +193,15 @@ class SchedulerImpl final : public Scheduler {
   std::thread dispatcher_;
 
   Result<policy::ContextCosts> costs_for(const ScheduledFetch& f) const {
-    KVS_ASSIGN_OR_RETURN(auto stats, client_.stat(f.request.context, f.request.deadline, f.request.cancel));
-    std::sort(stats.begin(), stats.end(), [](const auto& a, const auto& b) { return a.chunk < b.chunk; });
     policy::ContextCosts c;
-    for (uint32_t i = 0; i < f.request.chunks.size(); ++i) {
-      if (i >= stats.size() || stats[i].chunk != i)
-        return make_status(StatusCode::not_found, "context '{}' has no chunk {}", f.request.context, i);
-      c.level_bytes.push_back(stats[i].level_bytes);
-    }
+    KVS_ASSIGN_OR_RETURN(c.level_bytes, range_level_bytes(client_, f.request));
+    for (size_t i = 0; i < c.level_bytes.size(); ++i)
+      if (c.level_bytes[i].empty())
+        return make_status(StatusCode::not_found, "context '{}' has no chunk for range {}", f.request.context, i);
     c.level_quality_loss = plan_.level_quality_loss;
     c.decode_workers = plan_.decode_workers;
     if (!plan_.decode_seconds_per_byte.empty())
-      for (const auto& sizes : c.level_bytes) {
-        std::vector<double> d(sizes.size(), 0.0);
-        for (size_t l = 0; l < sizes.size() && l < plan_.decode_seconds_per_byte.size(); ++l)
-          d[l] = double(sizes[l]) * plan_.decode_seconds_per_byte[l];
-        c.decode_seconds.push_back(std::move(d));
-      }
+      for (const auto& sizes : c.level_bytes) c.decode_seconds.push_back(decode_costs(sizes, plan_.decode_seconds_per_byte));
     if (plan_.recompute_tokens_per_second > 0 && !f.chunk_tokens.empty()) {
       c.tokens = f.chunk_tokens;
       c.recompute_tokens_per_second = plan_.recompute_tokens_per_second;

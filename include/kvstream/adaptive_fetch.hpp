@@ -42,9 +42,16 @@ class WireClock {
   Clock::time_point last_landed_{};
 };
 
+/// Decode seconds per level of one chunk: level_bytes[l] x seconds_per_byte[l] (0
+/// past the end of seconds_per_byte).
+std::vector<double> decode_costs(std::span<const uint64_t> level_bytes, std::span<const double> seconds_per_byte);
+
 /// Callbacks for Pipeline::fetch that decide with `plan` against `deadline`, and feed
 /// each chunk's wire time to the peer's estimator. `level_bytes` are the stored sizes
-/// per chunk and level (from Client::stat). `on_chunk` (optional) is called after.
+/// per range and level (range_level_bytes(client, request)): the chooser plans the
+/// whole fetch from them. When the pipeline hands decide() other sizes for a range
+/// (the store changed, or a table indexed by stored chunk), the pipeline's win: they
+/// are those of the chunk it will fetch. `on_chunk` (optional) is called after.
 /// Errors: invalid_argument for an inconsistent plan.
 Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<std::vector<uint64_t>> level_bytes,
                                           transport::Deadline deadline,

@@ -116,6 +116,14 @@ struct FetchRequest {
   /// a stored context (a shared prefix, a window) or reuse stored chunks; each must
   /// hold as many tokens as its range.
   std::vector<uint32_t> stored_chunks;
+  /// Which context range i is stored under (empty: `context` for every range). A
+  /// token-prefix store (KvStore) keeps each chunk as a context of its own, named by
+  /// the hash of its tokens and every token before them.
+  std::vector<std::string> stored_contexts;
+  /// The stored size of every level of range i's chunk, when the caller has just read
+  /// them from the store (Client::stat); the pipeline then does not stat again, and
+  /// FetchCallbacks::decide sees exactly these. Empty: the pipeline stats each context.
+  std::vector<std::vector<uint64_t>> level_bytes;
   transport::Deadline deadline;       ///< the whole fetch
   transport::CancelToken cancel;
   /// Runtime KV memory on the GPU, one pointer per chunk (GPU pipelines only; a CPU
@@ -125,13 +133,20 @@ struct FetchRequest {
 };
 
 struct FetchCallbacks {
-  /// Chooses each chunk's level (or recompute) just before it is fetched, given the
-  /// stored size of every level of that chunk. Default: level 0 everywhere.
+  /// Chooses range i's level (or recompute) just before it is fetched, given the
+  /// stored size of every level of the chunk stored for that range (after
+  /// stored_contexts and stored_chunks). Default: level 0 everywhere.
   std::function<ChunkDecision(uint32_t chunk, std::span<const uint64_t> level_bytes)> decide;
   /// Called once per chunk, from a pipeline thread, the moment the chunk is in the
   /// runtime's memory (or is to be recomputed, or failed: see timings.status).
   std::function<void(const ChunkTimings&)> on_chunk;
 };
+
+/// The stored size of every level of each range's chunk, in range order (after
+/// stored_contexts and stored_chunks): request.level_bytes when set, else one
+/// Client::stat per context. A range whose chunk is not stored gets an empty entry.
+/// Errors: the stat's (not_found for a context that does not exist).
+Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& client, const FetchRequest& request);
 
 /// An ongoing fetch.
 class Fetch {

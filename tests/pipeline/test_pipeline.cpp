@@ -21,6 +21,7 @@
 #include "kvstream/gpu_decoder.hpp"
 #include "kvstream/gpu_resources.hpp"
 #include "kvstream/pipeline.hpp"
+#include "kvstream/scheduler.hpp"
 #include "tests/transport/redis_server.hpp"
 
 using namespace kvstream;
@@ -316,6 +317,75 @@ std::vector<std::vector<uint64_t>> stored_sizes(storage::Client& c) {
   std::vector<std::vector<uint64_t>> sizes;
   for (auto& s : c.stat("ctx", deadline_in(10s)).value()) sizes.push_back(s.level_bytes);
   return sizes;
+}
+
+// A chooser that records the sizes it was given for each chunk it decides, and picks
+// the finest level.
+class RecordingChooser final : public policy::Chooser {
+ public:
+  mutable std::mutex mu;
+  mutable std::map<uint32_t, std::vector<uint64_t>> seen;
+  Result<policy::Choice> choose(const policy::ContextCosts& costs, const policy::ChooseState& st,
+                                const policy::Estimator&) const override {
+    std::lock_guard lk(mu);
+    seen[st.chunk] = costs.level_bytes.at(st.chunk);
+    policy::Choice c;
+    c.level = 0;
+    return c;
+  }
+  std::string_view name() const noexcept override { return "recording"; }
+};
+
+// The sizes the chooser plans with are those of the chunk fetched for each range, even
+// when the table given to adaptive_callbacks was indexed by stored chunk (what callers
+// did before range_level_bytes) and through the scheduler, which used to assume
+// stats[i].chunk == i.
+TEST_F(PipelineTest, AdaptiveDecisionsSeeTheSizesOfTheStoredChunkOfEachRange) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {3, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  auto out = KvCache::create(kGeom, DType::f16, 5 * kChunk).value();
+  pipeline::FetchRequest r;
+  r.context = "ctx";
+  r.destination = out.view();
+  for (uint32_t i = 0; i < 5; ++i) r.chunks.push_back({i * kChunk, (i + 1) * kChunk});
+  r.stored_chunks = {4, 3, 2, 1, 0};
+  r.deadline = deadline_in(20s);
+  auto want = [&](uint32_t i) {
+    std::vector<uint64_t> v;
+    for (uint32_t L = 0; L < profile_.levels(); ++L) v.push_back(stored_bytes_[{r.stored_chunks[i], L}].size());
+    return v;
+  };
+  ASSERT_NE(want(0), want(4));  // the chunks' sizes differ, so a mix-up shows
+  auto ranged = pipeline::range_level_bytes(*client_, r);
+  ASSERT_TRUE(ranged.ok());
+  for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ((*ranged)[i], want(i)) << "range " << i;
+
+  pipeline::AdaptivePlan plan;
+  auto chooser = std::make_shared<RecordingChooser>();
+  plan.chooser = chooser;
+  policy::EstimatorOptions eo;
+  eo.prior_bits_per_second = 1e9;
+  plan.estimators = std::shared_ptr<policy::EstimatorSet>(std::move(policy::EstimatorSet::create("ewma", eo)).value());
+  plan.peer = server_->address();
+  plan.level_quality_loss = {0.1, 0.5, 2.0, 5.0};
+  auto by_stored_chunk = stored_sizes(*client_);
+  by_stored_chunk.resize(5);
+  auto cb = pipeline::adaptive_callbacks(plan, by_stored_chunk, r.deadline);
+  ASSERT_TRUE(cb.ok());
+  auto f = (*p)->fetch(r, *cb);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->wait().ok());
+  for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(chooser->seen.at(i), want(i)) << "range " << i;
+
+  chooser->seen.clear();
+  auto sched = pipeline::Scheduler::create(**p, *client_, plan);
+  ASSERT_TRUE(sched.ok());
+  pipeline::ScheduledFetch sf;
+  sf.request = r;
+  auto t = (*sched)->submit(sf);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_TRUE((*t)->wait().ok());
+  for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(chooser->seen.at(i), want(i)) << "range " << i;
 }
 
 TEST_F(PipelineTest, AdaptiveFetchChoosesLevelsAndLearnsThePeer) {
