@@ -1,0 +1,179 @@
+// KvStore: the front door. One object owns the storage client (a node, a cluster or
+// Redis), the codec profile, the fetch pipeline, the throughput estimators and the
+// level chooser; runtimes talk to it in tokens.
+//
+// Keys. A context is cut into chunks of codec.chunk_tokens tokens; chunk i is stored
+// under a name derived from the model id, the profile's hash and a chained hash of
+// the tokens of chunks 0..i (so a chunk's key names everything its KV depends on).
+// Two prompts that share a prefix share the keys of its whole chunks: the prefix is
+// stored once, and either prompt finds it. Each chunk keeps every level of the codec
+// and a small record (its token count, position and when it was stored), written
+// last, so a chunk whose put was cut short is never found.
+//
+//   auto store = kvstream::KvStore::open(config);            // Result<KvStore>
+//   store->put(tokens, kv.view(), deadline);                 // after prefill
+//   uint64_t n = *store->lookup(tokens, deadline);           // later, another prompt
+//   auto f = store->fetch(tokens, {.host = dest}, deadline); // adaptive, pipelined
+//   auto report = f->wait();                                 // tokens [0, n) in dest
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstream/codec.hpp"
+#include "kvstream/kv_model.hpp"
+#include "kvstream/pipeline.hpp"
+#include "kvstream/status.hpp"
+#include "kvstream/storage.hpp"
+#include "kvstream/store_config.hpp"
+
+namespace kvstream {
+
+/// Token ids as the runtime's tokenizer gives them.
+using Token = int32_t;
+
+/// What put() did.
+struct PutReport {
+  uint32_t chunks = 0;          ///< whole chunks in the tokens given
+  uint32_t already_stored = 0;  ///< of those, found stored (a shared prefix): not encoded again
+  uint64_t bytes = 0;           ///< encoded bytes written (every level)
+  uint64_t tokens = 0;          ///< tokens covered by stored chunks after the put (whole chunks)
+};
+
+struct PutOptions {
+  /// Levels to store; empty: CodecSettings::levels (empty there: every level).
+  std::vector<uint32_t> levels;
+  /// Encode and store even chunks that are found stored (replaces them).
+  bool overwrite = false;
+  transport::CancelToken cancel;
+};
+
+/// Where fetched KV goes: a host view (packed, strided or paged) covering at least
+/// the fetched tokens, token 0 of the view being position 0 of the prompt; or device
+/// memory, one pointer per chunk (a GPU pipeline; see pipeline::DeviceDestination).
+struct FetchDestination {
+  KvView host;
+  pipeline::DeviceDestination device;
+};
+
+struct FetchOptions {
+  /// Fetch at most this many tokens (rounded down to whole chunks); 0: all stored.
+  uint64_t max_tokens = 0;
+  /// Every chunk at this level, no chooser (e.g. the near-lossless level 0).
+  std::optional<uint32_t> level;
+  /// Higher runs first when more fetches are queued than PipelineSettings::max_running.
+  int priority = 0;
+  /// Called per chunk, from a pipeline thread, once it is in the destination (or
+  /// reported for recompute, or failed).
+  std::function<void(const pipeline::ChunkTimings&)> on_chunk;
+  transport::CancelToken cancel;
+};
+
+/// The outcome of a fetch.
+struct FetchReport {
+  uint64_t tokens = 0;                  ///< tokens [0, tokens) handled: in the destination or in `recompute`
+  std::vector<TokenRange> recompute;    ///< ranges chosen as text: the runtime prefills them
+  uint64_t bytes = 0;                   ///< encoded bytes fetched
+  double mean_quality_loss_pct = 0;     ///< mean over fetched chunks of their level's loss
+  double max_quality_loss_pct = 0;
+  std::vector<pipeline::ChunkTimings> chunks;
+};
+
+/// What a fetch is predicted to do if started now (admission).
+struct FetchPlan {
+  uint64_t tokens = 0;                  ///< tokens the fetch would cover (whole stored chunks)
+  bool fits = false;                    ///< predicted done by the deadline
+  double predicted_seconds = 0;         ///< until the last chunk is in memory, queueing included
+  double mean_quality_loss_pct = 0;
+  uint32_t recompute_chunks = 0;
+  std::vector<pipeline::ChunkDecision> decisions;
+};
+
+/// A fetch in progress. Move-only; destroying it cancels and waits.
+class StoreFetch {
+ public:
+  StoreFetch(StoreFetch&&) noexcept;
+  StoreFetch& operator=(StoreFetch&&) noexcept;
+  ~StoreFetch();
+  /// Waits for the end. Errors: the first chunk's failure, timed_out, cancelled.
+  Result<FetchReport> wait();
+  /// Stops it; undelivered chunks end `cancelled`.
+  void cancel();
+  /// Tokens the fetch covers.
+  [[nodiscard]] uint64_t tokens() const noexcept;
+
+  struct State;
+
+ private:
+  friend class KvStore;
+  explicit StoreFetch(std::shared_ptr<State> s);
+  std::shared_ptr<State> s_;
+};
+
+/// What evict() removed.
+struct EvictReport {
+  uint32_t chunks_removed = 0;
+  uint64_t bytes_removed = 0;
+  uint64_t bytes_kept = 0;
+};
+
+/// The front door. Thread-safe; move-only.
+class KvStore {
+ public:
+  /// Connects to the storage, loads the profile, starts the pipeline. Errors:
+  /// invalid_argument (config), the profile's errors, the client's (unavailable,
+  /// permission_denied, timed_out).
+  static Result<KvStore> open(const StoreConfig& config);
+  KvStore(KvStore&&) noexcept;
+  KvStore& operator=(KvStore&&) noexcept;
+  ~KvStore();
+
+  /// Stores the KV of `tokens` (kv holds tokens.size() tokens or more, token 0 at
+  /// position 0; its geometry is the profile's): every whole chunk, at every level,
+  /// skipping those found stored. Durable when it returns ok.
+  Result<PutReport> put(std::span<const Token> tokens, const KvView& kv, transport::Deadline deadline,
+                        const PutOptions& options = {});
+  /// How many leading tokens of `tokens` are stored (a multiple of chunk_tokens).
+  Result<uint64_t> lookup(std::span<const Token> tokens, transport::Deadline deadline,
+                          const transport::CancelToken& cancel = {});
+  /// Predicts fetch(tokens, ..., deadline) without starting it. Errors: not_found
+  /// (nothing stored), the stat's errors.
+  Result<FetchPlan> plan(std::span<const Token> tokens, transport::Deadline deadline, const FetchOptions& options = {});
+  /// Starts fetching the stored prefix of `tokens` into `destination`, each chunk at
+  /// the level the chooser picks against `deadline` (or options.level). Errors before
+  /// any transfer: not_found (no chunk stored), invalid_argument (destination), the
+  /// client's errors.
+  Result<StoreFetch> fetch(std::span<const Token> tokens, const FetchDestination& destination,
+                           transport::Deadline deadline, FetchOptions options = {});
+  /// Removes the stored chunks of `tokens` (every whole chunk; others' prompts that
+  /// share them lose them too). Returns how many were removed.
+  Result<uint32_t> remove(std::span<const Token> tokens, transport::Deadline deadline);
+  /// Removes chunks of this model and profile stored longer ago than `max_age` (0: no
+  /// bound), then, until at most `max_bytes` are kept (0: no bound), the deepest
+  /// chunks first (the oldest among equally deep ones), so that what stays is whole
+  /// prefixes: a chunk is of use only with every chunk before it.
+  Result<EvictReport> evict(uint64_t max_bytes, std::chrono::seconds max_age, transport::Deadline deadline);
+
+  [[nodiscard]] const StoreConfig& config() const noexcept;
+  [[nodiscard]] const codec::Profile& profile() const noexcept;
+  [[nodiscard]] const KvGeometry& geometry() const noexcept;
+  [[nodiscard]] uint32_t chunk_tokens() const noexcept;
+  /// The stored name of each whole chunk of `tokens` (for tools and tests).
+  [[nodiscard]] std::vector<std::string> chunk_keys(std::span<const Token> tokens) const;
+  /// The storage client (to share it, e.g. with a scheduler of the caller's own).
+  [[nodiscard]] storage::Client& client() noexcept;
+
+  struct Impl;
+
+ private:
+  explicit KvStore(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace kvstream

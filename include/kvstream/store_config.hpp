@@ -1,0 +1,104 @@
+// One configuration for the front door (KvStore): a struct per part, nested in
+// StoreConfig, every setting with a name, a default and a meaning in one table
+// (store_settings()). from_env() is the only place that reads environment variables;
+// describe() prints the table with the values in force; set() takes "name=value" as
+// the CLIs' --set options do.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvstream/status.hpp"
+
+namespace kvstream {
+
+/// Where chunks are stored and how to reach them.
+struct StorageSettings {
+  std::string kind = "node";                 ///< node | cluster | redis
+  std::string address = "127.0.0.1:7471";    ///< node or redis: host:port
+  std::vector<std::string> nodes;            ///< cluster: host:port of every node
+  uint32_t replication = 2;                  ///< cluster: replicas per chunk
+  std::string backend = "tcp";               ///< node and cluster: tcp, ucx or libfabric
+  std::string name_space = "default";        ///< namespace (tenant) on the node, key prefix on Redis
+  std::string secret;                        ///< the namespace's secret (node and cluster); Redis: password
+  uint32_t connections = 2;                  ///< connections per node (or to Redis)
+  std::chrono::milliseconds connect_timeout{5000};  ///< bound on open()'s connect
+  double paced_bits_per_second = 0;          ///< > 0: a rate-limited link in front of the client (demos, tests)
+};
+
+/// What is stored and how the chunks are cut.
+struct CodecSettings {
+  std::string profile_path;                  ///< codec profile file (required)
+  std::string model_id;                      ///< the model whose KV this is; part of every key (required)
+  uint32_t chunk_tokens = 256;               ///< tokens per stored chunk; only whole chunks are stored
+  std::vector<uint32_t> levels;              ///< levels put() stores; empty: every level of the profile
+};
+
+/// The fetch pipeline (pipeline::PipelineConfig).
+struct PipelineSettings {
+  uint32_t depth = 4;                        ///< receive buffers
+  uint64_t max_chunk_bytes = uint64_t(16) << 20;  ///< size of each receive buffer
+  uint32_t decode_threads = 1;               ///< chunks decoding side by side
+  std::string decode = "cpu";                ///< cpu, gpu or auto
+  int gpu_device = 0;                        ///< CUDA device for gpu and auto
+  uint32_t max_on_wire = 2;                  ///< transfers outstanding at once
+  uint32_t max_running = 2;                  ///< fetches running at once (the rest queue by priority)
+};
+
+/// How each chunk's level (or text) is chosen.
+struct PolicySettings {
+  std::string chooser = "deadline";          ///< deadline or paper
+  std::string estimator = "ewma";            ///< last, ewma, harmonic or percentile
+  double prior_bits_per_second = 1e9;        ///< link rate assumed before the first transfer
+  double max_quality_loss_pct = 1.0;         ///< no level worse than this (profile's ppl increase); < 0: no bound
+  double recompute_tokens_per_second = 0;    ///< the runtime's prefill rate; 0: never send a chunk as text
+  double decode_elements_per_second = 0;     ///< CPU or GPU decode rate, per worker; 0: decode cost ignored
+};
+
+/// What the store may drop (KvStore::evict, and after each put when set).
+struct EvictionSettings {
+  uint64_t max_bytes = 0;                    ///< 0: no bound; else the oldest chunks go until under it
+  std::chrono::seconds max_age{0};           ///< 0: no bound; else chunks stored longer ago go
+};
+
+/// Everything KvStore::open needs.
+struct StoreConfig {
+  StorageSettings storage;
+  CodecSettings codec;
+  PipelineSettings pipeline;
+  PolicySettings policy;
+  EvictionSettings eviction;
+
+  /// `base` with every setting that has an environment variable set replaced by it
+  /// (KVSTREAM_ + the name upper-cased, '.' as '_': storage.address is
+  /// KVSTREAM_STORAGE_ADDRESS). Errors: invalid_argument naming the variable.
+  static Result<StoreConfig> from_env(StoreConfig base);
+  static Result<StoreConfig> from_env() { return from_env(StoreConfig{}); }
+  /// Sets one setting from text ("storage.address", "127.0.0.1:7000"); lists take
+  /// comma-separated values. Errors: not_found (no such setting), invalid_argument.
+  Status set(std::string_view name, std::string_view value);
+  /// set() for "name=value".
+  Status set(std::string_view assignment);
+  /// The value of a setting as text. Errors: not_found.
+  [[nodiscard]] Result<std::string> get(std::string_view name) const;
+  /// Every setting, one per line: name, value in force, default, environment
+  /// variable, meaning.
+  [[nodiscard]] std::string describe() const;
+  /// Checks values and combinations (required fields, ranges). Errors: invalid_argument.
+  [[nodiscard]] Status validate() const;
+};
+
+/// One row of the settings table.
+struct SettingInfo {
+  std::string_view name;       ///< e.g. "storage.address"
+  std::string_view doc;        ///< what it means
+  std::string default_value;   ///< as text
+  std::string env;             ///< its environment variable
+};
+/// The whole table, in declaration order.
+std::vector<SettingInfo> store_settings();
+
+}  // namespace kvstream

@@ -1,0 +1,450 @@
+#include "kvstream/kv_store.hpp"
+
+#include <algorithm>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+#include "kvstream/adaptive_fetch.hpp"
+#include "kvstream/policy.hpp"
+#include "kvstream/scheduler.hpp"
+#include "store/chunk_key.hpp"
+#include "store/chunk_record.hpp"
+#include "store/storage_client.hpp"
+
+namespace kvstream {
+
+using Clock = transport::Clock;
+
+struct KvStore::Impl {
+  StoreConfig cfg;
+  codec::Profile profile;
+  std::unique_ptr<storage::Client> client;
+  store::ChunkKeyer keyer;
+  std::unique_ptr<pipeline::Pipeline> pipe;
+  pipeline::AdaptivePlan plan;
+  std::unique_ptr<pipeline::Scheduler> scheduler;
+  std::vector<uint32_t> put_levels;
+
+  // One small registered buffer for reading chunk records (evict).
+  std::mutex record_mu;
+  std::vector<std::byte> record_buf = std::vector<std::byte>(store::kChunkRecordBytes);
+  transport::MemoryRegion record_region;
+
+  // The stored sizes of each chunk of `keys`, in order, up to the first that is not
+  // stored whole (levels and record). `all`: go on past a missing chunk (put).
+  Result<std::vector<std::vector<uint64_t>>> stat_chunks(const std::vector<std::string>& keys, bool all,
+                                                         transport::Deadline deadline,
+                                                         const transport::CancelToken& cancel) {
+    std::vector<std::vector<uint64_t>> out;
+    for (const auto& key : keys) {
+      auto stats = client->stat(key, deadline, cancel);
+      std::vector<uint64_t> levels;
+      bool complete = false;
+      if (stats.ok()) {
+        bool record = false;
+        for (const auto& s : *stats) {
+          if (s.chunk == store::kLevelsChunk) levels = s.level_bytes;
+          if (s.chunk == store::kRecordChunk && !s.level_bytes.empty() &&
+              s.level_bytes[0] == store::kChunkRecordBytes)
+            record = true;
+        }
+        complete = record && std::any_of(levels.begin(), levels.end(), [](uint64_t b) { return b > 0; });
+      } else if (stats.status().code() != StatusCode::not_found) {
+        return stats.status();
+      }
+      if (!complete) {
+        if (!all) break;
+        levels.clear();
+      }
+      out.push_back(std::move(levels));
+    }
+    return out;
+  }
+
+  double level_loss(uint32_t level) const {
+    return level < plan.level_quality_loss.size() ? plan.level_quality_loss[level] : 0.0;
+  }
+};
+
+namespace {
+
+Result<pipeline::DecodeOn> decode_on(const std::string& s) { return pipeline::parse_decode_on(s); }
+
+uint64_t unix_ms_now() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count());
+}
+
+}  // namespace
+
+Result<KvStore> KvStore::open(const StoreConfig& config) {
+  KVS_RETURN_IF_ERROR(config.validate());
+  auto impl = std::make_shared<Impl>();
+  impl->cfg = config;
+  KVS_ASSIGN_OR_RETURN(impl->profile, codec::Profile::load_file(config.codec.profile_path));
+  const codec::Profile& profile = impl->profile;
+  KVS_ASSIGN_OR_RETURN(impl->keyer,
+                       store::ChunkKeyer::create(config.codec.model_id, profile.hash(), config.codec.chunk_tokens));
+  impl->put_levels = config.codec.levels;
+  if (impl->put_levels.empty())
+    for (uint32_t l = 0; l < profile.levels(); ++l) impl->put_levels.push_back(l);
+  for (uint32_t l : impl->put_levels)
+    if (l >= profile.levels())
+      return make_status(StatusCode::invalid_argument, "codec.levels names level {}; the profile has {}", l,
+                         profile.levels());
+
+  KVS_ASSIGN_OR_RETURN(impl->client,
+                       store::connect_storage(config.storage, transport::deadline_in(config.storage.connect_timeout)));
+  KVS_ASSIGN_OR_RETURN(impl->record_region,
+                       impl->client->register_memory(impl->record_buf.data(), impl->record_buf.size()));
+
+  pipeline::PipelineConfig pc;
+  pc.depth = config.pipeline.depth;
+  pc.max_chunk_bytes = config.pipeline.max_chunk_bytes;
+  pc.decode_threads = config.pipeline.decode_threads;
+  KVS_ASSIGN_OR_RETURN(pc.decode, decode_on(config.pipeline.decode));
+  pc.gpu_device = config.pipeline.gpu_device;
+  pc.max_on_wire = config.pipeline.max_on_wire;
+  KVS_ASSIGN_OR_RETURN(impl->pipe, pipeline::Pipeline::create(*impl->client, profile, pc));
+
+  // Quality per level from the profile, made monotone and >= 0 (the finest levels
+  // measure within noise of 0, some slightly below). A profile without measurements
+  // ranks levels by index, and then no percent bound can apply.
+  pipeline::AdaptivePlan& plan = impl->plan;
+  bool measured = true;
+  for (uint32_t l = 0; l < profile.levels(); ++l) measured = measured && profile.level(l).ppl_increase_pct != -1;
+  double worst = 0;
+  for (uint32_t l = 0; l < profile.levels(); ++l) {
+    worst = std::max(worst, profile.level(l).ppl_increase_pct);
+    plan.level_quality_loss.push_back(measured ? worst : double(l));
+  }
+  policy::ChooserOptions co;
+  if (measured && config.policy.max_quality_loss_pct >= 0) co.max_quality_loss = config.policy.max_quality_loss_pct;
+  KVS_ASSIGN_OR_RETURN(auto chooser, policy::make_chooser(config.policy.chooser, co));
+  plan.chooser = std::move(chooser);
+  policy::EstimatorOptions eo;
+  eo.prior_bits_per_second = config.policy.prior_bits_per_second;
+  KVS_ASSIGN_OR_RETURN(auto estimators, policy::EstimatorSet::create(config.policy.estimator, eo));
+  plan.estimators = std::move(estimators);
+  plan.peer = store::storage_peer(config.storage);
+  plan.decode_workers = config.pipeline.decode_threads;
+  // Decode runs at about a fixed rate per element whatever the level, so its cost per
+  // encoded byte is 8 / (bits per element x elements per second).
+  if (config.policy.decode_elements_per_second > 0)
+    for (uint32_t l = 0; l < profile.levels(); ++l) {
+      const double bits = profile.level(l).bits_per_element;
+      plan.decode_seconds_per_byte.push_back(bits > 0 ? 8.0 / (bits * config.policy.decode_elements_per_second) : 0);
+    }
+  plan.recompute_tokens_per_second = config.policy.recompute_tokens_per_second;
+  pipeline::SchedulerConfig sc;
+  sc.max_running = config.pipeline.max_running;
+  KVS_ASSIGN_OR_RETURN(impl->scheduler, pipeline::Scheduler::create(*impl->pipe, *impl->client, plan, sc));
+  KVS_LOG_INFO("kvstore: open on {} (model {}, profile {:016x}, {} levels, {}-token chunks)", plan.peer,
+               config.codec.model_id, profile.hash(), profile.levels(), config.codec.chunk_tokens);
+  return KvStore(std::move(impl));
+}
+
+KvStore::KvStore(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvStore::KvStore(KvStore&&) noexcept = default;
+KvStore& KvStore::operator=(KvStore&&) noexcept = default;
+KvStore::~KvStore() = default;
+
+const StoreConfig& KvStore::config() const noexcept { return impl_->cfg; }
+const codec::Profile& KvStore::profile() const noexcept { return impl_->profile; }
+const KvGeometry& KvStore::geometry() const noexcept { return impl_->profile.geometry(); }
+uint32_t KvStore::chunk_tokens() const noexcept { return impl_->keyer.chunk_tokens(); }
+std::vector<std::string> KvStore::chunk_keys(std::span<const Token> tokens) const { return impl_->keyer.keys(tokens); }
+storage::Client& KvStore::client() noexcept { return *impl_->client; }
+
+Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, transport::Deadline deadline,
+                               const PutOptions& options) {
+  Impl& m = *impl_;
+  if (!(kv.geometry() == m.profile.geometry()))
+    return make_status(StatusCode::invalid_argument, "put: the KV's geometry is not the profile's");
+  if (kv.first_position() != 0)
+    return make_status(StatusCode::invalid_argument, "put: the KV must start at position 0 (it starts at {})",
+                       kv.first_position());
+  const auto keys = m.keyer.keys(tokens);
+  const uint32_t ct = m.keyer.chunk_tokens();
+  if (kv.tokens() < uint64_t(keys.size()) * ct)
+    return make_status(StatusCode::invalid_argument, "put: {} whole chunks need {} tokens of KV, the view has {}",
+                       keys.size(), uint64_t(keys.size()) * ct, kv.tokens());
+  std::vector<uint32_t> levels = options.levels.empty() ? m.put_levels : options.levels;
+  for (uint32_t l : levels)
+    if (l >= m.profile.levels())
+      return make_status(StatusCode::invalid_argument, "put: level {} (the profile has {})", l, m.profile.levels());
+  PutReport report;
+  report.chunks = uint32_t(keys.size());
+  KVS_ASSIGN_OR_RETURN(auto stored, m.stat_chunks(keys, /*all=*/true, deadline, options.cancel));
+  std::vector<uint8_t> bytes;
+  for (uint32_t c = 0; c < keys.size(); ++c) {
+    if (!options.overwrite && !stored[c].empty()) {
+      ++report.already_stored;
+      continue;
+    }
+    KVS_ASSIGN_OR_RETURN(KvView chunk, kv.slice({uint64_t(c) * ct, uint64_t(c + 1) * ct}));
+    // The record goes first when replacing, so that a reader never pairs an old record
+    // with new levels of another level set: it is removed, then written after them.
+    if (!stored[c].empty()) (void)m.client->remove(keys[c], deadline, options.cancel);
+    for (uint32_t l : levels) {
+      bytes.clear();
+      KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, l, bytes));
+      KVS_RETURN_IF_ERROR(m.client->put(keys[c], store::kLevelsChunk, l, std::as_bytes(std::span(bytes)), deadline,
+                                        options.cancel));
+      report.bytes += bytes.size();
+    }
+    store::ChunkRecord rec;
+    rec.tokens = ct;
+    rec.first_position = uint64_t(c) * ct;
+    rec.stored_unix_ms = unix_ms_now();
+    rec.levels = uint32_t(levels.size());
+    KVS_RETURN_IF_ERROR(
+        m.client->put(keys[c], store::kRecordChunk, 0, store::serialize(rec), deadline, options.cancel));
+  }
+  report.tokens = uint64_t(keys.size()) * ct;
+  if (m.cfg.eviction.max_bytes > 0 || m.cfg.eviction.max_age.count() > 0) {
+    auto ev = evict(m.cfg.eviction.max_bytes, m.cfg.eviction.max_age, deadline);
+    if (!ev.ok()) KVS_LOG_WARN("kvstore: eviction after put failed: {}", ev.status().to_string());
+  }
+  return report;
+}
+
+Result<uint64_t> KvStore::lookup(std::span<const Token> tokens, transport::Deadline deadline,
+                                 const transport::CancelToken& cancel) {
+  KVS_ASSIGN_OR_RETURN(auto sizes, impl_->stat_chunks(impl_->keyer.keys(tokens), false, deadline, cancel));
+  return uint64_t(sizes.size()) * impl_->keyer.chunk_tokens();
+}
+
+// ---- fetch ------------------------------------------------------------------------------
+
+struct StoreFetch::State {
+  std::shared_ptr<KvStore::Impl> store;  // keeps the pipeline alive while this runs
+  std::shared_ptr<pipeline::Fetch> fetch;     // a fixed-level fetch
+  std::shared_ptr<pipeline::Ticket> ticket;   // an adaptive one, through the scheduler
+  std::vector<TokenRange> ranges;
+  transport::CancelToken cancel;
+  bool waited = false;
+  Result<FetchReport> result = make_status(StatusCode::internal, "not waited");
+};
+
+StoreFetch::StoreFetch(std::shared_ptr<State> s) : s_(std::move(s)) {}
+StoreFetch::StoreFetch(StoreFetch&&) noexcept = default;
+StoreFetch& StoreFetch::operator=(StoreFetch&&) noexcept = default;
+StoreFetch::~StoreFetch() {
+  if (s_ && !s_->waited) {
+    cancel();
+    (void)wait();
+  }
+}
+
+uint64_t StoreFetch::tokens() const noexcept { return s_ && !s_->ranges.empty() ? s_->ranges.back().end : 0; }
+
+void StoreFetch::cancel() {
+  if (!s_) return;
+  s_->cancel.cancel();
+  if (s_->ticket) s_->ticket->cancel();
+  if (s_->fetch) s_->fetch->cancel();
+}
+
+Result<FetchReport> StoreFetch::wait() {
+  if (!s_) return make_status(StatusCode::invalid_argument, "wait on a moved-from fetch");
+  State& s = *s_;
+  if (s.waited) return s.result;
+  const Status st = s.ticket ? s.ticket->wait() : s.fetch->wait();
+  FetchReport r;
+  r.chunks = s.ticket ? s.ticket->timings() : s.fetch->timings();
+  uint32_t fetched = 0;
+  for (const auto& t : r.chunks) {
+    if (t.chunk >= s.ranges.size()) continue;
+    const TokenRange range = s.ranges[t.chunk];
+    if (t.decision.action == pipeline::ChunkDecision::Action::recompute) {
+      if (!r.recompute.empty() && r.recompute.back().end == range.begin)
+        r.recompute.back().end = range.end;
+      else
+        r.recompute.push_back(range);
+      continue;
+    }
+    r.bytes += t.bytes;
+    const double loss = s.store->level_loss(t.decision.level);
+    r.mean_quality_loss_pct += loss;
+    r.max_quality_loss_pct = std::max(r.max_quality_loss_pct, loss);
+    ++fetched;
+  }
+  if (fetched) r.mean_quality_loss_pct /= fetched;
+  r.tokens = s.ranges.empty() ? 0 : s.ranges.back().end;
+  s.waited = true;
+  s.result = st.ok() ? Result<FetchReport>(std::move(r)) : Result<FetchReport>(st);
+  return s.result;
+}
+
+namespace {
+
+// The request for the stored prefix (at most max_tokens) of `keys`.
+struct Prepared {
+  pipeline::FetchRequest request;
+  std::vector<uint64_t> chunk_tokens;
+};
+
+}  // namespace
+
+static Result<Prepared> prepare(KvStore::Impl& m, std::span<const Token> tokens, transport::Deadline deadline,
+                                const FetchOptions& o) {
+  auto keys = m.keyer.keys(tokens);
+  const uint32_t ct = m.keyer.chunk_tokens();
+  if (o.max_tokens > 0 && keys.size() > o.max_tokens / ct) keys.resize(o.max_tokens / ct);
+  KVS_ASSIGN_OR_RETURN(auto sizes, m.stat_chunks(keys, false, deadline, o.cancel));
+  if (sizes.empty()) return make_status(StatusCode::not_found, "no chunk of these tokens is stored");
+  Prepared p;
+  pipeline::FetchRequest& req = p.request;
+  req.context = keys[0];  // names the fetch in messages
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    req.chunks.push_back({uint64_t(c) * ct, uint64_t(c + 1) * ct});
+    req.stored_contexts.push_back(keys[c]);
+    req.stored_chunks.push_back(store::kLevelsChunk);
+    p.chunk_tokens.push_back(ct);
+  }
+  req.level_bytes = std::move(sizes);
+  req.deadline = deadline;
+  req.cancel = o.cancel;
+  return p;
+}
+
+Result<FetchPlan> KvStore::plan(std::span<const Token> tokens, transport::Deadline deadline,
+                                const FetchOptions& options) {
+  KVS_ASSIGN_OR_RETURN(Prepared p, prepare(*impl_, tokens, deadline, options));
+  pipeline::ScheduledFetch sf;
+  sf.request = std::move(p.request);
+  sf.priority = options.priority;
+  if (impl_->plan.recompute_tokens_per_second > 0) sf.chunk_tokens = p.chunk_tokens;
+  KVS_ASSIGN_OR_RETURN(pipeline::Admission a, impl_->scheduler->predict(sf));
+  FetchPlan out;
+  out.tokens = sf.request.chunks.back().end;
+  out.fits = a.fits;
+  out.predicted_seconds = a.predicted_seconds;
+  out.mean_quality_loss_pct = a.mean_quality_loss;
+  out.recompute_chunks = a.recompute_chunks;
+  out.decisions = std::move(a.plan);
+  return out;
+}
+
+Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDestination& destination,
+                                  transport::Deadline deadline, FetchOptions options) {
+  Impl& m = *impl_;
+  KVS_ASSIGN_OR_RETURN(Prepared p, prepare(m, tokens, deadline, options));
+  pipeline::FetchRequest& req = p.request;
+  const uint64_t n = req.chunks.back().end;
+  if (destination.device.empty()) {
+    if (destination.host.tokens() < n)
+      return make_status(StatusCode::invalid_argument, "fetch: {} stored tokens, the destination holds {}", n,
+                         destination.host.tokens());
+    if (destination.host.first_position() != 0)
+      return make_status(StatusCode::invalid_argument, "fetch: the destination must start at position 0");
+    req.destination = destination.host;
+  } else {
+    if (destination.device.chunks.size() < req.chunks.size())
+      return make_status(StatusCode::invalid_argument, "fetch: {} chunks stored, {} device pointers given",
+                         req.chunks.size(), destination.device.chunks.size());
+    req.device = destination.device;
+    req.device.chunks.resize(req.chunks.size());
+  }
+  auto s = std::make_shared<StoreFetch::State>();
+  s->store = impl_;
+  s->ranges = req.chunks;
+  s->cancel = options.cancel;
+  if (options.level) {
+    const uint32_t level = *options.level;
+    if (level >= m.profile.levels())
+      return make_status(StatusCode::invalid_argument, "fetch: level {} (the profile has {})", level,
+                         m.profile.levels());
+    pipeline::FetchCallbacks cb;
+    cb.decide = [level](uint32_t, std::span<const uint64_t>) {
+      return pipeline::ChunkDecision{pipeline::ChunkDecision::Action::fetch, level};
+    };
+    cb.on_chunk = std::move(options.on_chunk);
+    KVS_ASSIGN_OR_RETURN(s->fetch, m.pipe->fetch(std::move(req), std::move(cb)));
+  } else {
+    pipeline::ScheduledFetch sf;
+    sf.request = std::move(req);
+    sf.priority = options.priority;
+    if (m.plan.recompute_tokens_per_second > 0) sf.chunk_tokens = std::move(p.chunk_tokens);
+    sf.on_chunk = std::move(options.on_chunk);
+    KVS_ASSIGN_OR_RETURN(s->ticket, m.scheduler->submit(std::move(sf)));
+  }
+  return StoreFetch(std::move(s));
+}
+
+// ---- remove and evict ----------------------------------------------------------------
+
+Result<uint32_t> KvStore::remove(std::span<const Token> tokens, transport::Deadline deadline) {
+  uint32_t removed = 0;
+  for (const auto& key : impl_->keyer.keys(tokens)) {
+    const Status st = impl_->client->remove(key, deadline);
+    if (st.ok())
+      ++removed;
+    else if (st.code() != StatusCode::not_found)
+      return st;
+  }
+  return removed;
+}
+
+Result<EvictReport> KvStore::evict(uint64_t max_bytes, std::chrono::seconds max_age, transport::Deadline deadline) {
+  Impl& m = *impl_;
+  KVS_ASSIGN_OR_RETURN(auto contexts, m.client->list(deadline));
+  struct Entry {
+    std::string key;
+    uint64_t bytes = 0;
+    uint64_t stored_ms = 0;
+    uint64_t position = 0;
+  };
+  std::vector<Entry> entries;
+  for (auto& key : contexts) {
+    if (key.rfind(m.keyer.prefix(), 0) != 0) continue;  // another model's or profile's
+    auto stats = m.client->stat(key, deadline);
+    if (!stats.ok()) {
+      if (stats.status().code() == StatusCode::not_found) continue;  // removed meanwhile
+      return stats.status();
+    }
+    Entry e{std::move(key), 0, 0, 0};
+    for (const auto& s : *stats)
+      for (uint64_t b : s.level_bytes) e.bytes += b;
+    // A chunk without a readable record (a put cut short) is the oldest of all.
+    std::lock_guard lk(m.record_mu);
+    auto got = m.client->get(e.key, store::kRecordChunk, 0, m.record_region, 0, m.record_buf.size(), deadline);
+    if (got.ok())
+      if (auto rec = store::parse_chunk_record(std::span(m.record_buf).first(*got)); rec.ok()) {
+        e.stored_ms = rec->stored_unix_ms;
+        e.position = rec->first_position;
+      }
+    entries.push_back(std::move(e));
+  }
+  // Deepest chunks first, the oldest among equally deep ones: a chunk is found only
+  // after every chunk before it, so removing a prompt's head first would leave its
+  // tail stored and unreachable. What remains is always whole prefixes.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.position != b.position ? a.position > b.position : a.stored_ms < b.stored_ms;
+  });
+  uint64_t total = 0;
+  for (const auto& e : entries) total += e.bytes;
+  const uint64_t now = unix_ms_now();
+  const uint64_t age_ms = uint64_t(max_age.count()) * 1000;
+  EvictReport r;
+  for (const auto& e : entries) {
+    const bool too_old = age_ms > 0 && now > e.stored_ms + age_ms;
+    const bool over = max_bytes > 0 && total > max_bytes;
+    if (!too_old && !over) continue;
+    const Status st = m.client->remove(e.key, deadline);
+    if (!st.ok() && st.code() != StatusCode::not_found) return st;
+    ++r.chunks_removed;
+    r.bytes_removed += e.bytes;
+    total -= e.bytes;
+  }
+  r.bytes_kept = total;
+  if (r.chunks_removed)
+    KVS_LOG_INFO("kvstore: evicted {} chunks ({} bytes); {} bytes kept", r.chunks_removed, r.bytes_removed, total);
+  return r;
+}
+
+}  // namespace kvstream

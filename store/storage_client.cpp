@@ -1,0 +1,56 @@
+#include "store/storage_client.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kvstream/cluster.hpp"
+#include "kvstream/paced_client.hpp"
+#include "kvstream/redis_storage.hpp"
+
+namespace kvstream::store {
+
+Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& s, transport::Deadline deadline) {
+  std::unique_ptr<storage::Client> client;
+  if (s.kind == "node") {
+    storage::ClientConfig c;
+    c.address = s.address;
+    c.backend.name = s.backend;
+    c.name_space = s.name_space;
+    c.secret = s.secret;
+    c.connections = s.connections;
+    KVS_ASSIGN_OR_RETURN(client, storage::Client::connect(c, deadline));
+  } else if (s.kind == "cluster") {
+    cluster::ClusterConfig c;
+    c.nodes = s.nodes;
+    c.replication = s.replication;
+    c.backend.name = s.backend;
+    c.name_space = s.name_space;
+    c.secret = s.secret;
+    c.connections_per_node = s.connections;
+    c.connect_timeout = s.connect_timeout;
+    KVS_ASSIGN_OR_RETURN(client, cluster::connect(c, deadline));
+  } else if (s.kind == "redis") {
+    redis::RedisConfig c;
+    c.address = s.address;
+    c.password = s.secret;
+    c.name_space = s.name_space;
+    c.connections = s.connections;
+    c.connect_timeout = s.connect_timeout;
+    KVS_ASSIGN_OR_RETURN(client, redis::connect(c, deadline));
+  } else {
+    return make_status(StatusCode::invalid_argument, "storage.kind '{}' is not node, cluster or redis", s.kind);
+  }
+  if (s.paced_bits_per_second > 0) {
+    storage::PacedClientConfig p;
+    p.bits_per_second = s.paced_bits_per_second;
+    KVS_ASSIGN_OR_RETURN(client, storage::make_paced_client(std::move(client), p));
+  }
+  return client;
+}
+
+std::string storage_peer(const StorageSettings& s) {
+  if (s.kind == "cluster") return fmt::format("cluster:{}", fmt::join(s.nodes, ","));
+  return fmt::format("{}:{}", s.kind, s.address);
+}
+
+}  // namespace kvstream::store

@@ -1,0 +1,353 @@
+// KvStore against a real storage node on loopback: put, lookup of partial and full
+// prefixes, a shared prefix stored once, fetch into packed and paged views equal to
+// decoding each chunk alone, the adaptive fetch, wrong model or profile finds nothing,
+// a put cut short is never found, remove and eviction; and StoreConfig's table.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "kvstream/kvstream.hpp"
+#include "store/chunk_record.hpp"
+
+using namespace kvstream;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const KvGeometry kGeom{3, 2, 16, 4, AttentionKind::gqa};
+const RopeParams kRope{true, 10000.0f, 0, RopePairing::interleaved};
+constexpr uint32_t kTokens = 500, kChunk = 96;
+constexpr const char* kSecret = "store-secret-0123456";
+
+KvCache synthetic_kv(uint32_t seed, uint32_t tokens = kTokens) {
+  auto kv = KvCache::create(kGeom, DType::f32, tokens).value();
+  kv.set_rope(kRope);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01;
+  std::vector<float> row(kGeom.channels());
+  for (uint32_t l = 0; l < kGeom.layers; ++l)
+    for (uint32_t p = 0; p < 2; ++p)
+      for (uint32_t t = 0; t < tokens; ++t) {
+        const float common = n01(rng);
+        for (uint32_t c = 0; c < row.size(); ++c) row[c] = 0.3f * float(c % 5) + common * 0.5f + n01(rng) * 0.3f;
+        kv.view().store_row(l, p, t, row.data());
+      }
+  return kv;
+}
+
+std::vector<Token> tokens_from(uint32_t seed, uint32_t n = kTokens) {
+  std::vector<Token> t(n);
+  std::mt19937 rng(seed);
+  for (auto& x : t) x = Token(rng() % 512);
+  return t;
+}
+
+transport::Deadline soon() { return transport::deadline_in(20s); }
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("kvstream-store-{}-{}", ::getpid(), counter_++);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    storage::ServerConfig sc;
+    sc.address = "127.0.0.1:0";
+    sc.directory = (dir_ / "node").string();
+    sc.secrets = {{"ns", kSecret}};
+    server_ = std::move(storage::Server::start(sc)).value();
+    profile_path_ = (dir_ / "p.kvsprofile").string();
+    profile_ = make_profile(99, {0.1f, 0.3f, 0.8f, 1.6f});
+    ASSERT_TRUE(profile_.save_file(profile_path_).ok());
+    kv_ = synthetic_kv(7);
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+  static codec::Profile make_profile(uint32_t seed, std::vector<float> steps) {
+    auto train = synthetic_kv(seed);
+    std::vector<KvView> samples;
+    for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train.view().slice(r));
+    codec::ProfileOptions opt;
+    opt.level_steps = std::move(steps);
+    return std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
+  }
+  StoreConfig config(std::string model = "synthetic-3l") const {
+    StoreConfig c;
+    c.storage.address = server_->address();
+    c.storage.name_space = "ns";
+    c.storage.secret = kSecret;
+    c.codec.profile_path = profile_path_;
+    c.codec.model_id = std::move(model);
+    c.codec.chunk_tokens = kChunk;
+    return c;
+  }
+  KvStore open(const StoreConfig& c) {
+    auto s = KvStore::open(c);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return std::move(s).value();
+  }
+  // Chunk i of kv_ decoded on its own at `level` into f16: what any fetch must give.
+  KvCache reference(uint32_t chunks, uint32_t level) {
+    auto out = KvCache::create(kGeom, DType::f16, chunks * kChunk).value();
+    for (uint32_t i = 0; i < chunks; ++i) {
+      const TokenRange r{i * kChunk, (i + 1) * kChunk};
+      std::vector<uint8_t> bytes;
+      EXPECT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(r), level, bytes).ok());
+      EXPECT_TRUE(codec::decode_chunk(profile_, bytes, *out.view().slice(r)).ok());
+    }
+    return out;
+  }
+
+  static inline int counter_ = 0;
+  fs::path dir_;
+  std::unique_ptr<storage::Server> server_;
+  std::string profile_path_;
+  codec::Profile profile_;
+  KvCache kv_;
+};
+
+TEST_F(StoreTest, PutThenLookupFullAndPartialPrefixes) {
+  KvStore store = open(config());
+  const auto tokens = tokens_from(1);
+  EXPECT_EQ(*store.lookup(tokens, soon()), 0u);
+  auto put = store.put(tokens, kv_.view(), soon());
+  ASSERT_TRUE(put.ok()) << put.status().to_string();
+  EXPECT_EQ(put->chunks, kTokens / kChunk);  // 5 whole chunks; the 20-token tail is not stored
+  EXPECT_EQ(put->already_stored, 0u);
+  EXPECT_EQ(put->tokens, 480u);
+  EXPECT_GT(put->bytes, 0u);
+  EXPECT_EQ(*store.lookup(tokens, soon()), 480u);
+  // A prompt that is a prefix (in whole chunks and not), or extends the stored one.
+  EXPECT_EQ(*store.lookup(std::span(tokens).first(200), soon()), 192u);
+  EXPECT_EQ(*store.lookup(std::span(tokens).first(95), soon()), 0u);
+  auto longer = tokens;
+  longer.insert(longer.end(), 300, 7);
+  EXPECT_EQ(*store.lookup(longer, soon()), 480u);
+  // A prompt that differs in chunk 2 finds chunks 0 and 1 only: every later key
+  // depends on every earlier token.
+  auto edited = tokens;
+  edited[2 * kChunk + 5] ^= 1;
+  EXPECT_EQ(*store.lookup(edited, soon()), 2u * kChunk);
+}
+
+TEST_F(StoreTest, SharedPrefixIsStoredOnce) {
+  KvStore store = open(config());
+  const auto a = tokens_from(1);
+  auto b = a;
+  for (uint32_t t = 3 * kChunk; t < kTokens; ++t) b[t] = Token((b[t] + 11) % 512);  // diverges in chunk 3
+  ASSERT_TRUE(store.put(a, kv_.view(), soon()).ok());
+  auto kv_b = synthetic_kv(8);  // the shared chunks' KV is taken as stored, whatever b's holds there
+  auto put_b = store.put(b, kv_b.view(), soon());
+  ASSERT_TRUE(put_b.ok());
+  EXPECT_EQ(put_b->already_stored, 3u);
+  EXPECT_EQ(*store.lookup(b, soon()), 480u);
+  auto contexts = store.client().list(soon());
+  ASSERT_TRUE(contexts.ok());
+  EXPECT_EQ(contexts->size(), 5u + 2u);  // a's five chunks, and b's last two
+  const auto ka = store.chunk_keys(a), kb = store.chunk_keys(b);
+  ASSERT_EQ(ka.size(), 5u);
+  EXPECT_EQ(std::vector(ka.begin(), ka.begin() + 3), std::vector(kb.begin(), kb.begin() + 3));
+  EXPECT_NE(ka[3], kb[3]);
+}
+
+TEST_F(StoreTest, FetchIntoPackedAndPagedViewsEqualsEachChunkDecodedAlone) {
+  KvStore store = open(config());
+  const auto tokens = tokens_from(1);
+  ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  const KvCache want = reference(5, 0);
+  FetchOptions o;
+  o.level = 0;
+  // Packed, with room for the tokens the runtime prefills after the fetched prefix.
+  auto packed = KvCache::create(kGeom, DType::f16, kTokens).value();
+  auto f = store.fetch(tokens, {.host = packed.view()}, soon(), o);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto report = f->wait();
+  ASSERT_TRUE(report.ok()) << report.status().to_string();
+  EXPECT_EQ(report->tokens, 480u);
+  EXPECT_TRUE(report->recompute.empty());
+  EXPECT_EQ(report->chunks.size(), 5u);
+  auto head = *packed.view().slice({0, 480});
+  auto got = KvCache::create(kGeom, DType::f16, 480).value();
+  ASSERT_TRUE(copy_kv(head, got.view()).ok());
+  ASSERT_EQ(got.bytes().size(), want.bytes().size());
+  EXPECT_TRUE(std::equal(got.bytes().begin(), got.bytes().end(), want.bytes().begin()));
+
+  // Paged as vLLM lays it out: per layer [2][blocks][16][kv_heads][head_dim], blocks
+  // shuffled.
+  constexpr uint32_t kBlock = 16, kBlocks = 40;
+  const uint64_t C = kGeom.channels();
+  std::vector<std::vector<uint16_t>> layers(kGeom.layers, std::vector<uint16_t>(2 * kBlocks * kBlock * C));
+  PagedLayout pl;
+  for (auto& l : layers) pl.layer_base.push_back(l.data());
+  pl.block_size = kBlock;
+  pl.plane_stride = int64_t(kBlocks * kBlock * C);
+  pl.block_stride = int64_t(kBlock * C);
+  pl.slot_stride = int64_t(C);
+  pl.num_blocks = kBlocks;
+  pl.block_table.resize(480 / kBlock);
+  std::iota(pl.block_table.begin(), pl.block_table.end(), 0u);
+  std::shuffle(pl.block_table.begin(), pl.block_table.end(), std::mt19937(3));
+  auto paged = KvView::paged(pl, DType::f16, kGeom, 480).value();
+  auto f2 = store.fetch(tokens, {.host = paged}, soon(), o);
+  ASSERT_TRUE(f2.ok());
+  ASSERT_TRUE(f2->wait().ok());
+  auto back = KvCache::create(kGeom, DType::f16, 480).value();
+  ASSERT_TRUE(copy_kv(paged, back.view()).ok());
+  EXPECT_TRUE(std::equal(back.bytes().begin(), back.bytes().end(), want.bytes().begin()));
+}
+
+TEST_F(StoreTest, AdaptiveFetchDeliversEveryChunkWithinTheQualityBound) {
+  KvStore store = open(config());
+  const auto tokens = tokens_from(1);
+  ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  auto plan = store.plan(tokens, soon());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->tokens, 480u);
+  EXPECT_EQ(plan->decisions.size(), 5u);
+  EXPECT_TRUE(plan->fits);
+  auto dest = KvCache::create(kGeom, DType::f16, 480).value();
+  std::atomic<int> seen{0};
+  FetchOptions o;
+  o.on_chunk = [&](const pipeline::ChunkTimings& t) {
+    if (t.status.ok()) ++seen;
+  };
+  auto f = store.fetch(tokens, {.host = dest.view()}, soon(), std::move(o));
+  ASSERT_TRUE(f.ok());
+  auto r = f->wait();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(seen.load(), 5);
+  EXPECT_EQ(r->tokens, 480u);
+  EXPECT_GT(r->bytes, 0u);
+  // Every chunk decodes to what its chosen level gives alone.
+  for (const auto& t : r->chunks) {
+    ASSERT_EQ(t.decision.action, pipeline::ChunkDecision::Action::fetch);
+    const KvCache want = reference(5, t.decision.level);
+    const TokenRange range{t.chunk * kChunk, (t.chunk + 1) * kChunk};
+    auto a = KvCache::create(kGeom, DType::f16, kChunk).value(), b = KvCache::create(kGeom, DType::f16, kChunk).value();
+    ASSERT_TRUE(copy_kv(*dest.view().slice(range), a.view()).ok());
+    ASSERT_TRUE(copy_kv(*want.view().slice(range), b.view()).ok());
+    EXPECT_TRUE(std::equal(a.bytes().begin(), a.bytes().end(), b.bytes().begin())) << "chunk " << t.chunk;
+  }
+}
+
+TEST_F(StoreTest, AnotherModelOrProfileFindsNothing) {
+  const auto tokens = tokens_from(1);
+  {
+    KvStore store = open(config());
+    ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  }
+  KvStore other_model = open(config("another-model"));
+  EXPECT_EQ(*other_model.lookup(tokens, soon()), 0u);
+  auto dest = KvCache::create(kGeom, DType::f16, 480).value();
+  auto f = other_model.fetch(tokens, {.host = dest.view()}, soon());
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::not_found);
+  // The same model with a profile of other steps: another hash, other keys.
+  const auto other_path = (dir_ / "q.kvsprofile").string();
+  ASSERT_TRUE(make_profile(5, {0.2f, 0.5f}).save_file(other_path).ok());
+  StoreConfig c = config();
+  c.codec.profile_path = other_path;
+  KvStore other_profile = open(c);
+  EXPECT_EQ(*other_profile.lookup(tokens, soon()), 0u);
+  // KV of another geometry is refused before anything is stored.
+  const KvGeometry g2{2, 2, 16, 4, AttentionKind::gqa};
+  auto wrong = KvCache::create(g2, DType::f32, kTokens).value();
+  auto put = other_profile.put(tokens, wrong.view(), soon());
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), StatusCode::invalid_argument);
+}
+
+TEST_F(StoreTest, AChunkWhosePutWasCutShortIsNotFound) {
+  KvStore store = open(config());
+  const auto tokens = tokens_from(1);
+  const auto keys = store.chunk_keys(tokens);
+  // Levels of chunk 0 without its record: what a writer that died mid-put leaves.
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice({0, kChunk}), 0, bytes).ok());
+  ASSERT_TRUE(store.client().put(keys[0], store::kLevelsChunk, 0, std::as_bytes(std::span(bytes)), soon()).ok());
+  EXPECT_EQ(*store.lookup(tokens, soon()), 0u);
+  // A later put completes it.
+  auto put = store.put(tokens, kv_.view(), soon());
+  ASSERT_TRUE(put.ok());
+  EXPECT_EQ(put->already_stored, 0u);
+  EXPECT_EQ(*store.lookup(tokens, soon()), 480u);
+}
+
+TEST_F(StoreTest, RemoveAndEvictByAgeAndSize) {
+  KvStore store = open(config());
+  const auto a = tokens_from(1), b = tokens_from(2);
+  ASSERT_TRUE(store.put(a, kv_.view(), soon()).ok());
+  ASSERT_TRUE(store.put(b, kv_.view(), soon()).ok());
+  EXPECT_EQ(*store.remove(std::span(a).first(2 * kChunk), soon()), 2u);
+  EXPECT_EQ(*store.lookup(a, soon()), 0u);  // chunk 0 is gone, so nothing after it is found
+  // Nothing is older than an hour; a size bound keeps the newest chunks.
+  auto none = store.evict(0, std::chrono::hours(1), soon());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->chunks_removed, 0u);
+  const uint64_t all = none->bytes_kept;
+  ASSERT_GT(all, 0u);
+  auto half = store.evict(all / 2, 0s, soon());
+  ASSERT_TRUE(half.ok()) << half.status().to_string();
+  EXPECT_GT(half->chunks_removed, 0u);
+  EXPECT_LE(half->bytes_kept, all / 2);
+  EXPECT_EQ(half->bytes_kept + half->bytes_removed, all);
+  // The deepest chunks went first: b (five chunks) keeps a prefix, and every chunk
+  // still stored is reachable (no head removed before its tail).
+  const uint64_t kept_b = *store.lookup(b, soon());
+  EXPECT_GE(kept_b, 2u * kChunk);
+  const uint64_t kept_a_tail = half->bytes_kept;  // what is left: b's prefix and maybe a's chunk 2
+  EXPECT_GT(kept_a_tail, 0u);
+  auto left = store.client().list(soon());
+  ASSERT_TRUE(left.ok());
+  const auto kb = store.chunk_keys(b);
+  size_t reachable = kept_b / kChunk;
+  for (const auto& k : *left)
+    if (std::find(kb.begin(), kb.end(), k) != kb.end()) EXPECT_LT(size_t(std::find(kb.begin(), kb.end(), k) - kb.begin()), reachable) << k;
+}
+
+TEST(StoreConfigTest, TableSetGetEnvAndDescribe) {
+  StoreConfig c;
+  ASSERT_TRUE(c.set("storage.address", "10.0.0.1:7000").ok());
+  ASSERT_TRUE(c.set("codec.chunk_tokens=128").ok());
+  ASSERT_TRUE(c.set("storage.nodes", "a:1,b:2").ok());
+  ASSERT_TRUE(c.set("policy.max_quality_loss_pct", "0.5").ok());
+  EXPECT_EQ(c.storage.address, "10.0.0.1:7000");
+  EXPECT_EQ(c.codec.chunk_tokens, 128u);
+  EXPECT_EQ(c.storage.nodes, (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_EQ(*c.get("storage.nodes"), "a:1,b:2");
+  EXPECT_EQ(c.set("no.such", "1").code(), StatusCode::not_found);
+  EXPECT_EQ(c.set("codec.chunk_tokens", "-3").code(), StatusCode::invalid_argument);
+  EXPECT_EQ(c.set("policy.prior_bits_per_second", "fast").code(), StatusCode::invalid_argument);
+  EXPECT_EQ(c.validate().code(), StatusCode::invalid_argument);  // no profile, no model id
+
+  ::setenv("KVSTREAM_STORAGE_SECRET", "from-the-environment", 1);
+  ::setenv("KVSTREAM_PIPELINE_DEPTH", "7", 1);
+  auto e = StoreConfig::from_env(c);
+  ::unsetenv("KVSTREAM_STORAGE_SECRET");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->storage.secret, "from-the-environment");
+  EXPECT_EQ(e->pipeline.depth, 7u);
+  EXPECT_EQ(e->storage.address, "10.0.0.1:7000");  // kept from the base
+  ::setenv("KVSTREAM_PIPELINE_DEPTH", "deep", 1);
+  auto bad = StoreConfig::from_env();
+  ::unsetenv("KVSTREAM_PIPELINE_DEPTH");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("KVSTREAM_PIPELINE_DEPTH"), std::string::npos);
+
+  // describe() lists every setting with its default and variable; never a secret.
+  const std::string d = e->describe();
+  for (const auto& s : store_settings()) {
+    EXPECT_NE(d.find(std::string(s.name)), std::string::npos) << s.name;
+    EXPECT_NE(d.find(s.env), std::string::npos) << s.env;
+    EXPECT_FALSE(s.doc.empty()) << s.name;
+  }
+  EXPECT_EQ(d.find("from-the-environment"), std::string::npos);
+  EXPECT_NE(d.find("pipeline.depth = 7  [default: 4"), std::string::npos) << d;
+}
+
+}  // namespace
