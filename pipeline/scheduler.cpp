@@ -15,6 +15,13 @@
 #include "core/log.hpp"
 
 namespace kvstream::pipeline {
+
+namespace {
+// What the chooser plans for: the fetch's target, else its deadline.
+transport::Deadline target_of(const ScheduledFetch& f) {
+  return f.target == transport::Deadline{} ? f.request.deadline : std::min(f.target, f.request.deadline);
+}
+}  // namespace
 namespace {
 
 using namespace std::chrono_literals;
@@ -238,7 +245,7 @@ class SchedulerImpl final : public Scheduler {
     // While it runs it shares the link with the others that run then.
     const uint32_t sharing = std::min<uint32_t>(slots, uint32_t(ahead.size()) + 1);
     a.link_bits_per_second = full_rate / sharing;
-    const double time_left = seconds_between(now, f.request.deadline) - a.queue_seconds;
+    const double time_left = seconds_between(now, target_of(f)) - a.queue_seconds;
     policy::SimConfig sim;
     sim.trace.segments = {{0.0, a.link_bits_per_second}};
     sim.costs = std::move(costs);
@@ -303,7 +310,7 @@ class SchedulerImpl final : public Scheduler {
     Result<std::shared_ptr<Fetch>> f = make_status(StatusCode::internal, "not started");
     if (auto costs = costs_for(t->fetch_); !costs.ok()) {
       f = costs.status();
-    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, t->fetch_.request.deadline, t->fetch_.on_chunk);
+    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_), t->fetch_.on_chunk);
                !cb.ok()) {
       f = cb.status();
     } else {

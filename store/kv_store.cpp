@@ -25,7 +25,6 @@ struct KvStore::Impl {
   std::unique_ptr<pipeline::Pipeline> pipe;
   pipeline::AdaptivePlan plan;
   std::unique_ptr<pipeline::Scheduler> scheduler;
-  std::vector<uint32_t> put_levels;
 
   // One small registered buffer for reading chunk records (evict).
   std::mutex record_mu;
@@ -88,13 +87,6 @@ Result<KvStore> KvStore::open(const StoreConfig& config) {
   const codec::Profile& profile = impl->profile;
   KVS_ASSIGN_OR_RETURN(impl->keyer,
                        store::ChunkKeyer::create(config.codec.model_id, profile.hash(), config.codec.chunk_tokens));
-  impl->put_levels = config.codec.levels;
-  if (impl->put_levels.empty())
-    for (uint32_t l = 0; l < profile.levels(); ++l) impl->put_levels.push_back(l);
-  for (uint32_t l : impl->put_levels)
-    if (l >= profile.levels())
-      return make_status(StatusCode::invalid_argument, "codec.levels names level {}; the profile has {}", l,
-                         profile.levels());
 
   KVS_ASSIGN_OR_RETURN(impl->client,
                        store::connect_storage(config.storage, transport::deadline_in(config.storage.connect_timeout)));
@@ -172,10 +164,6 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
   if (kv.tokens() < uint64_t(keys.size()) * ct)
     return make_status(StatusCode::invalid_argument, "put: {} whole chunks need {} tokens of KV, the view has {}",
                        keys.size(), uint64_t(keys.size()) * ct, kv.tokens());
-  std::vector<uint32_t> levels = options.levels.empty() ? m.put_levels : options.levels;
-  for (uint32_t l : levels)
-    if (l >= m.profile.levels())
-      return make_status(StatusCode::invalid_argument, "put: level {} (the profile has {})", l, m.profile.levels());
   PutReport report;
   report.chunks = uint32_t(keys.size());
   KVS_ASSIGN_OR_RETURN(auto stored, m.stat_chunks(keys, /*all=*/true, deadline, options.cancel));
@@ -186,10 +174,11 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
       continue;
     }
     KVS_ASSIGN_OR_RETURN(KvView chunk, kv.slice({uint64_t(c) * ct, uint64_t(c + 1) * ct}));
-    // The record goes first when replacing, so that a reader never pairs an old record
-    // with new levels of another level set: it is removed, then written after them.
+    // Replacing: the old chunk goes first, so that no reader pairs its record with
+    // half-written new levels; the new record is written after every level.
     if (!stored[c].empty()) (void)m.client->remove(keys[c], deadline, options.cancel);
-    for (uint32_t l : levels) {
+    // Every level: the chooser picks among all of them per chunk, so each must be there.
+    for (uint32_t l = 0; l < m.profile.levels(); ++l) {
       bytes.clear();
       KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, l, bytes));
       KVS_RETURN_IF_ERROR(m.client->put(keys[c], store::kLevelsChunk, l, std::as_bytes(std::span(bytes)), deadline,
@@ -200,7 +189,7 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
     rec.tokens = ct;
     rec.first_position = uint64_t(c) * ct;
     rec.stored_unix_ms = unix_ms_now();
-    rec.levels = uint32_t(levels.size());
+    rec.levels = m.profile.levels();
     KVS_RETURN_IF_ERROR(
         m.client->put(keys[c], store::kRecordChunk, 0, store::serialize(rec), deadline, options.cancel));
   }
@@ -250,7 +239,7 @@ void StoreFetch::cancel() {
 }
 
 Result<FetchReport> StoreFetch::wait() {
-  if (!s_) return make_status(StatusCode::invalid_argument, "wait on a moved-from fetch");
+  if (!s_) return make_status(StatusCode::invalid_argument, "wait on an empty fetch handle");
   State& s = *s_;
   if (s.waited) return s.result;
   const Status st = s.ticket ? s.ticket->wait() : s.fetch->wait();
@@ -335,6 +324,7 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   Impl& m = *impl_;
   KVS_ASSIGN_OR_RETURN(Prepared p, prepare(m, tokens, deadline, options));
   pipeline::FetchRequest& req = p.request;
+  req.deadline = deadline + options.grace;
   const uint64_t n = req.chunks.back().end;
   if (destination.device.empty()) {
     if (destination.host.tokens() < n)
@@ -369,6 +359,7 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
     pipeline::ScheduledFetch sf;
     sf.request = std::move(req);
     sf.priority = options.priority;
+    sf.target = deadline;
     if (m.plan.recompute_tokens_per_second > 0) sf.chunk_tokens = std::move(p.chunk_tokens);
     sf.on_chunk = std::move(options.on_chunk);
     KVS_ASSIGN_OR_RETURN(s->ticket, m.scheduler->submit(std::move(sf)));

@@ -114,20 +114,6 @@ Row text_list(std::string_view name, std::string_view doc, Part StoreConfig::*pa
             return Status{};
           }};
 }
-template <typename Part>
-Row uint_list(std::string_view name, std::string_view doc, Part StoreConfig::*part, std::vector<uint32_t> Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return fmt::format("{}", fmt::join(c.*part.*m, ",")); },
-          [=](StoreConfig& c, std::string_view v) -> Status {
-            std::vector<uint32_t> out;
-            for (const auto& item : split_list(v)) {
-              KVS_ASSIGN_OR_RETURN(auto n, parse_unsigned<uint32_t>(name, item));
-              out.push_back(n);
-            }
-            c.*part.*m = std::move(out);
-            return {};
-          }};
-}
-
 const std::vector<Row>& table() {
   using S = StorageSettings;
   using C = CodecSettings;
@@ -154,7 +140,6 @@ const std::vector<Row>& table() {
       text("codec.profile", "codec profile file (kvstream-profile writes one); required", co, &C::profile_path),
       text("codec.model_id", "id of the model whose KV is stored, part of every key; required", co, &C::model_id),
       uint("codec.chunk_tokens", "tokens per chunk; lookups and puts work in whole chunks", co, &C::chunk_tokens),
-      uint_list("codec.levels", "levels put() stores, comma-separated; empty: all of the profile's", co, &C::levels),
       uint("pipeline.depth", "receive buffers (chunks on the wire or waiting to decode)", pi, &P::depth),
       uint("pipeline.max_chunk_bytes", "size of each receive buffer; a larger chunk fails", pi, &P::max_chunk_bytes),
       uint("pipeline.decode_threads", "chunks decoding side by side", pi, &P::decode_threads),

@@ -47,8 +47,6 @@ struct PutReport {
 };
 
 struct PutOptions {
-  /// Levels to store; empty: CodecSettings::levels (empty there: every level).
-  std::vector<uint32_t> levels;
   /// Encode and store even chunks that are found stored (replaces them).
   bool overwrite = false;
   transport::CancelToken cancel;
@@ -67,6 +65,12 @@ struct FetchOptions {
   uint64_t max_tokens = 0;
   /// Every chunk at this level, no chooser (e.g. the near-lossless level 0).
   std::optional<uint32_t> level;
+  /// How long past the deadline a late fetch may still complete. The chooser plans
+  /// every chunk for the deadline; when the link is slower than predicted, the
+  /// chunks still land until deadline + grace, after which the fetch fails
+  /// timed_out (the runtime then recomputes from text). A TTFT target is a goal,
+  /// not a reason to throw away KV that is a moment late.
+  std::chrono::milliseconds grace{1000};
   /// Higher runs first when more fetches are queued than PipelineSettings::max_running.
   int priority = 0;
   /// Called per chunk, from a pipeline thread, once it is in the destination (or
@@ -98,6 +102,8 @@ struct FetchPlan {
 /// A fetch in progress. Move-only; destroying it cancels and waits.
 class StoreFetch {
  public:
+  /// An empty handle (wait() fails invalid_argument) until a fetch is moved in.
+  StoreFetch() = default;
   StoreFetch(StoreFetch&&) noexcept;
   StoreFetch& operator=(StoreFetch&&) noexcept;
   ~StoreFetch();

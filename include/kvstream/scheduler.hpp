@@ -31,6 +31,10 @@ struct SchedulerConfig {
 struct ScheduledFetch {
   FetchRequest request;  ///< context, destination, chunks, deadline (absolute), cancel
   int priority = 0;      ///< higher runs first
+  /// When the runtime wants the fetch done: the time the chooser plans each chunk's
+  /// level for, and admission predicts against. A late fetch still runs on, until
+  /// request.deadline, where it fails timed_out. Unset (the epoch): request.deadline.
+  transport::Deadline target{};
   /// Tokens of each chunk, for the recompute option (empty: never recompute).
   std::vector<uint64_t> chunk_tokens;
   /// Called per chunk the moment it is in the runtime's memory, reported for

@@ -34,7 +34,6 @@ struct CodecSettings {
   std::string profile_path;                  ///< codec profile file (required)
   std::string model_id;                      ///< the model whose KV this is; part of every key (required)
   uint32_t chunk_tokens = 256;               ///< tokens per stored chunk; only whole chunks are stored
-  std::vector<uint32_t> levels;              ///< levels put() stores; empty: every level of the profile
 };
 
 /// The fetch pipeline (pipeline::PipelineConfig).
