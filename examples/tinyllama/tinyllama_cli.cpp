@@ -1,5 +1,5 @@
-// kvstream-tinyllama: generate text, score perplexity, dump KV caches and tokenize
-// with the tinyllama reference runtime.
+// kvstream-tinyllama: generate text, score perplexity, dump KV caches, tokenize and
+// print reference logits with the tinyllama reference runtime.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -61,6 +61,13 @@ int main(int argc, char** argv) {
   std::string enc_text;
   enc->add_option("text", enc_text, "text to encode")->required();
 
+  auto* lg = app.add_subcommand("logits",
+                                 "print JSON {tokens, logits, generated}: the ids of BOS + prompt, the logits of the last "
+                                 "prompt position and the greedy continuation of --steps new tokens");
+  int new_steps = 0;
+  lg->add_option("--prompt", prompt, "prompt text (default: none, BOS only)");
+  lg->add_option("--steps", new_steps, "new tokens to generate greedily (stops early at BOS)")->check(CLI::Range(0, 512));
+
   CLI11_PARSE(app, argc, argv);
 
   auto loaded = load(data);
@@ -112,6 +119,22 @@ int main(int argc, char** argv) {
     const auto g = kv->geometry();
     fmt::print("wrote {} tokens x {} layers x 2 x {} channels ({}, {} bytes) to {}\n", kv->tokens(), g.layers,
                g.channels(), kvstream::dtype_name(*dt), conv->bytes().size(), out_path);
+    return 0;
+  }
+  if (*lg) {
+    const std::vector<int> tokens = tok.encode(prompt, true, false);
+    tinyllama::State st(model);
+    std::vector<float> logits(size_t(model.config().vocab_size));
+    if (auto s = model.forward(st, tokens, logits); !s.ok()) return fail(s);
+    std::vector<int> generated;
+    if (new_steps > 0) {
+      auto out = model.generate(tokens, new_steps);
+      if (!out.ok()) return fail(out.status());
+      generated = std::move(*out);
+    }
+    // fmt's "{}" prints the shortest decimal that reads back as the same float.
+    fmt::print("{{\"tokens\":[{}],\"logits\":[{}],\"generated\":[{}]}}\n", fmt::join(tokens, ","),
+               fmt::join(logits, ","), fmt::join(generated, ","));
     return 0;
   }
   if (*enc) {
