@@ -42,12 +42,10 @@ spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
     auto l = std::make_shared<spdlog::logger>("kvstream", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     l->set_pattern("[%H:%M:%S.%e] [kvstream] [%^%l%$] %v");
-    LogLevel level = LogLevel::info;
-    if (const char* env = std::getenv("KVSTREAM_LOG_LEVEL")) {
-      auto parsed = parse_log_level(env);
-      if (parsed.ok()) level = *parsed;
-    }
-    l->set_level(to_spdlog(level));
+    // Info until told otherwise: set_log_level, or a StoreConfig's log.level (which
+    // reads KVSTREAM_LOG_LEVEL in StoreConfig::from_env, the one reader of the
+    // environment).
+    l->set_level(to_spdlog(LogLevel::info));
     return l;
   }();
   return *instance;

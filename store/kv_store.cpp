@@ -81,6 +81,7 @@ uint64_t unix_ms_now() {
 
 Result<KvStore> KvStore::open(const StoreConfig& config) {
   KVS_RETURN_IF_ERROR(config.validate());
+  KVS_RETURN_IF_ERROR(config.apply_log_level());
   auto impl = std::make_shared<Impl>();
   impl->cfg = config;
   KVS_ASSIGN_OR_RETURN(impl->profile, codec::Profile::load_file(config.codec.profile_path));

@@ -10,6 +10,8 @@
 #include <functional>
 
 #include <fmt/format.h>
+
+#include "kvstream/log.hpp"
 #include <fmt/ranges.h>
 
 namespace kvstream {
@@ -120,11 +122,13 @@ const std::vector<Row>& table() {
   using P = PipelineSettings;
   using Y = PolicySettings;
   using E = EvictionSettings;
+  using L = LogSettings;
   constexpr auto st = &StoreConfig::storage;
   constexpr auto co = &StoreConfig::codec;
   constexpr auto pi = &StoreConfig::pipeline;
   constexpr auto po = &StoreConfig::policy;
   constexpr auto ev = &StoreConfig::eviction;
+  constexpr auto lg = &StoreConfig::log;
   static const std::vector<Row> rows = {
       text("storage.kind", "node (one kvstream-server), cluster (replicated nodes) or redis", st, &S::kind),
       text("storage.address", "host:port of the node, or of Redis", st, &S::address),
@@ -160,6 +164,7 @@ const std::vector<Row>& table() {
       uint("eviction.max_bytes", "0: no bound; else the oldest chunks are removed until the store is under it", ev,
            &E::max_bytes),
       duration("eviction.max_age_s", "0: no bound; else chunks stored longer ago are removed", ev, &E::max_age),
+      text("log.level", "the library's log level: trace, debug, info, warn, error or off", lg, &L::level),
   };
   return rows;
 }
@@ -227,6 +232,12 @@ std::string StoreConfig::describe() const {
   return out;
 }
 
+Status StoreConfig::apply_log_level() const {
+  KVS_ASSIGN_OR_RETURN(LogLevel level, parse_log_level(log.level));
+  set_log_level(level);
+  return {};
+}
+
 Status StoreConfig::validate() const {
   auto bad_value = [](std::string_view what, auto v, std::string_view want) {
     return make_status(StatusCode::invalid_argument, "setting {} = {}: {}", what, v, want);
@@ -246,6 +257,7 @@ Status StoreConfig::validate() const {
   if (pipeline.max_running == 0) return bad_value("pipeline.max_running", 0, "must be at least 1");
   if (policy.prior_bits_per_second <= 0)
     return bad_value("policy.prior_bits_per_second", policy.prior_bits_per_second, "must be > 0");
+  if (!parse_log_level(log.level).ok()) return bad_value("log.level", log.level, "must be trace, debug, info, warn, error or off");
   if (policy.recompute_tokens_per_second < 0 || policy.decode_elements_per_second < 0)
     return make_status(StatusCode::invalid_argument, "policy rates must be >= 0");
   return {};

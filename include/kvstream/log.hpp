@@ -10,7 +10,8 @@ namespace kvstream {
 
 enum class LogLevel : uint8_t { trace, debug, info, warn, error, off };
 
-/// Sets the level of kvstream's logger (default: info, or KVSTREAM_LOG_LEVEL if set).
+/// Sets the level of kvstream's logger (default: info). StoreConfig's log.level
+/// (KVSTREAM_LOG_LEVEL through StoreConfig::from_env) sets it when a KvStore opens.
 void set_log_level(LogLevel level) noexcept;
 
 /// Parses "trace", "debug", "info", "warn", "error" or "off".

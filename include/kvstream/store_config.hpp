@@ -63,6 +63,11 @@ struct EvictionSettings {
   std::chrono::seconds max_age{0};           ///< 0: no bound; else chunks stored longer ago go
 };
 
+/// The library's log (kvstream's one logger; see log.hpp).
+struct LogSettings {
+  std::string level = "info";                ///< trace, debug, info, warn, error or off
+};
+
 /// Everything KvStore::open needs.
 struct StoreConfig {
   StorageSettings storage;
@@ -70,6 +75,11 @@ struct StoreConfig {
   PipelineSettings pipeline;
   PolicySettings policy;
   EvictionSettings eviction;
+  LogSettings log;
+
+  /// Sets the library's log level from `log` (KvStore::open does; tools that read a
+  /// StoreConfig without opening a store call it).
+  [[nodiscard]] Status apply_log_level() const;
 
   /// `base` with every setting that has an environment variable set replaced by it
   /// (KVSTREAM_ + the name upper-cased, '.' as '_': storage.address is

@@ -15,6 +15,6 @@ PYBIND11_MODULE(_kvstream, m) {
       "set_log_level",
       [](const std::string& level) { kvstream::set_log_level(kvspy::unwrap(kvstream::parse_log_level(level))); },
       py::arg("level"),
-      "set_log_level(level): kvstream's log level: 'trace', 'debug', 'info' (default, or $KVSTREAM_LOG_LEVEL), "
+      "set_log_level(level): kvstream's log level: 'trace', 'debug', 'info' (default; log.level of a StoreConfig), "
       "'warn', 'error' or 'off'.");
 }

@@ -1,4 +1,10 @@
 // kvstream-server: a storage node serving encoded chunks over any backend.
+//
+// It takes the settings its clients take (StoreConfig, from the environment and
+// --set name=value): storage.address is where it listens, storage.backend its
+// transport, storage.namespace with storage.secret a tenant it serves (beside those of
+// --secrets), log.level its log. --describe lists them. Flags win over --set, which
+// wins over the environment.
 #include <csignal>
 #include <fstream>
 #include <thread>
@@ -8,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvstream/storage.hpp"
+#include "kvstream/store_config.hpp"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -18,17 +25,22 @@ int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node"};
   kvstream::storage::ServerConfig cfg;
   std::string secrets_file;
+  std::vector<std::string> sets;
+  bool describe = false;
+  auto shared = kvstream::StoreConfig::from_env();
+  if (!shared.ok()) return fmt::print(stderr, "kvstream-server: {}\n", shared.status().to_string()), 1;
   uint64_t cache_mb = cfg.cache_bytes >> 20, budget_mb = 0;
   uint64_t auth_ms = uint64_t(cfg.auth_timeout.count()), idle_ms = uint64_t(cfg.idle_timeout.count());
-  app.add_option("--listen", cfg.address, "host:port to listen on (loopback unless told otherwise)")
-      ->capture_default_str();
-  app.add_option("--backend", cfg.backend.name, "tcp, ucx or libfabric")->capture_default_str();
+  auto* listen = app.add_option("--listen", cfg.address, "host:port to listen on (default: storage.address)");
+  auto* backend = app.add_option("--backend", cfg.backend.name, "tcp, ucx or libfabric (default: storage.backend)");
+  app.add_option("--set", sets, "a shared setting, name=value (repeatable; see --describe)");
+  app.add_flag("--describe", describe, "list the shared settings with their values and defaults, then exit");
   app.add_option("--ucx-tls", cfg.backend.ucx_tls, "UCX transports (UCX_TLS)");
   app.add_option("--ofi-provider", cfg.backend.ofi_provider, "libfabric provider")->capture_default_str();
-  app.add_option("--dir", cfg.directory, "storage directory")->required();
+  app.add_option("--dir", cfg.directory, "storage directory (required)");
   app.add_option("--secrets", secrets_file,
-                 "JSON file {\"namespace\": \"secret\", ...} (secrets of at least 16 bytes)")
-      ->required();
+                 "JSON file {\"namespace\": \"secret\", ...} (secrets of at least 16 bytes); or storage.namespace "
+                 "and storage.secret");
   app.add_option("--cache-mb", cache_mb, "in-memory cache of hot chunks")->capture_default_str();
   app.add_option("--memory-budget-mb", budget_mb,
                  "bound on memory held for requests (cache + bodies in flight); 0 = cache + 256")
@@ -46,19 +58,34 @@ int main(int argc, char** argv) {
   app.add_option("--auth-timeout-ms", auth_ms, "time a connection has to authenticate")->capture_default_str();
   app.add_option("--idle-timeout-ms", idle_ms, "a silent client is disconnected after this")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  for (const auto& s : sets)
+    if (auto st = shared->set(s); !st.ok())
+      return fmt::print(stderr, "kvstream-server: --set {}: {}\n", s, st.to_string()), 1;
+  if (describe) return fmt::print("{}", shared->describe()), 0;
+  if (cfg.directory.empty()) return fmt::print(stderr, "kvstream-server: --dir is required\n"), 1;
+  if (auto st = shared->apply_log_level(); !st.ok())
+    return fmt::print(stderr, "kvstream-server: {}\n", st.to_string()), 1;
+  if (!*listen) cfg.address = shared->storage.address;
+  if (!*backend) cfg.backend.name = shared->storage.backend;
+  if (!shared->storage.secret.empty()) cfg.secrets[shared->storage.name_space] = shared->storage.secret;
+  if (secrets_file.empty() && cfg.secrets.empty())
+    return fmt::print(stderr, "kvstream-server: no tenants: give --secrets or storage.namespace and storage.secret\n"),
+           1;
   cfg.cache_bytes = cache_mb << 20;
   cfg.memory_budget_bytes = budget_mb << 20;
   cfg.auth_timeout = std::chrono::milliseconds(auth_ms);
   cfg.idle_timeout = std::chrono::milliseconds(idle_ms);
 
-  std::ifstream f(secrets_file);
-  if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", secrets_file), 1;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(f);
-    if (!j.is_object()) throw std::runtime_error("not an object");
-    for (auto it = j.begin(); it != j.end(); ++it) cfg.secrets[it.key()] = it.value().get<std::string>();
-  } catch (const std::exception& e) {
-    return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of strings: {}\n", secrets_file, e.what()), 1;
+  if (!secrets_file.empty()) {
+    std::ifstream f(secrets_file);
+    if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", secrets_file), 1;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(f);
+      if (!j.is_object()) throw std::runtime_error("not an object");
+      for (auto it = j.begin(); it != j.end(); ++it) cfg.secrets[it.key()] = it.value().get<std::string>();
+    } catch (const std::exception& e) {
+      return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of strings: {}\n", secrets_file, e.what()), 1;
+    }
   }
   auto server = kvstream::storage::Server::start(cfg);
   if (!server.ok()) return fmt::print(stderr, "kvstream-server: {}\n", server.status().to_string()), 1;
