@@ -1,7 +1,11 @@
 #include "kvstream/kv_store.hpp"
 
 #include <algorithm>
+#include <future>
 #include <mutex>
+#include <optional>
+#include <system_error>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -31,33 +35,86 @@ struct KvStore::Impl {
   std::vector<std::byte> record_buf = std::vector<std::byte>(store::kChunkRecordBytes);
   transport::MemoryRegion record_region;
 
+  // Sizes read by recent stats (lookup), which a fetch right after takes instead of
+  // asking again: a runtime looks a prompt up, then fetches it.
+  struct Recent {
+    std::vector<uint64_t> sizes;
+    Clock::time_point when;
+  };
+  std::mutex recent_mu;
+  std::unordered_map<std::string, Recent> recent;
+  static constexpr size_t kMaxRecent = 4096;
+  // Stats of a long prompt's chunks go out this many at a time (each is a round trip).
+  static constexpr size_t kParallelStats = 8;
+
+  void forget(const std::string& key) {
+    std::lock_guard lk(recent_mu);
+    recent.erase(key);
+  }
+
+  // The stored level sizes of one chunk; empty when it is not stored whole (levels
+  // and record).
+  Result<std::vector<uint64_t>> stat_one(const std::string& key, transport::Deadline deadline,
+                                         const transport::CancelToken& cancel) {
+    auto stats = client->stat(key, deadline, cancel);
+    if (!stats.ok()) {
+      if (stats.status().code() == StatusCode::not_found) return std::vector<uint64_t>{};
+      return stats.status();
+    }
+    std::vector<uint64_t> levels;
+    bool record = false;
+    for (const auto& s : *stats) {
+      if (s.chunk == store::kLevelsChunk) levels = s.level_bytes;
+      if (s.chunk == store::kRecordChunk && !s.level_bytes.empty() && s.level_bytes[0] == store::kChunkRecordBytes)
+        record = true;
+    }
+    if (!record || std::none_of(levels.begin(), levels.end(), [](uint64_t b) { return b > 0; })) levels.clear();
+    std::lock_guard lk(recent_mu);
+    if (recent.size() >= kMaxRecent) recent.clear();
+    if (levels.empty())
+      recent.erase(key);
+    else
+      recent[key] = {levels, Clock::now()};
+    return levels;
+  }
+
   // The stored sizes of each chunk of `keys`, in order, up to the first that is not
-  // stored whole (levels and record). `all`: go on past a missing chunk (put).
+  // stored whole. `all`: every key, missing ones empty (put). `reuse`: sizes a stat
+  // read less than storage.stat_reuse ago are taken as they are.
   Result<std::vector<std::vector<uint64_t>>> stat_chunks(const std::vector<std::string>& keys, bool all,
                                                          transport::Deadline deadline,
-                                                         const transport::CancelToken& cancel) {
+                                                         const transport::CancelToken& cancel, bool reuse = false) {
     std::vector<std::vector<uint64_t>> out;
-    for (const auto& key : keys) {
-      auto stats = client->stat(key, deadline, cancel);
-      std::vector<uint64_t> levels;
-      bool complete = false;
-      if (stats.ok()) {
-        bool record = false;
-        for (const auto& s : *stats) {
-          if (s.chunk == store::kLevelsChunk) levels = s.level_bytes;
-          if (s.chunk == store::kRecordChunk && !s.level_bytes.empty() &&
-              s.level_bytes[0] == store::kChunkRecordBytes)
-            record = true;
+    const auto fresh_after = Clock::now() - cfg.storage.stat_reuse;
+    for (size_t first = 0; first < keys.size(); first += kParallelStats) {
+      const size_t n = std::min(kParallelStats, keys.size() - first);
+      std::vector<std::optional<Result<std::vector<uint64_t>>>> got(n);
+      if (reuse) {
+        std::lock_guard lk(recent_mu);
+        for (size_t i = 0; i < n; ++i)
+          if (auto it = recent.find(keys[first + i]); it != recent.end() && it->second.when >= fresh_after)
+            got[i].emplace(it->second.sizes);
+      }
+      // The others side by side: one thread each beyond the first, which runs here.
+      std::vector<std::future<Result<std::vector<uint64_t>>>> pending(n);
+      for (size_t i = 1; i < n; ++i) {
+        if (got[i]) continue;
+        try {
+          pending[i] = std::async(std::launch::async, [this, &keys, first, i, deadline, cancel] {
+            return stat_one(keys[first + i], deadline, cancel);
+          });
+        } catch (const std::system_error&) {
+          // No thread to be had: this one is asked below, in turn.
         }
-        complete = record && std::any_of(levels.begin(), levels.end(), [](uint64_t b) { return b > 0; });
-      } else if (stats.status().code() != StatusCode::not_found) {
-        return stats.status();
       }
-      if (!complete) {
-        if (!all) break;
-        levels.clear();
+      for (size_t i = 0; i < n; ++i) {
+        if (!got[i]) got[i].emplace(pending[i].valid() ? pending[i].get() : stat_one(keys[first + i], deadline, cancel));
       }
-      out.push_back(std::move(levels));
+      for (size_t i = 0; i < n; ++i) {
+        if (!got[i]->ok()) return got[i]->status();
+        if ((*got[i])->empty() && !all) return out;
+        out.push_back(std::move(**got[i]));
+      }
     }
     return out;
   }
@@ -177,6 +234,7 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
     KVS_ASSIGN_OR_RETURN(KvView chunk, kv.slice({uint64_t(c) * ct, uint64_t(c + 1) * ct}));
     // Replacing: the old chunk goes first, so that no reader pairs its record with
     // half-written new levels; the new record is written after every level.
+    m.forget(keys[c]);
     if (!stored[c].empty()) (void)m.client->remove(keys[c], deadline, options.cancel);
     // Every level: the chooser picks among all of them per chunk, so each must be there.
     for (uint32_t l = 0; l < m.profile.levels(); ++l) {
@@ -285,7 +343,7 @@ static Result<Prepared> prepare(KvStore::Impl& m, std::span<const Token> tokens,
   auto keys = m.keyer.keys(tokens);
   const uint32_t ct = m.keyer.chunk_tokens();
   if (o.max_tokens > 0 && keys.size() > o.max_tokens / ct) keys.resize(o.max_tokens / ct);
-  KVS_ASSIGN_OR_RETURN(auto sizes, m.stat_chunks(keys, false, deadline, o.cancel));
+  KVS_ASSIGN_OR_RETURN(auto sizes, m.stat_chunks(keys, false, deadline, o.cancel, /*reuse=*/true));
   if (sizes.empty()) return make_status(StatusCode::not_found, "no chunk of these tokens is stored");
   Prepared p;
   pipeline::FetchRequest& req = p.request;
@@ -373,6 +431,7 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
 Result<uint32_t> KvStore::remove(std::span<const Token> tokens, transport::Deadline deadline) {
   uint32_t removed = 0;
   for (const auto& key : impl_->keyer.keys(tokens)) {
+    impl_->forget(key);
     const Status st = impl_->client->remove(key, deadline);
     if (st.ok())
       ++removed;
@@ -427,6 +486,7 @@ Result<EvictReport> KvStore::evict(uint64_t max_bytes, std::chrono::seconds max_
     const bool too_old = age_ms > 0 && now > e.stored_ms + age_ms;
     const bool over = max_bytes > 0 && total > max_bytes;
     if (!too_old && !over) continue;
+    m.forget(e.key);
     const Status st = m.client->remove(e.key, deadline);
     if (!st.ok() && st.code() != StatusCode::not_found) return st;
     ++r.chunks_removed;

@@ -139,6 +139,8 @@ const std::vector<Row>& table() {
       text("storage.secret", "the namespace's secret (nodes); the password (Redis)", st, &S::secret),
       uint("storage.connections", "connections per node, or to Redis", st, &S::connections),
       duration("storage.connect_timeout_ms", "bound on connecting at open()", st, &S::connect_timeout),
+      duration("storage.stat_reuse_ms", "a fetch reuses chunk sizes a lookup read this recently (0: asks again)", st,
+               &S::stat_reuse),
       real("storage.paced_bits_per_second", "> 0: pace the link to this rate (demos, tests); 0: as fast as it goes",
            st, &S::paced_bits_per_second),
       text("codec.profile", "codec profile file (kvstream-profile writes one); required", co, &C::profile_path),

@@ -145,7 +145,8 @@ class KvStore {
   /// skipping those found stored. Durable when it returns ok.
   Result<PutReport> put(std::span<const Token> tokens, const KvView& kv, transport::Deadline deadline,
                         const PutOptions& options = {});
-  /// How many leading tokens of `tokens` are stored (a multiple of chunk_tokens).
+  /// How many leading tokens of `tokens` are stored (a multiple of chunk_tokens): one
+  /// stat per chunk, up to 8 at a time, stopping at the first chunk not stored.
   Result<uint64_t> lookup(std::span<const Token> tokens, transport::Deadline deadline,
                           const transport::CancelToken& cancel = {});
   /// Predicts fetch(tokens, ..., deadline) without starting it. Errors: not_found

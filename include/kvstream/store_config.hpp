@@ -27,6 +27,10 @@ struct StorageSettings {
   uint32_t connections = 2;                  ///< connections per node (or to Redis)
   std::chrono::milliseconds connect_timeout{5000};  ///< bound on open()'s connect
   double paced_bits_per_second = 0;          ///< > 0: a rate-limited link in front of the client (demos, tests)
+  /// A fetch takes the chunk sizes a lookup read up to this long ago instead of
+  /// asking the store again (0: always asks). A chunk removed meanwhile then fails
+  /// that fetch's chunk with not_found, as it would a moment later anyway.
+  std::chrono::milliseconds stat_reuse{2000};
 };
 
 /// What is stored and how the chunks are cut.
