@@ -50,6 +50,7 @@ struct PipelineBenchOptions {
   uint32_t depth = 4;
   unsigned decode_threads = 1;
   std::string decode = "cpu";        ///< where chunks decode: cpu, gpu (device memory) or auto
+  uint32_t store_reps = 5;           ///< KvStore against the hand-assembled pipeline, alternated (0: skip)
   std::string json;
 };
 int run_pipeline_bench(const PipelineBenchOptions& o);

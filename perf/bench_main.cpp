@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
   pl->add_option("--secret", po.secret, "namespace 'bench' secret of the external node");
   pl->add_option("--connections", po.connections, "client connections")->capture_default_str();
   pl->add_option("--depth", po.depth, "pipeline buffers")->capture_default_str();
+  pl->add_option("--store-reps", po.store_reps,
+                 "fetches of the whole chunks through KvStore and by hand, alternated (0: skip)")
+      ->capture_default_str();
   pl->add_option("--decode-threads", po.decode_threads, "decode threads (on the GPU: decoders, one stream each)")
       ->capture_default_str();
   pl->add_option("--decode", po.decode,

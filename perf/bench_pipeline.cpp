@@ -19,6 +19,7 @@
 #include "examples/tinyllama/eval_harness.hpp"
 #include "perf/assembled_kv.hpp"
 #include "perf/bench.hpp"
+#include "perf/store_vs_pipeline.hpp"
 
 namespace kvstream::bench {
 
@@ -262,6 +263,27 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   fmt::print("pipelined fetch  {:8.3f} s  overlap efficiency {:.3f}; pipelined / (max + one chunk's decode) = {:.3f} "
              "(figure <= 1.1)\n",
              pipelined_s, efficiency, pipelined_s / (bound + one_chunk_decode));
+  // 4. The same whole chunks through the front door and by hand (CPU path).
+  Result<StoreVsPipeline> cmp = make_status(StatusCode::unsupported, "not on the GPU path");
+  if (!on_gpu && o.store_reps > 0) {
+    fetch->reset();
+    StoreComparison sc;
+    sc.profile = &*profile;
+    sc.chunks = chunks;
+    sc.level = level;
+    sc.tokens = o.tokens;
+    sc.chunk_tokens = o.chunk_tokens;
+    sc.client = cc;
+    sc.pipeline = pc;
+    sc.directory = dir.string();
+    sc.reps = o.store_reps;
+    cmp = compare_store_with_pipeline(sc);
+    if (!cmp.ok()) return fail(cmp.status().with_context("KvStore against the pipeline"));
+    fmt::print("whole chunks ({}), median of {} alternated: KvStore lookup+fetch {:.3f} s (fetch alone {:.3f} s), {} "
+               "bytes; by hand {:.3f} s, {} bytes; ratio {:.3f} (fetch alone {:.3f})\n",
+               cmp->chunks, o.store_reps, cmp->store_s, cmp->store_fetch_s, cmp->store_bytes, cmp->pipeline_s,
+               cmp->pipeline_bytes, cmp->store_s / cmp->pipeline_s, cmp->store_fetch_s / cmp->pipeline_s);
+  }
   if (!o.json.empty()) {
     nlohmann::json j = {{"geometry", o.geometry}, {"tokens", o.tokens},   {"transfer_s", transfer_s},
                         {"decode_s", decode_s},   {"pipelined_s", pipelined_s}, {"chunks", chunks.size()},
@@ -269,9 +291,16 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
                         {"one_chunk_decode_s", one_chunk_decode}, {"backend", o.backend}, {"level", level},
                         {"decode", on_gpu ? "gpu" : "cpu"},       {"decode_requested", o.decode},
                         {"decode_threads", threads},              {"gpu_bit_exact", bit_exact}};
+    if (cmp.ok())
+      j["kvstore_vs_pipeline"] = {{"chunks", cmp->chunks},         {"reps", o.store_reps},
+                                  {"store_s", cmp->store_s},       {"pipeline_s", cmp->pipeline_s},
+                                  {"store_fetch_s", cmp->store_fetch_s},
+                                  {"store_bytes", cmp->store_bytes}, {"pipeline_bytes", cmp->pipeline_bytes},
+                                  {"store_all_s", cmp->store_all_s}, {"pipeline_all_s", cmp->pipeline_all_s},
+                                  {"ratio", cmp->store_s / cmp->pipeline_s}};
     std::ofstream(o.json) << j.dump(1) << "\n";
   }
-  fetch->reset();
+  if (*fetch) fetch->reset();
   pipe->reset();  // before the client it uses
   client->reset();
   if (server) server->stop();
