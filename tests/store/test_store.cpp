@@ -235,6 +235,28 @@ TEST_F(StoreTest, AdaptiveFetchDeliversEveryChunkWithinTheQualityBound) {
   }
 }
 
+// A fetch right after a lookup takes the sizes the lookup read: it asks the node for
+// the chunks only (one get each), where with storage.stat_reuse_ms 0 it stats again.
+TEST_F(StoreTest, AFetchRightAfterALookupDoesNotStatAgain) {
+  for (const int reuse_ms : {2000, 0}) {
+    StoreConfig c = config(fmt::format("reuse-{}", reuse_ms));
+    c.storage.stat_reuse = std::chrono::milliseconds(reuse_ms);
+    KvStore store = open(c);
+    const auto tokens = tokens_from(1);
+    ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+    ASSERT_EQ(*store.lookup(tokens, soon()), 480u);
+    auto dest = KvCache::create(kGeom, DType::f16, 480).value();
+    FetchOptions o;
+    o.level = 1;
+    const uint64_t before = server_->counters().requests;
+    auto f = store.fetch(tokens, {.host = dest.view()}, soon(), o);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f->wait().ok());
+    const uint64_t requests = server_->counters().requests - before;
+    EXPECT_EQ(requests, reuse_ms ? 5u : 10u) << "stat_reuse " << reuse_ms << " ms";
+  }
+}
+
 TEST_F(StoreTest, AnotherModelOrProfileFindsNothing) {
   const auto tokens = tokens_from(1);
   {
