@@ -11,6 +11,11 @@
 
 namespace kvstream::bench {
 
+/// Seconds since `t0` on the steady clock.
+inline double since(transport::Clock::time_point t0) {
+  return std::chrono::duration<double>(transport::Clock::now() - t0).count();
+}
+
 struct CodecBenchOptions {
   std::string data;       ///< tinyllama directory ("" = default)
   std::string profile;    ///< codec profile file (kvstream-profile output)

@@ -28,7 +28,6 @@ using transport::Clock;
 using transport::deadline_in;
 
 namespace {
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 int fail(const Status& s) {
   fmt::print(stderr, "kvstream-bench pipeline: {}\n", s.to_string());
   return 1;

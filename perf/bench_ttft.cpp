@@ -47,7 +47,6 @@ namespace {
 
 constexpr uint32_t kDistinct = 2;  // distinct full chunks stored per geometry
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 int fail(const Status& s) {
   fmt::print(stderr, "kvstream-bench ttft: {}\n", s.to_string());
   return 1;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "kvstream/kv_store.hpp"
+#include "perf/bench.hpp"
 #include "store/chunk_record.hpp"
 
 namespace kvstream::bench {
@@ -19,7 +20,6 @@ using transport::Clock;
 using transport::deadline_in;
 
 namespace {
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

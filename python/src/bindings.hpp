@@ -53,6 +53,18 @@ T unwrap(kvstream::Result<T> r) {
   return std::move(r).value();
 }
 
+/// Runs a blocking kvstream call with the GIL released (other Python threads run
+/// meanwhile) and returns its value, or raises its error once the GIL is back.
+template <typename Fn>
+auto without_gil(Fn&& fn) {
+  std::optional<decltype(fn())> r;
+  {
+    py::gil_scoped_release nogil;
+    r.emplace(fn());
+  }
+  return unwrap(std::move(*r));
+}
+
 void init_errors(py::module_& m);
 
 // ---- arrays.cpp ----------------------------------------------------------------------

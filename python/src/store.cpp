@@ -45,12 +45,7 @@ py::object put(Store& self, py::handle tokens, const HostKv& kv, py::handle time
   kvstream::PutOptions o;
   o.overwrite = overwrite;
   const auto deadline = deadline_after(timeout);
-  kvstream::Result<kvstream::PutReport> r = kvstream::PutReport{};
-  {
-    py::gil_scoped_release nogil;
-    r = store->put(toks, kv.view, deadline, o);
-  }
-  return to_py(unwrap(std::move(r)));
+  return to_py(without_gil([&] { return store->put(toks, kv.view, deadline, o); }));
 }
 
 std::unique_ptr<Fetch> start_fetch(Store& self, py::handle tokens, HostKv dest, py::handle timeout,
@@ -66,12 +61,8 @@ std::unique_ptr<Fetch> start_fetch(Store& self, py::handle tokens, HostKv dest, 
   const auto deadline = deadline_after(timeout);
   kvstream::FetchDestination d;
   d.host = dest.view;
-  kvstream::Result<kvstream::StoreFetch> f = kvstream::Status(kvstream::StatusCode::internal, "not started");
-  {
-    py::gil_scoped_release nogil;
-    f = store->fetch(toks, d, deadline, std::move(o));
-  }
-  return std::make_unique<Fetch>(unwrap(std::move(f)), std::move(dest), std::move(done));
+  auto f = without_gil([&] { return store->fetch(toks, d, deadline, std::move(o)); });
+  return std::make_unique<Fetch>(std::move(f), std::move(dest), std::move(done));
 }
 
 }  // namespace
@@ -114,12 +105,8 @@ Thread-safe.
       .def_static(
           "open",
           [](const kvstream::StoreConfig& config) {
-            kvstream::Result<KvStore> r = kvstream::Status(kvstream::StatusCode::internal, "not opened");
-            {
-              py::gil_scoped_release nogil;
-              r = KvStore::open(config);
-            }
-            return std::make_unique<Store>(std::make_shared<KvStore>(unwrap(std::move(r))));
+            return std::make_unique<Store>(
+                std::make_shared<KvStore>(without_gil([&] { return KvStore::open(config); })));
           },
           py::arg("config"),
           "open(config) -> KvStore: connects to the storage, loads the codec profile, starts the fetch pipeline. "
@@ -151,12 +138,7 @@ Thread-safe.
             auto store = self.get();
             const auto toks = to_tokens(tokens);
             const auto deadline = deadline_after(timeout);
-            kvstream::Result<uint64_t> r = uint64_t(0);
-            {
-              py::gil_scoped_release nogil;
-              r = store->lookup(toks, deadline);
-            }
-            return unwrap(std::move(r));
+            return without_gil([&] { return store->lookup(toks, deadline); });
           },
           "tokens"_a, timeout,
           "lookup(tokens, timeout=30.0) -> int: how many leading tokens of `tokens` are stored (a multiple of "
@@ -170,12 +152,7 @@ Thread-safe.
             o.max_tokens = max_tokens;
             o.priority = priority;
             const auto deadline = deadline_after(timeout);
-            kvstream::Result<kvstream::FetchPlan> r = kvstream::FetchPlan{};
-            {
-              py::gil_scoped_release nogil;
-              r = store->plan(toks, deadline, o);
-            }
-            return to_py(unwrap(std::move(r)));
+            return to_py(without_gil([&] { return store->plan(toks, deadline, o); }));
           },
           "tokens"_a, timeout, "max_tokens"_a = 0, "priority"_a = 0,
           "plan(tokens, timeout=30.0, max_tokens=0, priority=0) -> FetchPlan: what an adaptive fetch with this "
@@ -213,12 +190,7 @@ Thread-safe.
             auto store = self.get();
             const auto toks = to_tokens(tokens);
             const auto deadline = deadline_after(timeout);
-            kvstream::Result<uint32_t> r = uint32_t(0);
-            {
-              py::gil_scoped_release nogil;
-              r = store->remove(toks, deadline);
-            }
-            return unwrap(std::move(r));
+            return without_gil([&] { return store->remove(toks, deadline); });
           },
           "tokens"_a, timeout,
           "remove(tokens, timeout=30.0) -> int: removes the stored chunks of `tokens` (prompts sharing them lose "
@@ -228,12 +200,8 @@ Thread-safe.
           [](Store& self, uint64_t max_bytes, uint64_t max_age_s, py::handle timeout) {
             auto store = self.get();
             const auto deadline = deadline_after(timeout);
-            kvstream::Result<kvstream::EvictReport> r = kvstream::EvictReport{};
-            {
-              py::gil_scoped_release nogil;
-              r = store->evict(max_bytes, std::chrono::seconds(max_age_s), deadline);
-            }
-            return to_py(unwrap(std::move(r)));
+            return to_py(
+                without_gil([&] { return store->evict(max_bytes, std::chrono::seconds(max_age_s), deadline); }));
           },
           "max_bytes"_a = 0, "max_age_s"_a = 0, timeout,
           "evict(max_bytes=0, max_age_s=0, timeout=30.0) -> EvictReport: removes this model's chunks older than "
