@@ -385,7 +385,11 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   pipeline::FetchRequest& req = p.request;
   req.deadline = deadline + options.grace;
   const uint64_t n = req.chunks.back().end;
+  // Checked here, not only by the pipeline: an adaptive fetch starts from the
+  // scheduler's thread, where a refusal would reach the caller only at wait().
   if (destination.device.empty()) {
+    if (!(destination.host.geometry() == m.profile.geometry()))
+      return make_status(StatusCode::invalid_argument, "fetch: the destination's geometry is not the profile's");
     if (destination.host.tokens() < n)
       return make_status(StatusCode::invalid_argument, "fetch: {} stored tokens, the destination holds {}", n,
                          destination.host.tokens());
@@ -393,6 +397,10 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
       return make_status(StatusCode::invalid_argument, "fetch: the destination must start at position 0");
     req.destination = destination.host;
   } else {
+    if (m.pipe->decodes_on() != pipeline::DecodeOn::gpu)
+      return make_status(StatusCode::invalid_argument,
+                         "fetch: device memory needs a store that decodes on the GPU (pipeline.decode gpu or auto "
+                         "with a usable GPU); this one decodes on the CPU");
     if (destination.device.chunks.size() < req.chunks.size())
       return make_status(StatusCode::invalid_argument, "fetch: {} chunks stored, {} device pointers given",
                          req.chunks.size(), destination.device.chunks.size());

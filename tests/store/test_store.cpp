@@ -193,6 +193,34 @@ TEST_F(StoreTest, FetchIntoPackedAndPagedViewsEqualsEachChunkDecodedAlone) {
   EXPECT_TRUE(std::equal(back.bytes().begin(), back.bytes().end(), want.bytes().begin()));
 }
 
+// Device memory is a GPU pipeline's destination (pipeline.decode gpu): a CPU store
+// refuses it before anything is fetched, and a destination that cannot hold the stored
+// prefix is refused too.
+TEST_F(StoreTest, DestinationsThatCannotTakeTheFetchAreRefused) {
+  KvStore store = open(config());
+  const auto tokens = tokens_from(1);
+  ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  std::vector<std::byte> fake(64);
+  FetchDestination device;
+  device.device.chunks.assign(5, fake.data());
+  auto f = store.fetch(tokens, device, soon());
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::invalid_argument) << f.status().to_string();
+  auto small = KvCache::create(kGeom, DType::f16, 100).value();
+  auto g = store.fetch(tokens, {.host = small.view()}, soon());
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::invalid_argument);
+  // Asking for fewer tokens makes the same destination fit.
+  FetchOptions o;
+  o.max_tokens = 100;
+  o.level = 0;
+  auto h = store.fetch(tokens, {.host = small.view()}, soon(), o);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  auto r = h->wait();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tokens, uint64_t(kChunk));
+}
+
 TEST_F(StoreTest, AdaptiveFetchDeliversEveryChunkWithinTheQualityBound) {
   KvStore store = open(config());
   const auto tokens = tokens_from(1);
