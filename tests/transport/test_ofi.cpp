@@ -385,11 +385,14 @@ TEST_P(LibfabricProvider, ReadFromAStalledOwnerEndsByItsDeadline) {
   }
 }
 
+// Many 1 MiB messages one way arrive whole and in order. The rate is printed for the
+// record, not asserted: under the sanitizers on 2 shared cores it says nothing about the
+// backend (perf/transport-anchors.sh measures it against fi_rma_bw).
 TEST_P(LibfabricProvider, ThroughputOneMiB) {
   auto p = make_ofi_pair(GetParam());
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   const size_t n = size_t(1) << 20;
-  const int count = 256;
+  const int count = 64;
   std::vector<std::byte> s(n, std::byte(1)), r(n);
   auto smr = p->client_backend->register_memory(s.data(), n, MemoryType::host);
   auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
@@ -400,17 +403,23 @@ TEST_P(LibfabricProvider, ThroughputOneMiB) {
     for (int i = 0; i < count; ++i) {
       auto len = p->server->recv_header(h, deadline_in(30s), {});
       ASSERT_TRUE(len.ok()) << len.status().to_string();
+      ASSERT_EQ(*len, n);
       ASSERT_TRUE(p->server->recv_body(rmr->span(0, *len), deadline_in(30s), {}).ok());
+      ASSERT_EQ(r.front(), std::byte(i + 1)) << "message " << i;
+      ASSERT_EQ(r.back(), std::byte(i + 1)) << "message " << i;
     }
   });
   std::byte h[8] = {};
-  for (int i = 0; i < count; ++i) ASSERT_TRUE(p->client->send(h, smr->span(0, n), deadline_in(30s), {}).ok());
+  for (int i = 0; i < count; ++i) {
+    // Each message carries its index (send returns once the buffer may be reused).
+    std::fill(s.begin(), s.end(), std::byte(i + 1));
+    ASSERT_TRUE(p->client->send(h, smr->span(0, n), deadline_in(30s), {}).ok());
+  }
   rx.join();
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
   const double mibs = count / sec;
   std::printf("[ libfabric %s ] %d x 1 MiB one way: %.0f MiB/s\n", GetParam().c_str(), count, mibs);
   RecordProperty("MiB_per_s", int(mibs));
-  EXPECT_GT(mibs, 10.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LibfabricProvider, ::testing::Values("tcp;ofi_rxm", "shm"),
