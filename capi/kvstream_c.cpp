@@ -19,10 +19,7 @@ struct kvs_store {
   KvStore store;
 };
 struct kvs_fetch {
-  StoreFetch fetch;
-  // What a paged destination's view points into: kept for the fetch's life.
-  std::vector<void*> layer_base;
-  std::vector<uint32_t> block_table;
+  StoreFetch fetch;  // the view it writes into owns its copy of a paged layout
 };
 
 namespace {
@@ -64,8 +61,9 @@ Result<DType> to_dtype(kvs_dtype d) {
   return make_status(StatusCode::invalid_argument, "unknown kvs_dtype {}", int(d));
 }
 
-// The KvView a kvs_kv describes; a paged one's pointers are copied into `keep`.
-Result<KvView> to_view(const kvs_kv* kv, const KvGeometry& g, kvs_fetch* keep) {
+// The KvView a kvs_kv describes (a paged view keeps its own copy of the pointers and
+// the block table).
+Result<KvView> to_view(const kvs_kv* kv, const KvGeometry& g) {
   if (!kv) return make_status(StatusCode::invalid_argument, "null KV description");
   KVS_ASSIGN_OR_RETURN(DType dt, to_dtype(kv->dtype));
   if (kv->block_size == 0) {
@@ -83,10 +81,6 @@ Result<KvView> to_view(const kvs_kv* kv, const KvGeometry& g, kvs_fetch* keep) {
   pl.slot_stride = C;
   pl.num_blocks = kv->num_blocks;
   pl.block_table.assign(kv->block_table, kv->block_table + kv->block_table_len);
-  if (keep) {
-    keep->layer_base = pl.layer_base;
-    keep->block_table = pl.block_table;
-  }
   return KvView::paged(std::move(pl), dt, g, kv->tokens);
 }
 
@@ -166,7 +160,7 @@ kvs_status kvs_put(kvs_store* store, const int32_t* tokens, size_t n, const kvs_
                    kvs_put_report* report) {
   return guarded("kvs_put", [&]() -> Status {
     if (!store || (!tokens && n)) return make_status(StatusCode::invalid_argument, "null argument");
-    KVS_ASSIGN_OR_RETURN(KvView view, to_view(kv, store->store.geometry(), nullptr));
+    KVS_ASSIGN_OR_RETURN(KvView view, to_view(kv, store->store.geometry()));
     KVS_ASSIGN_OR_RETURN(PutReport r, store->store.put(token_span(tokens, n), view, deadline_after(timeout_ms)));
     if (report) *report = {r.chunks, r.already_stored, r.bytes, r.tokens};
     return {};
@@ -186,8 +180,8 @@ kvs_status kvs_fetch_start(kvs_store* store, const int32_t* tokens, size_t n, co
                            int level, kvs_fetch** out) {
   return guarded("kvs_fetch_start", [&]() -> Status {
     if (!store || !out || (!tokens && n)) return make_status(StatusCode::invalid_argument, "null argument");
-    auto holder = std::make_unique<kvs_fetch>(kvs_fetch{});
-    KVS_ASSIGN_OR_RETURN(KvView view, to_view(dest, store->store.geometry(), holder.get()));
+    auto holder = std::make_unique<kvs_fetch>();
+    KVS_ASSIGN_OR_RETURN(KvView view, to_view(dest, store->store.geometry()));
     FetchOptions o;
     if (level >= 0) o.level = uint32_t(level);
     KVS_ASSIGN_OR_RETURN(holder->fetch,

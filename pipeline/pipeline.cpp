@@ -37,6 +37,11 @@ class PipelineImpl;
 // What one decode worker owns on the GPU path: decode() synchronizes its stream
 // before returning (the rANS checks are read back), so concurrency across chunks comes
 // from several workers, each with its own decoder (not thread-safe) and stream.
+struct GpuWorker {
+  std::unique_ptr<gpu::GpuDecoder> decoder;
+  gpu::Stream stream;
+};
+
 // Where range i of a request is stored.
 const std::string& stored_context(const FetchRequest& r, size_t i) {
   return r.stored_contexts.empty() ? r.context : r.stored_contexts[i];
@@ -44,11 +49,6 @@ const std::string& stored_context(const FetchRequest& r, size_t i) {
 uint32_t stored_chunk(const FetchRequest& r, size_t i) {
   return r.stored_chunks.empty() ? uint32_t(i) : r.stored_chunks[i];
 }
-
-struct GpuWorker {
-  std::unique_ptr<gpu::GpuDecoder> decoder;
-  gpu::Stream stream;
-};
 
 class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchImpl> {
  public:
@@ -172,8 +172,11 @@ class PipelineImpl final : public Pipeline {
     if (!req.level_bytes.empty() && req.level_bytes.size() != req.chunks.size())
       return make_status(StatusCode::invalid_argument, "level sizes of {} chunks for {} ranges", req.level_bytes.size(),
                          req.chunks.size());
-    // The sizes of every level of every range's chunk, before anything is fetched.
-    KVS_ASSIGN_OR_RETURN(auto sizes, range_level_bytes(client_, req));
+    // The sizes of every level of every range's chunk, before anything is fetched; the
+    // caller's are moved out of the request, so the fetch keeps one copy.
+    KVS_ASSIGN_OR_RETURN(auto sizes, req.level_bytes.empty() ? range_level_bytes(client_, req)
+                                                             : Result<std::vector<std::vector<uint64_t>>>(
+                                                                   std::move(req.level_bytes)));
     auto f = std::make_shared<FetchImpl>(*this, std::move(req), std::move(cb), std::move(sizes));
     f->start();
     return std::shared_ptr<Fetch>(f);
@@ -399,8 +402,8 @@ void FetchImpl::dispatch() {
       timings_[i].wire_start = Clock::now();
       ++on_wire_;
     }
-    p_.client_.get_async(stored_context(req_, i), stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes, req_.deadline,
-                         req_.cancel, [self = shared_from_this(), i, b](Result<size_t> r) {
+    p_.client_.get_async(stored_context(req_, i), stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes,
+                         req_.deadline, req_.cancel, [self = shared_from_this(), i, b](Result<size_t> r) {
                            {
                              std::lock_guard lock(self->mu_);
                              self->timings_[i].wire_end = Clock::now();
