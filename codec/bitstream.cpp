@@ -5,6 +5,8 @@
 #include <xxhash.h>
 
 #include "codec/byte_io.hpp"
+#include "codec/layered_codec.hpp"
+#include "codec/layered_format.hpp"
 #include "codec/profile_impl.hpp"
 
 namespace kvstream::codec {
@@ -63,8 +65,8 @@ Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload
   ChunkHeader h;
   const uint16_t version = r.get<uint16_t>();
   if (version != kChunkVersion)
-    return make_status(StatusCode::unsupported, "chunk bitstream version {} (this build reads {})", version,
-                       kChunkVersion);
+    return make_status(StatusCode::unsupported, "chunk bitstream version {} (this decoder reads version {}{})", version,
+                       kChunkVersion, version == 2 ? "; version 2 is a progressive stream" : "");
   const uint8_t dtype = r.get<uint8_t>();
   h.info.level = r.get<uint8_t>();
   KvGeometry& g = h.info.geometry;
@@ -128,6 +130,13 @@ Status verify_payload(std::span<const uint8_t> bytes, size_t payload_offset) {
 }
 
 Result<ChunkInfo> inspect_chunk(std::span<const uint8_t> bytes) {
+  if (is_layered(bytes)) {
+    KVS_ASSIGN_OR_RETURN(LayeredHeader h, parse_layered_header(bytes));
+    KVS_ASSIGN_OR_RETURN(const PrefixExtent e, prefix_extent(h, bytes.size()));
+    h.info.level = h.layers - 1 - e.full_layers;
+    h.info.total_bytes = bytes.size();
+    return h.info;
+  }
   size_t off = 0;
   KVS_ASSIGN_OR_RETURN(ChunkHeader h, parse_header(bytes, &off));
   return h.info;

@@ -11,37 +11,10 @@
 #include "codec/bitstream.hpp"
 #include "codec/byte_io.hpp"
 #include "codec/chunk_plan.hpp"
+#include "codec/decode_scratch.hpp"
+#include "codec/layered_codec.hpp"
 
 namespace kvstream::codec {
-
-namespace {
-
-/// Matrices entropy-decoded together: the AVX-512 kernel interleaves four streams.
-constexpr uint32_t kGroup = 4;
-
-/// One matrix between its entropy decode and its reconstruction.
-struct MatrixWork {
-  uint32_t l = 0, pl = 0;
-  uint32_t n_plain_rows = 0, n_anchor_rows = 0;
-  std::span<const uint8_t> plain_code, anchor_code;
-  const uint8_t* table_plain = nullptr;
-  const uint8_t* table_anchor = nullptr;
-  std::vector<int8_t> plain, anchors;
-  // Outliers: values in the quantized domain, then (KLT planes only) exact values
-  // that replace the reconstruction.
-  std::vector<uint32_t> out_index, direct_index;
-  std::vector<float> out_value, direct_value;
-};
-
-}  // namespace
-
-struct DecodeScratch::Impl {
-  std::array<MatrixWork, kGroup> work;
-  std::vector<float> row, pred, z, tile, tile2;
-  std::vector<uint32_t> nz;  // nonzero masks of a tile's components (KLT planes)
-  MatrixPlan plan;
-  RopeTable rope;  // kept across chunks: see RopeTable::ensure
-};
 
 DecodeScratch::DecodeScratch() : impl_(std::make_unique<Impl>()) {}
 DecodeScratch::~DecodeScratch() = default;
@@ -76,22 +49,9 @@ Status parse_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, MatrixWork&
   w.table_anchor = p.levels[level].table_of[kRoleAnchor].data() + p.idx(l, pl, 0);
 
   ByteReader r(sub, "substream");
-  auto read_outliers = [&](std::vector<uint32_t>& index, std::vector<float>& value) -> Status {
-    const uint32_t n = r.get<uint32_t>();
-    if (!r.ok() || uint64_t(n) > uint64_t(T) * C || uint64_t(n) * 8 > r.rest().size())
-      return make_status(StatusCode::corrupt_data, "{}: bad outlier count", where(l, pl));
-    index.resize(n), value.resize(n);
-    for (uint32_t i = 0; i < n; ++i) {
-      index[i] = r.get<uint32_t>();
-      value[i] = r.get<float>();
-      if (uint64_t(index[i]) >= uint64_t(T) * C || (i > 0 && index[i] <= index[i - 1]) || !std::isfinite(value[i]))
-        return make_status(StatusCode::corrupt_data, "{}: bad outlier {}", where(l, pl), i);
-    }
-    return {};
-  };
-  KVS_RETURN_IF_ERROR(read_outliers(w.out_index, w.out_value));
-  KVS_RETURN_IF_ERROR(read_outliers(w.direct_index, w.direct_value));
-  if (!w.direct_index.empty() && p.block_of(si) == 0)
+  KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, w.exact.out_index, w.exact.out_value, where(l, pl)));
+  KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, w.exact.direct_index, w.exact.direct_value, where(l, pl)));
+  if (!w.exact.direct_index.empty() && p.block_of(si) == 0)
     return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where(l, pl));
   std::span<const uint8_t> rest = r.rest();
   auto frame = [&](uint32_t rows, std::span<const uint8_t>& code, const char* what) -> Status {
@@ -115,7 +75,7 @@ Status parse_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, MatrixWork&
 Status decode_symbols(const ChunkContext& cx, std::span<MatrixWork> group) {
   const uint32_t C = cx.p->geom.channels();
   const RansTables& tables = *cx.p->levels[cx.h->info.level].rans;
-  std::array<RansJob, 2 * kGroup> jobs;
+  std::array<RansJob, 2 * kDecodeGroup> jobs;
   size_t n = 0;
   for (MatrixWork& w : group) {
     if (w.n_plain_rows) jobs[n++] = {{w.table_plain, C}, w.plain_code, w.plain.data(), w.n_plain_rows, C};
@@ -146,20 +106,23 @@ void reconstruct_rows(const ChunkContext& cx, const MatrixWork& w, DecodeScratch
   const MatrixPlan& plan = s.plan;
   const uint32_t C = p.geom.channels(), T = cx.h->info.tokens, G = p.group_size;
   const bool rotate = unrotates(p, w.pl);
-  const size_t n_out = w.out_index.size();
+  const std::vector<uint32_t>& out_index = w.exact.out_index;
+  const std::vector<float>& out_value = w.exact.out_value;
+  const size_t n_out = out_index.size();
   const uint32_t tile = std::max<uint32_t>(1, 2048 / (C * G)) * G;
-  s.tile.resize(size_t(tile) * C);
+  std::vector<float>& tile_rows = s.plane.tile;
+  tile_rows.resize(size_t(tile) * C);
   s.pred.assign(plan.base.begin(), plan.base.end());
   size_t next_out = 0;
   // Outliers of rows [.., end_t) replace the values dequantized into `tile` (row t0 first).
   auto patch = [&](uint32_t t0, uint32_t end_t) {
-    for (; next_out < n_out && w.out_index[next_out] < uint64_t(end_t) * C; ++next_out)
-      s.tile[w.out_index[next_out] - uint64_t(t0) * C] = w.out_value[next_out];
+    for (; next_out < n_out && out_index[next_out] < uint64_t(end_t) * C; ++next_out)
+      tile_rows[out_index[next_out] - uint64_t(t0) * C] = out_value[next_out];
   };
   for (uint32_t t0 = 0; t0 < T; t0 += tile) {
     const uint32_t rows = std::min(tile, T - t0);
     for (uint32_t g0 = t0; g0 < t0 + rows; g0 += G) {  // g0 is an anchor row
-      float* row = &s.tile[size_t(g0 - t0) * C];
+      float* row = &tile_rows[size_t(g0 - t0) * C];
       dequant_tile(&w.anchors[size_t(g0 / G) * C], plan.base.data(), plan.step.data(), row, 1, C);
       patch(t0, g0 + 1);
       for (uint32_t c = 0; c < C; ++c)
@@ -170,53 +133,18 @@ void reconstruct_rows(const ChunkContext& cx, const MatrixWork& w, DecodeScratch
         patch(t0, g0 + 1 + n);
       }
     }
-    if (rotate) s.rope.rotate_tile(s.tile.data(), rows, rope_row + t0, p.geom.kv_heads, p.geom.head_dim);
-    cx.out->store_rows(w.l, w.pl, t0, rows, s.tile.data());
+    if (rotate) s.rope.rotate_tile(tile_rows.data(), rows, rope_row + t0, p.geom.kv_heads, p.geom.head_dim);
+    cx.out->store_rows(w.l, w.pl, t0, rows, tile_rows.data());
   }
 }
 
 void reconstruct(const ChunkContext& cx, const MatrixWork& w, DecodeScratch::Impl& s, uint64_t rope_row) {
   const Profile::Impl& p = *cx.p;
-  const uint32_t C = p.geom.channels(), T = cx.h->info.tokens;
+  const uint32_t T = cx.h->info.tokens;
   MatrixPlan& plan = s.plan;
   plan.build(p, cx.h->info.level, w.l, w.pl);
   if (plan.has_anchor) return reconstruct_rows(cx, w, s, rope_row);
-  // No anchors: every row depends only on its own symbols, so work a tile of rows per
-  // stage (dequantize, outliers, KLT, RoPE, store) to keep the loops long.
-  const bool rotate = unrotates(p, w.pl);
-  const size_t n_out = w.out_index.size(), n_direct = w.direct_index.size();
-  const uint32_t tile = std::max<uint32_t>(1, 2048 / C);
-  s.tile.resize(size_t(tile) * C);
-  const uint32_t words = (C + 31) / 32;
-  if (plan.block) {
-    // Room for the rows past a tile's end that the KLT computes and drops (their masks
-    // are zeroed per tile below; their values may be anything).
-    const uint32_t padded = (tile + kKltRows - 1) / kKltRows * kKltRows + kKltRows;
-    s.tile2.resize(size_t(padded) * C), s.z.resize(kKltRows * size_t(C)), s.nz.resize(size_t(padded) * words);
-  }
-  size_t next_out = 0, next_direct = 0;
-  for (uint32_t t0 = 0; t0 < T; t0 += tile) {
-    const uint32_t rows = std::min(tile, T - t0);
-    float* dq = plan.block ? s.tile2.data() : s.tile.data();
-    dequant_tile(&w.plain[size_t(t0) * C], plan.base.data(), plan.step.data(), dq, rows, C);
-    const uint64_t end = uint64_t(t0 + rows) * C;
-    if (plan.block) {
-      nonzero_masks(&w.plain[size_t(t0) * C], rows, C, s.nz.data());
-      std::fill(s.nz.begin() + size_t(rows) * words, s.nz.end(), 0u);
-    }
-    for (; next_out < n_out && w.out_index[next_out] < end; ++next_out) {
-      const uint64_t i = w.out_index[next_out] - uint64_t(t0) * C;
-      dq[i] = w.out_value[next_out];
-      if (plan.block) s.nz[(i / C) * words + (i % C) / 32] |= 1u << (i % C % 32);
-    }
-    if (plan.block)
-      klt_inverse_tile(plan.ut, plan.block, C, rows, dq, s.nz.data(), plan.mean, plan.scale, s.z.data(),
-                       s.tile.data());
-    for (; next_direct < n_direct && w.direct_index[next_direct] < end; ++next_direct)
-      s.tile[w.direct_index[next_direct] - uint64_t(t0) * C] = w.direct_value[next_direct];
-    if (rotate) s.rope.rotate_tile(s.tile.data(), rows, rope_row + t0, p.geom.kv_heads, p.geom.head_dim);
-    cx.out->store_rows(w.l, w.pl, t0, rows, s.tile.data());
-  }
+  reconstruct_plane(p, plan, w.l, w.pl, T, w.plain.data(), w.exact, s.plane, s.rope, rope_row, *cx.out);
 }
 
 // Decodes matrices [first, first + count) of the chunk (index layer * planes + plane).
@@ -256,6 +184,7 @@ Result<ChunkContext> open_chunk(const Profile& profile, std::span<const uint8_t>
 
 Status decode_chunk(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
                     DecodeScratch* scratch) {
+  if (is_layered(bytes)) return decode_layered(profile, bytes, {}, out, scratch, 1);
   ChunkHeader h;
   KVS_ASSIGN_OR_RETURN(ChunkContext cx, open_chunk(profile, bytes, out, h));
   cx.h = &h;
@@ -263,13 +192,14 @@ Status decode_chunk(const Profile& profile, std::span<const uint8_t> bytes, cons
   DecodeScratch::Impl& s = scratch ? scratch->impl() : local.impl();
   const Profile::Impl& p = profile.impl();
   const uint32_t n = p.geom.layers * p.geom.planes();
-  for (uint32_t i = 0; i < n; i += kGroup) KVS_RETURN_IF_ERROR(decode_group(cx, i, std::min(kGroup, n - i), s));
+  for (uint32_t i = 0; i < n; i += kDecodeGroup) KVS_RETURN_IF_ERROR(decode_group(cx, i, std::min(kDecodeGroup, n - i), s));
   return {};
 }
 
 Status decode_chunk_parallel(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
                              unsigned threads) {
   if (threads <= 1) return decode_chunk(profile, bytes, out);
+  if (is_layered(bytes)) return decode_layered(profile, bytes, {}, out, nullptr, threads);
   ChunkHeader h;
   KVS_ASSIGN_OR_RETURN(ChunkContext cx, open_chunk(profile, bytes, out, h));
   cx.h = &h;
@@ -280,8 +210,8 @@ Status decode_chunk_parallel(const Profile& profile, std::span<const uint8_t> by
   auto work = [&](unsigned id) {
     DecodeScratch scratch;
     DecodeScratch::Impl& s = scratch.impl();
-    for (uint32_t i; (i = next.fetch_add(kGroup)) < n;) {
-      Status st = decode_group(cx, i, std::min(kGroup, n - i), s);
+    for (uint32_t i; (i = next.fetch_add(kDecodeGroup)) < n;) {
+      Status st = decode_group(cx, i, std::min(kDecodeGroup, n - i), s);
       if (!st.ok() && errors[id].ok()) errors[id] = st;
     }
   };

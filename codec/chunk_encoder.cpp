@@ -7,6 +7,7 @@
 #include "codec/byte_io.hpp"
 #include "codec/chunk_plan.hpp"
 #include "codec/klt.hpp"
+#include "codec/layered_codec.hpp"
 
 namespace kvstream::codec {
 
@@ -102,6 +103,7 @@ Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level,
   if (uint64_t(T) * p.geom.channels() >= (uint64_t(1) << 32))
     return make_status(StatusCode::invalid_argument, "chunk of {} tokens x {} channels is too large for one bitstream",
                        T, p.geom.channels());
+  if (p.progressive) return encode_layered(profile, chunk, level, out);
   RopeTable rope;
   if (unrotates(p, 0)) rope.build(p.rope, p.geom.head_dim, chunk.first_position(), T);
 

@@ -41,6 +41,7 @@ std::vector<uint8_t> Profile::Impl::body() const {
     for (const FreqTable& t : lv.tables) t.serialize(out);
     for (uint32_t r = 0; r < kRoles; ++r) w.put_array(lv.table_of[r]);
   }
+  if (progressive) w.put(uint8_t(1));
   return out;
 }
 
@@ -85,6 +86,7 @@ const RopeParams& Profile::rope() const noexcept { return impl_->rope; }
 bool Profile::codes_k_before_rope() const noexcept { return impl_->k_before_rope; }
 uint32_t Profile::group_size() const noexcept { return impl_->group_size; }
 uint32_t Profile::levels() const noexcept { return uint32_t(impl_->levels.size()); }
+bool Profile::progressive() const noexcept { return impl_->progressive; }
 const LevelInfo& Profile::level(uint32_t i) const { return impl_->levels.at(i).info; }
 Predictor Profile::predictor(uint32_t l, uint32_t p, uint32_t c) const {
   return Predictor(impl_->predictor.at(impl_->idx(l, p, c)));
@@ -106,7 +108,7 @@ Status Profile::set_level_quality(uint32_t level, double ppl_increase_pct, doubl
 std::vector<uint8_t> Profile::serialize() const {
   std::vector<uint8_t> out(kMagic, kMagic + 4);
   ByteWriter w(out);
-  w.put(kProfileVersion);
+  w.put(impl_->progressive ? kProgressiveProfileVersion : kProfileVersion);
   w.put(impl_->hash);
   const std::vector<uint8_t> b = impl_->body();
   w.put(uint64_t(b.size()));
@@ -124,9 +126,9 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
   KVS_RETURN_IF_ERROR(r.status());
   if (std::memcmp(magic, kMagic, 4) != 0)
     return make_status(StatusCode::corrupt_data, "not a kvstream codec profile (bad magic)");
-  if (version != kProfileVersion)
-    return make_status(StatusCode::unsupported, "codec profile version {} (this build reads {})", version,
-                       kProfileVersion);
+  if (version != kProfileVersion && version != kProgressiveProfileVersion)
+    return make_status(StatusCode::unsupported, "codec profile version {} (this build reads {} and {})", version,
+                       kProfileVersion, kProgressiveProfileVersion);
   if (body_size != r.rest().size())
     return make_status(StatusCode::corrupt_data, "codec profile body is {} bytes, header says {}", r.rest().size(),
                        body_size);
@@ -205,6 +207,16 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
       for (uint8_t id : lv.table_of[r])
         if (id >= ntables) return make_status(StatusCode::corrupt_data, "codec profile: table id {} >= {}", id, ntables);
     }
+  }
+  if (version == kProgressiveProfileVersion) {
+    if (b.get<uint8_t>() != 1) return make_status(StatusCode::corrupt_data, "codec profile: bad progressive flag");
+    p.progressive = true;
+    if (nlevels > kMaxProgressiveLayers)
+      return make_status(StatusCode::corrupt_data, "codec profile: {} progressive layers (at most {})", nlevels,
+                         kMaxProgressiveLayers);
+    for (size_t i = 0; i < n; ++i)
+      if (p.predictor[i] == uint8_t(Predictor::anchor))
+        return make_status(StatusCode::corrupt_data, "codec profile: anchor predictor in a progressive profile");
   }
   KVS_RETURN_IF_ERROR(b.status());
   if (!b.rest().empty()) return make_status(StatusCode::corrupt_data, "codec profile: {} trailing bytes", b.rest().size());

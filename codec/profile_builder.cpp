@@ -6,6 +6,7 @@
 
 #include "codec/chunk_plan.hpp"
 #include "codec/klt.hpp"
+#include "codec/layered_quant.hpp"
 #include "core/log.hpp"
 
 namespace kvstream::codec {
@@ -89,6 +90,23 @@ void channel_symbols(const SampleSet& s, size_t lp, uint32_t C, uint32_t c, uint
   }
 }
 
+// A progressive profile's symbols of one channel: its base indices, and per
+// refinement layer k its refinement symbols in each context ([k][context]), quantized
+// exactly as the encoder does (values it sends exact count as zeros).
+void layered_channel_symbols(const SampleSet& s, size_t lp, uint32_t C, uint32_t c, float pred, float inv_finest,
+                             uint32_t n, Hist& base, std::vector<std::array<Hist, 2>>& refine) {
+  std::vector<int32_t> q(n);
+  refine.assign(n, {Hist{}, Hist{}});
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    const std::vector<float>& m = s.x[i][lp];
+    for (uint32_t t = 0; t < s.tokens[i]; ++t) {
+      if (!layered_indices(m[size_t(t) * C + c] - pred, inv_finest, n, q.data())) std::fill(q.begin(), q.end(), 0);
+      base[size_t(q[0] + 128)]++;
+      for (uint32_t k = 1; k < n; ++k)
+        refine[k][refinement_context(q[k - 1])][size_t(refinement_symbol(q[k - 1], q[k]) + 128)]++;
+    }
+  }
+}
 
 // Groups histograms onto at most k tables by Lloyd iterations under coded cost.
 Result<std::pair<std::vector<FreqTable>, std::vector<uint32_t>>> cluster(const std::vector<Hist>& ctx, size_t k) {
@@ -134,6 +152,37 @@ Result<std::pair<std::vector<FreqTable>, std::vector<uint32_t>>> cluster(const s
   return std::make_pair(std::move(tables), std::move(assign));
 }
 
+// A progressive profile's levels: the base layer's tables from the channels' base
+// indices, each refinement layer's from their symbols in both contexts.
+Status build_layered_tables(Profile::Impl& p, const SampleSet& s, const std::vector<float>& level_steps,
+                            uint32_t max_tables) {
+  const size_t N = p.channels_total();
+  const uint32_t C = p.geom.channels(), n = uint32_t(level_steps.size());
+  std::vector<Hist> base(N, Hist{});
+  std::vector<std::vector<Hist>> refine(n, std::vector<Hist>(2 * N, Hist{}));  // [k][2 i + context]
+  std::vector<std::array<Hist, 2>> r;
+  for (size_t i = 0; i < N; ++i) {
+    const bool klt = p.transform_block[i / C] != 0;
+    const float pred = klt || Predictor(p.predictor[i]) == Predictor::none ? 0.0f : p.mean[i];
+    const float inv_finest = 1.0f / (klt ? level_steps[0] : level_steps[0] * p.step_scale[i]);
+    layered_channel_symbols(s, i / C, C, uint32_t(i % C), pred, inv_finest, n, base[i], r);
+    for (uint32_t k = 1; k < n; ++k) refine[k][2 * i] = r[k][0], refine[k][2 * i + 1] = r[k][1];
+  }
+  p.levels.assign(n, {});
+  for (uint32_t k = 0; k < n; ++k) {
+    Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
+    lv.info.step = level_steps[p.level_of_layer(k)];
+    KVS_ASSIGN_OR_RETURN(auto clustered, cluster(k == 0 ? base : refine[k], max_tables));
+    lv.tables = std::move(clustered.first);
+    for (uint32_t role = 0; role < kRoles; ++role) lv.table_of[role].resize(N);
+    for (size_t i = 0; i < N; ++i) {
+      lv.table_of[kRoleCoarseZero][i] = uint8_t(clustered.second[k == 0 ? i : 2 * i]);
+      lv.table_of[kRoleCoarseNonzero][i] = uint8_t(clustered.second[k == 0 ? i : 2 * i + 1]);
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const RopeParams& rope,
@@ -158,8 +207,21 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   if (opt.group_size == 0 || opt.group_size > 65535)
     return make_status(StatusCode::invalid_argument, "group size {} (1..65535)", opt.group_size);
   p.group_size = opt.group_size;
-  if (opt.level_steps.empty() || opt.level_steps.size() > kMaxLevels)
-    return make_status(StatusCode::invalid_argument, "{} levels (1..{})", opt.level_steps.size(), kMaxLevels);
+  p.progressive = opt.progressive;
+  std::vector<float> level_steps = opt.level_steps;
+  if (opt.progressive) {
+    if (opt.progressive_layers == 0 || opt.progressive_layers > kMaxProgressiveLayers)
+      return make_status(StatusCode::invalid_argument, "{} progressive layers (1..{})", opt.progressive_layers,
+                         kMaxProgressiveLayers);
+    if (!(opt.progressive_base_step > 0.0f) || !std::isfinite(opt.progressive_base_step))
+      return make_status(StatusCode::invalid_argument, "progressive base step {} must be > 0", opt.progressive_base_step);
+    // Level i (0 finest) is layer n - 1 - i: the base step divided by 3 per layer.
+    level_steps.assign(opt.progressive_layers, 0.0f);
+    for (uint32_t i = 0; i < opt.progressive_layers; ++i)
+      level_steps[i] = float(double(opt.progressive_base_step) / std::pow(double(kRefineRatio), opt.progressive_layers - 1 - i));
+  }
+  if (level_steps.empty() || level_steps.size() > kMaxLevels)
+    return make_status(StatusCode::invalid_argument, "{} levels (1..{})", level_steps.size(), kMaxLevels);
   if (opt.max_tables_per_level == 0 || opt.max_tables_per_level > RANS_MAX_TABLES)
     return make_status(StatusCode::invalid_argument, "max_tables_per_level {}", opt.max_tables_per_level);
   const size_t N = p.channels_total();
@@ -208,7 +270,7 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   }
 
   // Predictor per channel: the cheapest residuals at the middle level.
-  const float mid_step = opt.level_steps[opt.level_steps.size() / 2];
+  const float mid_step = level_steps[level_steps.size() / 2];
   p.predictor.assign(N, uint8_t(Predictor::mean));
   std::vector<double> channel_bits(N, 0.0);
   for (size_t i = 0; i < N; ++i) {
@@ -216,7 +278,10 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
     const uint32_t c = uint32_t(i % C);
     double best = 1e300;
     for (Predictor pr : {Predictor::mean, Predictor::none, Predictor::anchor}) {
-      if ((pr == Predictor::anchor && !opt.allow_anchor) || (pr == Predictor::mean && !opt.allow_mean)) continue;
+      // A progressive stream's layers nest only with a prediction that no layer changes.
+      if ((pr == Predictor::anchor && (!opt.allow_anchor || opt.progressive)) ||
+          (pr == Predictor::mean && !opt.allow_mean))
+        continue;
       Hist a{}, b{};
       uint64_t outl = 0;
       channel_symbols(s, lp, C, c, G, pr, p.mean[i], mid_step * p.step_scale[i], a, b, outl);
@@ -285,9 +350,13 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
         std::copy_n(&best_y[row * C], C, &s.x[i][lp][size_t(t) * C]);
   }
 
-  // Per level: histograms per (channel, role), clustered onto shared tables.
-  for (float step : opt.level_steps) {
+  for (float step : level_steps)
     if (!(step > 0.0f)) return make_status(StatusCode::invalid_argument, "level step {} must be > 0", step);
+  if (opt.progressive) {
+    KVS_RETURN_IF_ERROR(build_layered_tables(p, s, level_steps, opt.max_tables_per_level));
+  }
+  // Per level: histograms per (channel, role), clustered onto shared tables.
+  for (float step : opt.progressive ? std::vector<float>{} : level_steps) {
     Profile::Impl::Level lv;
     lv.info.step = step;
     std::vector<Hist> ctx;
@@ -324,7 +393,21 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   // Measured size per level: encode every sample, count every byte.
   uint64_t elems = 0;
   for (const KvView& v : samples) elems += v.tokens() * p.geom.elements_per_token();
-  for (uint32_t L = 0; L < profile.levels(); ++L) {
+  if (p.progressive) {
+    // One encode per sample holds every level: level i is its whole-layer prefix.
+    std::vector<uint64_t> bytes(profile.levels(), 0);
+    std::vector<uint8_t> out;
+    for (const KvView& v : samples) {
+      out.clear();
+      KVS_RETURN_IF_ERROR(encode_chunk(profile, v, 0, out));
+      KVS_ASSIGN_OR_RETURN(const std::vector<ChunkPrefix> prefixes, chunk_prefixes(out));
+      for (const ChunkPrefix& pf : prefixes)
+        if (pf.whole_layer) bytes[pf.level] += pf.end;
+    }
+    for (uint32_t L = 0; L < profile.levels(); ++L)
+      profile.impl_->levels[L].info.bits_per_element = double(bytes[L]) * 8.0 / double(elems);
+  }
+  for (uint32_t L = 0; L < (p.progressive ? 0 : profile.levels()); ++L) {
     uint64_t bytes = 0;
     std::vector<uint8_t> out;
     for (const KvView& v : samples) {

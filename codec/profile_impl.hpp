@@ -10,18 +10,27 @@
 namespace kvstream::codec {
 
 inline constexpr uint32_t kProfileVersion = 1;
+/// Version of a progressive profile: version 1's body and one more byte (so every
+/// profile of one level per stream keeps its bytes, and its hash, which bitstreams carry).
+inline constexpr uint32_t kProgressiveProfileVersion = 2;
 inline constexpr uint32_t kMaxLevels = 32;
 
 /// Role of a coded matrix: a chunk's tokens are coded as one matrix of "plain" rows
 /// (predictor none/mean, and the deltas of anchor channels), plus, when a (layer,
 /// plane) has anchor channels, one matrix of the groups' anchor rows.
+/// In a progressive profile's refinement levels the two roles are the two contexts of
+/// a refinement symbol (refinement_context): the coarse index 0, and any other.
 enum Role : uint32_t { kRolePlain = 0, kRoleAnchor = 1, kRoles = 2 };
+inline constexpr uint32_t kRoleCoarseZero = kRolePlain, kRoleCoarseNonzero = kRoleAnchor;
 
 struct Profile::Impl {
   KvGeometry geom{};
   RopeParams rope{};
   bool k_before_rope = false;
   uint32_t group_size = 10;
+  // One embedded stream per chunk; levels[levels.size() - 1] is the base layer, level
+  // i the prefix through layer levels.size() - 1 - i (no anchor predictors).
+  bool progressive = false;
   // Per channel, index (layer * planes + plane) * channels + c.
   std::vector<uint8_t> predictor;
   std::vector<float> mean;
@@ -47,6 +56,8 @@ struct Profile::Impl {
   [[nodiscard]] size_t idx(uint32_t l, uint32_t p, uint32_t c) const {
     return (size_t(l) * geom.planes() + p) * geom.channels() + c;
   }
+  /// Progressive profiles: the level of layer k (0 = the base).
+  [[nodiscard]] uint32_t level_of_layer(uint32_t k) const { return uint32_t(levels.size()) - 1 - k; }
   [[nodiscard]] uint32_t block_of(size_t lp) const { return transform_block.empty() ? 0 : transform_block[lp]; }
   /// True when some channel of (layer, plane) uses the anchor predictor.
   [[nodiscard]] bool has_anchor(uint32_t l, uint32_t p) const;

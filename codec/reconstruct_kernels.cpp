@@ -142,6 +142,30 @@ inline void klt_block_generic(const float* ut, uint32_t n, const float* y, float
 
 }  // namespace
 
+namespace {
+KVS_CLONED_FOR_SIMD void dequant32_portable(const int32_t* __restrict q, const float* __restrict pred,
+                                            const float* __restrict step, float* __restrict out, uint32_t rows,
+                                            uint32_t n) {
+  for (uint32_t r = 0; r < rows; ++r, q += n, out += n)
+    for (uint32_t c = 0; c < n; ++c) out[c] = pred[c] + float(q[c]) * step[c];
+}
+}  // namespace
+
+void dequant_tile(const int32_t* __restrict q, const float* __restrict pred, const float* __restrict step,
+                  float* __restrict out, uint32_t rows, uint32_t n) {
+  dequant32_portable(q, pred, step, out, rows, n);
+}
+
+void nonzero_masks(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
+  const uint32_t words = (C + 31) / 32;
+  for (uint32_t r = 0; r < rows; ++r, q += C, nz += words)
+    for (uint32_t w = 0; w < words; ++w) {
+      uint32_t m = 0;
+      for (uint32_t c = w * 32; c < std::min(C, w * 32 + 32); ++c) m |= uint32_t(q[c] != 0) << (c % 32);
+      nz[w] = m;
+    }
+}
+
 void nonzero_masks(const int8_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
   const uint32_t words = (C + 31) / 32;
   for (uint32_t r = 0; r < rows; ++r, q += C, nz += words) {

@@ -12,9 +12,14 @@ namespace kvstream::codec {
 void dequant_tile(const int8_t* __restrict q, const float* __restrict pred, const float* __restrict step,
                   float* __restrict out, uint32_t rows, uint32_t n);
 
+/// The same for the 32-bit indices of a progressive stream's refined layers.
+void dequant_tile(const int32_t* __restrict q, const float* __restrict pred, const float* __restrict step,
+                  float* __restrict out, uint32_t rows, uint32_t n);
+
 /// Per row of C symbols, (C + 31) / 32 words: bit c % 32 of word c / 32 set when
 /// symbol c is nonzero.
 void nonzero_masks(const int8_t* q, uint32_t rows, uint32_t C, uint32_t* nz);
+void nonzero_masks(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz);
 
 /// x = (mean + scale * (U y)) + 0 per row over blocks of n channels (ut: each block's
 /// U^T, row-major). For each channel the products of the nonzero components are summed

@@ -65,6 +65,9 @@ class Profile {
   [[nodiscard]] bool codes_k_before_rope() const noexcept;
   [[nodiscard]] uint32_t group_size() const noexcept;
   [[nodiscard]] uint32_t levels() const noexcept;
+  /// True when every chunk is one embedded stream: level i is a prefix of level i - 1
+  /// (a base layer at the coarsest level, then refinement layers; docs/bitstream.md).
+  [[nodiscard]] bool progressive() const noexcept;
   [[nodiscard]] const LevelInfo& level(uint32_t i) const;
   [[nodiscard]] Predictor predictor(uint32_t layer, uint32_t plane, uint32_t channel) const;
   /// Number of channels that use each predictor (index by Predictor value).
@@ -113,7 +116,23 @@ struct ProfileOptions {
   /// stories260K requiring a 20% saving keeps it on the K planes of the first layers,
   /// which gives ~10% more bits than using it everywhere and >500M elements/s decode.
   double transform_min_gain = 0.2;
+  /// One embedded stream per chunk instead of one stream per level: a base layer
+  /// coded at `progressive_base_step`, then `progressive_layers - 1` refinement
+  /// layers, each dividing the step by kRefineRatio; level i (0 finest) is the prefix
+  /// through layer `progressive_layers - 1 - i`. Replaces `level_steps`. Channels use
+  /// the mean or no predictor (the anchor predictor's prediction would change with
+  /// the layer, so the layers would not nest).
+  bool progressive = false;
+  float progressive_base_step = 4.2f;
+  uint32_t progressive_layers = 5;
 };
+
+/// Step ratio between consecutive layers of a progressive stream (part of the format):
+/// an odd ratio makes the cells of a round-to-nearest quantizer nest, so a refinement
+/// symbol is one of three sub-cells of the coarser one.
+inline constexpr uint32_t kRefineRatio = 3;
+/// Most layers a progressive profile may have (indices stay within 16 bits).
+inline constexpr uint32_t kMaxProgressiveLayers = 6;
 
 /// Builds profiles from sample KV caches.
 class ProfileBuilder {
@@ -138,12 +157,44 @@ struct ChunkInfo {
   uint32_t tokens = 0;
   uint32_t level = 0;
   uint64_t profile_hash = 0;
-  uint64_t total_bytes = 0;     ///< size of the whole bitstream
+  uint64_t total_bytes = 0;     ///< size of the bytes inspected (a prefix of a progressive stream)
+  /// Progressive streams: the whole stream's size and its layer count (1 and
+  /// total_bytes for a stream of one level).
+  bool progressive = false;
+  uint64_t stream_bytes = 0;
+  uint32_t coded_layers = 1;
 };
+
+/// A point at which a progressive stream may be cut and still decode: every
+/// substream boundary after the base layer. `level` is the level the prefix
+/// reaches in full (a prefix inside a layer refines only some layers and planes);
+/// `distortion` is the encoder's measurement of what decoding the prefix gives: the
+/// mean squared error per element in units of each channel's step scale (the
+/// profile's sensitivity weighting), so chunks compare on one scale.
+struct ChunkPrefix {
+  uint64_t end = 0;
+  uint32_t level = 0;
+  bool whole_layer = false;
+  double distortion = 0;
+  bool operator==(const ChunkPrefix&) const = default;
+};
+
+/// Bytes of a progressive stream's header (fixed part and tables), read from its first
+/// 64 bytes: a reader fetching prefixes fetches this many first. Errors: corrupt_data,
+/// unsupported (a stream of one level).
+Result<size_t> chunk_header_bytes(std::span<const uint8_t> first_bytes);
+
+/// The prefixes of a progressive stream, shortest first (the last is the whole
+/// stream), from any prefix that holds its header. Errors: corrupt_data, unsupported
+/// (a stream of one level).
+Result<std::vector<ChunkPrefix>> chunk_prefixes(std::span<const uint8_t> header);
 
 /// Encodes `chunk` (all its tokens, every layer and plane) at `level`, appending the
 /// bitstream to `out`. The chunk's geometry must match the profile's; its first
-/// position feeds RoPE. Errors: invalid_argument, out_of_range (level).
+/// position feeds RoPE. With a progressive profile the bitstream is the prefix of the
+/// chunk's embedded stream through `level` (level 0: the whole stream), so one
+/// encode_chunk at level 0 holds every level. Errors: invalid_argument, out_of_range
+/// (level).
 Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out);
 
 /// Reads and checks a bitstream's header (magic, version, bounds, header checksum).
@@ -170,6 +221,15 @@ class DecodeScratch {
 /// corrupt_data, invalid_argument (profile or view mismatch).
 Status decode_chunk(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
                     DecodeScratch* scratch = nullptr);
+
+/// Upgrades KV decoded from `kept` (a prefix of a progressive stream) in place to the
+/// longer prefix `kept` + `more`, where `more` starts at a substream boundary (the end
+/// of `kept`): what a runtime does after its first token with the bytes from one
+/// level's end to a finer one's. The result is bit for bit what decode_chunk gives on
+/// the longer prefix (it is that decode, reading the two spans without joining them).
+/// Errors: as decode_chunk; invalid_argument when `kept` is not a progressive prefix.
+Status refine_chunk(const Profile& profile, std::span<const uint8_t> kept, std::span<const uint8_t> more,
+                    const KvView& out, DecodeScratch* scratch = nullptr);
 
 /// Decodes with `threads` workers sharing the (layer, plane) substreams.
 Status decode_chunk_parallel(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,

@@ -1,0 +1,187 @@
+// CPU decoder of progressive streams. Planes are taken a group at a time (the groups
+// of the refinement layers): the base substreams' exact values and indices, then each
+// refinement layer present for the group, which updates the indices in place, then
+// the reconstruction of each plane at the level its indices reached. A refinement is
+// the same decode over a longer prefix, read from the bytes the runtime kept and the
+// bytes it fetched since.
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "codec/byte_io.hpp"
+#include "codec/decode_scratch.hpp"
+#include "codec/layered_codec.hpp"
+#include "codec/layered_format.hpp"
+#include "codec/layered_quant.hpp"
+
+namespace kvstream::codec {
+
+namespace {
+
+// A prefix held in two pieces split at a substream boundary.
+struct Source {
+  std::span<const uint8_t> kept, more;
+  [[nodiscard]] std::span<const uint8_t> at(uint64_t offset, uint32_t len) const {
+    if (offset + len <= kept.size()) return kept.subspan(offset, len);
+    return more.subspan(offset - kept.size(), len);
+  }
+};
+
+struct LayeredContext {
+  const Profile::Impl* p;
+  const LayeredHeader* h;
+  PrefixExtent extent;
+  Source src;
+  const KvView* out;
+};
+
+std::string where(uint32_t lp, uint32_t planes) { return fmt::format("layer {} plane {}", lp / planes, lp % planes); }
+
+// The base substreams of the group's planes: exact values, and the coded matrix framed.
+Status parse_base(const LayeredContext& cx, uint32_t first, uint32_t end, LayeredScratch& ls) {
+  const Profile::Impl& p = *cx.p;
+  const uint32_t C = p.geom.channels(), T = cx.h->info.tokens, P = p.geom.planes();
+  for (uint32_t lp = first; lp < end; ++lp) {
+    const size_t i = lp - first;
+    ByteReader r(cx.src.at(cx.h->sub_offset[lp], cx.h->sub_bytes[lp]), "substream");
+    KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].out_index, ls.exact[i].out_value, where(lp, P)));
+    KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].direct_index, ls.exact[i].direct_value, where(lp, P)));
+    if (!ls.exact[i].direct_index.empty() && p.block_of(lp) == 0)
+      return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where(lp, P));
+    const std::span<const uint8_t> rest = r.rest();
+    KVS_ASSIGN_OR_RETURN(size_t len, rans_coded_size(rest));
+    if (len != rest.size())
+      return make_status(StatusCode::corrupt_data, "{}: base symbols of {} bytes in {}", where(lp, P), len,
+                         rest.size());
+    ls.code[i] = rest;
+  }
+  return {};
+}
+
+// Entropy-decodes the base indices of the group's planes, up to 16 matrices at once.
+Status decode_base(const LayeredContext& cx, uint32_t first, uint32_t end, LayeredScratch& ls) {
+  const Profile::Impl& p = *cx.p;
+  const uint32_t C = p.geom.channels(), T = cx.h->info.tokens;
+  const size_t E = size_t(T) * C;
+  const Profile::Impl::Level& lv = p.levels[p.level_of_layer(0)];
+  constexpr uint32_t kBatch = 16;
+  std::array<RansJob, kBatch> jobs;
+  for (uint32_t b0 = first; b0 < end; b0 += kBatch) {
+    const uint32_t b1 = std::min(end, b0 + kBatch);
+    for (uint32_t lp = b0; lp < b1; ++lp)
+      jobs[lp - b0] = {{lv.table_of[kRolePlain].data() + p.idx(lp / p.geom.planes(), lp % p.geom.planes(), 0), C},
+                       ls.code[lp - first], ls.sym.data() + (lp - first) * E, T, C};
+    if (Status st = rans_decode_group(*lv.rans, std::span(jobs.data(), b1 - b0)); !st.ok())
+      return st.with_context(fmt::format("base layer of layers/planes {}..{}", b0, b1 - 1));
+  }
+  return {};
+}
+
+Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s) {
+  const Profile::Impl& p = *cx.p;
+  const LayeredHeader& h = *cx.h;
+  const uint32_t C = p.geom.channels(), T = h.info.tokens, P = p.geom.planes();
+  const size_t E = size_t(T) * C;
+  const uint32_t first = h.grouping.first_plane(g), end = h.grouping.end_plane(g);
+  const size_t np = end - first, N = np * E;
+  LayeredScratch& ls = s.layered;
+  ls.exact.resize(np), ls.code.resize(np), ls.q.resize(N), ls.sym.resize(N), ls.ids.resize(N);
+  KVS_RETURN_IF_ERROR(parse_base(cx, first, end, ls));
+  KVS_RETURN_IF_ERROR(decode_base(cx, first, end, ls));
+  for (size_t e = 0; e < N; ++e) ls.q[e] = ls.sym[e];
+  const uint32_t layers = cx.extent.layers_of_group(g);
+  for (uint32_t k = 1; k <= layers; ++k) {
+    const Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
+    const uint8_t* ctx[2] = {lv.table_of[kRoleCoarseZero].data() + size_t(first) * C,
+                             lv.table_of[kRoleCoarseNonzero].data() + size_t(first) * C};
+    for (size_t i = 0; i < np; ++i)
+      for (size_t e = 0; e < E; ++e) {
+        const size_t at = i * E + e;
+        ls.ids[at] = ctx[refinement_context(ls.q[at])][i * C + e % C];
+      }
+    const size_t si = h.refine_index(k, g);
+    if (Status st = rans_decode(*lv.rans, ls.ids, cx.src.at(h.sub_offset[si], h.sub_bytes[si]), ls.sym.data(), 1, N);
+        !st.ok())
+      return st.with_context(fmt::format("refinement layer {} of layers/planes {}..{}", k, first, end - 1));
+    for (size_t e = 0; e < N; ++e) ls.q[e] = refine_index(ls.q[e], ls.sym[e]);
+  }
+  const uint64_t rope_row =
+      unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;
+  const uint32_t level = p.level_of_layer(layers);
+  for (uint32_t lp = first; lp < end; ++lp) {
+    s.plan.build(p, level, lp / P, lp % P);
+    reconstruct_plane(p, s.plan, lp / P, lp % P, T, ls.q.data() + (lp - first) * E, ls.exact[lp - first], s.plane,
+                      s.rope, rope_row, *cx.out);
+  }
+  return {};
+}
+
+}  // namespace
+
+bool is_layered(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 6 || std::memcmp(bytes.data(), kChunkMagic, 4) != 0) return false;
+  uint16_t version;
+  std::memcpy(&version, bytes.data() + 4, 2);
+  return version == kLayeredVersion;
+}
+
+Status decode_layered(const Profile& profile, std::span<const uint8_t> kept, std::span<const uint8_t> more,
+                      const KvView& out, DecodeScratch* scratch, unsigned threads) {
+  const Profile::Impl& p = profile.impl();
+  KVS_ASSIGN_OR_RETURN(const LayeredHeader h, parse_layered_header(kept));
+  if (h.info.profile_hash != p.hash)
+    return make_status(StatusCode::invalid_argument,
+                       "chunk was encoded with codec profile {:016x}, not with this one ({:016x})",
+                       h.info.profile_hash, p.hash);
+  if (!p.progressive || !(h.info.geometry == p.geom) || h.group_size != p.group_size ||
+      (h.flags & 1) != uint8_t(p.k_before_rope) || h.layers != p.levels.size())
+    return make_status(StatusCode::corrupt_data, "chunk header disagrees with its own profile");
+  if (!more.empty()) {
+    // Refinement: what was kept must itself be a whole prefix.
+    if (Result<PrefixExtent> k = prefix_extent(h, kept.size()); !k.ok())
+      return make_status(StatusCode::invalid_argument, "refinement: the kept bytes are not a prefix: {}",
+                         k.status().message());
+  }
+  KVS_ASSIGN_OR_RETURN(const PrefixExtent extent, prefix_extent(h, uint64_t(kept.size()) + more.size()));
+  if (!(out.geometry() == p.geom))
+    return make_status(StatusCode::invalid_argument, "output view geometry does not match the chunk");
+  if (out.tokens() != h.info.tokens)
+    return make_status(StatusCode::invalid_argument, "output view has {} tokens, the chunk {}", out.tokens(),
+                       h.info.tokens);
+  LayeredContext cx{&p, &h, extent, {kept, more}, &out};
+  // Every substream is checked before anything is written to the output.
+  for (size_t i = 0; i < extent.substreams; ++i)
+    if (substream_sum(cx.src.at(h.sub_offset[i], h.sub_bytes[i])) != h.sub_sum[i])
+      return make_status(StatusCode::corrupt_data, "chunk substream {} checksum mismatch", i);
+  const uint32_t groups = h.grouping.groups;
+  if (threads <= 1 || groups == 1) {
+    DecodeScratch local;
+    DecodeScratch::Impl& s = scratch ? scratch->impl() : local.impl();
+    for (uint32_t g = 0; g < groups; ++g) KVS_RETURN_IF_ERROR(decode_group(cx, g, s));
+    return {};
+  }
+  std::atomic<uint32_t> next{0};
+  std::vector<Status> errors(threads);
+  auto work = [&](unsigned id) {
+    DecodeScratch local;
+    for (uint32_t g; (g = next.fetch_add(1)) < groups;) {
+      Status st = decode_group(cx, g, local.impl());
+      if (!st.ok() && errors[id].ok()) errors[id] = st;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < std::min<unsigned>(threads, groups); ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& t : pool) t.join();
+  for (const Status& e : errors) KVS_RETURN_IF_ERROR(e);
+  return {};
+}
+
+Status refine_chunk(const Profile& profile, std::span<const uint8_t> kept, std::span<const uint8_t> more,
+                    const KvView& out, DecodeScratch* scratch) {
+  if (!is_layered(kept))
+    return make_status(StatusCode::invalid_argument, "refine_chunk needs a prefix of a progressive stream");
+  return decode_layered(profile, kept, more, out, scratch, 1);
+}
+
+}  // namespace kvstream::codec

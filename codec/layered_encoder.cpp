@@ -1,0 +1,191 @@
+// Encoder of progressive streams: each plane is quantized once at the finest layer's
+// step, every coarser layer's index follows from it (layered_quant.hpp), the base
+// layer is coded as a single-level stream's substreams are, and each refinement
+// layer codes its symbols group by group with tables chosen by context. The encoder
+// holds the exact KV, so it measures what every prefix will decode to (the distortion
+// table of the header).
+#include <algorithm>
+
+#include "codec/byte_io.hpp"
+#include "codec/chunk_plan.hpp"
+#include "codec/klt.hpp"
+#include "codec/layered_codec.hpp"
+#include "codec/layered_format.hpp"
+#include "codec/layered_quant.hpp"
+
+namespace kvstream::codec {
+
+namespace {
+
+struct Exact {
+  uint32_t index;  // t * channels + c
+  float value;
+};
+
+// One plane in the coding domain, quantized: the indices of every layer and the
+// squared error each layer leaves, in units of the channel's step scale.
+struct PlaneCode {
+  std::vector<int32_t> q;         // [layer][t * C + c]
+  std::vector<Exact> outliers;    // exact values in the quantized domain
+  std::vector<Exact> direct;      // KLT planes: exact pre-transform values
+  std::vector<double> sq_error;   // per layer
+};
+
+Status quantize_plane(const Profile::Impl& p, const KvView& chunk, uint32_t l, uint32_t pl, const RopeTable* rope,
+                      PlaneCode& pc) {
+  const uint32_t C = p.geom.channels(), T = uint32_t(chunk.tokens()), n = uint32_t(p.levels.size());
+  const size_t E = size_t(T) * C;
+  std::vector<MatrixPlan> plan(n);
+  for (uint32_t k = 0; k < n; ++k) plan[k].build(p, p.level_of_layer(k), l, pl);
+  const MatrixPlan& base = plan[0];
+  const MatrixPlan& fine = plan[n - 1];
+  const size_t b = p.idx(l, pl, 0);
+  pc.q.assign(E * n, 0);
+  pc.outliers.clear(), pc.direct.clear();
+  pc.sq_error.assign(n, 0.0);
+  std::vector<float> row(C), z(base.block ? C : 0);
+  std::vector<int32_t> qs(n);
+  for (uint32_t t = 0; t < T; ++t) {
+    chunk.load_row(l, pl, t, row.data());
+    if (rope) rope->rotate(row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
+    if (base.block) {
+      // As in a single-level stream at the base level: a value far outside its
+      // channel's range is kept exact and enters the transform as the mean.
+      const float limit = std::max(127.0f * base.step[0], 32.0f);
+      for (uint32_t c = 0; c < C; ++c) {
+        z[c] = (row[c] - base.mean[c]) / base.scale[c];
+        if (!(std::fabs(z[c]) <= limit)) {
+          pc.direct.push_back({t * C + c, row[c]});
+          z[c] = 0.0f;
+        }
+      }
+      for (uint32_t c0 = 0; c0 < C; c0 += base.block)
+        klt_forward(base.u + size_t(c0) * base.block, base.block, &z[c0], &row[c0]);
+    }
+    for (uint32_t c = 0; c < C; ++c) {
+      const float r = row[c] - fine.base[c];
+      const size_t e = size_t(t) * C + c;
+      if (!layered_indices(r, fine.inv[c], n, qs.data())) {
+        pc.outliers.push_back({uint32_t(e), row[c]});
+        continue;  // indices stay 0; the decoder puts the exact value back
+      }
+      const double unit = base.block ? 1.0 : double(p.step_scale[b + c]);
+      for (uint32_t k = 0; k < n; ++k) {
+        pc.q[k * E + e] = qs[k];
+        const double err = (double(r) - double(float(qs[k]) * plan[k].step[c])) / unit;
+        pc.sq_error[k] += err * err;
+      }
+    }
+  }
+  for (const std::vector<Exact>* list : {&pc.outliers, &pc.direct})
+    for (const Exact& o : *list)
+      if (!std::isfinite(o.value))
+        return make_status(StatusCode::invalid_argument, "layer {} plane {} token {} channel {} is not finite", l, pl,
+                           o.index / C, o.index % C);
+  return {};
+}
+
+// The base substream of a plane: exact values, then its base indices as one matrix.
+Status write_base(const Profile::Impl& p, const PlaneCode& pc, uint32_t l, uint32_t pl, uint32_t T,
+                  std::vector<uint8_t>& out) {
+  const uint32_t C = p.geom.channels();
+  ByteWriter w(out);
+  for (const std::vector<Exact>* list : {&pc.outliers, &pc.direct}) {
+    w.put(uint32_t(list->size()));
+    for (const Exact& o : *list) w.put(o.index), w.put(o.value);
+  }
+  std::vector<int8_t> sym(size_t(T) * C);
+  for (size_t e = 0; e < sym.size(); ++e) sym[e] = int8_t(pc.q[e]);
+  const Profile::Impl::Level& lv = p.levels[p.level_of_layer(0)];
+  return rans_encode(*lv.rans, {lv.table_of[kRolePlain].data() + p.idx(l, pl, 0), C}, sym.data(), T, C, out);
+}
+
+}  // namespace
+
+Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out) {
+  const Profile::Impl& p = profile.impl();
+  const uint32_t T = uint32_t(chunk.tokens()), C = p.geom.channels(), n = uint32_t(p.levels.size());
+  const size_t E = size_t(T) * C;
+  RopeTable rope;
+  if (unrotates(p, 0)) rope.build(p.rope, p.geom.head_dim, chunk.first_position(), T);
+
+  LayeredHeader h;
+  h.info = {p.geom, chunk.dtype(), chunk.first_position(), T, 0, p.hash, 0};
+  h.group_size = uint16_t(p.group_size);
+  h.flags = p.k_before_rope ? 1 : 0;
+  h.layers = n;
+  h.grouping = layered_grouping(p.geom, T);
+  const LayeredGrouping& G = h.grouping;
+  std::vector<std::vector<uint8_t>> layer_bytes(n);
+  std::vector<uint32_t> base_len;
+  std::vector<std::vector<uint32_t>> ref_len(n);
+  // sq[lp][k]: the squared error plane lp leaves at layer k.
+  std::vector<std::vector<double>> sq(G.planes);
+  std::vector<PlaneCode> codes;
+  std::vector<int8_t> sym;
+  std::vector<uint8_t> ids;
+  for (uint32_t g = 0; g < G.groups; ++g) {
+    const uint32_t first = G.first_plane(g), end = G.end_plane(g);
+    codes.resize(end - first);
+    for (uint32_t lp = first; lp < end; ++lp) {
+      const uint32_t l = lp / p.geom.planes(), pl = lp % p.geom.planes();
+      PlaneCode& pc = codes[lp - first];
+      KVS_RETURN_IF_ERROR(quantize_plane(p, chunk, l, pl, unrotates(p, pl) ? &rope : nullptr, pc));
+      const size_t before = layer_bytes[0].size();
+      KVS_RETURN_IF_ERROR(write_base(p, pc, l, pl, T, layer_bytes[0]));
+      if (layer_bytes[0].size() - before > UINT32_MAX)
+        return make_status(StatusCode::out_of_range, "substream of {} bytes", layer_bytes[0].size() - before);
+      base_len.push_back(uint32_t(layer_bytes[0].size() - before));
+      sq[lp] = pc.sq_error;
+    }
+    // Refinement layers: the group's planes as one sequence, each symbol with the
+    // table of its channel and context.
+    const size_t N = size_t(end - first) * E;
+    sym.resize(N), ids.resize(N);
+    for (uint32_t k = 1; k < n; ++k) {
+      const Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
+      for (uint32_t lp = first; lp < end; ++lp) {
+        const PlaneCode& pc = codes[lp - first];
+        const int32_t* coarse = &pc.q[(k - 1) * E];
+        const int32_t* fine = &pc.q[k * E];
+        const size_t at = size_t(lp - first) * E, b = size_t(lp) * C;
+        for (size_t e = 0; e < E; ++e) {
+          sym[at + e] = refinement_symbol(coarse[e], fine[e]);
+          ids[at + e] = lv.table_of[refinement_context(coarse[e])][b + e % C];
+        }
+      }
+      const size_t before = layer_bytes[k].size();
+      KVS_RETURN_IF_ERROR(rans_encode(*lv.rans, ids, sym.data(), 1, N, layer_bytes[k]));
+      if (layer_bytes[k].size() - before > UINT32_MAX)
+        return make_status(StatusCode::out_of_range, "substream of {} bytes", layer_bytes[k].size() - before);
+      ref_len[k].push_back(uint32_t(layer_bytes[k].size() - before));
+    }
+  }
+  h.sub_bytes = base_len;
+  for (uint32_t k = 1; k < n; ++k) h.sub_bytes.insert(h.sub_bytes.end(), ref_len[k].begin(), ref_len[k].end());
+  // Distortion after the base, then after each refinement substream in stream order.
+  const double elems = double(E) * G.planes;
+  auto mean_error = [&](uint32_t full, uint32_t partial) {
+    double s = 0;
+    for (uint32_t g = 0; g < G.groups; ++g)
+      for (uint32_t lp = G.first_plane(g); lp < G.end_plane(g); ++lp) s += sq[lp][full + (g < partial ? 1 : 0)];
+    return float(s / elems);
+  };
+  h.distortion.push_back(mean_error(0, 0));
+  for (uint32_t k = 1; k < n; ++k)
+    for (uint32_t g = 0; g < G.groups; ++g) h.distortion.push_back(mean_error(k - 1, g + 1));
+
+  // Written whole (the header's checksums cover every substream), then cut back to
+  // the level asked for; on error nothing was appended.
+  const size_t start = out.size();
+  out.resize(start + layered_header_size(n, G));
+  for (const std::vector<uint8_t>& lb : layer_bytes) out.insert(out.end(), lb.begin(), lb.end());
+  write_layered_header(out, start, h);
+  size_t keep = h.header_bytes;
+  const uint32_t last_layer = n - 1 - level;
+  for (uint32_t k = 0; k <= last_layer; ++k) keep += layer_bytes[k].size();
+  out.resize(start + keep);
+  return {};
+}
+
+}  // namespace kvstream::codec

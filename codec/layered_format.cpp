@@ -1,0 +1,210 @@
+#include "codec/layered_format.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include <xxhash.h>
+
+#include "codec/byte_io.hpp"
+
+namespace kvstream::codec {
+
+namespace {
+constexpr size_t kOffStreamBytes = 48, kOffHeaderSum = 56;
+
+size_t points_of(uint32_t layers, const LayeredGrouping& g) { return 1 + size_t(layers - 1) * g.groups; }
+size_t subs_of(uint32_t layers, const LayeredGrouping& g) { return g.planes + size_t(layers - 1) * g.groups; }
+
+uint64_t header_sum(const uint8_t* base, size_t header_bytes) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, base, kOffHeaderSum);
+  XXH3_64bits_update(st, base + kChunkHeaderBytes, header_bytes - kChunkHeaderBytes);
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+}  // namespace
+
+uint32_t substream_sum(std::span<const uint8_t> bytes) { return uint32_t(XXH3_64bits(bytes.data(), bytes.size())); }
+
+LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens) {
+  LayeredGrouping r;
+  r.planes = g.layers * g.planes();
+  const uint64_t per_plane = std::max<uint64_t>(1, uint64_t(tokens) * g.channels());
+  const uint64_t want = (kMinGroupSymbols + per_plane - 1) / per_plane;
+  r.planes_per_group = uint32_t(std::clamp<uint64_t>(want, 1, std::max<uint32_t>(r.planes, 1)));
+  r.groups = (r.planes + r.planes_per_group - 1) / r.planes_per_group;
+  return r;
+}
+
+size_t layered_header_size(uint32_t layers, const LayeredGrouping& g) {
+  return kChunkHeaderBytes + 8 * subs_of(layers, g) + 4 * points_of(layers, g);
+}
+
+void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h) {
+  const size_t hb = layered_header_size(h.layers, h.grouping);
+  h.header_bytes = hb;
+  h.sub_sum.resize(h.sub_bytes.size());
+  uint64_t off = at + hb;
+  for (size_t i = 0; i < h.sub_bytes.size(); ++i) {
+    h.sub_sum[i] = substream_sum({out.data() + off, h.sub_bytes[i]});
+    off += h.sub_bytes[i];
+  }
+  std::vector<uint8_t> head;
+  ByteWriter w(head);
+  for (char c : kChunkMagic) w.put(uint8_t(c));
+  w.put(kLayeredVersion);                                              // 4
+  w.put(uint8_t(h.info.dtype)), w.put(uint8_t(h.layers));               // 6, 7
+  const KvGeometry& g = h.info.geometry;
+  w.put(g.layers), w.put(g.kv_heads), w.put(g.head_dim), w.put(g.q_heads);  // 8..24
+  w.put(uint8_t(g.kind)), w.put(h.flags), w.put(h.group_size);              // 24..28
+  w.put(h.info.tokens);                                                     // 28
+  w.put(h.info.first_position);                                             // 32
+  w.put(h.info.profile_hash);                                               // 40
+  w.put(uint64_t(off - at));                                                // 48: the whole stream
+  w.put(uint64_t(0));                                                       // 56: header sum, below
+  for (size_t i = 0; i < h.sub_bytes.size(); ++i) w.put(h.sub_bytes[i]), w.put(h.sub_sum[i]);
+  for (float d : h.distortion) w.put(d);
+  std::memcpy(out.data() + at, head.data(), hb);
+  const uint64_t hs = header_sum(out.data() + at, hb);
+  std::memcpy(out.data() + at + kOffHeaderSum, &hs, 8);
+}
+
+Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kChunkHeaderBytes)
+    return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is shorter than its {}-byte header",
+                       bytes.size(), kChunkHeaderBytes);
+  if (std::memcmp(bytes.data(), kChunkMagic, 4) != 0)
+    return make_status(StatusCode::corrupt_data, "not a kvstream chunk bitstream (bad magic)");
+  ByteReader r(bytes, "chunk header");
+  r.skip(4);
+  LayeredHeader h;
+  const uint16_t version = r.get<uint16_t>();
+  if (version != kLayeredVersion)
+    return make_status(StatusCode::unsupported, "chunk bitstream version {} is not a progressive stream (version {})",
+                       version, kLayeredVersion);
+  const uint8_t dtype = r.get<uint8_t>();
+  h.layers = r.get<uint8_t>();
+  KvGeometry& g = h.info.geometry;
+  g.layers = r.get<uint32_t>(), g.kv_heads = r.get<uint32_t>(), g.head_dim = r.get<uint32_t>();
+  g.q_heads = r.get<uint32_t>();
+  const uint8_t kind = r.get<uint8_t>();
+  h.flags = r.get<uint8_t>();
+  h.group_size = r.get<uint16_t>();
+  h.info.tokens = r.get<uint32_t>();
+  h.info.first_position = r.get<uint64_t>();
+  h.info.profile_hash = r.get<uint64_t>();
+  const uint64_t stream_bytes = r.get<uint64_t>();
+  const uint64_t hsum = r.get<uint64_t>();
+  KVS_RETURN_IF_ERROR(r.status());
+  if (dtype > uint8_t(DType::bf16)) return make_status(StatusCode::corrupt_data, "chunk header: element type {}", dtype);
+  if (kind > uint8_t(AttentionKind::mla))
+    return make_status(StatusCode::corrupt_data, "chunk header: attention kind {}", kind);
+  if (h.layers < 1 || h.layers > kMaxProgressiveLayers)
+    return make_status(StatusCode::corrupt_data, "chunk header: {} layers (1..{})", h.layers, kMaxProgressiveLayers);
+  h.info.dtype = DType(dtype);
+  g.kind = AttentionKind(kind);
+  KVS_RETURN_IF_ERROR(g.validate().with_context("chunk header"));
+  if (h.info.tokens == 0 || h.info.tokens > kMaxChunkTokens)
+    return make_status(StatusCode::corrupt_data, "chunk header: {} tokens (limit {})", h.info.tokens, kMaxChunkTokens);
+  h.grouping = layered_grouping(g, h.info.tokens);
+  h.header_bytes = layered_header_size(h.layers, h.grouping);
+  if (bytes.size() < h.header_bytes)
+    return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is truncated inside its {}-byte header",
+                       bytes.size(), h.header_bytes);
+  if (header_sum(bytes.data(), h.header_bytes) != hsum)
+    return make_status(StatusCode::corrupt_data, "chunk header checksum mismatch");
+  const size_t n = subs_of(h.layers, h.grouping);
+  ByteReader t(bytes.subspan(kChunkHeaderBytes, h.header_bytes - kChunkHeaderBytes), "chunk tables");
+  h.sub_bytes.resize(n), h.sub_sum.resize(n), h.sub_offset.resize(n);
+  uint64_t off = h.header_bytes;
+  for (size_t i = 0; i < n; ++i) {
+    h.sub_bytes[i] = t.get<uint32_t>(), h.sub_sum[i] = t.get<uint32_t>();
+    h.sub_offset[i] = off;
+    off += h.sub_bytes[i];
+  }
+  h.distortion.resize(points_of(h.layers, h.grouping));
+  for (float& d : h.distortion) {
+    d = t.get<float>();
+    if (!(d >= 0.0f) || !std::isfinite(d)) return make_status(StatusCode::corrupt_data, "chunk header: bad distortion");
+  }
+  KVS_RETURN_IF_ERROR(t.status());
+  if (off != stream_bytes || off > kMaxChunkBytes)
+    return make_status(StatusCode::corrupt_data, "chunk header: substreams add up to {} bytes, the stream is {}", off,
+                       stream_bytes);
+  h.info.total_bytes = stream_bytes;
+  h.info.progressive = true;
+  h.info.stream_bytes = stream_bytes;
+  h.info.coded_layers = h.layers;
+  return h;
+}
+
+Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size) {
+  const size_t S = h.grouping.planes;
+  const uint64_t base_end = h.sub_offset[S - 1] + h.sub_bytes[S - 1];
+  if (size < base_end)
+    return make_status(StatusCode::corrupt_data, "progressive chunk prefix of {} bytes is shorter than its base layer ({})",
+                       size, base_end);
+  if (size > h.info.stream_bytes)
+    return make_status(StatusCode::corrupt_data, "{} bytes for a progressive chunk of {}", size, h.info.stream_bytes);
+  PrefixExtent e;
+  e.substreams = S;
+  while (e.substreams < h.substreams() && h.sub_offset[e.substreams] + h.sub_bytes[e.substreams] <= size)
+    ++e.substreams;
+  const uint64_t end = e.substreams < h.substreams() ? h.sub_offset[e.substreams] : h.info.stream_bytes;
+  if (end != size)
+    return make_status(StatusCode::corrupt_data, "progressive chunk prefix of {} bytes ends inside substream {}", size,
+                       e.substreams);
+  const size_t refined = e.substreams - S;
+  e.full_layers = uint32_t(refined / h.grouping.groups);
+  e.partial_groups = uint32_t(refined % h.grouping.groups);
+  return e;
+}
+
+std::vector<ChunkPrefix> layered_prefixes(const LayeredHeader& h) {
+  std::vector<ChunkPrefix> out;
+  const size_t S = h.grouping.planes;
+  for (size_t i = S - 1; i < h.substreams(); ++i) {
+    const size_t refined = i + 1 - S;
+    const uint32_t full = uint32_t(refined / h.grouping.groups);
+    ChunkPrefix p;
+    p.end = h.sub_offset[i] + h.sub_bytes[i];
+    p.level = h.layers - 1 - full;
+    p.whole_layer = refined % h.grouping.groups == 0;
+    p.distortion = h.distortion[refined];
+    out.push_back(p);
+  }
+  return out;
+}
+
+Result<size_t> chunk_header_bytes(std::span<const uint8_t> first_bytes) {
+  if (first_bytes.size() < kChunkHeaderBytes)
+    return make_status(StatusCode::corrupt_data, "need the first {} bytes of a chunk, have {}", kChunkHeaderBytes,
+                       first_bytes.size());
+  uint16_t version;
+  std::memcpy(&version, first_bytes.data() + 4, 2);
+  if (std::memcmp(first_bytes.data(), kChunkMagic, 4) != 0)
+    return make_status(StatusCode::corrupt_data, "not a kvstream chunk bitstream (bad magic)");
+  if (version != kLayeredVersion)
+    return make_status(StatusCode::unsupported, "chunk bitstream version {} is not a progressive stream", version);
+  KvGeometry g;
+  ByteReader r(first_bytes.subspan(8), "chunk header");
+  g.layers = r.get<uint32_t>(), g.kv_heads = r.get<uint32_t>(), g.head_dim = r.get<uint32_t>();
+  g.q_heads = r.get<uint32_t>();
+  g.kind = AttentionKind(std::min<uint8_t>(r.get<uint8_t>(), uint8_t(AttentionKind::mla)));
+  r.skip(3);
+  const uint32_t tokens = r.get<uint32_t>();
+  const uint32_t layers = first_bytes[7];
+  KVS_RETURN_IF_ERROR(g.validate().with_context("chunk header"));
+  if (tokens == 0 || tokens > kMaxChunkTokens || layers < 1 || layers > kMaxProgressiveLayers)
+    return make_status(StatusCode::corrupt_data, "chunk header: {} tokens, {} layers", tokens, layers);
+  return layered_header_size(layers, layered_grouping(g, tokens));
+}
+
+Result<std::vector<ChunkPrefix>> chunk_prefixes(std::span<const uint8_t> header) {
+  KVS_ASSIGN_OR_RETURN(LayeredHeader h, parse_layered_header(header));
+  return layered_prefixes(h);
+}
+
+}  // namespace kvstream::codec

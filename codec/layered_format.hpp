@@ -1,0 +1,78 @@
+// The progressive chunk bitstream (version 2): header, substream table, the grouping
+// of planes in refinement layers, and which prefixes decode. The format is documented
+// in docs/bitstream.md ("Progressive streams"); keep the two in step.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "codec/bitstream.hpp"
+
+namespace kvstream::codec {
+
+inline constexpr uint16_t kLayeredVersion = 2;
+/// A refinement layer codes its planes in groups of at least this many symbols, so
+/// that each coded matrix's fixed 140 bytes stay under 0.02 bits per element.
+inline constexpr uint64_t kMinGroupSymbols = 65536;
+
+/// Planes per refinement group and group count, from the geometry and token count.
+struct LayeredGrouping {
+  uint32_t planes = 0;            // S: layers x planes of the model
+  uint32_t planes_per_group = 1;
+  uint32_t groups = 1;            // G, per refinement layer
+  [[nodiscard]] uint32_t first_plane(uint32_t g) const { return g * planes_per_group; }
+  [[nodiscard]] uint32_t end_plane(uint32_t g) const { return std::min(planes, (g + 1) * planes_per_group); }
+};
+LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens);
+
+/// Header of a progressive stream, as written; offsets are from the stream's start.
+struct LayeredHeader {
+  ChunkInfo info;                   // info.level: unused (0); info.total_bytes: the whole stream
+  uint16_t group_size = 0;
+  uint8_t flags = 0;                // bit 0: K coded before RoPE
+  uint32_t layers = 0;              // n
+  LayeredGrouping grouping;
+  // Per substream, in stream order: the S base substreams, then G per refinement layer.
+  std::vector<uint32_t> sub_bytes;
+  std::vector<uint32_t> sub_sum;    // low 32 bits of the substream's xxh3-64
+  std::vector<float> distortion;    // per prefix point: after the base, after each refinement substream
+  // Derived on parse.
+  std::vector<uint64_t> sub_offset;
+  uint64_t header_bytes = 0;
+
+  [[nodiscard]] size_t substreams() const { return sub_bytes.size(); }
+  /// Index of substream (layer k >= 1, group g).
+  [[nodiscard]] size_t refine_index(uint32_t k, uint32_t g) const {
+    return grouping.planes + size_t(k - 1) * grouping.groups + g;
+  }
+};
+
+/// Size of the header and tables of a stream of n layers.
+size_t layered_header_size(uint32_t layers, const LayeredGrouping& g);
+/// Writes the header at out[at, at + layered_header_size) (reserved by the caller),
+/// taking the substream checksums from the bytes that follow it.
+void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h);
+/// Parses and checks the header and tables from any prefix of a stream that holds
+/// them (not the substreams). Errors: corrupt_data, unsupported (another version).
+Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes);
+
+/// What a prefix of `size` bytes holds: `substreams` whole substreams, each of the
+/// model's planes refined through layer layers_of(plane). Errors: corrupt_data (a
+/// prefix shorter than the base layer, or ending inside a substream).
+struct PrefixExtent {
+  size_t substreams = 0;
+  uint32_t full_layers = 0;   // refinement layers present for every group
+  uint32_t partial_groups = 0;  // groups of the next layer present
+  [[nodiscard]] uint32_t layers_of_group(uint32_t g) const { return full_layers + (g < partial_groups ? 1 : 0); }
+};
+Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size);
+
+/// The prefixes of the stream (ChunkPrefix, shortest first).
+std::vector<ChunkPrefix> layered_prefixes(const LayeredHeader& h);
+
+/// Low 32 bits of xxh3-64: a substream's checksum.
+uint32_t substream_sum(std::span<const uint8_t> bytes);
+
+}  // namespace kvstream::codec
