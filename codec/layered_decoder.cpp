@@ -88,22 +88,19 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   ls.exact.resize(np), ls.code.resize(np), ls.q.resize(N), ls.sym.resize(N), ls.ids.resize(N);
   KVS_RETURN_IF_ERROR(parse_base(cx, first, end, ls));
   KVS_RETURN_IF_ERROR(decode_base(cx, first, end, ls));
-  for (size_t e = 0; e < N; ++e) ls.q[e] = ls.sym[e];
+  widen_indices(ls.sym.data(), ls.q.data(), N);
   const uint32_t layers = cx.extent.layers_of_group(g);
   for (uint32_t k = 1; k <= layers; ++k) {
     const Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
     const uint8_t* ctx[2] = {lv.table_of[kRoleCoarseZero].data() + size_t(first) * C,
                              lv.table_of[kRoleCoarseNonzero].data() + size_t(first) * C};
     for (size_t i = 0; i < np; ++i)
-      for (size_t e = 0; e < E; ++e) {
-        const size_t at = i * E + e;
-        ls.ids[at] = ctx[refinement_context(ls.q[at])][i * C + e % C];
-      }
+      refinement_ids(&ls.q[i * E], ctx[0] + i * C, ctx[1] + i * C, &ls.ids[i * E], T, C);
     const size_t si = h.refine_index(k, g);
     if (Status st = rans_decode(*lv.rans, ls.ids, cx.src.at(h.sub_offset[si], h.sub_bytes[si]), ls.sym.data(), 1, N);
         !st.ok())
       return st.with_context(fmt::format("refinement layer {} of layers/planes {}..{}", k, first, end - 1));
-    for (size_t e = 0; e < N; ++e) ls.q[e] = refine_index(ls.q[e], ls.sym[e]);
+    refine_indices(ls.q.data(), ls.sym.data(), N);
   }
   const uint64_t rope_row =
       unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;

@@ -149,10 +149,14 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
         const int32_t* coarse = &pc.q[(k - 1) * E];
         const int32_t* fine = &pc.q[k * E];
         const size_t at = size_t(lp - first) * E, b = size_t(lp) * C;
-        for (size_t e = 0; e < E; ++e) {
-          sym[at + e] = refinement_symbol(coarse[e], fine[e]);
-          ids[at + e] = lv.table_of[refinement_context(coarse[e])][b + e % C];
-        }
+        const uint8_t* zero = lv.table_of[kRoleCoarseZero].data() + b;
+        const uint8_t* nonzero = lv.table_of[kRoleCoarseNonzero].data() + b;
+        for (size_t e0 = 0; e0 < E; e0 += C)
+          for (uint32_t c = 0; c < C; ++c) {
+            const size_t e = e0 + c;
+            sym[at + e] = refinement_symbol(coarse[e], fine[e]);
+            ids[at + e] = refinement_context(coarse[e]) ? nonzero[c] : zero[c];
+          }
       }
       const size_t before = layer_bytes[k].size();
       KVS_RETURN_IF_ERROR(rans_encode(*lv.rans, ids, sym.data(), 1, N, layer_bytes[k]));

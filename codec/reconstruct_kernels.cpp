@@ -156,7 +156,8 @@ void dequant_tile(const int32_t* __restrict q, const float* __restrict pred, con
   dequant32_portable(q, pred, step, out, rows, n);
 }
 
-void nonzero_masks(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
+namespace {
+void masks32_portable(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
   const uint32_t words = (C + 31) / 32;
   for (uint32_t r = 0; r < rows; ++r, q += C, nz += words)
     for (uint32_t w = 0; w < words; ++w) {
@@ -164,6 +165,80 @@ void nonzero_masks(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
       for (uint32_t c = w * 32; c < std::min(C, w * 32 + 32); ++c) m |= uint32_t(q[c] != 0) << (c % 32);
       nz[w] = m;
     }
+}
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void masks32_avx512(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
+  if (C % 32 != 0) return masks32_portable(q, rows, C, nz);
+  const uint32_t words = C / 32;
+  for (uint32_t r = 0; r < rows; ++r, q += C, nz += words)
+    for (uint32_t w = 0; w < words; ++w) {
+      const __m512i a = _mm512_loadu_si512(q + 32 * w), b = _mm512_loadu_si512(q + 32 * w + 16);
+      nz[w] = uint32_t(_mm512_test_epi32_mask(a, a)) | uint32_t(_mm512_test_epi32_mask(b, b)) << 16;
+    }
+}
+#endif
+using Masks32Fn = void (*)(const int32_t*, uint32_t, uint32_t, uint32_t*);
+Masks32Fn pick_masks32() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return masks32_avx512;
+#endif
+  return masks32_portable;
+}
+}  // namespace
+
+void nonzero_masks(const int32_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {
+  static const Masks32Fn fn = pick_masks32();
+  fn(q, rows, C, nz);
+}
+
+namespace {
+void ids_portable(const int32_t* __restrict q, const uint8_t* __restrict zero, const uint8_t* __restrict nonzero,
+                  uint8_t* __restrict ids, uint32_t rows, uint32_t C) {
+  for (uint32_t r = 0; r < rows; ++r, q += C, ids += C)
+    for (uint32_t c = 0; c < C; ++c) ids[c] = q[c] != 0 ? nonzero[c] : zero[c];
+}
+#if defined(__x86_64__)
+// A byte blend under the nonzero mask of 16 indices (the compiler's own version
+// packs the 32-bit compare results down to bytes, several times slower).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void ids_avx512(const int32_t* __restrict q,
+                                                                      const uint8_t* __restrict zero,
+                                                                      const uint8_t* __restrict nonzero,
+                                                                      uint8_t* __restrict ids, uint32_t rows,
+                                                                      uint32_t C) {
+  if (C % 16 != 0) return ids_portable(q, zero, nonzero, ids, rows, C);
+  for (uint32_t r = 0; r < rows; ++r, q += C, ids += C)
+    for (uint32_t c = 0; c < C; c += 16) {
+      const __m512i v = _mm512_loadu_si512(q + c);
+      const __mmask16 m = _mm512_test_epi32_mask(v, v);
+      const __m128i z = _mm_loadu_si128((const __m128i*)(zero + c)), n = _mm_loadu_si128((const __m128i*)(nonzero + c));
+      _mm_storeu_si128((__m128i*)(ids + c), _mm_mask_blend_epi8(m, z, n));
+    }
+}
+#endif
+using IdsFn = void (*)(const int32_t*, const uint8_t*, const uint8_t*, uint8_t*, uint32_t, uint32_t);
+IdsFn pick_ids() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) return ids_avx512;
+#endif
+  return ids_portable;
+}
+}  // namespace
+
+void refinement_ids(const int32_t* __restrict q, const uint8_t* __restrict zero, const uint8_t* __restrict nonzero,
+                    uint8_t* __restrict ids, uint32_t rows, uint32_t C) {
+  static const IdsFn fn = pick_ids();
+  fn(q, zero, nonzero, ids, rows, C);
+}
+
+KVS_CLONED_FOR_SIMD void refine_indices(int32_t* __restrict q, const int8_t* __restrict s, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t sgn = q[i] >> 31;  // 0 or -1: s mirrored when the coarse index is negative
+    q[i] = 3 * q[i] + ((int32_t(s[i]) ^ sgn) - sgn);
+  }
+}
+
+KVS_CLONED_FOR_SIMD void widen_indices(const int8_t* __restrict s, int32_t* __restrict q, size_t n) {
+  for (size_t i = 0; i < n; ++i) q[i] = s[i];
 }
 
 void nonzero_masks(const int8_t* q, uint32_t rows, uint32_t C, uint32_t* nz) {

@@ -4,6 +4,7 @@
 // is built with -ffp-contract=off). Internal to the codec.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kvstream::codec {
@@ -15,6 +16,15 @@ void dequant_tile(const int8_t* __restrict q, const float* __restrict pred, cons
 /// The same for the 32-bit indices of a progressive stream's refined layers.
 void dequant_tile(const int32_t* __restrict q, const float* __restrict pred, const float* __restrict step,
                   float* __restrict out, uint32_t rows, uint32_t n);
+
+/// Progressive streams: per row of C indices, the table id of each channel's
+/// refinement symbol: nonzero[c] where q is nonzero, else zero[c].
+void refinement_ids(const int32_t* __restrict q, const uint8_t* __restrict zero, const uint8_t* __restrict nonzero,
+                    uint8_t* __restrict ids, uint32_t rows, uint32_t C);
+/// q[i] = 3 q[i] + s[i], s mirrored where q[i] < 0 (refine_index, n at a time).
+void refine_indices(int32_t* __restrict q, const int8_t* __restrict s, size_t n);
+/// q[i] = s[i] (the base layer's indices, widened).
+void widen_indices(const int8_t* __restrict s, int32_t* __restrict q, size_t n);
 
 /// Per row of C symbols, (C + 31) / 32 words: bit c % 32 of word c / 32 set when
 /// symbol c is nonzero.

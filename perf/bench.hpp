@@ -18,7 +18,10 @@ inline double since(transport::Clock::time_point t0) {
 
 struct CodecBenchOptions {
   std::string data;       ///< tinyllama directory ("" = default)
-  std::string profile;    ///< codec profile file (kvstream-profile output)
+  /// Codec profile files (kvstream-profile output); several compare in one run (a
+  /// progressive profile's family is "kvstream", a single-level one's
+  /// "kvstream-independent"; a second of a kind is named after its file).
+  std::vector<std::string> profiles;
   std::string json, plot; ///< optional outputs
   int windows = 0;        ///< test windows from the second half (0 = all, about 96)
   int train_windows = 48; ///< first-half windows that train static baseline tables

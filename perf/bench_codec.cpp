@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -26,6 +27,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // One method at one setting, as the benchmark drives it.
 struct Method {
   std::string method, config, level;
+  bool progressive = false;
   std::function<Status(const KvView& chunk, std::vector<uint8_t>& out)> encode;
   std::function<Status(std::span<const uint8_t> bytes, const KvView& out)> decode;
 };
@@ -33,6 +35,7 @@ struct Method {
 struct Row {
   Method m;
   double bits = 0;
+  double stored_bits = 0;  // the chunk as stored: every level (single-level), the whole stream (progressive)
   tinyllama::Quality q;
   double enc_1t = 0, dec_1t = 0, dec_mt = 0;
 };
@@ -177,9 +180,17 @@ int run_codec_bench(const CodecBenchOptions& o) {
   fmt::print(stderr, "{} test windows (second half), {} training windows (first half)\n", test_windows.size(),
              train_windows.size());
 
-  auto profile = o.profile.empty() ? Result<codec::Profile>(make_status(StatusCode::not_found, "no profile"))
-                                   : codec::Profile::load_file(o.profile);
-  if (!profile.ok()) return fail(profile.status().with_context("load the profile (build it with kvstream-profile)"));
+  std::vector<codec::Profile> profiles;
+  std::vector<std::string> families;
+  for (const std::string& path : o.profiles) {
+    auto profile = codec::Profile::load_file(path);
+    if (!profile.ok()) return fail(profile.status().with_context("load the profile (build it with kvstream-profile)"));
+    std::string family = profile->progressive() ? "kvstream" : "kvstream-independent";
+    if (std::find(families.begin(), families.end(), family) != families.end())
+      family += "-" + std::filesystem::path(path).stem().string();
+    profiles.push_back(std::move(profile).value());
+    families.push_back(family);
+  }
   auto train = context_chunks(d->model, train_windows, setup);
   if (!train.ok()) return fail(train.status());
   auto test = context_chunks(d->model, test_windows, setup);
@@ -189,21 +200,43 @@ int run_codec_bench(const CodecBenchOptions& o) {
   const double memcpy_bps = memcpy_rate();
 
   std::vector<Method> methods;
-  const codec::Profile& prof = *profile;
   auto want = [&](const std::string& family) {
     return o.methods.empty() || std::find(o.methods.begin(), o.methods.end(), family) != o.methods.end();
   };
-  if (want("kvstream"))
-    for (uint32_t L = 0; L < prof.levels(); ++L) {
-      methods.push_back({"kvstream", fmt::format("step{:.3g}", prof.level(L).step), std::to_string(L),
+  for (size_t pi = 0; pi < profiles.size() && want("kvstream"); ++pi) {
+    const codec::Profile& prof = profiles[pi];
+    auto decode = [&prof](std::span<const uint8_t> b, const KvView& out) {
+      thread_local codec::DecodeScratch scratch;
+      return codec::decode_chunk(prof, b, out, &scratch);
+    };
+    for (uint32_t L = 0; L < prof.levels(); ++L)
+      methods.push_back({families[pi], fmt::format("step{:.3g}", prof.level(L).step), std::to_string(L),
+                         prof.progressive(),
                          [&prof, L](const KvView& c, std::vector<uint8_t>& out) {
                            return codec::encode_chunk(prof, c, L, out);
                          },
-                         [&prof](std::span<const uint8_t> b, const KvView& out) {
-                           thread_local codec::DecodeScratch scratch;
-                           return codec::decode_chunk(prof, b, out, &scratch);
-                         }});
-    }
+                         decode});
+    if (!prof.progressive()) continue;
+    // Prefixes inside a layer (some planes refined, the rest not): the points a
+    // chooser may stop at between two levels. Named after the level they refine.
+    for (uint32_t L = prof.levels() - 1; L > 0; --L)
+      methods.push_back({families[pi], fmt::format("inside-step{:.3g}", prof.level(L - 1).step),
+                         fmt::format("{}+", L), true,
+                         [&prof, L](const KvView& c, std::vector<uint8_t>& out) -> Status {
+                           // The longest prefix that still refines level L - 1 only in part.
+                           std::vector<uint8_t> full;
+                           KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, c, 0, full));
+                           KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> ps, codec::chunk_prefixes(full));
+                           uint64_t end = 0;
+                           for (const codec::ChunkPrefix& pf : ps)
+                             if (pf.level == L && !pf.whole_layer) end = pf.end;
+                           if (end == 0)
+                             return make_status(StatusCode::not_found, "no prefix inside level {}", L - 1);
+                           out.assign(full.begin(), full.begin() + int64_t(end));
+                           return {};
+                         },
+                         decode});
+  }
   std::vector<std::unique_ptr<codec::baselines::BaselineCodec>> baselines =
       codec::baselines::make_all_baselines(d->model.geometry());
   for (auto& b : baselines) {
@@ -211,7 +244,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
     if (b->needs_training())
       if (auto s = b->train(train->chunks); !s.ok()) return fail(s.with_context(b->name()));
     const codec::baselines::BaselineCodec* bp = b.get();
-    methods.push_back({b->method(), b->config(), "",
+    methods.push_back({b->method(), b->config(), "", false,
                        [bp](const KvView& c, std::vector<uint8_t>& out) -> Status {
                          KVS_ASSIGN_OR_RETURN(out, bp->encode(c));
                          return {};
@@ -223,8 +256,10 @@ int run_codec_bench(const CodecBenchOptions& o) {
   fmt::print("{:<16} {:<22} {:>5} {:>7} {:>8} {:>8} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9}\n", "method", "config", "level",
              "bits", "ppl", "incr%", "se", "KL", "top1", "enc M/s", "dec M/s", "dec mt");
   for (const Method& m : methods) {
-    const bool speed = o.speed_all || m.method == "kvstream" || m.config == "int8" || m.config == "fp16";
+    const bool speed =
+        o.speed_all || m.method.rfind("kvstream", 0) == 0 || m.config == "int8" || m.config == "fp16";
     auto r = measure(m, *d, test_windows, *ref, setup, *test, threads, speed, !o.speed_only);
+    if (!r.ok() && r.status().code() == StatusCode::not_found) continue;  // a chunk with one group per layer
     if (!r.ok()) return fail(r.status().with_context(m.method + "/" + m.config));
     rows.push_back(std::move(r).value());
     const Row& w = rows.back();
@@ -233,6 +268,18 @@ int run_codec_bench(const CodecBenchOptions& o) {
                w.q.kl_nats_per_token, w.q.top1_agreement, w.enc_1t / 1e6, w.dec_1t / 1e6, w.dec_mt / 1e6);
     std::fflush(stdout);
   }
+
+  // What a chunk costs stored: a single-level profile keeps every level, a
+  // progressive one its whole stream (its level 0).
+  std::map<std::string, double> stored;
+  for (const Row& r : rows)
+    if (r.m.method.rfind("kvstream", 0) == 0 && !r.m.level.empty() && r.m.level.back() != '+') {
+      if (!r.m.progressive) stored[r.m.method] += r.bits;
+      else if (r.m.level == "0") stored[r.m.method] = r.bits;
+    }
+  for (Row& r : rows)
+    if (auto it = stored.find(r.m.method); it != stored.end()) r.stored_bits = it->second;
+  for (const auto& [family, bits] : stored) fmt::print("{}: a chunk stored at every level: {:.3f} bits/element\n", family, bits);
 
   // Headline ratios at the quality bound.
   std::map<std::string, std::vector<const Row*>> by_method;
@@ -248,14 +295,20 @@ int run_codec_bench(const CodecBenchOptions& o) {
   for (auto& [name, rs] : by_method) {
     const double b = bits_at_quality(rs, o.ppl_bound);
     fmt::print("  {:<16} {}\n", name, b < 0 ? std::string("does not reach it") : fmt::format("{:.3f}", b));
-    if (name == "kvstream") ours = b;
-    else if (b > 0 && (best_other < 0 || b < best_other)) best_other = b, best_name = name;
+    if (!families.empty() && name == families[0]) ours = b;  // the first profile is the one measured
+    else if (name.rfind("kvstream", 0) != 0 && b > 0 && (best_other < 0 || b < best_other))
+      best_other = b, best_name = name;
   }
   for (const Row& r : rows)
     if (r.m.config == "int8") int8 = r.bits;
   if (ours > 0) {
     if (best_other > 0) fmt::print("kvstream vs best baseline ({}): {:.2f}x fewer bits\n", best_name, best_other / ours);
     if (int8 > 0) fmt::print("kvstream vs int-token int8: {:.2f}x fewer bits\n", int8 / ours);
+    // The rate cost of being progressive, against every single-level profile of the run.
+    for (auto& [name, rs] : by_method)
+      if (profiles[0].progressive() && name.rfind("kvstream-independent", 0) == 0)
+        if (const double b = bits_at_quality(rs, o.ppl_bound); b > 0)
+          fmt::print("kvstream (progressive) vs {}: {:.3f}x the bits at the bound\n", name, ours / b);
   }
   fmt::print("memcpy one thread: {:.2f} GB/s\n", memcpy_bps / 1e9);
 
@@ -267,7 +320,8 @@ int run_codec_bench(const CodecBenchOptions& o) {
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"method", r.m.method}, {"config", r.m.config}, {"level", r.m.level},
-                           {"bits_per_element", r.bits}, {"ppl_exact", r.q.ppl_exact}, {"ppl", r.q.ppl},
+                           {"bits_per_element", r.bits}, {"stored_bits_per_element", r.stored_bits},
+                           {"progressive", r.m.progressive}, {"ppl_exact", r.q.ppl_exact}, {"ppl", r.q.ppl},
                            {"ppl_increase_pct", r.q.ppl_increase_pct}, {"ppl_increase_se", r.q.ppl_increase_se},
                            {"kl_nats_per_token", r.q.kl_nats_per_token}, {"top1_agreement", r.q.top1_agreement},
                            {"encode_elems_per_s_1t", r.enc_1t}, {"decode_elems_per_s_1t", r.dec_1t},

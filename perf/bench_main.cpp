@@ -9,7 +9,8 @@ int main(int argc, char** argv) {
   kvstream::bench::CodecBenchOptions co;
   auto* codec = app.add_subcommand("codec", "rate, quality and speed of the codec and its baselines on tinyllama KV");
   codec->add_option("--data", co.data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
-  codec->add_option("--profile", co.profile, "codec profile from kvstream-profile")->required();
+  codec->add_option("--profile", co.profiles, "codec profile from kvstream-profile (repeat to compare several)")
+      ->required();
   codec->add_option("--json", co.json, "write the rows as JSON");
   codec->add_option("--plot", co.plot, "write a rate/quality PNG (gnuplot)");
   codec->add_option("--windows", co.windows, "test windows from the second half (0: all)");

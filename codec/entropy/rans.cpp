@@ -227,10 +227,15 @@ Status rans_check_shape(const RansTables& tables, std::span<const uint8_t> table
   if (table_of_col.size() != cols)
     return make_status(StatusCode::invalid_argument, "table_of_col has {} ids for {} columns", table_of_col.size(),
                        cols);
-  for (size_t c = 0; c < cols; ++c)
-    if (table_of_col[c] >= tables.size())
-      return make_status(StatusCode::invalid_argument, "column {} uses table {} of {}", c, table_of_col[c],
-                         tables.size());
+  // A max first (it vectorises; per-symbol ids make this as long as the matrix), the
+  // offending column only on error.
+  uint8_t top = 0;
+  for (size_t c = 0; c < cols; ++c) top = std::max(top, table_of_col[c]);
+  if (cols && top >= tables.size())
+    for (size_t c = 0; c < cols; ++c)
+      if (table_of_col[c] >= tables.size())
+        return make_status(StatusCode::invalid_argument, "column {} uses table {} of {}", c, table_of_col[c],
+                           tables.size());
   if (cols != 0 && rows > std::numeric_limits<uint32_t>::max() / cols)
     return make_status(StatusCode::out_of_range, "{} x {} symbols exceed 2^32 - 1", rows, cols);
   n = rows * cols;

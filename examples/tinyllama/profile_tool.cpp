@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
   uint32_t max_tables = codec::ProfileOptions{}.max_tables_per_level;
   double min_gain = codec::ProfileOptions{}.transform_min_gain;
   std::vector<float> steps = codec::ProfileOptions{}.level_steps;
+  bool progressive = false;
+  float base_step = codec::ProfileOptions{}.progressive_base_step;
+  uint32_t layers = codec::ProfileOptions{}.progressive_layers;
   app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
   app.add_option("--out", out, "profile file to write")->capture_default_str();
   app.add_option("--sample-windows", sample_windows, "windows whose context KV trains the tables")->capture_default_str();
@@ -69,6 +72,10 @@ int main(int argc, char** argv) {
   app.add_option("--transform-min-gain", min_gain, "bit saving a KLT must bring to be used (fraction)")
       ->capture_default_str();
   app.add_flag("--no-transform", no_transform, "never code in a KLT basis");
+  app.add_flag("--progressive", progressive, "one embedded stream per chunk: levels are prefixes (replaces --steps)");
+  app.add_option("--base-step", base_step, "progressive: the base layer's step (each further layer divides it by 3)")
+      ->capture_default_str();
+  app.add_option("--layers", layers, "progressive: layers, the base included")->capture_default_str();
   app.add_flag("--no-sensitivity", no_sensitivity, "plain per-channel normalisation instead of measured sensitivity");
   CLI11_PARSE(app, argc, argv);
 
@@ -97,6 +104,9 @@ int main(int argc, char** argv) {
 
   codec::ProfileOptions opt;
   opt.level_steps = steps;
+  opt.progressive = progressive;
+  opt.progressive_base_step = base_step;
+  opt.progressive_layers = layers;
   opt.max_transform_block = max_block;
   opt.max_tables_per_level = max_tables;
   opt.transform_min_gain = min_gain;
