@@ -26,6 +26,7 @@ struct Pending {
   Op op = Op::get;
   MemoryRegion dest;  // where the body lands (get), or empty
   size_t offset = 0, capacity = 0;
+  bool range = false;  // a range get: the body must be exactly `capacity` bytes
   Deadline deadline;
   CancelToken cancel;
   std::function<void(Result<size_t>, std::vector<std::byte>&&)> done;
@@ -173,7 +174,7 @@ class Channel {
   Status land(const Response& r, size_t len) {
     MemoryRegion dest;
     size_t offset = 0, capacity = 0;
-    bool known = false, abandoned = false;
+    bool known = false, abandoned = false, range = false;
     Op op = Op::get;
     {
       std::lock_guard lock(mu_);
@@ -183,12 +184,12 @@ class Channel {
         abandoned = it->second.abandoned;
         dest = it->second.dest;
         offset = it->second.offset, capacity = it->second.capacity;
-        op = it->second.op;
+        op = it->second.op, range = it->second.range;
       }
     }
     if (!known) return make_status(StatusCode::corrupt_data, "response to unknown request {}", r.id);
     const auto body_deadline = deadline_in(30s);
-    if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity);
+    if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity, range);
     if (abandoned || r.code != StatusCode::ok) {
       KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
       complete(r.id, r.code == StatusCode::ok ? Status{} : Status(r.code, r.message), {});
@@ -213,11 +214,13 @@ class Channel {
 
   // A get's body: its first segment came with the response, the others follow as
   // `data` messages; each lands at its place in the destination (or is discarded when
-  // the request is over or the buffer too small), and the whole is checked once.
+  // the request is over or the buffer too small, or a range's body is not the range's
+  // size), and the whole is checked once.
   Status land_get(const Response& r, size_t first_len, bool abandoned, const MemoryRegion& dest, size_t offset,
-                  size_t capacity) {
+                  size_t capacity, bool range) {
     const uint64_t total = r.total;
-    const bool keep = !abandoned && total <= capacity;
+    const bool fits = range ? total == capacity : total <= capacity;
+    const bool keep = !abandoned && fits;
     KVS_RETURN_IF_ERROR(recv_segmented(
         *conn_, false, r.id, total, first_len,
         [&](uint64_t i, uint64_t len) {
@@ -229,7 +232,11 @@ class Channel {
       return {};
     }
     if (!keep) {
-      complete(r.id, make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", total, capacity), {});
+      complete(r.id,
+               range ? make_status(StatusCode::corrupt_data, "the node answered a range of {} bytes with {}", capacity,
+                                   total)
+                     : make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", total, capacity),
+               {});
       return {};
     }
     if (body_checksum(dest.span(offset, total)) != r.checksum) {
@@ -265,15 +272,25 @@ class ClientImpl final : public Client {
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
              Deadline deadline, const CancelToken& cancel) override {
-    return put_versioned(context, chunk, level, bytes, next_write_version(), deadline, cancel);
+    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
   }
 
   Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
                        uint64_t version, Deadline deadline, const CancelToken& cancel) override {
+    return put_parts(context, chunk, level, bytes, {}, version, deadline, cancel);
+  }
+
+  // The parts travel in the put's header (kMaxRequestHeaderBytes); the node keeps them
+  // in the object file's header, renamed into place with the bytes.
+  Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                   std::span<const ObjectPart> parts, uint64_t version, Deadline deadline,
+                   const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
     if (level >= kMaxLevels || bytes.size() > kMaxChunkBytes)
       return make_status(StatusCode::out_of_range, "level {} / {} bytes beyond the protocol's bounds", level,
                          bytes.size());
+    KVS_RETURN_IF_ERROR(validate_parts(parts, bytes.size()));
+    if (version == 0) version = next_write_version();
     MemoryRegion mr;
     if (!bytes.empty()) {
       KVS_ASSIGN_OR_RETURN(mr, register_memory(const_cast<std::byte*>(bytes.data()), bytes.size()));
@@ -281,6 +298,7 @@ class ClientImpl final : public Client {
     Request req;
     req.op = Op::put, req.context = context, req.chunk = chunk, req.level = level;
     req.total = bytes.size(), req.checksum = body_checksum(bytes), req.version = version;
+    req.parts.assign(parts.begin(), parts.end());
     KVS_ASSIGN_OR_RETURN(auto r, call(req, bytes, deadline, cancel));
     (void)r;
     return {};
@@ -297,6 +315,29 @@ class ClientImpl final : public Client {
     req.op = Op::get, req.context = context, req.chunk = chunk, req.level = level;
     Pending p;
     p.op = Op::get, p.dest = std::move(dest), p.offset = offset, p.capacity = capacity;
+    p.deadline = deadline, p.cancel = cancel;
+    p.done = [done = std::move(done)](Result<size_t> r, std::vector<std::byte>&&) { done(std::move(r)); };
+    pick().submit(std::move(req), {}, std::move(p));
+  }
+
+  void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
+                       MemoryRegion dest, size_t dest_offset, Deadline deadline, const CancelToken& cancel,
+                       GetCallback done) override {
+    if (Status s = validate_id(context, kMaxContextBytes, "context id"); !s.ok()) return done(s);
+    if (level >= kMaxLevels) return done(make_status(StatusCode::out_of_range, "level {}", level));
+    if (length == 0) return done(make_status(StatusCode::invalid_argument, "a range of 0 bytes"));
+    // Past the largest object the protocol carries: past the end of any object.
+    if (offset > kMaxChunkBytes || length > kMaxChunkBytes - offset)
+      return done(make_status(StatusCode::out_of_range, "range [{}, +{}) past the largest object ({} bytes)", offset,
+                              length, kMaxChunkBytes));
+    if (!dest.valid() || dest.span(dest_offset, length).size() != length)
+      return done(make_status(StatusCode::invalid_argument, "destination [{}, {}) is outside its registered region",
+                              dest_offset, dest_offset + length));
+    Request req;
+    req.op = Op::get, req.context = context, req.chunk = chunk, req.level = level;
+    req.range_offset = offset, req.range_length = length;
+    Pending p;
+    p.op = Op::get, p.dest = std::move(dest), p.offset = dest_offset, p.capacity = size_t(length), p.range = true;
     p.deadline = deadline, p.cancel = cancel;
     p.done = [done = std::move(done)](Result<size_t> r, std::vector<std::byte>&&) { done(std::move(r)); };
     pick().submit(std::move(req), {}, std::move(p));
@@ -388,6 +429,29 @@ class ClientImpl final : public Client {
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,
                                                 const CancelToken& cancel) {
   return ClientImpl::create(config, deadline, cancel);
+}
+
+Status Client::put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                         std::span<const ObjectPart> parts, uint64_t version, Deadline deadline,
+                         const CancelToken& cancel) {
+  KVS_RETURN_IF_ERROR(validate_parts(parts, bytes.size()));
+  if (!parts.empty()) return make_status(StatusCode::unsupported, "this storage client does not keep parts tables");
+  return put_versioned(context, chunk, level, bytes, version == 0 ? next_write_version() : version, deadline, cancel);
+}
+
+void Client::get_range_async(const std::string&, uint32_t, uint32_t, uint64_t, uint64_t, MemoryRegion, size_t, Deadline,
+                             const CancelToken&, GetCallback done) {
+  done(make_status(StatusCode::unsupported, "this storage client does not read ranges of objects"));
+}
+
+Result<size_t> Client::get_range(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset,
+                                 uint64_t length, MemoryRegion dest, size_t dest_offset, Deadline deadline,
+                                 const CancelToken& cancel) {
+  auto promise = std::make_shared<std::promise<Result<size_t>>>();
+  auto f = promise->get_future();
+  get_range_async(context, chunk, level, offset, length, std::move(dest), dest_offset, deadline, cancel,
+                  [promise](Result<size_t> r) { promise->set_value(std::move(r)); });
+  return f.get();
 }
 
 Result<size_t> Client::get(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest,

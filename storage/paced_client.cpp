@@ -158,6 +158,14 @@ class PacedClient final : public Client {
                     bytes.size(), deadline, cancel);
   }
 
+  Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                   std::span<const ObjectPart> parts, uint64_t version, Deadline deadline,
+                   const CancelToken& cancel) override {
+    const double requested = secs(Clock::now());
+    return pace_put(inner_->put_parts(context, chunk, level, bytes, parts, version, deadline, cancel), requested,
+                    bytes.size(), deadline, cancel);
+  }
+
   // Holds a put that the node took until the paced uplink would have carried it.
   Status pace_put(Status s, double requested, size_t bytes, Deadline deadline, const CancelToken& cancel) {
     if (!s.ok() || !config_.pace_puts) return s;
@@ -173,15 +181,16 @@ class PacedClient final : public Client {
   void get_async(const std::string& context, uint32_t chunk, uint32_t level, transport::MemoryRegion dest,
                  size_t offset, size_t capacity, Deadline deadline, const CancelToken& cancel,
                  GetCallback done) override {
-    const double requested = secs(Clock::now());
     inner_->get_async(context, chunk, level, std::move(dest), offset, capacity, deadline, cancel,
-                      [down = down_, timer = timer_, requested, deadline, cancel,
-                       done = std::move(done)](Result<size_t> r) mutable {
-                        if (!r.ok()) return done(std::move(r));
-                        const double release = down->charge(requested, *r);
-                        if (release <= secs(Clock::now())) return done(std::move(r));
-                        timer->hold({release, deadline, cancel, std::move(r), std::move(done)});
-                      });
+                      paced(deadline, cancel, std::move(done)));
+  }
+
+  // As get_async, charging the range's `length` bytes (what crossed the link).
+  void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
+                       transport::MemoryRegion dest, size_t dest_offset, Deadline deadline, const CancelToken& cancel,
+                       GetCallback done) override {
+    inner_->get_range_async(context, chunk, level, offset, length, std::move(dest), dest_offset, deadline, cancel,
+                            paced(deadline, cancel, std::move(done)));
   }
 
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
@@ -196,6 +205,18 @@ class PacedClient final : public Client {
   }
 
  private:
+  // The completion of a body requested now: an inner success of n bytes charges the
+  // downlink n bytes and is held until the paced end; errors pass at once.
+  GetCallback paced(Deadline deadline, const CancelToken& cancel, GetCallback done) {
+    return [down = down_, timer = timer_, requested = secs(Clock::now()), deadline, cancel,
+            done = std::move(done)](Result<size_t> r) mutable {
+      if (!r.ok()) return done(std::move(r));
+      const double release = down->charge(requested, *r);
+      if (release <= secs(Clock::now())) return done(std::move(r));
+      timer->hold({release, deadline, cancel, std::move(r), std::move(done)});
+    };
+  }
+
   std::unique_ptr<Client> inner_;
   PacedClientConfig config_;
   std::shared_ptr<Bucket> down_;

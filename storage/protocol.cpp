@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include <openssl/crypto.h>
@@ -14,7 +15,8 @@ namespace kvstream::storage {
 namespace {
 constexpr uint32_t kRequestMagic = 0x5153564b;   // "KVSQ"
 constexpr uint32_t kResponseMagic = 0x5253564b;  // "KVSR"
-constexpr uint8_t kVersion = 2;  // 2: segmented bodies, put checksums
+// 2: segmented bodies, put checksums. 3: parts tables (put, stat), range gets.
+constexpr uint8_t kVersion = 3;
 
 class Writer {
  public:
@@ -73,9 +75,66 @@ class Reader {
   bool ok_ = true;
 };
 
+void put_parts_table(Writer& w, std::span<const ObjectPart> parts) {  // callers bound the count
+  w.put(uint8_t(parts.size()));
+  for (const ObjectPart& p : parts) w.put(p.end), w.put(p.score);
+}
+
+// A parts table as it travels: u8 count (<= kMaxObjectParts), then (u64 end, f64 score)
+// each. Only the count is checked here; the caller validates the table against its
+// object's size.
+bool get_parts_table(Reader& rd, std::vector<ObjectPart>& parts) {
+  const uint8_t n = rd.get<uint8_t>();
+  if (!rd.ok() || n > kMaxObjectParts) return false;
+  parts.resize(n);
+  for (ObjectPart& p : parts) p.end = rd.get<uint64_t>(), p.score = rd.get<double>();
+  return rd.ok();
+}
+
+Status version_error(std::string_view what, uint8_t version) {
+  return make_status(StatusCode::unsupported,
+                     "{} speaks chunk protocol version {}, this build speaks {} (upgrade nodes and clients together)",
+                     what, version, kVersion);
+}
+
 bool op_valid(uint8_t op) { return op >= uint8_t(Op::hello) && op <= uint8_t(Op::data); }
 bool has_context(Op op) { return op == Op::put || op == Op::get || op == Op::stat || op == Op::remove; }
 }  // namespace
+
+Status validate_parts(std::span<const ObjectPart> parts, uint64_t size) {
+  if (parts.size() > kMaxObjectParts)
+    return make_status(StatusCode::invalid_argument, "{} parts (limit {})", parts.size(), kMaxObjectParts);
+  uint64_t prev = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].end <= prev)
+      return make_status(StatusCode::invalid_argument, "part {} ends at byte {}, not after {}", i, parts[i].end, prev);
+    if (!std::isfinite(parts[i].score))
+      return make_status(StatusCode::invalid_argument, "part {} has a score that is not finite", i);
+    prev = parts[i].end;
+  }
+  if (!parts.empty() && prev != size)
+    return make_status(StatusCode::invalid_argument, "the last part ends at byte {}, the object has {}", prev, size);
+  return {};
+}
+
+void trim_level_parts(std::vector<std::vector<ObjectPart>>& level_parts) {
+  while (!level_parts.empty() && level_parts.back().empty()) level_parts.pop_back();
+}
+
+std::vector<std::byte> encode_parts(std::span<const ObjectPart> parts) {
+  Writer w;
+  for (const ObjectPart& p : parts) w.put(p.end), w.put(p.score);
+  return std::move(w.out);
+}
+
+Result<std::vector<ObjectPart>> decode_parts(std::span<const std::byte> bytes) {
+  if (bytes.size() % kPartWireBytes != 0 || bytes.size() / kPartWireBytes > kMaxObjectParts)
+    return make_status(StatusCode::corrupt_data, "a parts table of {} bytes", bytes.size());
+  Reader rd(bytes);
+  std::vector<ObjectPart> parts(bytes.size() / kPartWireBytes);
+  for (ObjectPart& p : parts) p.end = rd.get<uint64_t>(), p.score = rd.get<double>();
+  return parts;
+}
 
 Status validate_id(std::string_view id, size_t max_bytes, std::string_view what) {
   if (id.empty() || id.size() > max_bytes)
@@ -93,7 +152,11 @@ std::vector<std::byte> encode(const Request& r) {
   Writer w;
   w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint16_t(0));
   w.put(r.id), w.put(r.chunk), w.put(r.level);
-  if (r.op == Op::put) w.put(r.total), w.put(r.checksum), w.put(r.version);
+  if (r.op == Op::put) {
+    w.put(r.total), w.put(r.checksum), w.put(r.version);
+    put_parts_table(w, std::span(r.parts).first(std::min(r.parts.size(), kMaxObjectParts)));
+  }
+  if (r.op == Op::get) w.put(r.range_offset), w.put(r.range_length);
   if (has_context(r.op)) w.put_str8(r.context);
   if (r.op == Op::auth) {
     w.put_str8(r.name_space);
@@ -110,10 +173,15 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   rd.get<uint16_t>();
   r.id = rd.get<uint64_t>(), r.chunk = rd.get<uint32_t>(), r.level = rd.get<uint32_t>();
   if (!rd.ok() || magic != kRequestMagic) return make_status(StatusCode::corrupt_data, "not a kvstream request");
-  if (version != kVersion) return make_status(StatusCode::unsupported, "request version {}", version);
+  if (version != kVersion) return version_error("the client", version);
   if (!op_valid(op) || Op(op) == Op::hello) return make_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
-  if (r.op == Op::put) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
+  bool parts_ok = true;
+  if (r.op == Op::put) {
+    r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
+    parts_ok = get_parts_table(rd, r.parts);
+  }
+  if (r.op == Op::get) r.range_offset = rd.get<uint64_t>(), r.range_length = rd.get<uint64_t>();
   if (has_context(r.op)) {
     const uint8_t n = rd.get<uint8_t>();
     r.context = rd.get_str(n, kMaxContextBytes);
@@ -123,9 +191,16 @@ Result<Request> decode_request(std::span<const std::byte> header) {
     r.name_space = rd.get_str(n, kMaxNamespaceBytes);
     rd.get_bytes(r.mac.data(), r.mac.size());
   }
-  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed request header");
+  if (!parts_ok || !rd.done()) return make_status(StatusCode::corrupt_data, "malformed request header");
   if (r.total > kMaxChunkBytes)
     return make_status(StatusCode::out_of_range, "body of {} bytes (limit {})", r.total, kMaxChunkBytes);
+  if (Status s = validate_parts(r.parts, r.total); !s.ok())
+    return make_status(StatusCode::corrupt_data, "put with a bad parts table: {}", s.message());
+  if (r.range_length == 0 && r.range_offset != 0)
+    return make_status(StatusCode::corrupt_data, "range at byte {} of no length", r.range_offset);
+  if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
+    return make_status(StatusCode::out_of_range, "range [{}, +{}) past the largest object ({} bytes)", r.range_offset,
+                       r.range_length, kMaxChunkBytes);
   if (r.level >= kMaxLevels) return make_status(StatusCode::out_of_range, "level {} (limit {})", r.level, kMaxLevels);
   if (r.chunk >= kMaxChunksPerContext)
     return make_status(StatusCode::out_of_range, "chunk {} (limit {})", r.chunk, kMaxChunksPerContext);
@@ -154,7 +229,7 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   const uint16_t n = rd.get<uint16_t>();
   r.message = rd.get_str(n, kMaxMessageBytes);
   if (!rd.ok() || magic != kResponseMagic) return make_status(StatusCode::corrupt_data, "not a kvstream response");
-  if (version != kVersion) return make_status(StatusCode::unsupported, "response version {}", version);
+  if (version != kVersion) return version_error("the storage node", version);
   if (!op_valid(op) || code > uint8_t(StatusCode::internal))
     return make_status(StatusCode::corrupt_data, "response op {} code {}", op, code);
   r.op = Op(op);
@@ -171,6 +246,11 @@ std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats) {
   for (const ChunkStat& s : stats) {
     w.put(s.chunk), w.put(uint8_t(s.level_bytes.size()));
     for (uint64_t b : s.level_bytes) w.put(b);
+    for (size_t l = 0; l < s.level_bytes.size(); ++l) {
+      const std::span<const ObjectPart> parts =
+          l < s.level_parts.size() ? std::span<const ObjectPart>(s.level_parts[l]) : std::span<const ObjectPart>();
+      put_parts_table(w, parts.first(std::min(parts.size(), kMaxObjectParts)));
+    }
   }
   return std::move(w.out);
 }
@@ -190,6 +270,14 @@ Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body) {
       b = rd.get<uint64_t>();
       if (b > kMaxChunkBytes) return make_status(StatusCode::corrupt_data, "stat body: level of {} bytes", b);
     }
+    s.level_parts.resize(levels);
+    for (uint8_t l = 0; l < levels; ++l) {
+      if (!get_parts_table(rd, s.level_parts[l]))
+        return make_status(StatusCode::corrupt_data, "stat body: chunk {} level {}: malformed parts table", s.chunk, l);
+      if (Status v = validate_parts(s.level_parts[l], s.level_bytes[l]); !v.ok())
+        return make_status(StatusCode::corrupt_data, "stat body: chunk {} level {}: {}", s.chunk, l, v.message());
+    }
+    trim_level_parts(s.level_parts);
   }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed stat body");
   return out;

@@ -18,8 +18,19 @@ namespace kvstream::storage {
 enum class Op : uint8_t { hello = 1, auth = 2, put = 3, get = 4, stat = 5, remove = 6, list = 7, data = 8 };
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
+/// Bound on a response's error text (nothing else: the other header fields have
+/// their own bounds, and the whole header that of the transport, kMaxHeaderBytes).
 inline constexpr size_t kMaxMessageBytes = 512;
 inline constexpr uint32_t kMaxChunksPerContext = 1u << 20;
+/// Bytes of one part of a put's parts table on the wire: u64 end, f64 score.
+inline constexpr size_t kPartWireBytes = 16;
+/// The largest request header: a put's fixed fields (32 + total, checksum, version),
+/// its full parts table (u8 count + 64 parts) and the longest context (u8 + 200). It
+/// travels in one transport header, so it must fit that bound.
+inline constexpr size_t kMaxRequestHeaderBytes =
+    4 + 1 + 1 + 2 + 8 + 4 + 4 + 3 * 8 + 1 + kMaxObjectParts * kPartWireBytes + 1 + kMaxContextBytes;
+static_assert(kMaxRequestHeaderBytes <= transport::kMaxHeaderBytes,
+              "a put's parts table must fit one transport header");
 /// Put and get bodies travel in segments of this size (the last may be shorter): the
 /// node never holds more than a segment or two of a transfer in memory, whatever size
 /// the header declares.
@@ -40,6 +51,9 @@ struct Request {
   uint64_t total = 0;                   // put: body bytes in all segments
   uint64_t checksum = 0;                // put: xxh3-64 of the whole body
   uint64_t version = 0;                 // put: the write's version (0: unversioned)
+  std::vector<ObjectPart> parts;        // put: the parts table (validate_parts against total)
+  uint64_t range_offset = 0;            // get: first byte of the range
+  uint64_t range_length = 0;            // get: bytes of the range; 0 = the whole object (offset 0)
   std::string context;                  // put/get/stat/remove
   std::string name_space;               // auth
   std::array<uint8_t, kMacBytes> mac{};  // auth
@@ -50,8 +64,8 @@ struct Response {
   uint64_t id = 0;
   StatusCode code = StatusCode::ok;
   std::string message;                      // error text, bounded
-  uint64_t checksum = 0;                    // xxh3-64 of the whole body (all segments)
-  uint64_t total = 0;                       // body bytes in all segments (get)
+  uint64_t checksum = 0;                    // xxh3-64 of the whole body (all segments; a range get: of the range)
+  uint64_t total = 0;                       // body bytes in all segments (get: the object's, or the range's)
   std::array<uint8_t, kNonceBytes> nonce{};  // hello
 };
 
@@ -87,9 +101,18 @@ Status recv_segmented(transport::Connection& c, bool of_request, uint64_t id, ui
                       const std::function<void(std::span<std::byte>)>& landed,
                       std::chrono::milliseconds per_segment, const transport::CancelToken& cancel);
 
-/// Body of a stat response.
+/// Body of a stat response: per chunk its level sizes, then per level its parts
+/// (docs/protocol.md). decode_stats checks every level's parts against its size
+/// (validate_parts) and returns ChunkStat::level_parts trimmed as documented.
 std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats);
 Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body);
+/// Drops the trailing levels without parts (ChunkStat::level_parts as every client returns it).
+void trim_level_parts(std::vector<std::vector<ObjectPart>>& level_parts);
+/// A parts table without its count: (u64 end, f64 score) per part, little-endian (the
+/// Redis client's stored form). decode_parts checks the length and the count bound
+/// only (corrupt_data); validate_parts checks the rest.
+std::vector<std::byte> encode_parts(std::span<const ObjectPart> parts);
+Result<std::vector<ObjectPart>> decode_parts(std::span<const std::byte> bytes);
 /// Body of a list response.
 std::vector<std::byte> encode_names(const std::vector<std::string>& names);
 Result<std::vector<std::string>> decode_names(std::span<const std::byte> body);

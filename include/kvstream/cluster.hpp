@@ -91,14 +91,19 @@ struct ClusterConfig {
 
 /// Connects to the nodes (in parallel; at least one must answer) and returns a
 /// storage::Client over all of them:
-///  * put writes the chunk to its R replicas in parallel; ok when `write_quorum` acknowledged.
+///  * put writes the chunk to its R replicas in parallel; ok when `write_quorum`
+///    acknowledged. put_parts (and put_versioned) the same, with the parts table and
+///    one write version (the caller's, or next_write_version()) for every replica.
 ///  * get_async reads from the replica with the smallest expected time (latency EWMA +
 ///    bytes in flight and asked for / throughput EWMA; unmeasured nodes first, then
 ///    ring order) and, when that replica fails (dead, refused, corrupt, stalled past
 ///    its share of the remaining time), from the next one, into the same buffer,
 ///    until the deadline. not_found is final only when every live replica says so.
+///    get_range_async the same, ranking replicas by the range's length and asking
+///    each for the range.
 ///  * stat and list ask every node in parallel and merge; they succeed while fewer
-///    than R nodes fail to answer (every chunk then has a replica that answered).
+///    than R nodes fail to answer (every chunk then has a replica that answered). A
+///    level's parts come from the replica whose size for it was taken (the larger).
 ///  * remove asks every node; an unreachable node makes it fail (stale replicas would
 ///    remain), after removing what it could.
 /// Errors: invalid_argument (config, membership), permission_denied (a node refused

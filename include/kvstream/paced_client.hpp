@@ -41,9 +41,13 @@ struct PacedClientConfig {
 ///    completion is held completes then with timed_out / cancelled (on the paced
 ///    link its bytes had not arrived yet); its bytes were still charged;
 ///  * errors from `inner` are passed on at once and charge nothing.
-/// put() is paced the same way (after the inner put returns, the call sleeps until
-/// the paced end) only when config.pace_puts; stat, list, remove and
-/// register_memory pass straight through (control messages are not paced).
+/// get_range_async (and get_range) is paced the same way, charging the range's
+/// `length` bytes: what a range read puts on the link.
+/// put(), put_versioned() and put_parts() are paced the same way (after the inner put
+/// returns, the call sleeps until the paced end) only when config.pace_puts, charging
+/// the object's bytes (a parts table rides in the request header, as control data);
+/// stat (parts tables included), list, remove and register_memory pass straight
+/// through (control messages are not paced).
 /// Destroying the decorator destroys `inner` first (its pending requests complete
 /// with its own errors) and then releases every held completion at once.
 /// Errors: invalid_argument (null inner, rate not > 0 or not finite).

@@ -4,13 +4,27 @@
 // Keys (namespace and context ids are validated as for the native node, so they never
 // contain ':'):
 //   kvs:{namespace}:{context}:{chunk}:{level}  the chunk: u64 xxh3-64 of the payload
-//                                              (little-endian), then the payload
+//                                              seeded with the key (little-endian),
+//                                              then the payload
+//   kvs:{namespace}:{context}:{chunk}:{level}:blocks
+//                                              u64 xxh3-64 per 64 KiB block of the
+//                                              payload, seeded with the key and the
+//                                              block's index (range reads)
 //   kvs:{namespace}:{context}:sizes            hash "chunk:level" -> payload bytes (stat)
+//   kvs:{namespace}:{context}:parts            hash "chunk:level" -> the parts table
+//                                              (u64 end, f64 score per part), only
+//                                              for objects put with parts (stat)
 //   kvs:{namespace}:contexts                   set of context ids (list)
-// A put writes all three in one MULTI/EXEC transaction. A get verifies the checksum
+// A put writes all of them in one MULTI/EXEC transaction (a put without parts deletes
+// the object's parts entry in it), and stat reads sizes and parts in one, so a parts
+// table is always that of the bytes stored beside it. A get verifies the checksum
 // (the native protocol's xxh3-64, storage/protocol.hpp) before copying the payload
-// into the caller's buffer: one copy, as hiredis owns the reply. docs/storage-backends.md
-// says when to use it.
+// into the caller's buffer: one copy, as hiredis owns the reply. A range get reads,
+// in one MULTI/EXEC, the value's length, the 64 KiB blocks that hold the range
+// (GETRANGE) and their sums, verifies each block and copies out the range (at most
+// two blocks' worth more than the range crosses the wire); a value stored without
+// block sums (by a client before range reads) is read whole and verified instead.
+// docs/storage-backends.md says when to use it.
 #pragma once
 
 #include <chrono>

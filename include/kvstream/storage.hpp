@@ -34,10 +34,34 @@ inline constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
 /// can never name a path outside the store. Errors: invalid_argument.
 Status validate_id(std::string_view id, size_t max_bytes, std::string_view what);
 
-/// Sizes of every stored level of one chunk (0: that level is absent).
+/// One prefix of a layered object, as its writer declared it: the prefix's byte end
+/// (cumulative, strictly increasing, the last one == the object's size) and a
+/// writer-defined score of that prefix (e.g. the codec's measured distortion of it).
+/// Storage never interprets the score; it keeps it and gives it back.
+struct ObjectPart {
+  uint64_t end = 0;
+  double score = 0;
+  bool operator==(const ObjectPart&) const = default;
+};
+/// Most parts one object may declare (each travels as 16 bytes in the put header).
+inline constexpr size_t kMaxObjectParts = 64;
+
+/// Checks a parts table against an object of `size` bytes: empty (no parts declared)
+/// is valid; otherwise at most kMaxObjectParts parts, ends strictly increasing from
+/// above 0, the last end == `size`, every score finite (so a table compares equal to
+/// itself after a round trip). Errors: invalid_argument naming the first bad part.
+Status validate_parts(std::span<const ObjectPart> parts, uint64_t size);
+
+/// Sizes of every stored level of one chunk (0: that level is absent), and the parts
+/// each level's writer declared.
 struct ChunkStat {
   uint32_t chunk = 0;
   std::vector<uint64_t> level_bytes;
+  /// Per level (same indexing as level_bytes), the parts declared at put (put_parts);
+  /// may be shorter than level_bytes, a missing level = no parts. Every client
+  /// returns it trimmed: it ends at the last level that has parts, so a chunk
+  /// stored without parts has an empty level_parts.
+  std::vector<std::vector<ObjectPart>> level_parts;
   bool operator==(const ChunkStat&) const = default;
 };
 
@@ -145,6 +169,21 @@ class Client {
     return put(context, chunk, level, bytes, deadline, cancel);
   }
 
+  /// put_versioned with a parts table (validate_parts against bytes.size()) stored
+  /// atomically with the object: one write's bytes and parts replace the previous
+  /// write's together, so a reader never sees the object with another write's parts
+  /// (stat returns them in ChunkStat::level_parts; a stat and a later range get are
+  /// two reads, and a write between them is seen by the second only). An empty table
+  /// is a put without parts, which clears the parts of the write it replaces.
+  /// `version` 0 takes next_write_version() (the clock put uses); clients without
+  /// versions (Redis) ignore it. Errors: those of put, plus invalid_argument for bad
+  /// parts (nothing is sent). Every client of this library implements it (the node's,
+  /// the paced, the replicated and the Redis client); the default here stores a
+  /// table-less put and answers `unsupported` for a non-empty table.
+  virtual Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                           std::span<const ObjectPart> parts, uint64_t version, transport::Deadline deadline,
+                           const transport::CancelToken& cancel = {});
+
   /// Fetches one level of one chunk straight into dest[offset, offset + capacity).
   /// Pipelined: many gets may be in flight; `done` runs on a client thread once the
   /// bytes are in place and their checksum verified (or on error, including
@@ -153,6 +192,26 @@ class Client {
   virtual void get_async(const std::string& context, uint32_t chunk, uint32_t level, transport::MemoryRegion dest,
                          size_t offset, size_t capacity, transport::Deadline deadline,
                          const transport::CancelToken& cancel, GetCallback done) = 0;
+
+  /// Fetches bytes [offset, offset + length) of one stored object (one level of one
+  /// chunk) straight into dest[dest_offset, dest_offset + length); `done` gets
+  /// `length` on success, on a client thread, as get_async's. The bytes are verified
+  /// before `done` reports success: a checksum over the range travels with it (the
+  /// storage node also verifies the whole object it reads the range from, so a damaged
+  /// object never yields a clean-looking range; the Redis client verifies each 64 KiB
+  /// block the range touches). After `done` the client no longer touches the
+  /// destination. Errors: invalid_argument (length 0, a destination outside its
+  /// registered region), not_found, out_of_range (the range ends past the object's
+  /// end, or the level is past kMaxLevels; nothing is written), corrupt_data, and the
+  /// others of get_async (timed_out, cancelled, unavailable). Every client of this
+  /// library implements it natively; the default here answers `unsupported`.
+  virtual void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset,
+                               uint64_t length, transport::MemoryRegion dest, size_t dest_offset,
+                               transport::Deadline deadline, const transport::CancelToken& cancel, GetCallback done);
+  /// Blocking get_range_async; returns `length`.
+  Result<size_t> get_range(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
+                           transport::MemoryRegion dest, size_t dest_offset, transport::Deadline deadline,
+                           const transport::CancelToken& cancel = {});
 
   /// Blocking get; returns the chunk's size.
   Result<size_t> get(const std::string& context, uint32_t chunk, uint32_t level, transport::MemoryRegion dest,
@@ -163,8 +222,8 @@ class Client {
                                          transport::MemoryRegion dest, size_t offset, size_t capacity,
                                          transport::Deadline deadline, const transport::CancelToken& cancel = {});
 
-  /// Sizes of every level of every chunk of a context (what the level chooser needs
-  /// before fetching). Errors: not_found.
+  /// Sizes of every level of every chunk of a context, with each level's declared
+  /// parts (what the level chooser needs before fetching). Errors: not_found.
   virtual Result<std::vector<ChunkStat>> stat(const std::string& context, transport::Deadline deadline,
                                               const transport::CancelToken& cancel = {}) = 0;
   /// Deletes a context. Errors: not_found.

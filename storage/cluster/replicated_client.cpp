@@ -47,7 +47,9 @@ struct GetOp {
   std::string context;
   uint32_t chunk = 0, level = 0;
   MemoryRegion dest;
-  size_t offset = 0, capacity = 0;
+  size_t offset = 0, capacity = 0;  // a range: its place in dest, its length
+  bool range = false;               // a range get of [range_offset, range_offset + capacity)
+  uint64_t range_offset = 0;
   Deadline deadline;
   CancelToken cancel;
   GetCallback done;
@@ -154,19 +156,32 @@ class ReplicatedClient final : public storage::Client {
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
              Deadline deadline, const CancelToken& cancel) override {
+    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
+  }
+
+  Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                       uint64_t version, Deadline deadline, const CancelToken& cancel) override {
+    return put_parts(context, chunk, level, bytes, {}, version, deadline, cancel);
+  }
+
+  // Every replica gets the bytes, the parts and one write version.
+  Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                   std::span<const storage::ObjectPart> parts, uint64_t version, Deadline deadline,
+                   const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
+    KVS_RETURN_IF_ERROR(storage::validate_parts(parts, bytes.size()));
     const auto replicas = ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_);
     // One write version for every replica: concurrent writers of this object reach
     // the replicas in different orders, and each replica keeps the newest version,
     // so they agree.
-    const uint64_t version = storage::next_write_version();
+    if (version == 0) version = storage::next_write_version();
     // Every replica in parallel (the first on this thread); all answer by the deadline.
     std::vector<std::future<Status>> others;
     for (size_t i = 1; i < replicas.size(); ++i)
       others.push_back(std::async(std::launch::async, [&, n = replicas[i]] {
-        return put_one(n, context, chunk, level, bytes, version, deadline, cancel);
+        return put_one(n, context, chunk, level, bytes, parts, version, deadline, cancel);
       }));
-    std::vector<Status> results{put_one(replicas[0], context, chunk, level, bytes, version, deadline, cancel)};
+    std::vector<Status> results{put_one(replicas[0], context, chunk, level, bytes, parts, version, deadline, cancel)};
     for (auto& f : others) results.push_back(f.get());
     uint32_t acks = 0;
     std::string errors;
@@ -204,6 +219,24 @@ class ReplicatedClient final : public storage::Client {
     attempt(std::move(op));
   }
 
+  // As get_async: the replica expected fastest for `length` bytes, then the others.
+  void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
+                       MemoryRegion dest, size_t dest_offset, Deadline deadline, const CancelToken& cancel,
+                       GetCallback done) override {
+    if (Status s = storage::validate_id(context, storage::kMaxContextBytes, "context id"); !s.ok()) return done(s);
+    if (length == 0) return done(make_status(StatusCode::invalid_argument, "a range of 0 bytes"));
+    if (!dest.valid() || dest.span(dest_offset, length).size() != length)
+      return done(make_status(StatusCode::invalid_argument, "destination [{}, {}) is outside its registered region",
+                              dest_offset, dest_offset + length));
+    auto op = std::make_shared<GetOp>();
+    op->context = context, op->chunk = chunk, op->level = level;
+    op->dest = std::move(dest), op->offset = dest_offset, op->capacity = size_t(length);
+    op->range = true, op->range_offset = offset;
+    op->deadline = deadline, op->cancel = cancel, op->done = std::move(done);
+    op->order = rank(ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_), length);
+    attempt(std::move(op));
+  }
+
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
                                       const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
@@ -211,21 +244,30 @@ class ReplicatedClient final : public storage::Client {
         deadline, cancel, true,
         [&](storage::Client& c, Deadline d) { return c.stat(context, d, cancel); });
     KVS_RETURN_IF_ERROR(answers.status);
-    std::map<uint32_t, std::vector<uint64_t>> merged;
+    // Per level the larger size wins, and its parts come with it (a level's size and
+    // parts are always one replica's, one write's).
+    std::map<uint32_t, ChunkStat> merged;
     for (auto& r : answers.values)
-      for (const ChunkStat& s : r) {
-        auto& v = merged[s.chunk];
+      for (ChunkStat& s : r) {
+        ChunkStat& m = merged[s.chunk];
+        m.chunk = s.chunk;
+        auto& v = m.level_bytes;
         if (v.size() < s.level_bytes.size()) v.resize(s.level_bytes.size(), 0);
+        if (m.level_parts.size() < s.level_bytes.size()) m.level_parts.resize(s.level_bytes.size());
         for (size_t l = 0; l < s.level_bytes.size(); ++l) {
-          if (v[l] != 0 && s.level_bytes[l] != 0 && v[l] != s.level_bytes[l])
-            KVS_LOG_WARN("cluster: replicas of chunk {} level {} of '{}' differ in size ({} and {} bytes)", s.chunk,
-                         l, context, v[l], s.level_bytes[l]);
-          v[l] = std::max(v[l], s.level_bytes[l]);
+          auto parts = l < s.level_parts.size() ? std::move(s.level_parts[l]) : std::vector<storage::ObjectPart>();
+          if (v[l] != 0 && s.level_bytes[l] != 0 && (v[l] != s.level_bytes[l] || m.level_parts[l] != parts))
+            KVS_LOG_WARN("cluster: replicas of chunk {} level {} of '{}' differ ({} and {} bytes, {} and {} parts)",
+                         s.chunk, l, context, v[l], s.level_bytes[l], m.level_parts[l].size(), parts.size());
+          if (s.level_bytes[l] > v[l]) v[l] = s.level_bytes[l], m.level_parts[l] = std::move(parts);
         }
       }
     if (merged.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
     std::vector<ChunkStat> out;
-    for (auto& [chunk, sizes] : merged) out.push_back({chunk, std::move(sizes)});
+    for (auto& [chunk, s] : merged) {
+      storage::trim_level_parts(s.level_parts);
+      out.push_back(std::move(s));
+    }
     return out;
   }
 
@@ -426,10 +468,15 @@ class ReplicatedClient final : public storage::Client {
       const Deadline until = attempt_deadline(op->deadline, left);
       const auto t0 = Clock::now();
       n.health.started(op->capacity);
-      c->get_async(op->context, op->chunk, op->level, std::move(region).value(), op->offset, op->capacity, until,
-                   op->cancel, [this, op, idx, cp = c.get(), t0, until](Result<size_t> r) mutable {
-                     on_attempt(std::move(op), idx, cp, t0, until, std::move(r));
-                   });
+      auto then = [this, op, idx, cp = c.get(), t0, until](Result<size_t> r) mutable {
+        on_attempt(std::move(op), idx, cp, t0, until, std::move(r));
+      };
+      if (op->range)
+        c->get_range_async(op->context, op->chunk, op->level, op->range_offset, op->capacity, std::move(region).value(),
+                           op->offset, until, op->cancel, std::move(then));
+      else
+        c->get_async(op->context, op->chunk, op->level, std::move(region).value(), op->offset, op->capacity, until,
+                     op->cancel, std::move(then));
       return;
     }
   }
@@ -470,13 +517,14 @@ class ReplicatedClient final : public storage::Client {
   }
 
   Status put_one(uint32_t idx, const std::string& context, uint32_t chunk, uint32_t level,
-                 std::span<const std::byte> bytes, uint64_t version, Deadline deadline, const CancelToken& cancel) {
+                 std::span<const std::byte> bytes, std::span<const storage::ObjectPart> parts, uint64_t version,
+                 Deadline deadline, const CancelToken& cancel) {
     Node& n = *nodes_[idx];
     auto c = client_of(n);
     if (!c) return make_status(StatusCode::unavailable, "not connected");
     const auto t0 = Clock::now();
     n.health.started(0);
-    Status s = c->put_versioned(context, chunk, level, bytes, version, deadline, cancel);
+    Status s = c->put_parts(context, chunk, level, bytes, parts, version, deadline, cancel);
     if (s.ok() || s.code() == StatusCode::already_exists) {  // the node answered: it is well
       n.health.succeeded(0, seconds_between(t0, Clock::now()), 0);
     } else {

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "core/log.hpp"
+#include "storage/protocol.hpp"
 
 namespace kvstream::storage {
 
@@ -88,7 +89,7 @@ void ChunkStore::scan() {
           quarantine_locked(k, f.path(), obj.status().message());
           continue;
         }
-        set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version});
+        set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version, obj->header().parts});
       }
     }
   }
@@ -153,12 +154,14 @@ void ChunkStore::quarantine_locked(const ObjectKey& k, const std::string& path, 
   cache_drop_locked(k.name());
 }
 
-Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t length, uint64_t version) {
+Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t length, uint64_t version,
+                                                     std::vector<ObjectPart> parts) {
   KVS_RETURN_IF_ERROR(check_key(key));
   if (length > kMaxChunkBytes)
     return make_status(StatusCode::out_of_range, "{} bytes (limit {})", length, kMaxChunkBytes);
+  KVS_RETURN_IF_ERROR(validate_parts(parts, length));
   PendingPut p;
-  KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length));
+  KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length, std::move(parts)));
   p.key_ = std::move(key);
   p.version_ = version;
   return p;
@@ -203,14 +206,15 @@ Status ChunkStore::commit(PendingPut&& pending, uint64_t checksum) {
   // and the acknowledgement waits for the directory's sync.
   {
     std::lock_guard lock(mu_);
-    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_});
+    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_, p.tmp_.parts()});
     cache_drop_locked(k.name());
   }
   return fsync_directory(ctx_dir);
 }
 
-Status ChunkStore::put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version) {
-  KVS_ASSIGN_OR_RETURN(auto p, begin_put(key, bytes.size(), version));
+Status ChunkStore::put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version,
+                       std::vector<ObjectPart> parts) {
+  KVS_ASSIGN_OR_RETURN(auto p, begin_put(key, bytes.size(), version, std::move(parts)));
   KVS_RETURN_IF_ERROR(p.append(bytes));
   return commit(std::move(p), XXH3_64bits(bytes.data(), bytes.size()));
 }
@@ -307,8 +311,9 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
   if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
   std::vector<ChunkStat> out;
   for (const auto& [chunk, levels] : c->second.chunks) {
-    ChunkStat s{chunk, {}};
-    for (const Entry& e : levels) s.level_bytes.push_back(e.size);
+    ChunkStat s{chunk, {}, {}};
+    for (const Entry& e : levels) s.level_bytes.push_back(e.size), s.level_parts.push_back(e.parts);
+    trim_level_parts(s.level_parts);
     out.push_back(std::move(s));
   }
   return out;

@@ -53,8 +53,9 @@ struct Blob {
 };
 using Bytes = std::shared_ptr<const Blob>;
 
-/// What a get found: the whole object in memory (`bytes`), or an open version of it to
-/// stream in pieces (`file`; its checksum is verified as it streams).
+/// What a get found: the whole object in memory (`bytes`, its checksum verified when it
+/// was read), or an open version of it to stream in pieces (`file`; its checksum is
+/// verified as it streams).
 struct ObjectRead {
   Bytes bytes;
   ObjectFile file;
@@ -87,15 +88,18 @@ class ChunkStore {
     uint64_t version_ = 0;
   };
   /// Starts a put of `length` bytes at write `version` (0: unversioned, newer than
-  /// whatever is stored). Errors: invalid_argument (ids), out_of_range, io_error,
-  /// resource_exhausted (disk full).
-  Result<PendingPut> begin_put(ObjectKey key, uint64_t length, uint64_t version = 0);
+  /// whatever is stored) with its parts table (kept in the object's header: the
+  /// commit's rename replaces bytes and parts at once). Errors: invalid_argument (ids,
+  /// parts), out_of_range, io_error, resource_exhausted (disk full).
+  Result<PendingPut> begin_put(ObjectKey key, uint64_t length, uint64_t version = 0,
+                               std::vector<ObjectPart> parts = {});
   /// Verifies the payload against `checksum`, makes it durable and visible. Errors:
   /// already_exists (the stored version is as new or newer: nothing changed),
   /// corrupt_data (checksum or length), io_error, resource_exhausted.
   Status commit(PendingPut&& put, uint64_t checksum);
   /// begin_put + append + commit of a whole body.
-  Status put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version = 0);
+  Status put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version = 0,
+             std::vector<ObjectPart> parts = {});
 
   /// The object: from the cache, read whole into the budget (and cached when it fits),
   /// or open to stream. Errors: not_found, corrupt_data (the object is then moved
@@ -107,6 +111,8 @@ class ChunkStore {
   /// the name still holds that version) and leaves the index.
   void report_corrupt(const ObjectKey& key, const ObjectFile& file);
 
+  /// Every chunk of a context: its level sizes and parts tables, from the index (which
+  /// each commit updates with the file it renamed into place). Errors: not_found.
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx);
   /// Deletes a context. Errors: not_found, io_error.
   Status remove(const std::string& ns, const std::string& ctx);
@@ -118,6 +124,7 @@ class ChunkStore {
     uint64_t size = 0;
     uint64_t generation = 0;  // 0: absent
     uint64_t version = 0;     // the write version in its header
+    std::vector<ObjectPart> parts;  // the parts table in its header
   };
   struct Context {
     std::map<uint32_t, std::vector<Entry>> chunks;  // chunk -> per level

@@ -1,5 +1,6 @@
 #include "storage/node/object_file.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -11,12 +12,16 @@
 #include <xxhash.h>
 
 #include "core/log.hpp"
+#include "storage/protocol.hpp"
 
 namespace kvstream::storage {
 
 namespace {
 constexpr uint32_t kObjectMagic = 0x4f53564b;  // "KVSO"
-constexpr uint16_t kObjectVersion = 2;         // 1 was u64 checksum + payload, unbound to its name
+// 1 was u64 checksum + payload, unbound to its name; 2 the 40-byte header without
+// parts (still read); 3 the header with its parts table.
+constexpr uint16_t kObjectVersion = 3;
+constexpr uint16_t kObjectVersionWithoutParts = 2;
 
 // Errors name the object, not the file: replies carry these messages to clients.
 Status os_error(std::string_view what, std::string_view object, int err) {
@@ -24,10 +29,13 @@ Status os_error(std::string_view what, std::string_view object, int err) {
                      "{} of object {}: {}", what, object, std::strerror(err));
 }
 
-uint64_t binding_sum(std::string_view name, std::span<const std::byte> first24) {
+// Over the fixed fields before it, the parts table (format 3; empty for format 2) and
+// the name.
+uint64_t binding_sum(std::string_view name, std::span<const std::byte> first32, std::span<const std::byte> parts) {
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
-  XXH3_64bits_update(&st, first24.data(), first24.size());
+  XXH3_64bits_update(&st, first32.data(), first32.size());
+  XXH3_64bits_update(&st, parts.data(), parts.size());
   XXH3_64bits_update(&st, name.data(), name.size());
   return XXH3_64bits_digest(&st);
 }
@@ -44,27 +52,41 @@ T get_le(const std::byte* at) {
 }
 }  // namespace
 
-std::array<std::byte, kObjectHeaderBytes> encode_object_header(std::string_view name, const ObjectHeader& h) {
-  std::array<std::byte, kObjectHeaderBytes> b{};
+std::vector<std::byte> encode_object_header(std::string_view name, const ObjectHeader& h) {
+  std::vector<std::byte> b(h.header_bytes());
   put_le(b.data(), kObjectMagic);
   put_le(b.data() + 4, kObjectVersion);
-  put_le(b.data() + 6, uint16_t(kObjectHeaderBytes));
+  put_le(b.data() + 6, uint16_t(b.size()));
   put_le(b.data() + 8, h.length);
   put_le(b.data() + 16, h.checksum);
   put_le(b.data() + 24, h.version);
-  put_le(b.data() + 32, binding_sum(name, std::span(b).first(32)));
+  const auto table = encode_parts(h.parts);
+  std::copy(table.begin(), table.end(), b.begin() + kObjectHeaderBytes);
+  put_le(b.data() + 32, binding_sum(name, std::span(b).first(32), table));
   return b;
 }
 
 Result<ObjectHeader> decode_object_header(std::span<const std::byte> b, std::string_view name) {
   if (b.size() < kObjectHeaderBytes || get_le<uint32_t>(b.data()) != kObjectMagic)
     return make_status(StatusCode::corrupt_data, "object {} has no object header", name);
-  if (get_le<uint16_t>(b.data() + 4) != kObjectVersion || get_le<uint16_t>(b.data() + 6) != kObjectHeaderBytes)
-    return make_status(StatusCode::corrupt_data, "object {}: header version {} is not {}", name,
-                       get_le<uint16_t>(b.data() + 4), kObjectVersion);
-  if (get_le<uint64_t>(b.data() + 32) != binding_sum(name, b.first(32)))
+  const uint16_t format = get_le<uint16_t>(b.data() + 4), header_bytes = get_le<uint16_t>(b.data() + 6);
+  if (format != kObjectVersion && format != kObjectVersionWithoutParts)
+    return make_status(StatusCode::corrupt_data, "object {}: header version {} is not {} or {}", name, format,
+                       kObjectVersionWithoutParts, kObjectVersion);
+  const bool sized = format == kObjectVersion
+                         ? header_bytes >= kObjectHeaderBytes && header_bytes <= kMaxObjectHeaderBytes &&
+                               (header_bytes - kObjectHeaderBytes) % kPartWireBytes == 0
+                         : header_bytes == kObjectHeaderBytes;
+  if (!sized) return make_status(StatusCode::corrupt_data, "object {}: a header of {} bytes", name, header_bytes);
+  if (b.size() < header_bytes) return make_status(StatusCode::corrupt_data, "object {}: header is truncated", name);
+  const auto table = b.subspan(kObjectHeaderBytes, header_bytes - kObjectHeaderBytes);
+  if (get_le<uint64_t>(b.data() + 32) != binding_sum(name, b.first(32), table))
     return make_status(StatusCode::corrupt_data, "object {}: header does not belong to this name", name);
-  return ObjectHeader{get_le<uint64_t>(b.data() + 8), get_le<uint64_t>(b.data() + 16), get_le<uint64_t>(b.data() + 24)};
+  ObjectHeader h{get_le<uint64_t>(b.data() + 8), get_le<uint64_t>(b.data() + 16), get_le<uint64_t>(b.data() + 24), {}};
+  KVS_ASSIGN_OR_RETURN(h.parts, decode_parts(table));
+  if (Status s = validate_parts(h.parts, h.length); !s.ok())
+    return make_status(StatusCode::corrupt_data, "object {}: parts table: {}", name, s.message());
+  return h;
 }
 
 ObjectFile::ObjectFile(ObjectFile&& o) noexcept
@@ -92,16 +114,22 @@ Result<ObjectFile> ObjectFile::open(const std::string& path, std::string_view na
   struct stat st {};
   if (::fstat(f.fd_, &st) != 0) return detail::log_error(os_error("stat", name, errno));
   f.dev_ = st.st_dev, f.ino_ = st.st_ino;
-  std::array<std::byte, kObjectHeaderBytes> hb{};
-  ssize_t n;
-  do n = ::pread(f.fd_, hb.data(), hb.size(), 0);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return detail::log_error(os_error("read", name, errno));
-  if (size_t(n) < hb.size()) return make_status(StatusCode::corrupt_data, "object {} is truncated on disk", name);
-  KVS_ASSIGN_OR_RETURN(f.header_, decode_object_header(hb, name));
-  if (uint64_t(st.st_size) != kObjectHeaderBytes + f.header_.length)
-    return make_status(StatusCode::corrupt_data, "object {} is {} bytes on disk, its header says {}", name,
-                       st.st_size, kObjectHeaderBytes + f.header_.length);
+  // The header is at most kMaxObjectHeaderBytes; a short object's payload may follow
+  // it in the same read (ignored here).
+  std::array<std::byte, kMaxObjectHeaderBytes> hb{};
+  size_t got = 0;
+  while (got < hb.size()) {
+    const ssize_t n = ::pread(f.fd_, hb.data() + got, hb.size() - got, off_t(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return detail::log_error(os_error("read", name, errno));
+    if (n == 0) break;
+    got += size_t(n);
+  }
+  if (got < kObjectHeaderBytes) return make_status(StatusCode::corrupt_data, "object {} is truncated on disk", name);
+  KVS_ASSIGN_OR_RETURN(f.header_, decode_object_header(std::span(hb).first(got), name));
+  if (uint64_t(st.st_size) != f.header_.header_bytes() + f.header_.length)
+    return make_status(StatusCode::corrupt_data, "object {} is {} bytes on disk, its header says {}", name, st.st_size,
+                       f.header_.header_bytes() + f.header_.length);
   return f;
 }
 
@@ -110,7 +138,8 @@ Status ObjectFile::read(uint64_t offset, std::span<std::byte> dest) const {
     return make_status(StatusCode::out_of_range, "read past the end of object {}", name_);
   size_t done = 0;
   while (done < dest.size()) {
-    const ssize_t n = ::pread(fd_, dest.data() + done, dest.size() - done, off_t(kObjectHeaderBytes + offset + done));
+    const ssize_t n =
+        ::pread(fd_, dest.data() + done, dest.size() - done, off_t(header_.header_bytes() + offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return detail::log_error(os_error("read", name_, errno));
     if (n == 0) return make_status(StatusCode::corrupt_data, "object {} ended early on disk", name_);
@@ -124,6 +153,8 @@ TempObject::TempObject(TempObject&& o) noexcept
       path_(std::move(o.path_)),
       length_(o.length_),
       written_(o.written_),
+      parts_(std::move(o.parts_)),
+      header_bytes_(o.header_bytes_),
       hash_(std::exchange(o.hash_, nullptr)),
       finished_(o.finished_) {
   o.path_.clear();
@@ -133,6 +164,7 @@ TempObject& TempObject::operator=(TempObject&& o) noexcept {
     discard();
     fd_ = std::exchange(o.fd_, -1), path_ = std::move(o.path_), o.path_.clear();
     length_ = o.length_, written_ = o.written_, hash_ = std::exchange(o.hash_, nullptr), finished_ = o.finished_;
+    parts_ = std::move(o.parts_), header_bytes_ = o.header_bytes_;
   }
   return *this;
 }
@@ -144,12 +176,15 @@ void TempObject::discard() noexcept {
   if (hash_) XXH3_freeState(static_cast<XXH3_state_t*>(hash_)), hash_ = nullptr;
 }
 
-Result<TempObject> TempObject::create(const std::string& dir, uint64_t length) {
+Result<TempObject> TempObject::create(const std::string& dir, uint64_t length, std::vector<ObjectPart> parts) {
+  KVS_RETURN_IF_ERROR(validate_parts(parts, length));
   // Unique per process and call; the node holds its directory's lock, so no other
   // process writes here, and names left by a crash are removed at the next start.
   static std::atomic<uint64_t> counter{0};
   TempObject t;
   t.length_ = length;
+  t.parts_ = std::move(parts);
+  t.header_bytes_ = kObjectHeaderBytes + kPartWireBytes * t.parts_.size();
   t.hash_ = XXH3_createState();
   if (!t.hash_) return make_status(StatusCode::resource_exhausted, "no memory for a checksum state");
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(t.hash_));
@@ -161,7 +196,7 @@ Result<TempObject> TempObject::create(const std::string& dir, uint64_t length) {
   }
   if (t.fd_ < 0) return make_status(StatusCode::internal, "no unique temporary name");
   // Room for the header; it is written last, once the payload's checksum is known.
-  if (::ftruncate(t.fd_, off_t(kObjectHeaderBytes)) != 0) return detail::log_error(os_error("create", "(new)", errno));
+  if (::ftruncate(t.fd_, off_t(t.header_bytes_)) != 0) return detail::log_error(os_error("create", "(new)", errno));
   return t;
 }
 
@@ -172,8 +207,7 @@ Status TempObject::append(std::span<const std::byte> bytes) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(hash_), bytes.data(), bytes.size());
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
-                               off_t(kObjectHeaderBytes + written_ + done));
+    const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, off_t(header_bytes_ + written_ + done));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return detail::log_error(os_error("write", "(new)", w < 0 ? errno : EIO));
     done += size_t(w);
@@ -189,7 +223,7 @@ Status TempObject::finish(std::string_view name, uint64_t expected_checksum, uin
   const uint64_t sum = XXH3_64bits_digest(static_cast<XXH3_state_t*>(hash_));
   if (sum != expected_checksum)
     return make_status(StatusCode::corrupt_data, "object {} failed its checksum in transit", name);
-  const auto h = encode_object_header(name, ObjectHeader{length_, sum, version});
+  const auto h = encode_object_header(name, ObjectHeader{length_, sum, version, parts_});
   ssize_t w;
   do w = ::pwrite(fd_, h.data(), h.size(), 0);
   while (w < 0 && errno == EINTR);

@@ -1,5 +1,5 @@
-// One stored object on disk: a 32-byte header that binds the object's name and length
-// under a checksum, then the payload. Written through a uniquely named temporary file
+// One stored object on disk: a header that binds the object's name, length and parts
+// table under a checksum, then the payload. Written through a uniquely named temporary file
 // that is renamed into place only when complete and synced; read through an open
 // descriptor, so a reader keeps the version it opened while writers replace the name.
 #pragma once
@@ -9,28 +9,41 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvstream/status.hpp"
+#include "kvstream/storage.hpp"
 
 namespace kvstream::storage {
 
-/// Bytes of the object header: u32 magic "KVSO", u16 format version, u16 header
-/// bytes, u64 payload length, u64 xxh3-64 of the payload (what the wire carries), u64
-/// write version, u64 xxh3-64 of the name and the preceding 32 bytes (so a copied or
-/// renamed file fails).
+/// Bytes of the object header's fixed part: u32 magic "KVSO", u16 format version, u16
+/// header bytes (the payload's offset), u64 payload length, u64 xxh3-64 of the payload
+/// (what the wire carries), u64 write version, u64 binding: xxh3-64 of the preceding 32
+/// bytes, the parts table and the name (so a copied or renamed file, or a changed
+/// table, fails). Format 3 follows it with the parts table, (u64 end, f64 score) per
+/// part, so header bytes = 40 + 16 x parts; format 2 (written before parts existed)
+/// has header bytes 40, no table and a binding over the 32 bytes and the name, and is
+/// still read (as an object without parts). docs/protocol.md, "Storage on disk".
 inline constexpr size_t kObjectHeaderBytes = 40;
+/// The largest header: the fixed part and a full parts table.
+inline constexpr size_t kMaxObjectHeaderBytes = kObjectHeaderBytes + 16 * kMaxObjectParts;
 
 /// What an object header says, once its binding to `name` is verified.
 struct ObjectHeader {
   uint64_t length = 0;
   uint64_t checksum = 0;  ///< xxh3-64 of the payload
   uint64_t version = 0;   ///< the write's version (protocol: Request::version)
+  std::vector<ObjectPart> parts;  ///< the parts table declared at put (validate_parts against length)
+  /// Bytes before the payload (kObjectHeaderBytes + 16 x parts).
+  [[nodiscard]] uint64_t header_bytes() const { return kObjectHeaderBytes + 16 * parts.size(); }
 };
 
-/// The header of an object called `name` with this payload.
-std::array<std::byte, kObjectHeaderBytes> encode_object_header(std::string_view name, const ObjectHeader& h);
-/// Parses and verifies a header read from disk against the object's `name`.
-/// Errors: corrupt_data (magic, version or binding checksum wrong).
+/// The header (format 3) of an object called `name` with this payload and parts.
+std::vector<std::byte> encode_object_header(std::string_view name, const ObjectHeader& h);
+/// Parses and verifies a header read from disk (at least its header bytes; more is
+/// ignored) against the object's `name`: format 3, or format 2 (no parts). Errors:
+/// corrupt_data (magic, version, header size, binding checksum or parts table wrong,
+/// or fewer bytes than the header declares).
 Result<ObjectHeader> decode_object_header(std::span<const std::byte> bytes, std::string_view name);
 
 /// An open, verified object (RAII: closes its descriptor). The version it holds does
@@ -72,12 +85,14 @@ class TempObject {
   ~TempObject();
 
   /// Creates a uniquely named temporary file in `dir` (which must exist) for an object
-  /// of `length` payload bytes. Errors: io_error, resource_exhausted (disk full).
-  static Result<TempObject> create(const std::string& dir, uint64_t length);
+  /// of `length` payload bytes with this parts table (written into the header at
+  /// finish). Errors: invalid_argument (parts that fail validate_parts), io_error,
+  /// resource_exhausted (disk full).
+  static Result<TempObject> create(const std::string& dir, uint64_t length, std::vector<ObjectPart> parts = {});
   /// Appends payload bytes. Errors: out_of_range (past the declared length), io_error,
   /// resource_exhausted.
   Status append(std::span<const std::byte> bytes);
-  /// Writes the header for `name` and `version`, checks the payload is complete and
+  /// Writes the header (with the parts table) for `name` and `version`, checks the payload is complete and
   /// matches `expected_checksum`, and fsyncs. Errors: corrupt_data (checksum or
   /// length), io_error.
   Status finish(std::string_view name, uint64_t expected_checksum, uint64_t version);
@@ -86,12 +101,15 @@ class TempObject {
   Status rename_to(const std::string& final_path);
 
   [[nodiscard]] uint64_t written() const { return written_; }
+  [[nodiscard]] const std::vector<ObjectPart>& parts() const { return parts_; }
 
  private:
   void discard() noexcept;
   int fd_ = -1;
   std::string path_;
   uint64_t length_ = 0, written_ = 0;
+  std::vector<ObjectPart> parts_;
+  uint64_t header_bytes_ = kObjectHeaderBytes;
   void* hash_ = nullptr;  // XXH3_state_t (kept out of the header)
   bool finished_ = false;
 };

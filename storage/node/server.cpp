@@ -2,6 +2,7 @@
 // pre-authentication pool, authenticates it against its namespace secret, then serves
 // its requests in order, one thread per connection. Bodies move in segments through
 // buffers leased from the node's memory budget.
+#include <algorithm>
 #include <atomic>
 #include <list>
 #include <map>
@@ -291,7 +292,7 @@ class ServerImpl final : public Server {
         break;
       }
       case Op::get:
-        return send_get(c, ObjectKey{ns, req.context, req.chunk, req.level}, r, cancel);
+        return send_get(c, ObjectKey{ns, req.context, req.chunk, req.level}, req, r, cancel);
       case Op::stat: {
         auto s = store_->stat(ns, req.context);
         if (s.ok()) small = encode_stats(*s);
@@ -329,7 +330,8 @@ class ServerImpl final : public Server {
     if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
     else st = s.status();
     if (st.ok()) {
-      if (auto p = store_->begin_put(key, req.total, req.version); p.ok()) pending.emplace(std::move(p).value());
+      if (auto p = store_->begin_put(key, req.total, req.version, req.parts); p.ok())
+        pending.emplace(std::move(p).value());
       else st = p.status();
     }
     KVS_RETURN_IF_ERROR(recv_segmented(
@@ -344,21 +346,36 @@ class ServerImpl final : public Server {
     return {};
   }
 
-  // Sends a get's reply: the object from memory, or streamed from its open file through
-  // two segments (one is read while the other is on the wire).
-  Status send_get(Connection& c, const ObjectKey& key, Response& r, const CancelToken& cancel) {
+  // Sends a get's reply: the object, or the range of it the request asks for, from
+  // memory, or streamed from its open file through two segments (one is read while
+  // the other is on the wire). The reply's checksum is over exactly the bytes sent.
+  Status send_get(Connection& c, const ObjectKey& key, const Request& req, Response& r, const CancelToken& cancel) {
     const auto deadline = deadline_in(cfg_.idle_timeout);
-    auto found = store_->get(key);
-    if (!found.ok()) {
+    // An answer without a body (the request's framing is intact: the connection stays).
+    auto refuse = [&](const Status& s) {
       ++errors_;
-      r.code = found.status().code(), r.message = found.status().message();
+      r.code = s.code(), r.message = s.message();
+      r.checksum = 0, r.total = 0;
       return reply(c, r, deadline, cancel);
-    }
+    };
+    auto found = store_->get(key);
+    if (!found.ok()) return refuse(found.status());
     cache_hits_ += found->cache_hit;
-    r.checksum = found->checksum, r.total = found->size;
+    uint64_t begin = 0, length = found->size;  // the whole object unless a range is asked for
+    if (req.range_length != 0) {
+      if (req.range_offset > found->size || req.range_length > found->size - req.range_offset)
+        return refuse(make_status(StatusCode::out_of_range, "range [{}, {}) ends past the end of object {} ({} bytes)",
+                                  req.range_offset, req.range_offset + req.range_length, key.name(), found->size));
+      begin = req.range_offset, length = req.range_length;
+    }
+    const bool whole = begin == 0 && length == found->size;
+    r.total = length;
     if (found->bytes) {
+      // Verified when it was read from disk; a range's sum is taken here.
       const Blob& blob = *found->bytes;
       const auto& data = blob.data;
+      const auto body = std::span<const std::byte>(data).subspan(begin, length);
+      r.checksum = whole ? found->checksum : body_checksum(body);
       if (!data.empty()) {
         std::lock_guard lock(blob.region_mu);
         if (!blob.region.valid()) {
@@ -366,40 +383,60 @@ class ServerImpl final : public Server {
                                                                       transport::MemoryType::host));
         }
       }
-      KVS_RETURN_IF_ERROR(send_segmented(c, encode(r), data, [&](uint32_t) { return data_response_header(r.id); },
-                                         deadline, cancel));
-      bytes_out_ += data.size();
+      KVS_RETURN_IF_ERROR(send_segmented(
+          c, encode(r), body, [&](uint32_t) { return data_response_header(r.id); }, deadline, cancel));
+      bytes_out_ += length;
       return {};
     }
     std::array<SegmentPool::Segment, 2> bufs;
     for (auto& b : bufs)
       if (auto s = segments_->acquire(); s.ok()) b = std::move(s).value();
-    if (!bufs[0].valid()) {
-      ++errors_;
-      r.code = StatusCode::resource_exhausted, r.message = "the node's memory budget is full";
-      r.checksum = 0, r.total = 0;
-      return reply(c, r, deadline, cancel);
+    if (!bufs[0].valid())
+      return refuse(make_status(StatusCode::resource_exhausted, "the node's memory budget is full"));
+    if (whole) {
+      // The stored sum: a damaged payload fails the client's check (and is moved aside below).
+      r.checksum = found->checksum;
+    } else {
+      // Part of an object too large to read whole: the whole object is verified first,
+      // the range hashed as it passes, so the reply never vouches for damaged bytes.
+      // (The range is read again to be sent; the file is immutable, and should the
+      // disk return other bytes the second time the client's check fails.)
+      XXH3_state_t all, range;
+      XXH3_64bits_reset(&all), XXH3_64bits_reset(&range);
+      for (uint64_t i = 0, n = segment_count(found->size); i < n; ++i) {
+        const uint64_t at = i * kSegmentBytes, len = segment_bytes(found->size, i);
+        const auto span = bufs[0].span(len);
+        if (Status s = found->file.read(at, span); !s.ok()) return refuse(s);
+        XXH3_64bits_update(&all, span.data(), span.size());
+        const uint64_t from = std::max(at, begin), to = std::min(at + len, begin + length);
+        if (from < to) XXH3_64bits_update(&range, span.data() + (from - at), size_t(to - from));
+      }
+      if (XXH3_64bits_digest(&all) != found->checksum) {
+        store_->report_corrupt(key, found->file);
+        return refuse(make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", key.name()));
+      }
+      r.checksum = XXH3_64bits_digest(&range);
     }
     const size_t nbufs = bufs[1].valid() ? 2 : 1;
-    const uint64_t n = segment_count(found->size);
+    const uint64_t n = segment_count(length);
     std::vector<uint64_t> seqs(n);
     XXH3_state_t hash;
     XXH3_64bits_reset(&hash);
     for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t len = segment_bytes(found->size, i);
+      const uint64_t len = segment_bytes(length, i);
       if (i >= nbufs) KVS_RETURN_IF_ERROR(c.wait_sends(seqs[i - nbufs], deadline, cancel));  // its buffer is free
       const auto span = bufs[i % nbufs].span(len);
       // A read error after the header has promised the body cannot be put in a reply:
       // the connection ends and the client sees its request fail.
-      KVS_RETURN_IF_ERROR(found->file.read(i * kSegmentBytes, span));
+      KVS_RETURN_IF_ERROR(found->file.read(begin + i * kSegmentBytes, span));
       XXH3_64bits_update(&hash, span.data(), span.size());
       KVS_ASSIGN_OR_RETURN(seqs[i], c.post_send(i == 0 ? encode(r) : data_response_header(r.id), span));
     }
     KVS_RETURN_IF_ERROR(c.wait_sends(seqs[n - 1], deadline, cancel));
-    bytes_out_ += found->size;
+    bytes_out_ += length;
     // The client checks the same sum and reports corrupt_data; the node moves the
     // damaged object aside.
-    if (XXH3_64bits_digest(&hash) != found->checksum) store_->report_corrupt(key, found->file);
+    if (XXH3_64bits_digest(&hash) != r.checksum) store_->report_corrupt(key, found->file);
     return {};
   }
 };

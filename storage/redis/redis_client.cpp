@@ -38,11 +38,30 @@ using transport::MemoryRegion;
 namespace {
 
 constexpr size_t kChecksumBytes = 8;
+// A range read verifies the blocks it touches: the payload's block sums are stored
+// beside it (redis_storage.hpp), one u64 per block of this many bytes.
+constexpr uint64_t kBlockBytes = uint64_t(64) << 10;
 
 // A value's checksum is seeded with its key, so a value copied or renamed to another
 // key (another chunk or level) fails it, as the node's object headers do.
 uint64_t bound_checksum(const std::string& key, std::span<const std::byte> payload) {
   return XXH3_64bits_withSeed(payload.data(), payload.size(), XXH3_64bits(key.data(), key.size()));
+}
+// Block i's sum is seeded with the key and i, so a block moved within a value, or a
+// table copied to another key, fails it.
+uint64_t block_checksum(uint64_t key_seed, uint64_t i, std::span<const std::byte> block) {
+  return XXH3_64bits_withSeed(block.data(), block.size(), key_seed + i);
+}
+uint64_t load_le64(const char* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8; ++i) v |= uint64_t(uint8_t(p[i])) << (8 * i);
+  return v;
+}
+void store_le64(char* p, uint64_t v) {
+  for (size_t i = 0; i < 8; ++i) p[i] = char(uint8_t(v >> (8 * i)));
+}
+std::string_view reply_str(const redisReply* r) {
+  return r && r->str ? std::string_view(r->str, r->len) : std::string_view();
 }
 
 struct ReplyDeleter {
@@ -226,29 +245,55 @@ class RedisClient final : public storage::Client {
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
              Deadline deadline, const CancelToken& cancel) override {
+    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
+  }
+
+  // The value, its block sums, its size and its parts (or their removal) in one
+  // MULTI/EXEC, so a reader sees all of one write or none of it. Redis keeps no
+  // versions: `version` is ignored, writes land in arrival order.
+  Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+                   std::span<const storage::ObjectPart> parts, uint64_t version, Deadline deadline,
+                   const CancelToken& cancel) override {
+    (void)version;
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
     if (level >= storage::kMaxLevels || bytes.size() > storage::kMaxChunkBytes)
       return make_status(StatusCode::out_of_range, "level {} / {} bytes beyond the store's bounds", level,
                          bytes.size());
-    // The value is copied here, so the call may end (cancel) while it is on the wire.
+    KVS_RETURN_IF_ERROR(storage::validate_parts(parts, bytes.size()));
+    const std::string key = chunk_key(context, chunk, level);
+    // Copied here, so the call may end (cancel) while they are on the wire.
     auto value = std::make_shared<std::string>(kChecksumBytes + bytes.size(), '\0');
-    const uint64_t sum = bound_checksum(chunk_key(context, chunk, level), bytes);
-    for (size_t i = 0; i < kChecksumBytes; ++i) (*value)[i] = char(uint8_t(sum >> (8 * i)));
+    store_le64(value->data(), bound_checksum(key, bytes));
     if (!bytes.empty()) std::memcpy(value->data() + kChecksumBytes, bytes.data(), bytes.size());
+    const uint64_t blocks = (bytes.size() + kBlockBytes - 1) / kBlockBytes, seed = XXH3_64bits(key.data(), key.size());
+    auto sums = std::make_shared<std::string>(blocks * 8, '\0');
+    for (uint64_t i = 0; i < blocks; ++i)
+      store_le64(sums->data() + i * 8,
+                 block_checksum(seed, i,
+                                bytes.subspan(i * kBlockBytes, std::min(kBlockBytes, bytes.size() - i * kBlockBytes))));
+    const auto table = storage::encode_parts(parts);
+    auto parts_value = std::make_shared<std::string>(reinterpret_cast<const char*>(table.data()), table.size());
     auto r = call<bool>(deadline, cancel,
-                        [value, key = chunk_key(context, chunk, level), sizes = sizes_key(context),
-                         field = fmt::format("{}:{}", chunk, level), size = std::to_string(bytes.size()),
-                         contexts = contexts_key(), context](Conn& conn, Deadline d) -> Result<bool> {
+                        [value, sums, parts_value, key, blocks_key = blocks_key(key), sizes = sizes_key(context),
+                         parts_hash = parts_key(context), field = fmt::format("{}:{}", chunk, level),
+                         size = std::to_string(bytes.size()), contexts = contexts_key(),
+                         context](Conn& conn, Deadline d) -> Result<bool> {
+                          std::vector<std::string_view> parts_cmd =
+                              parts_value->empty()
+                                  ? std::vector<std::string_view>{"HDEL", parts_hash, field}
+                                  : std::vector<std::string_view>{"HSET", parts_hash, field, *parts_value};
                           KVS_ASSIGN_OR_RETURN(auto rs, conn.run({{"MULTI"},
                                                                   {"SET", key, *value},
+                                                                  {"SET", blocks_key, *sums},
                                                                   {"HSET", sizes, field, size},
+                                                                  parts_cmd,
                                                                   {"SADD", contexts, context},
                                                                   {"EXEC"}},
                                                                  d));
                           for (auto& x : rs) KVS_RETURN_IF_ERROR(reply_error(x.get(), "put"));
-                          if (rs[4]->type != REDIS_REPLY_ARRAY || rs[4]->elements != 3)
+                          if (rs[6]->type != REDIS_REPLY_ARRAY || rs[6]->elements != 5)
                             return make_status(StatusCode::unavailable, "redis put transaction was aborted");
-                          for (size_t i = 0; i < 3; ++i) KVS_RETURN_IF_ERROR(reply_error(rs[4]->element[i], "put"));
+                          for (size_t i = 0; i < 5; ++i) KVS_RETURN_IF_ERROR(reply_error(rs[6]->element[i], "put"));
                           return true;
                         });
     return r.status();
@@ -302,36 +347,98 @@ class RedisClient final : public storage::Client {
     enqueue(std::move(job));
   }
 
+  // One MULTI/EXEC reads the value's length, the blocks that hold the range and their
+  // sums; each block is verified before the range is copied out (one copy, as for
+  // get). A value stored without block sums (by an older client) is read whole and
+  // verified instead.
+  void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
+                       MemoryRegion dest, size_t dest_offset, Deadline deadline, const CancelToken& cancel,
+                       GetCallback done) override {
+    if (Status s = storage::validate_id(context, storage::kMaxContextBytes, "context id"); !s.ok()) return done(s);
+    if (level >= storage::kMaxLevels) return done(make_status(StatusCode::out_of_range, "level {}", level));
+    if (length == 0) return done(make_status(StatusCode::invalid_argument, "a range of 0 bytes"));
+    if (offset > storage::kMaxChunkBytes || length > storage::kMaxChunkBytes - offset)
+      return done(make_status(StatusCode::out_of_range, "range [{}, +{}) past the largest object ({} bytes)", offset,
+                              length, storage::kMaxChunkBytes));
+    if (!dest.valid() || dest.span(dest_offset, length).size() != length)
+      return done(make_status(StatusCode::invalid_argument, "destination [{}, {}) is outside its registered region",
+                              dest_offset, dest_offset + length));
+    auto job = std::make_shared<Job>();
+    job->deadline = deadline, job->cancel = cancel;
+    auto shared_done = std::make_shared<GetCallback>(std::move(done));
+    job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
+    const std::string key = chunk_key(context, chunk, level);
+    job->run = [shared_done, key, blocks_key = blocks_key(key), dest = std::move(dest), offset, length, dest_offset](
+                   Conn& conn, Job& j) mutable {
+      Result<RangeRead> got = read_range(conn, j.deadline, key, blocks_key, offset, length);
+      if (got.ok() && j.claim()) {
+        std::memcpy(dest.span(dest_offset, length).data(), got->bytes.data(), length);
+        dest = {};
+        (*shared_done)(size_t(length));
+        return;
+      }
+      dest = {};  // else completed already (deadline, cancel): the buffer is no longer ours
+      if (!got.ok() && j.claim()) (*shared_done)(got.status());
+    };
+    enqueue(std::move(job));
+  }
+
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
                                       const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
     return call<std::vector<ChunkStat>>(
-        deadline, cancel, [sizes = sizes_key(context), context](Conn& conn, Deadline d) -> Result<std::vector<ChunkStat>> {
-          KVS_ASSIGN_OR_RETURN(auto rs, conn.run({{"HGETALL", sizes}}, d));
-          const redisReply* r = rs[0].get();
+        deadline, cancel,
+        [sizes = sizes_key(context), parts_hash = parts_key(context), context](
+            Conn& conn, Deadline d) -> Result<std::vector<ChunkStat>> {
+          // Sizes and parts in one transaction: both of the same writes.
+          KVS_ASSIGN_OR_RETURN(auto rs,
+                               conn.run({{"MULTI"}, {"HGETALL", sizes}, {"HGETALL", parts_hash}, {"EXEC"}}, d));
+          for (auto& x : rs) KVS_RETURN_IF_ERROR(reply_error(x.get(), "stat"));
+          if (rs[3]->type != REDIS_REPLY_ARRAY || rs[3]->elements != 2)
+            return make_status(StatusCode::unavailable, "redis stat transaction was aborted");
+          const redisReply* r = rs[3]->element[0];
+          const redisReply* p = rs[3]->element[1];
           KVS_RETURN_IF_ERROR(reply_error(r, "stat"));
+          KVS_RETURN_IF_ERROR(reply_error(p, "stat"));
           if (r->type != REDIS_REPLY_ARRAY || r->elements % 2)
             return make_status(StatusCode::corrupt_data, "{} is not a size table", sizes);
+          if (p->type != REDIS_REPLY_ARRAY || p->elements % 2)
+            return make_status(StatusCode::corrupt_data, "{} is not a parts table", parts_hash);
           if (r->elements == 0) return make_status(StatusCode::not_found, "no context '{}'", context);
-          std::map<uint32_t, std::vector<uint64_t>> m;
+          std::map<uint32_t, ChunkStat> m;
           for (size_t i = 0; i < r->elements; i += 2) {
-            const redisReply* f = r->element[i];
-            const redisReply* v = r->element[i + 1];
             uint32_t chunk = 0, level = 0;
             uint64_t bytes = 0;
-            const std::string_view fs(f->str ? f->str : "", f->str ? f->len : 0),
-                vs(v->str ? v->str : "", v->str ? v->len : 0);
-            const size_t colon = fs.find(':');
-            if (colon == std::string_view::npos || !parse_uint(fs.substr(0, colon), chunk) ||
-                !parse_uint(fs.substr(colon + 1), level) || !parse_uint(vs, bytes) || level >= storage::kMaxLevels ||
-                bytes > storage::kMaxChunkBytes)
+            const std::string_view fs = reply_str(r->element[i]), vs = reply_str(r->element[i + 1]);
+            if (!parse_field(fs, chunk, level) || !parse_uint(vs, bytes) || bytes > storage::kMaxChunkBytes)
               return make_status(StatusCode::corrupt_data, "{} has a bad entry '{}' = '{}'", sizes, fs, vs);
-            auto& sz = m[chunk];
+            auto& sz = m[chunk].level_bytes;
+            m[chunk].chunk = chunk;
             if (sz.size() <= level) sz.resize(level + 1, 0);
             sz[level] = bytes;
           }
+          for (size_t i = 0; i < p->elements; i += 2) {
+            uint32_t chunk = 0, level = 0;
+            const std::string_view fs = reply_str(p->element[i]), vs = reply_str(p->element[i + 1]);
+            std::map<uint32_t, ChunkStat>::iterator it;
+            if (!parse_field(fs, chunk, level) || (it = m.find(chunk)) == m.end() ||
+                it->second.level_bytes.size() <= level)
+              return make_status(StatusCode::corrupt_data, "{} has parts of an object not stored: '{}'", parts_hash,
+                                 fs);
+            auto parts = storage::decode_parts(std::as_bytes(std::span(vs.data(), vs.size())));
+            Status valid = parts.ok() ? storage::validate_parts(*parts, it->second.level_bytes[level]) : parts.status();
+            if (!valid.ok())
+              return make_status(StatusCode::corrupt_data, "{}: the parts of '{}': {}", parts_hash, fs,
+                                 valid.message());
+            auto& lp = it->second.level_parts;
+            if (lp.size() <= level) lp.resize(level + 1);
+            lp[level] = std::move(parts).value();
+          }
           std::vector<ChunkStat> out;
-          for (auto& [chunk, sz] : m) out.push_back({chunk, std::move(sz)});
+          for (auto& [chunk, st] : m) {
+            storage::trim_level_parts(st.level_parts);
+            out.push_back(std::move(st));
+          }
           return out;
         });
   }
@@ -345,13 +452,16 @@ class RedisClient final : public storage::Client {
                           if (rs[0]->elements == 0 && (rs[1]->type != REDIS_REPLY_INTEGER || rs[1]->integer == 0))
                             return make_status(StatusCode::not_found, "no context '{}'", context);
                           std::vector<std::string> keys;
-                          for (size_t i = 0; i < rs[0]->elements; ++i)
+                          for (size_t i = 0; i < rs[0]->elements; ++i) {
                             keys.push_back(fmt::format("kvs:{}:{}:{}", cfg_.name_space, context,
                                                        std::string_view(rs[0]->element[i]->str, rs[0]->element[i]->len)));
+                            keys.push_back(blocks_key(keys.back()));
+                          }
                           std::vector<std::vector<std::string_view>> cmds{{"MULTI"}};
                           for (const auto& k : keys) cmds.push_back({"DEL", k});
-                          const std::string ck = contexts_key();
+                          const std::string ck = contexts_key(), pk = parts_key(context);
                           cmds.push_back({"DEL", sizes});
+                          cmds.push_back({"DEL", pk});
                           cmds.push_back({"SREM", ck, context});
                           cmds.push_back({"EXEC"});
                           KVS_ASSIGN_OR_RETURN(auto done, conn.run(cmds, d));
@@ -392,6 +502,92 @@ class RedisClient final : public storage::Client {
     return fmt::format("kvs:{}:{}:{}:{}", cfg_.name_space, ctx, chunk, level);
   }
   std::string sizes_key(const std::string& ctx) const { return fmt::format("kvs:{}:{}:sizes", cfg_.name_space, ctx); }
+  std::string parts_key(const std::string& ctx) const { return fmt::format("kvs:{}:{}:parts", cfg_.name_space, ctx); }
+  static std::string blocks_key(const std::string& chunk_key) { return chunk_key + ":blocks"; }
+
+  // "chunk:level", as the size and parts tables name an object.
+  static bool parse_field(std::string_view f, uint32_t& chunk, uint32_t& level) {
+    const size_t colon = f.find(':');
+    return colon != std::string_view::npos && parse_uint(f.substr(0, colon), chunk) &&
+           parse_uint(f.substr(colon + 1), level) && level < storage::kMaxLevels;
+  }
+
+  // Verified bytes of a payload, inside the reply that holds them.
+  struct RangeRead {
+    Reply owner;
+    std::span<const std::byte> bytes;
+  };
+
+  // Bytes [offset, offset + length) of the payload under `key`, verified. Errors:
+  // not_found, out_of_range, corrupt_data, those of the connection.
+  static Result<RangeRead> read_range(Conn& conn, Deadline d, const std::string& key, const std::string& blocks_key,
+                                      uint64_t offset, uint64_t length) {
+    const uint64_t b0 = offset / kBlockBytes, b1 = (offset + length + kBlockBytes - 1) / kBlockBytes;
+    const std::string from = std::to_string(kChecksumBytes + b0 * kBlockBytes),
+                      to = std::to_string(kChecksumBytes + b1 * kBlockBytes - 1), sums_from = std::to_string(b0 * 8),
+                      sums_to = std::to_string(b1 * 8 - 1);
+    KVS_ASSIGN_OR_RETURN(auto rs, conn.run({{"MULTI"},
+                                            {"STRLEN", key},
+                                            {"GETRANGE", key, from, to},
+                                            {"GETRANGE", blocks_key, sums_from, sums_to},
+                                            {"STRLEN", blocks_key},
+                                            {"EXEC"}},
+                                           d));
+    for (auto& x : rs) KVS_RETURN_IF_ERROR(reply_error(x.get(), "get range"));
+    const redisReply* e = rs[5].get();
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 4)
+      return make_status(StatusCode::unavailable, "redis range transaction was aborted");
+    for (size_t i = 0; i < 4; ++i) {
+      Status s = reply_error(e->element[i], "get range");
+      if (!s.ok()) return make_status(StatusCode::corrupt_data, "{} is not a chunk: {}", key, s.message());
+    }
+    if (e->element[0]->type != REDIS_REPLY_INTEGER || e->element[3]->type != REDIS_REPLY_INTEGER ||
+        e->element[1]->type != REDIS_REPLY_STRING || e->element[2]->type != REDIS_REPLY_STRING)
+      return make_status(StatusCode::corrupt_data, "{} is not a chunk", key);
+    const long long stored = e->element[0]->integer;
+    if (stored == 0) return make_status(StatusCode::not_found, "no object {}", key);
+    if (stored < (long long)kChecksumBytes)
+      return make_status(StatusCode::corrupt_data, "{} is {} bytes, shorter than its checksum", key, stored);
+    const uint64_t size = uint64_t(stored) - kChecksumBytes;
+    if (offset > size || length > size - offset)
+      return make_status(StatusCode::out_of_range, "range [{}, {}) ends past the end of {} ({} bytes)", offset,
+                         offset + length, key, size);
+    const uint64_t blocks = (size + kBlockBytes - 1) / kBlockBytes;
+    if (e->element[3]->integer == 0) {
+      // No block sums: the whole value, under its own checksum.
+      KVS_ASSIGN_OR_RETURN(auto whole, conn.run({{"GET", key}}, d));
+      const redisReply* w = whole[0].get();
+      KVS_RETURN_IF_ERROR(reply_error(w, "get"));
+      if (w->type == REDIS_REPLY_NIL) return make_status(StatusCode::not_found, "no object {}", key);
+      if (w->type != REDIS_REPLY_STRING || size_t(w->len) < kChecksumBytes)
+        return make_status(StatusCode::corrupt_data, "{} is not a chunk", key);
+      const auto* p = reinterpret_cast<const std::byte*>(w->str);
+      const std::span<const std::byte> payload(p + kChecksumBytes, size_t(w->len) - kChecksumBytes);
+      if (bound_checksum(key, payload) != load_le64(w->str))
+        return make_status(StatusCode::corrupt_data, "{} failed its checksum", key);
+      if (offset > payload.size() || length > payload.size() - offset)  // replaced since
+        return make_status(StatusCode::out_of_range, "range [{}, {}) ends past the end of {} ({} bytes)", offset,
+                           offset + length, key, payload.size());
+      return RangeRead{std::move(whole[0]), payload.subspan(offset, length)};
+    }
+    if (uint64_t(e->element[3]->integer) != blocks * 8)
+      return make_status(StatusCode::corrupt_data, "{}: {} bytes of block sums for {} blocks", key,
+                         e->element[3]->integer, blocks);
+    const redisReply* data = e->element[1];
+    const redisReply* sums = e->element[2];
+    const uint64_t first = b0 * kBlockBytes, data_bytes = std::min(b1 * kBlockBytes, size) - first;
+    if (uint64_t(data->len) != data_bytes || uint64_t(sums->len) != (b1 - b0) * 8)
+      return make_status(StatusCode::corrupt_data, "{}: a range read returned {} bytes and {} sums", key, data->len,
+                         sums->len);
+    const auto* p = reinterpret_cast<const std::byte*>(data->str);
+    const uint64_t seed = XXH3_64bits(key.data(), key.size());
+    for (uint64_t i = b0; i < b1; ++i) {
+      const uint64_t at = (i - b0) * kBlockBytes, n = std::min(kBlockBytes, data_bytes - at);
+      if (block_checksum(seed, i, std::span(p + at, n)) != load_le64(sums->str + (i - b0) * 8))
+        return make_status(StatusCode::corrupt_data, "{} failed its checksum (block {})", key, i);
+    }
+    return RangeRead{std::move(rs[5]), std::span<const std::byte>(p + (offset - first), length)};
+  }
   std::string contexts_key() const { return fmt::format("kvs:{}:contexts", cfg_.name_space); }
 
   template <typename T>

@@ -364,6 +364,60 @@ TEST_F(Cluster, StalledNodeIsFailedOverWithinTheDeadline) {
   proxies_[0]->pause(false);
 }
 
+// Parts go to every replica with the bytes and come back from the merged stat; range
+// reads return the slices, and keep doing so from the other replica once a node dies;
+// a put without parts clears them on every replica.
+TEST_F(Cluster, PartsAndRangesWithFailover) {
+  auto c = cluster::connect(config(addresses()), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const uint32_t chunks = 12;
+  std::map<uint32_t, std::vector<std::byte>> stored;
+  std::map<uint32_t, std::vector<ObjectPart>> tables;
+  for (uint32_t k = 0; k < chunks; ++k) {
+    auto b = test_util::pattern(200000 + k * 1013, 50 + k);
+    tables[k] = {{b.size() / 4, 4.0 + k}, {b.size() / 2, 2.0}, {b.size(), 1.0}};
+    ASSERT_TRUE((*c)->put_parts("ctx-p", k, 1, b, tables[k], 0, deadline_in(10s)).ok());
+    stored[k] = std::move(b);
+  }
+  EXPECT_EQ((*c)->put_parts("ctx-p", 0, 0, stored[0], std::vector<ObjectPart>{{1, 0}}, 0, deadline_in(10s)).code(),
+            StatusCode::invalid_argument);
+  auto st = (*c)->stat("ctx-p", deadline_in(5s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  ASSERT_EQ(st->size(), chunks);
+  for (const ChunkStat& s : *st)
+    EXPECT_EQ(s, (ChunkStat{s.chunk, {0, stored.at(s.chunk).size()}, {{}, tables.at(s.chunk)}})) << s.chunk;
+  std::vector<std::byte> buf(1 << 20);
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  auto check_ranges = [&] {
+    for (auto& [k, b] : stored)
+      for (const auto& [o, l] : std::vector<std::pair<uint64_t, uint64_t>>{
+               {0, b.size() / 4}, {b.size() / 4, b.size() / 4}, {b.size() - 1, 1}}) {
+        auto r = (*c)->get_range("ctx-p", k, 1, o, l, *mr, 10, deadline_in(5s));
+        ASSERT_TRUE(r.ok()) << k << " " << o << "+" << l << ": " << r.status().to_string();
+        ASSERT_EQ(*r, l);
+        ASSERT_EQ(std::memcmp(buf.data() + 10, b.data() + o, l), 0) << k << " " << o << "+" << l;
+      }
+  };
+  check_ranges();
+  EXPECT_EQ((*c)->get_range("ctx-p", 0, 1, stored[0].size(), 1, *mr, 0, deadline_in(5s)).status().code(),
+            StatusCode::out_of_range);
+  EXPECT_EQ((*c)->get_range("ctx-p", 99, 1, 0, 1, *mr, 0, deadline_in(5s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*c)->get_range("ctx-p", 0, 1, 0, 0, *mr, 0, deadline_in(5s)).status().code(),
+            StatusCode::invalid_argument);
+  servers_[1].reset();
+  check_ranges();
+  // Chunks whose replicas are both alive take a put without parts; their parts go.
+  std::set<uint32_t> cleared;
+  for (auto& [k, b] : stored)
+    if ((*c)->put("ctx-p", k, 1, b, deadline_in(3s)).ok()) cleared.insert(k);
+  EXPECT_FALSE(cleared.empty());
+  st = (*c)->stat("ctx-p", deadline_in(5s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  for (const ChunkStat& s : *st)
+    if (cleared.count(s.chunk)) EXPECT_TRUE(s.level_parts.empty()) << s.chunk;
+}
+
 TEST_F(Cluster, StartsWithANodeDownAndAllDownIsUnavailable) {
   auto addrs = addresses();
   auto wrong = config(addrs);

@@ -3,6 +3,7 @@
 // copied or truncated on disk, and bodies larger than any buffer the node holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -292,6 +293,152 @@ TEST_F(NodeLayout, OlderWriteVersionIsRefused) {
   EXPECT_EQ((*store)->put(key, v1, 201).code(), StatusCode::already_exists);
   EXPECT_TRUE((*store)->put(key, v1, 202).ok());
   EXPECT_EQ(*(*store)->read_all(key), v1);
+}
+
+// ---- Parts tables on disk ----------------------------------------------------------
+
+// An object file as nodes wrote it before parts tables (format 2: a 40-byte header, no
+// table) is still served: stat lists it without parts, gets and range gets read it.
+TEST_F(NodeLayout, ObjectWrittenBeforePartsStillLoads) {
+  const auto payload = pattern(5000, 7);
+  const std::string name = "tenant-a/ctx/c3.l1";
+  std::vector<std::byte> file(40);
+  auto put = [&](size_t at, auto v) { std::memcpy(file.data() + at, &v, sizeof v); };
+  put(0, uint32_t(0x4f53564b)), put(4, uint16_t(2)), put(6, uint16_t(40));
+  put(8, uint64_t(payload.size())), put(16, body_checksum(payload)), put(24, uint64_t(5));
+  std::vector<std::byte> bound(file.begin(), file.begin() + 32);
+  for (char ch : name) bound.push_back(std::byte(ch));
+  put(32, body_checksum(bound));
+  file.insert(file.end(), payload.begin(), payload.end());
+  fs::create_directories(dir_ / "tenant-a" / "ctx");
+  {
+    std::ofstream out(dir_ / "tenant-a" / "ctx" / "c3.l1", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(file.data()), std::streamsize(file.size()));
+  }
+  auto s = Server::start(config());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto c = client((*s)->address());
+  auto st = c->stat("ctx", deadline_in(10s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(*st, (std::vector<ChunkStat>{{3, {0, payload.size()}, {}}}));
+  std::vector<std::byte> buf(payload.size());
+  auto mr = c->register_memory(buf.data(), buf.size());
+  auto n = c->get("ctx", 3, 1, *mr, 0, buf.size(), deadline_in(10s));
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  EXPECT_EQ(buf, payload);
+  auto r = c->get_range("ctx", 3, 1, 4000, 1000, *mr, 0, deadline_in(10s));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::memcmp(buf.data(), payload.data() + 4000, 1000), 0);
+  // Its version is kept: an older write is refused, a newer one replaces it (now with parts).
+  EXPECT_EQ(c->put_versioned("ctx", 3, 1, payload, 4, deadline_in(10s)).code(), StatusCode::already_exists);
+  const std::vector<ObjectPart> parts = {{1000, 2.5}, {payload.size(), 0.5}};
+  ASSERT_TRUE(c->put_parts("ctx", 3, 1, payload, parts, 6, deadline_in(10s)).ok());
+  EXPECT_EQ(*c->stat("ctx", deadline_in(10s)), (std::vector<ChunkStat>{{3, {0, payload.size()}, {{}, parts}}}));
+}
+
+// A range of a damaged object is never served, whether the node reads the object
+// whole into memory or streams it (it verifies the whole object before it sends any
+// of it), even when the damage lies outside the range; the object leaves stat.
+TEST_F(NodeLayout, RangeOfADamagedObjectIsRefused) {
+  for (const bool streamed : {false, true}) {
+    SCOPED_TRACE(streamed ? "streamed from disk" : "read whole into memory");
+    TempDir tmp("kvstream-node-damaged");
+    auto cfg = node_util::node_config(tmp.path(), {{"tenant-a", kSecret}});
+    if (streamed) cfg.cache_bytes = 0;
+    const auto body = pattern((3 << 20) + 5, 9);
+    const auto file = tmp.path() / "tenant-a" / "ctx" / "c0.l0";
+    {
+      auto s = Server::start(cfg);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      ASSERT_TRUE(
+          client((*s)->address())
+              ->put_parts("ctx", 0, 0, body, std::vector<ObjectPart>{{100, 1}, {body.size(), 0}}, 0, deadline_in(20s))
+              .ok());
+      ASSERT_TRUE(client((*s)->address())->put("ctx", 1, 0, pattern(100, 1), deadline_in(20s)).ok());
+    }
+    {  // a byte in the third segment, far from the range asked for below
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(2 << 20) + 77);
+      f.put('\x5a');
+    }
+    auto s = Server::start(cfg);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    auto c = client((*s)->address());
+    std::vector<std::byte> buf(100, std::byte{0x11});
+    auto mr = c->register_memory(buf.data(), buf.size());
+    auto r = c->get_range("ctx", 0, 0, 0, 100, *mr, 0, deadline_in(20s));
+    EXPECT_EQ(r.status().code(), StatusCode::corrupt_data) << r.status().to_string();
+    EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x11}; }));
+    auto st = c->stat("ctx", deadline_in(10s));
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    ASSERT_EQ(st->size(), 1u);
+    EXPECT_EQ((*st)[0].chunk, 1u) << "the damaged object is still listed";
+  }
+}
+
+// The parts table is bound into the object header: a table changed on disk makes the
+// object damaged (moved aside at start), never served with another table.
+TEST_F(NodeLayout, PartsTableChangedOnDiskIsDetected) {
+  const auto body = pattern(4000, 3);
+  {
+    auto s = Server::start(config());
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(
+        client((*s)->address())
+            ->put_parts("ctx", 0, 0, body, std::vector<ObjectPart>{{1000, 0.75}, {4000, 0.25}}, 0, deadline_in(10s))
+            .ok());
+    ASSERT_TRUE(client((*s)->address())->put("ctx", 1, 0, body, deadline_in(10s)).ok());
+  }
+  {  // the first part's score (bytes 48..55 of the header)
+    std::fstream f(dir_ / "tenant-a" / "ctx" / "c0.l0", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(50);
+    f.put('\x01');
+  }
+  auto s = Server::start(config());
+  ASSERT_TRUE(s.ok());
+  auto c = client((*s)->address());
+  EXPECT_EQ(get_status(*c, "ctx", 0, 0).code(), StatusCode::not_found);
+  auto st = c->stat("ctx", deadline_in(10s));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(*st, (std::vector<ChunkStat>{{1, {body.size()}, {}}}));
+  EXPECT_FALSE(fs::is_empty(dir_ / ".quarantine"));
+}
+
+// The store alone: a refused put (checksum, older version) changes neither the bytes
+// nor the parts; an interrupted one (its temporary file left by a crash) leaves the
+// committed object and its parts as they were after a restart.
+TEST_F(NodeLayout, RefusedOrInterruptedPutKeepsTheOldPartsWithTheOldBytes) {
+  const ObjectKey key{"tenant-a", "ctx", 0, 0};
+  const auto v1 = pattern(3000, 1), v2 = pattern(3000, 2);
+  const std::vector<ObjectPart> p1 = {{1000, 1}, {3000, 0}}, p2 = {{3000, 9}};
+  {
+    MemoryBudget budget(64 << 20);
+    auto store = ChunkStore::open(dir_.string(), 16 << 20, budget);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    ASSERT_TRUE((*store)->put(key, v1, 10, p1).ok());
+    auto p = (*store)->begin_put(key, 3000, 11, p2);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(p->append(v2).ok());
+    EXPECT_EQ((*store)->commit(std::move(*p), 12345).code(), StatusCode::corrupt_data);
+    EXPECT_EQ((*store)->put(key, v2, 9, p2).code(), StatusCode::already_exists);
+    EXPECT_EQ((*store)->begin_put(key, 3000, 12, {{2999, 1}}).status().code(), StatusCode::invalid_argument);
+    EXPECT_EQ(*(*store)->read_all(key), v1);
+    EXPECT_EQ(*(*store)->stat("tenant-a", "ctx"), (std::vector<ChunkStat>{{0, {3000}, {p1}}}));
+    // A put under way when the node dies: its temporary file stays behind.
+    auto half = (*store)->begin_put(key, 3000, 13, p2);
+    ASSERT_TRUE(half.ok());
+    ASSERT_TRUE(half->append(std::span(v2).first(1500)).ok());
+    std::vector<fs::path> temporaries;
+    for (const auto& f : fs::directory_iterator(dir_ / ".tmp")) temporaries.push_back(f.path());
+    ASSERT_EQ(temporaries.size(), 1u);
+    fs::copy_file(temporaries[0], dir_ / ".tmp" / "w999-0");  // kept when the put below goes
+  }
+  MemoryBudget budget(64 << 20);
+  auto store = ChunkStore::open(dir_.string(), 16 << 20, budget);
+  ASSERT_TRUE(store.ok());
+  EXPECT_TRUE(fs::is_empty(dir_ / ".tmp"));
+  EXPECT_EQ(*(*store)->read_all(key), v1);
+  EXPECT_EQ(*(*store)->stat("tenant-a", "ctx"), (std::vector<ChunkStat>{{0, {3000}, {p1}}}));
 }
 
 }  // namespace

@@ -16,11 +16,53 @@ using transport::CancelToken;
 using transport::Clock;
 using transport::deadline_in;
 
-// Completes gets immediately with `bytes` (or `error`), from the caller's thread.
+// A client written before parts and ranges: only the calls every client must have.
+class LegacyClient : public Client {
+ public:
+  int puts = 0;
+  Result<transport::MemoryRegion> register_memory(void*, size_t) override { return transport::MemoryRegion(); }
+  Status put(const std::string&, uint32_t, uint32_t, std::span<const std::byte>, transport::Deadline,
+             const CancelToken&) override {
+    ++puts;
+    return {};
+  }
+  void get_async(const std::string&, uint32_t, uint32_t, transport::MemoryRegion, size_t, size_t, transport::Deadline,
+                 const CancelToken&, GetCallback done) override {
+    done(size_t(0));
+  }
+  Result<std::vector<ChunkStat>> stat(const std::string&, transport::Deadline, const CancelToken&) override {
+    return std::vector<ChunkStat>{};
+  }
+  Status remove(const std::string&, transport::Deadline, const CancelToken&) override { return {}; }
+  Result<std::vector<std::string>> list(transport::Deadline, const CancelToken&) override {
+    return std::vector<std::string>{};
+  }
+};
+
+// Completes gets immediately with `bytes` (or `error`), from the caller's thread;
+// range gets with their length. Records what reached it.
 class FakeClient final : public Client {
  public:
   size_t bytes = 1000;
   Status error;
+  struct Range {
+    uint64_t offset = 0, length = 0;
+    size_t dest_offset = 0;
+  };
+  std::vector<Range>* ranges = nullptr;                  // where range gets are recorded, when set
+  std::vector<std::vector<ObjectPart>>* puts = nullptr;  // the parts of each put, when set
+  void get_range_async(const std::string&, uint32_t, uint32_t, uint64_t offset, uint64_t length,
+                       transport::MemoryRegion, size_t dest_offset, transport::Deadline, const CancelToken&,
+                       GetCallback done) override {
+    if (ranges) ranges->push_back({offset, length, dest_offset});
+    if (!error.ok()) return done(error);
+    done(size_t(length));
+  }
+  Status put_parts(const std::string&, uint32_t, uint32_t, std::span<const std::byte>,
+                   std::span<const ObjectPart> parts, uint64_t, transport::Deadline, const CancelToken&) override {
+    if (puts) puts->emplace_back(parts.begin(), parts.end());
+    return {};
+  }
   Result<transport::MemoryRegion> register_memory(void*, size_t) override { return transport::MemoryRegion(); }
   Status put(const std::string&, uint32_t, uint32_t, std::span<const std::byte>, transport::Deadline,
              const CancelToken&) override {
@@ -32,7 +74,7 @@ class FakeClient final : public Client {
     done(bytes);
   }
   Result<std::vector<ChunkStat>> stat(const std::string&, transport::Deadline, const CancelToken&) override {
-    return std::vector<ChunkStat>{{0, {7, 3}}};
+    return std::vector<ChunkStat>{{0, {7, 3}, {{}, {{1, 0.5}, {3, 0.25}}}}};
   }
   Status remove(const std::string&, transport::Deadline, const CancelToken&) override { return {}; }
   Result<std::vector<std::string>> list(transport::Deadline, const CancelToken&) override {
@@ -127,6 +169,61 @@ TEST(PacedClient, ErrorsAndControlCallsPassThrough) {
   std::vector<std::byte> body(1000);
   EXPECT_TRUE(c->put("ctx", 0, 0, body, deadline_in(1s)).ok());  // puts are not paced by default
   EXPECT_LT(secs(Clock::now() - t0), 0.5);
+}
+
+// Range gets reach the inner client as asked and complete with their length; parts
+// tables reach it with the put; stat's parts come back unchanged.
+TEST(PacedClient, RangesAndPartsPassThrough) {
+  std::vector<FakeClient::Range> ranges;
+  std::vector<std::vector<ObjectPart>> puts;
+  auto fake = std::make_unique<FakeClient>();
+  fake->ranges = &ranges, fake->puts = &puts;
+  auto c = make_paced_client(std::move(fake), 1e15);  // nothing is held noticeably
+  ASSERT_NE(c, nullptr);
+  auto r = c->get_range("ctx", 1, 2, 4096, 777, {}, 33, deadline_in(10s));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, 777u);
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_EQ(ranges[0].offset, 4096u);
+  EXPECT_EQ(ranges[0].length, 777u);
+  EXPECT_EQ(ranges[0].dest_offset, 33u);
+  std::vector<std::byte> body(10);
+  const std::vector<ObjectPart> parts = {{4, 2.0}, {10, 1.0}};
+  EXPECT_TRUE(c->put_parts("ctx", 0, 0, body, parts, 0, deadline_in(10s)).ok());
+  ASSERT_EQ(puts.size(), 1u);
+  EXPECT_EQ(puts[0], parts);
+  auto st = c->stat("ctx", deadline_in(10s));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ((*st)[0].level_parts, (std::vector<std::vector<ObjectPart>>{{}, {{1, 0.5}, {3, 0.25}}}));
+}
+
+// A range is charged its length: at 8 bit/s a 1-byte range is held for a second, so
+// a deadline well inside that ends it (held, not passed through); an inner error is
+// not held at all.
+TEST(PacedClient, RangesArePacedByTheirLength) {
+  auto fake = std::make_unique<FakeClient>();
+  auto* inner = fake.get();
+  auto c = make_paced_client(std::move(fake), 8.0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->get_range("ctx", 0, 0, 0, 1, {}, 0, deadline_in(20ms)).status().code(), StatusCode::timed_out);
+  inner->error = make_status(StatusCode::out_of_range, "past the end");
+  EXPECT_EQ(c->get_range("ctx", 0, 0, 100, 1, {}, 0, deadline_in(10s)).status().code(), StatusCode::out_of_range);
+}
+
+// The base class's defaults for a client that predates parts and ranges: a put
+// without parts is a put; a parts table or a range read is `unsupported`, never
+// silently dropped.
+TEST(PacedClient, ClientsWithoutPartsOrRangesSaySo) {
+  LegacyClient legacy;
+  std::vector<std::byte> body(10);
+  EXPECT_TRUE(legacy.put_parts("ctx", 0, 0, body, {}, 0, deadline_in(1s)).ok());
+  EXPECT_EQ(legacy.puts, 1);
+  EXPECT_EQ(legacy.put_parts("ctx", 0, 0, body, std::vector<ObjectPart>{{10, 1.0}}, 0, deadline_in(1s)).code(),
+            StatusCode::unsupported);
+  EXPECT_EQ(legacy.put_parts("ctx", 0, 0, body, std::vector<ObjectPart>{{11, 1.0}}, 0, deadline_in(1s)).code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ(legacy.puts, 1);
+  EXPECT_EQ(legacy.get_range("ctx", 0, 0, 0, 1, {}, 0, deadline_in(1s)).status().code(), StatusCode::unsupported);
 }
 
 TEST(PacedClient, DestroyingReleasesHeldCompletions) {

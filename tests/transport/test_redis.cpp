@@ -3,7 +3,9 @@
 // built without hiredis).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -116,10 +118,15 @@ TEST_F(Redis, SameBytesAsTheNativeNode) {
   for (uint32_t chunk = 0; chunk < 8; ++chunk)
     for (uint32_t level = 0; level < 3; ++level) {
       const auto b = test_util::pattern(3000 + chunk * 50000 + level * 999, 100 + chunk * 3 + level);
-      ASSERT_TRUE((*native)->put("same", chunk, level, b, deadline_in(5s)).ok());
-      ASSERT_TRUE((*red)->put("same", chunk, level, b, deadline_in(5s)).ok());
+      // Level 1 is layered: two parts.
+      const std::vector<ObjectPart> parts = level == 1
+                                                ? std::vector<ObjectPart>{{b.size() / 3, 0.5 + chunk}, {b.size(), 0.25}}
+                                                : std::vector<ObjectPart>{};
+      ASSERT_TRUE((*native)->put_parts("same", chunk, level, b, parts, 0, deadline_in(5s)).ok());
+      ASSERT_TRUE((*red)->put_parts("same", chunk, level, b, parts, 0, deadline_in(5s)).ok());
     }
   EXPECT_EQ(*(*native)->stat("same", deadline_in(5s)), *(*red)->stat("same", deadline_in(5s)));
+  EXPECT_EQ((*(*red)->stat("same", deadline_in(5s)))[2].level_parts.size(), 2u);
   std::vector<std::byte> a(1 << 20), b(1 << 20);
   auto ma = (*native)->register_memory(a.data(), a.size());
   auto mb = (*red)->register_memory(b.data(), b.size());
@@ -130,6 +137,14 @@ TEST_F(Redis, SameBytesAsTheNativeNode) {
       ASSERT_TRUE(na.ok() && nb.ok()) << na.status().to_string() << " / " << nb.status().to_string();
       ASSERT_EQ(*na, *nb);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), *na), 0) << chunk << "/" << level;
+      // And the same ranges: a middle one and the last byte.
+      const uint64_t size = *na, off = size / 3, len = size / 2;
+      for (const auto& [o, l] : std::vector<std::pair<uint64_t, uint64_t>>{{off, len}, {size - 1, 1}}) {
+        auto ra = (*native)->get_range("same", chunk, level, o, l, *ma, 0, deadline_in(5s));
+        auto rb = (*red)->get_range("same", chunk, level, o, l, *mb, 0, deadline_in(5s));
+        ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().to_string() << " / " << rb.status().to_string();
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), l), 0) << chunk << "/" << level << " " << o << "+" << l;
+      }
     }
 }
 
@@ -168,6 +183,105 @@ TEST_F(Redis, ValueCopiedToAnotherKeyIsRefused) {
   auto mr = (*c)->register_memory(buf.data(), buf.size());
   EXPECT_TRUE((*c)->get("moved", 10, 0, *mr, 0, buf.size(), deadline_in(5s)).ok());
   EXPECT_EQ((*c)->get("moved", 11, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::corrupt_data);
+}
+
+// Parts are stored with the value (one MULTI/EXEC) and come back from stat; a put
+// without parts clears them; ranges read the slices, across 64 KiB blocks, and a range
+// past the end writes nothing. Removing the context leaves no key behind.
+TEST_F(Redis, PartsAndRanges) {
+  auto c = client();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const uint64_t size = (1 << 20) + 4321;
+  const auto obj = test_util::pattern(size, 3), small = test_util::pattern(1000, 4);
+  const std::vector<ObjectPart> parts = {{65536, 3.0}, {300000, 1.5}, {size, 0.0}};
+  ASSERT_TRUE((*c)->put_parts("layers", 2, 0, obj, parts, 0, deadline_in(5s)).ok());
+  ASSERT_TRUE((*c)->put("layers", 2, 1, small, deadline_in(5s)).ok());
+  ASSERT_TRUE(
+      (*c)->put_parts("layers", 2, 3, small, std::vector<ObjectPart>{{10, 1}, {1000, 0}}, 0, deadline_in(5s)).ok());
+  EXPECT_EQ(
+      (*c)->put_parts("layers", 2, 4, small, std::vector<ObjectPart>{{10, 1}, {999, 0}}, 0, deadline_in(5s)).code(),
+      StatusCode::invalid_argument);
+  auto st = (*c)->stat("layers", deadline_in(5s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  const std::vector<ChunkStat> want = {
+      {2, {size, small.size(), 0, small.size()}, {parts, {}, {}, {{10, 1}, {1000, 0}}}}};
+  EXPECT_EQ(*st, want);
+  ASSERT_TRUE((*c)->put("layers", 2, 3, small, deadline_in(5s)).ok());
+  EXPECT_EQ((*(*c)->stat("layers", deadline_in(5s)))[0].level_parts, (std::vector<std::vector<ObjectPart>>{parts}));
+
+  const size_t at = 99;
+  std::vector<std::byte> buf(size + 2 * at);
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  for (const auto& [offset, length] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {0, 1}, {size - 1, 1}, {0, size}, {65536 - 10, 20}, {65536, 65536}, {100000, 700001}}) {
+    std::fill(buf.begin(), buf.end(), std::byte{0xee});
+    auto n = (*c)->get_range("layers", 2, 0, offset, length, *mr, at, deadline_in(5s));
+    ASSERT_TRUE(n.ok()) << offset << "+" << length << ": " << n.status().to_string();
+    EXPECT_EQ(*n, length);
+    EXPECT_EQ(std::memcmp(buf.data() + at, obj.data() + offset, length), 0) << offset << "+" << length;
+    EXPECT_TRUE(std::all_of(buf.begin(), buf.begin() + at, [](std::byte b) { return b == std::byte{0xee}; }));
+    EXPECT_TRUE(
+        std::all_of(buf.begin() + long(at + length), buf.end(), [](std::byte b) { return b == std::byte{0xee}; }));
+  }
+  std::fill(buf.begin(), buf.end(), std::byte{0x5c});
+  for (const auto& [offset, length] :
+       std::vector<std::pair<uint64_t, uint64_t>>{{size - 10, 11}, {size, 1}, {size + 5, 1}})
+    EXPECT_EQ((*c)->get_range("layers", 2, 0, offset, length, *mr, 0, deadline_in(5s)).status().code(),
+              StatusCode::out_of_range);
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x5c}; }));
+  EXPECT_EQ((*c)->get_range("layers", 2, 2, 0, 1, *mr, 0, deadline_in(5s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*c)->get_range("layers", 2, 0, 0, 0, *mr, 0, deadline_in(5s)).status().code(),
+            StatusCode::invalid_argument);
+  ASSERT_TRUE((*c)->remove("layers", deadline_in(5s)).ok());
+  EXPECT_EQ((*c)->get_range("layers", 2, 0, 0, 1, *mr, 0, deadline_in(5s)).status().code(), StatusCode::not_found);
+  const std::string cli = redis_cli();
+  if (cli.empty()) return;
+  const std::string out = (dir_ / "dbsize.txt").string();
+  ASSERT_EQ(std::system(fmt::format("{} -p {} DBSIZE > {}", cli, port_, out).c_str()), 0);
+  std::ifstream in(out);
+  int keys = -1;
+  in >> keys;
+  EXPECT_EQ(keys, 0) << "remove left keys behind";
+}
+
+// Each block a range touches is verified: damage inside the range is corrupt_data,
+// and nothing is written; a range of intact blocks still reads. A value stored without
+// block sums (by a client before range reads) is read whole and verified instead.
+TEST_F(Redis, RangeOfADamagedValueIsRefused) {
+  const std::string cli = redis_cli();
+  if (cli.empty()) GTEST_SKIP() << "redis-cli is not installed (Debian package redis-tools)";
+  auto c = client();
+  ASSERT_TRUE(c.ok());
+  const uint64_t size = 300000;
+  const auto obj = test_util::pattern(size, 8);
+  ASSERT_TRUE((*c)->put("bad", 0, 0, obj, deadline_in(5s)).ok());
+  ASSERT_TRUE((*c)->put("bad", 1, 0, obj, deadline_in(5s)).ok());
+  // Payload byte 200000 (block 3) of chunk 0: the value's 8-byte checksum comes first.
+  auto redis = [&](const std::string& args) {
+    return std::system(fmt::format("{} -p {} {} > /dev/null", cli, port_, args).c_str());
+  };
+  ASSERT_EQ(redis("SETRANGE kvs:tenant-a:bad:0:0 200008 Z"), 0);
+  std::vector<std::byte> buf(size, std::byte{0x11});
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  EXPECT_EQ((*c)->get_range("bad", 0, 0, 199990, 20, *mr, 0, deadline_in(5s)).status().code(),
+            StatusCode::corrupt_data);
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x11}; }));
+  auto intact = (*c)->get_range("bad", 0, 0, 0, 100000, *mr, 0, deadline_in(5s));
+  ASSERT_TRUE(intact.ok()) << intact.status().to_string();
+  EXPECT_EQ(std::memcmp(buf.data(), obj.data(), 100000), 0);
+  // Without its block sums the whole value is verified.
+  ASSERT_EQ(redis("DEL kvs:tenant-a:bad:0:0:blocks kvs:tenant-a:bad:1:0:blocks"), 0);
+  EXPECT_EQ((*c)->get_range("bad", 0, 0, 0, 10, *mr, 0, deadline_in(5s)).status().code(), StatusCode::corrupt_data);
+  auto whole = (*c)->get_range("bad", 1, 0, 1000, 5000, *mr, 0, deadline_in(5s));
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_EQ(std::memcmp(buf.data(), obj.data() + 1000, 5000), 0);
+  EXPECT_EQ((*c)->get_range("bad", 1, 0, size, 1, *mr, 0, deadline_in(5s)).status().code(), StatusCode::out_of_range);
+  // Block sums copied with a value to another key fail there too.
+  ASSERT_TRUE((*c)->put("bad", 2, 0, obj, deadline_in(5s)).ok());
+  ASSERT_EQ(redis("COPY kvs:tenant-a:bad:2:0 kvs:tenant-a:bad:3:0"), 0);
+  ASSERT_EQ(redis("COPY kvs:tenant-a:bad:2:0:blocks kvs:tenant-a:bad:3:0:blocks"), 0);
+  EXPECT_EQ((*c)->get_range("bad", 3, 0, 0, 10, *mr, 0, deadline_in(5s)).status().code(), StatusCode::corrupt_data);
 }
 
 TEST_F(Redis, DeadlineAndCancelEvenWhenTheServerStalls) {

@@ -2,8 +2,11 @@
 // deadlines, cancel, a node killed mid-transfer, durability across a restart.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -402,6 +405,210 @@ TEST(Protocol, HeadersRoundTripAndRejectGarbage) {
     (void)decode_stats(g);
     (void)decode_names(g);
   }
+}
+
+// ---- Parts tables and range reads (a layered object's prefixes) -------------------
+
+// A table of `n` parts over an object of `size` bytes: ends spread evenly, the last at
+// `size`, scores falling as a codec's distortion would.
+std::vector<ObjectPart> parts_of(uint64_t size, size_t n) {
+  std::vector<ObjectPart> parts;
+  for (size_t i = 1; i <= n; ++i) parts.push_back({size * i / n, 100.0 / double(i) - 0.125});
+  return parts;
+}
+
+TEST(Protocol, RangeAndPartsRoundTripAndMalformedOnesAreRefused) {
+  // A put with a full parts table fits one transport header and comes back whole.
+  Request put;
+  put.op = Op::put, put.id = 9, put.chunk = 1, put.level = 2, put.total = 1 << 20, put.checksum = 7, put.version = 5;
+  put.context = std::string(kMaxContextBytes, 'c');
+  put.parts = parts_of(put.total, kMaxObjectParts);
+  const auto bytes = encode(put);
+  EXPECT_EQ(bytes.size(), kMaxRequestHeaderBytes);  // the largest request there is
+  auto back = decode_request(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->parts, put.parts);
+  EXPECT_EQ(back->total, put.total);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) EXPECT_FALSE(decode_request(std::span(bytes).first(cut)).ok()) << cut;
+  // Tables that do not describe the body are corrupt_data, never a crash.
+  const std::vector<std::vector<ObjectPart>> bad = {
+      {{100, 1}, {100, 2}, {put.total, 3}},  // not increasing
+      {{0, 1}, {put.total, 2}},              // a part of no bytes
+      {{100, 1}, {put.total - 1, 2}},        // the last does not end at the body's end
+      {{put.total, std::nan("")}},           // a score that is not finite
+  };
+  for (const auto& parts : bad) {
+    Request r = put;
+    r.parts = parts;
+    auto d = decode_request(encode(r));
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), StatusCode::corrupt_data) << d.status().to_string();
+  }
+  // A count past the bound: the count byte sits right after the put's fixed fields.
+  auto over = bytes;
+  over[4 + 1 + 1 + 2 + 8 + 4 + 4 + 24] = std::byte{kMaxObjectParts + 1};
+  EXPECT_EQ(decode_request(over).status().code(), StatusCode::corrupt_data);
+  // A range get comes back whole; a range of no length at an offset is malformed; one
+  // past the largest object is out_of_range.
+  Request get;
+  get.op = Op::get, get.id = 3, get.context = "ctx", get.range_offset = 12345, get.range_length = 678;
+  auto g = decode_request(encode(get));
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_EQ(g->range_offset, 12345u);
+  EXPECT_EQ(g->range_length, 678u);
+  get.range_length = 0;
+  EXPECT_EQ(decode_request(encode(get)).status().code(), StatusCode::corrupt_data);
+  get.range_offset = kMaxChunkBytes, get.range_length = 1;
+  EXPECT_EQ(decode_request(encode(get)).status().code(), StatusCode::out_of_range);
+  // Another protocol version is refused with a message that says so.
+  auto old = encode(get);
+  old[4] = std::byte{2};
+  auto v = decode_request(old);
+  EXPECT_EQ(v.status().code(), StatusCode::unsupported);
+  EXPECT_NE(v.status().message().find("protocol version 2"), std::string::npos) << v.status().message();
+  // Stat bodies carry each level's parts; they are checked against the level's size.
+  std::vector<ChunkStat> st = {{1, {10, 20, 30}, {{{4, 1.5}, {10, 0.5}}, {}, {{30, 2}}}}, {2, {0, 5}, {}}};
+  auto sb = encode_stats(st);
+  auto sd = decode_stats(sb);
+  ASSERT_TRUE(sd.ok()) << sd.status().to_string();
+  EXPECT_EQ(*sd, st);
+  std::vector<ChunkStat> untrimmed = {{1, {10, 20}, {{}, {}}}};
+  EXPECT_EQ(*decode_stats(encode_stats(untrimmed)), (std::vector<ChunkStat>{{1, {10, 20}, {}}}));
+  std::vector<ChunkStat> lying = {{1, {10}, {{{4, 1}, {11, 0}}}}};  // a part past the level's end
+  EXPECT_EQ(decode_stats(encode_stats(lying)).status().code(), StatusCode::corrupt_data);
+  // validate_parts itself.
+  EXPECT_TRUE(validate_parts({}, 0).ok());
+  EXPECT_TRUE(validate_parts(parts_of(1000, kMaxObjectParts), 1000).ok());
+  EXPECT_EQ(validate_parts(parts_of(1000, kMaxObjectParts + 1), 1000).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(validate_parts(parts_of(1000, 3), 999).code(), StatusCode::invalid_argument);
+}
+
+// The node keeps each level's parts with its bytes: stat returns them, a restart keeps
+// them, a put without parts clears them, and bad tables are refused before anything is
+// sent.
+TEST_P(Storage, PartsAreKeptWithTheObject) {
+  const auto b0 = blob(50000, 1), b1 = blob(7000, 2), b2 = blob(3 << 20, 3);
+  const auto p0 = parts_of(b0.size(), 3), p2 = parts_of(b2.size(), kMaxObjectParts);
+  {
+    auto server = Server::start(server_config());
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    auto c = client((*server)->address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_TRUE((*c)->put_parts("layered", 0, 0, b0, p0, 0, deadline_in(10s)).ok());
+    ASSERT_TRUE((*c)->put("layered", 0, 1, b1, deadline_in(10s)).ok());
+    ASSERT_TRUE((*c)->put_parts("layered", 0, 2, b2, p2, next_write_version(), deadline_in(20s)).ok());
+    ASSERT_TRUE((*c)->put_parts("layered", 1, 0, b1, {}, 0, deadline_in(10s)).ok());
+    for (const auto& bad : std::vector<std::vector<ObjectPart>>{parts_of(b1.size() + 1, 2),
+                                                                parts_of(b1.size(), kMaxObjectParts + 1),
+                                                                {{b1.size(), std::numeric_limits<double>::infinity()}}})
+      EXPECT_EQ((*c)->put_parts("layered", 1, 1, b1, bad, 0, deadline_in(10s)).code(), StatusCode::invalid_argument);
+    const std::vector<ChunkStat> want = {{0, {b0.size(), b1.size(), b2.size()}, {p0, {}, p2}}, {1, {b1.size()}, {}}};
+    auto st = (*c)->stat("layered", deadline_in(10s));
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    EXPECT_EQ(*st, want);
+  }
+  auto server = Server::start(server_config());
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto c = client((*server)->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto st = (*c)->stat("layered", deadline_in(10s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  ASSERT_EQ(st->size(), 2u);
+  EXPECT_EQ((*st)[0].level_parts, (std::vector<std::vector<ObjectPart>>{p0, {}, p2})) << "a restart lost the parts";
+  // A put without parts replaces bytes and parts together: the parts go.
+  ASSERT_TRUE((*c)->put("layered", 0, 2, b1, deadline_in(10s)).ok());
+  st = (*c)->stat("layered", deadline_in(10s));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ((*st)[0], (ChunkStat{0, {b0.size(), b1.size(), b1.size()}, {p0}}));
+  // And a put with parts after one without sets them again.
+  ASSERT_TRUE((*c)->put_parts("layered", 0, 1, b0, p0, 0, deadline_in(10s)).ok());
+  EXPECT_EQ((*(*c)->stat("layered", deadline_in(10s)))[0].level_parts, (std::vector<std::vector<ObjectPart>>{p0, p0}));
+}
+
+// Ranges of an object that the node holds in memory and of one it streams from disk
+// (cache 0): first byte, last byte, the whole, a middle range across a 1 MiB segment
+// boundary and one of several segments; each lands at its place and nothing else in
+// the destination changes.
+TEST_P(Storage, RangesEqualTheSlices) {
+  for (const bool streamed : {false, true}) {
+    SCOPED_TRACE(streamed ? "streamed from disk" : "served from memory");
+    auto cfg = server_config();
+    if (streamed) cfg.cache_bytes = 0;
+    auto server = Server::start(cfg);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    auto c = client((*server)->address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    const uint64_t size = (3 << 20) + 12345;
+    const auto obj = blob(size, 11);
+    ASSERT_TRUE((*c)->put_parts("ranges", 4, 1, obj, parts_of(size, 4), 0, deadline_in(20s)).ok());
+    const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+        {0, 1}, {size - 1, 1}, {0, size}, {kSegmentBytes - 1000, 5000}, {500000, (2 << 20) + 7}, {kSegmentBytes, 1}};
+    const size_t at = 777;  // where in the destination the range lands
+    std::vector<std::byte> buf(size + 2 * at);
+    auto mr = (*c)->register_memory(buf.data(), buf.size());
+    ASSERT_TRUE(mr.ok());
+    for (const auto& [offset, length] : ranges) {
+      std::fill(buf.begin(), buf.end(), std::byte{0xee});
+      auto n = (*c)->get_range("ranges", 4, 1, offset, length, *mr, at, deadline_in(20s));
+      ASSERT_TRUE(n.ok()) << offset << "+" << length << ": " << n.status().to_string();
+      EXPECT_EQ(*n, length);
+      EXPECT_EQ(std::memcmp(buf.data() + at, obj.data() + offset, length), 0) << offset << "+" << length;
+      EXPECT_TRUE(std::all_of(buf.begin(), buf.begin() + at, [](std::byte b) { return b == std::byte{0xee}; }));
+      EXPECT_TRUE(
+          std::all_of(buf.begin() + long(at + length), buf.end(), [](std::byte b) { return b == std::byte{0xee}; }));
+    }
+    // Several in flight at once, each into its own place.
+    std::vector<std::future<Result<size_t>>> fs;
+    std::vector<std::byte> many(64 * 4096);
+    auto mm = (*c)->register_memory(many.data(), many.size());
+    ASSERT_TRUE(mm.ok());
+    for (uint64_t i = 0; i < 64; ++i) {
+      auto p = std::make_shared<std::promise<Result<size_t>>>();
+      fs.push_back(p->get_future());
+      (*c)->get_range_async("ranges", 4, 1, i * 49999, 4096, *mm, i * 4096, deadline_in(20s), {},
+                            [p](Result<size_t> r) { p->set_value(std::move(r)); });
+    }
+    for (uint64_t i = 0; i < 64; ++i) {
+      auto r = fs[i].get();
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_EQ(std::memcmp(many.data() + i * 4096, obj.data() + i * 49999, 4096), 0) << i;
+    }
+  }
+}
+
+// A range that ends past the object is out_of_range and writes nothing; other bad
+// ranges are refused as documented; the connection keeps working after each.
+TEST_P(Storage, RangePastTheEndLeavesTheDestinationUntouched) {
+  auto server = Server::start(server_config());
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto c = client((*server)->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const uint64_t size = 100000;
+  const auto obj = blob(size, 5);
+  ASSERT_TRUE((*c)->put("short", 0, 0, obj, deadline_in(10s)).ok());
+  std::vector<std::byte> buf(2 * size, std::byte{0x5c});
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  for (const auto& [offset, length] :
+       std::vector<std::pair<uint64_t, uint64_t>>{{size - 10, 11}, {size, 1}, {size + 100, 5}, {0, size + 1}}) {
+    auto r = (*c)->get_range("short", 0, 0, offset, length, *mr, 0, deadline_in(10s));
+    EXPECT_EQ(r.status().code(), StatusCode::out_of_range) << offset << "+" << length << ": " << r.status().to_string();
+    EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x5c}; }))
+        << offset << "+" << length << " wrote into the destination";
+  }
+  EXPECT_EQ((*c)->get_range("short", 0, 0, 0, 0, *mr, 0, deadline_in(10s)).status().code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ((*c)->get_range("short", 0, 0, 0, 10, *mr, buf.size() - 5, deadline_in(10s)).status().code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ((*c)->get_range("short", 9, 0, 0, 10, *mr, 0, deadline_in(10s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*c)->get_range("short", 0, kMaxLevels, 0, 10, *mr, 0, deadline_in(10s)).status().code(),
+            StatusCode::out_of_range);
+  EXPECT_EQ((*c)->get_range("short", 0, 0, kMaxChunkBytes, 10, *mr, 0, deadline_in(10s)).status().code(),
+            StatusCode::out_of_range);
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x5c}; }));
+  auto n = (*c)->get_range("short", 0, 0, size - 10, 10, *mr, 0, deadline_in(10s));
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  EXPECT_EQ(std::memcmp(buf.data(), obj.data() + size - 10, 10), 0);
 }
 
 std::vector<std::string> backends() {
