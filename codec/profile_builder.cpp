@@ -270,7 +270,9 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   }
 
   // Predictor per channel: the cheapest residuals at the middle level.
-  const float mid_step = level_steps[level_steps.size() / 2];
+  // (A progressive profile decides at its base step: every prefix holds the base, and
+  // the base is what a chooser bound by quality fetches most.)
+  const float mid_step = opt.progressive ? level_steps.back() : level_steps[level_steps.size() / 2];
   p.predictor.assign(N, uint8_t(Predictor::mean));
   std::vector<double> channel_bits(N, 0.0);
   for (size_t i = 0; i < N; ++i) {

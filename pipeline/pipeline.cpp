@@ -76,6 +76,12 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
     return first_error_;
   }
   void cancel() override { req_.cancel.cancel(); }
+  std::vector<std::vector<uint8_t>> take_kept_bytes() override {
+    std::lock_guard lock(mu_);
+    std::vector<std::vector<uint8_t>> out(req_.chunks.size());
+    if (kept_.size() == out.size()) out.swap(kept_);
+    return out;
+  }
   std::vector<ChunkTimings> timings() const override {
     std::lock_guard lock(mu_);
     return timings_;
@@ -90,6 +96,7 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
   FetchRequest req_;
   FetchCallbacks cb_;
   std::vector<std::vector<uint64_t>> sizes_;  // stored level sizes of range i (empty: none stored)
+  std::vector<std::vector<uint8_t>> kept_;     // FetchRequest::keep_bytes: range i's fetched bytes
   std::thread dispatcher_;
   mutable std::mutex mu_;
   std::condition_variable done_cv_;
@@ -150,6 +157,7 @@ class PipelineImpl final : public Pipeline {
   }
 
   DecodeOn decodes_on() const override { return decodes_on_; }
+  const codec::Profile& profile() const override { return profile_; }
 
   Result<std::shared_ptr<Fetch>> fetch(FetchRequest req, FetchCallbacks cb) override {
     if (!req.device.empty()) {
@@ -174,7 +182,7 @@ class PipelineImpl final : public Pipeline {
                          req.chunks.size());
     // The sizes of every level of every range's chunk, before anything is fetched; the
     // caller's are moved out of the request, so the fetch keeps one copy.
-    KVS_ASSIGN_OR_RETURN(auto sizes, req.level_bytes.empty() ? range_level_bytes(client_, req)
+    KVS_ASSIGN_OR_RETURN(auto sizes, req.level_bytes.empty() ? range_level_bytes(client_, req, profile_.progressive())
                                                              : Result<std::vector<std::vector<uint64_t>>>(
                                                                    std::move(req.level_bytes)));
     auto f = std::make_shared<FetchImpl>(*this, std::move(req), std::move(cb), std::move(sizes));
@@ -402,22 +410,28 @@ void FetchImpl::dispatch() {
       timings_[i].wire_start = Clock::now();
       ++on_wire_;
     }
-    p_.client_.get_async(stored_context(req_, i), stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes,
-                         req_.deadline, req_.cancel, [self = shared_from_this(), i, b](Result<size_t> r) {
-                           {
-                             std::lock_guard lock(self->mu_);
-                             self->timings_[i].wire_end = Clock::now();
-                             if (r.ok()) self->timings_[i].bytes = *r;
-                             --self->on_wire_;
-                           }
-                           self->on_wire_cv_.notify_all();
-                           if (!r.ok()) {
-                             self->p_.release(b);
-                             self->finish(i, r.status().with_context(fmt::format("chunk {}", i)));
-                             return;
-                           }
-                           self->p_.submit_decode(self, i, b, *r);
-                         });
+    auto landed = [self = shared_from_this(), i, b](Result<size_t> r) {
+      {
+        std::lock_guard lock(self->mu_);
+        self->timings_[i].wire_end = Clock::now();
+        if (r.ok()) self->timings_[i].bytes = *r;
+        --self->on_wire_;
+      }
+      self->on_wire_cv_.notify_all();
+      if (!r.ok()) {
+        self->p_.release(b);
+        self->finish(i, r.status().with_context(fmt::format("chunk {}", i)));
+        return;
+      }
+      self->p_.submit_decode(self, i, b, *r);
+    };
+    // A progressive chunk is one object: the level is the prefix of its size.
+    if (p_.profile_.progressive())
+      p_.client_.get_range_async(stored_context(req_, i), stored, 0, 0, level_bytes[d.level], p_.regions_[b], 0,
+                                 req_.deadline, req_.cancel, std::move(landed));
+    else
+      p_.client_.get_async(stored_context(req_, i), stored, d.level, p_.regions_[b], 0, p_.cfg_.max_chunk_bytes,
+                           req_.deadline, req_.cancel, std::move(landed));
   }
   if (held) p_.release(*held);
 }
@@ -440,6 +454,12 @@ void FetchImpl::decode(uint32_t i, uint32_t buffer, size_t len, GpuWorker* gpu) 
   if (st.ok()) {
     const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(p_.buffers_[buffer].data()), len);
     st = gpu ? decode_gpu(i, bytes, *gpu) : decode_cpu(i, bytes);
+    if (st.ok() && req_.keep_bytes) {
+      std::vector<uint8_t> copy(bytes.begin(), bytes.end());
+      std::lock_guard lock(mu_);
+      kept_.resize(req_.chunks.size());
+      kept_[i] = std::move(copy);
+    }
   }
   {
     std::lock_guard lock(mu_);
@@ -500,7 +520,17 @@ void FetchImpl::finish(uint32_t i, Status st) {
 
 }  // namespace
 
-Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& client, const FetchRequest& req) {
+std::vector<uint64_t> stored_level_bytes(const storage::ChunkStat& stat, bool progressive) {
+  if (!progressive) return stat.level_bytes;
+  if (stat.level_parts.empty() || stat.level_parts[0].empty()) return {};
+  const std::vector<storage::ObjectPart>& parts = stat.level_parts[0];
+  std::vector<uint64_t> sizes(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) sizes[i] = parts[parts.size() - 1 - i].end;
+  return sizes;
+}
+
+Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& client, const FetchRequest& req,
+                                                            bool progressive) {
   if (!req.level_bytes.empty()) return req.level_bytes;
   std::vector<std::vector<uint64_t>> sizes(req.chunks.size());
   // One stat per context, however many ranges come from it.
@@ -511,7 +541,7 @@ Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& cl
     if (it == by_context.end()) {
       KVS_ASSIGN_OR_RETURN(auto stats, client.stat(ctx, req.deadline, req.cancel));
       it = by_context.emplace(ctx, std::map<uint32_t, std::vector<uint64_t>>{}).first;
-      for (auto& st : stats) it->second[st.chunk] = std::move(st.level_bytes);
+      for (auto& st : stats) it->second[st.chunk] = stored_level_bytes(st, progressive);
     }
     if (auto c = it->second.find(stored_chunk(req, i)); c != it->second.end()) sizes[i] = c->second;
   }

@@ -77,13 +77,18 @@ class TicketImpl final : public Ticket {
     return timings_;
   }
   const Admission& admission() const override { return admission_; }
+  std::vector<std::vector<uint8_t>> take_kept_bytes() override {
+    std::lock_guard lk(mu_);
+    return std::exchange(kept_, {});
+  }
 
   // Scheduler side.
-  void end(Status s, std::vector<ChunkTimings> t) {
+  void end(Status s, std::vector<ChunkTimings> t, std::vector<std::vector<uint8_t>> kept = {}) {
     {
       std::lock_guard lk(mu_);
       result_ = std::move(s);
       timings_ = std::move(t);
+      kept_ = std::move(kept);
       running_.reset();
       ended_ = true;
     }
@@ -113,6 +118,7 @@ class TicketImpl final : public Ticket {
   bool ended_ = false;
   Status result_;
   std::vector<ChunkTimings> timings_;
+  std::vector<std::vector<uint8_t>> kept_;
   std::shared_ptr<Fetch> running_;
 };
 
@@ -201,7 +207,7 @@ class SchedulerImpl final : public Scheduler {
 
   Result<policy::ContextCosts> costs_for(const ScheduledFetch& f) const {
     policy::ContextCosts c;
-    KVS_ASSIGN_OR_RETURN(c.level_bytes, range_level_bytes(client_, f.request));
+    KVS_ASSIGN_OR_RETURN(c.level_bytes, range_level_bytes(client_, f.request, pipeline_.profile().progressive()));
     for (size_t i = 0; i < c.level_bytes.size(); ++i)
       if (c.level_bytes[i].empty())
         return make_status(StatusCode::not_found, "context '{}' has no chunk for range {}", f.request.context, i);
@@ -330,11 +336,12 @@ class SchedulerImpl final : public Scheduler {
     waiters_.push_back({std::thread([this, t, fetch, done] {
                           Status s = fetch->wait();
                           auto timings = fetch->timings();
+                          auto kept = fetch->take_kept_bytes();
                           {
                             std::lock_guard g(mu_);
                             running_.erase(std::find(running_.begin(), running_.end(), t));
                           }
-                          t->end(std::move(s), std::move(timings));
+                          t->end(std::move(s), std::move(timings), std::move(kept));
                           done->store(true);
                           cv_.notify_all();
                         }),

@@ -64,7 +64,7 @@ struct KvStore::Impl {
     std::vector<uint64_t> levels;
     bool record = false;
     for (const auto& s : *stats) {
-      if (s.chunk == store::kLevelsChunk) levels = s.level_bytes;
+      if (s.chunk == store::kLevelsChunk) levels = pipeline::stored_level_bytes(s, profile.progressive());
       if (s.chunk == store::kRecordChunk && !s.level_bytes.empty() && s.level_bytes[0] == store::kChunkRecordBytes)
         record = true;
     }
@@ -236,8 +236,21 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
     // half-written new levels; the new record is written after every level.
     m.forget(keys[c]);
     if (!stored[c].empty()) (void)m.client->remove(keys[c], deadline, options.cancel);
+    if (m.profile.progressive()) {
+      // One stream holds every level; its parts are the levels' prefixes, coarsest
+      // first, each with the encoder's measured distortion of that prefix.
+      bytes.clear();
+      KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, 0, bytes));
+      KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> prefixes, codec::chunk_prefixes(bytes));
+      std::vector<storage::ObjectPart> parts;
+      for (const codec::ChunkPrefix& p : prefixes)
+        if (p.whole_layer) parts.push_back({p.end, p.distortion});
+      KVS_RETURN_IF_ERROR(m.client->put_parts(keys[c], store::kLevelsChunk, 0, std::as_bytes(std::span(bytes)), parts,
+                                              0, deadline, options.cancel));
+      report.bytes += bytes.size();
+    }
     // Every level: the chooser picks among all of them per chunk, so each must be there.
-    for (uint32_t l = 0; l < m.profile.levels(); ++l) {
+    for (uint32_t l = 0; l < (m.profile.progressive() ? 0 : m.profile.levels()); ++l) {
       bytes.clear();
       KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, l, bytes));
       KVS_RETURN_IF_ERROR(m.client->put(keys[c], store::kLevelsChunk, l, std::as_bytes(std::span(bytes)), deadline,
@@ -274,6 +287,10 @@ struct StoreFetch::State {
   std::shared_ptr<pipeline::Ticket> ticket;   // an adaptive one, through the scheduler
   std::vector<TokenRange> ranges;
   transport::CancelToken cancel;
+  // FetchOptions::keep_for_refinement: the request (without its sizes) and, after
+  // wait(), the bytes of each chunk.
+  std::optional<pipeline::FetchRequest> refinable;
+  std::vector<std::vector<uint8_t>> kept;
   bool waited = false;
   Result<FetchReport> result = make_status(StatusCode::internal, "not waited");
 };
@@ -302,6 +319,7 @@ Result<FetchReport> StoreFetch::wait() {
   State& s = *s_;
   if (s.waited) return s.result;
   const Status st = s.ticket ? s.ticket->wait() : s.fetch->wait();
+  if (s.refinable) s.kept = s.ticket ? s.ticket->take_kept_bytes() : s.fetch->take_kept_bytes();
   FetchReport r;
   r.chunks = s.ticket ? s.ticket->timings() : s.fetch->timings();
   uint32_t fetched = 0;
@@ -411,6 +429,11 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   s->store = impl_;
   s->ranges = req.chunks;
   s->cancel = options.cancel;
+  if (options.keep_for_refinement) {
+    req.keep_bytes = true;
+    s->refinable = req;
+    s->refinable->level_bytes.clear();
+  }
   if (options.level) {
     const uint32_t level = *options.level;
     if (level >= m.profile.levels())
@@ -432,6 +455,24 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
     KVS_ASSIGN_OR_RETURN(s->ticket, m.scheduler->submit(std::move(sf)));
   }
   return StoreFetch(std::move(s));
+}
+
+Result<pipeline::RefineReport> StoreFetch::refine(uint32_t level, transport::Deadline deadline) {
+  if (!s_ || !s_->waited || !s_->result.ok())
+    return make_status(StatusCode::invalid_argument, "refine: the fetch has not been waited for, or failed");
+  State& s = *s_;
+  if (!s.refinable) return make_status(StatusCode::invalid_argument, "refine: fetched without keep_for_refinement");
+  pipeline::RefineRequest rq;
+  rq.fetch = *s.refinable;
+  rq.fetch.deadline = deadline;
+  rq.fetch.cancel = s.cancel;
+  rq.kept = std::move(s.kept);
+  rq.kept.resize(rq.fetch.chunks.size());
+  rq.level = level;
+  rq.decode_threads = s.store->cfg.pipeline.decode_threads;
+  auto report = pipeline::refine_fetch(*s.store->client, s.store->profile, rq);
+  s.kept = std::move(rq.kept);  // grown by what landed, for a later refinement
+  return report;
 }
 
 // ---- remove and evict ----------------------------------------------------------------

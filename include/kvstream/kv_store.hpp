@@ -77,6 +77,10 @@ struct FetchOptions {
   /// reported for recompute, or failed).
   std::function<void(const pipeline::ChunkTimings&)> on_chunk;
   transport::CancelToken cancel;
+  /// Keep each fetched chunk's bytes (host memory, their encoded size) so that
+  /// StoreFetch::refine can later upgrade the KV to a finer level by fetching only
+  /// the bytes that level adds (progressive profiles).
+  bool keep_for_refinement = false;
 };
 
 /// The outcome of a fetch.
@@ -113,6 +117,15 @@ class StoreFetch {
   void cancel();
   /// Tokens the fetch covers.
   [[nodiscard]] uint64_t tokens() const noexcept;
+  /// After wait(), for a fetch with FetchOptions::keep_for_refinement from a store
+  /// with a progressive profile into host memory: fetches, for each chunk it
+  /// delivered, only the bytes from its level's end to `level`'s end and upgrades that
+  /// chunk's KV in the destination in place, bit for bit as a fetch at `level` would
+  /// have written it (chunks at `level` or finer, and recomputed ones, stay as they
+  /// are). May be called again for a finer level. Errors: invalid_argument (not
+  /// waited or failed, nothing kept, a single-level profile, a device destination),
+  /// and those of the transfer and the decoder.
+  Result<pipeline::RefineReport> refine(uint32_t level, transport::Deadline deadline);
 
   struct State;
 

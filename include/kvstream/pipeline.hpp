@@ -13,6 +13,12 @@
 // GPUDirect (chunks landing straight in device memory) needs a transport backend that
 // declares Capabilities::cuda_memory; none does yet (tcp, ucx, libfabric are host
 // memory only), so asking for it is an `unsupported` error.
+//
+// With a progressive profile (codec::Profile::progressive) each chunk is stored as
+// one object, level 0 of its stored chunk, whose parts (storage::ObjectPart) are the
+// ends of its levels' prefixes, coarsest first; fetching a chunk at level L is a range
+// get of that prefix, and refine_fetch later fetches only the bytes from L's end to a
+// finer level's and upgrades the KV in place.
 #pragma once
 
 #include <chrono>
@@ -130,6 +136,9 @@ struct FetchRequest {
   /// pipeline refuses it with invalid_argument). When set, only the size of each
   /// chunk's range matters and `destination` is not touched.
   DeviceDestination device;
+  /// Keep each delivered chunk's fetched bytes (host memory, the chunk's encoded size)
+  /// for a later refine_fetch; Fetch::take_kept_bytes hands them over.
+  bool keep_bytes = false;
 };
 
 struct FetchCallbacks {
@@ -146,7 +155,40 @@ struct FetchCallbacks {
 /// stored_contexts and stored_chunks): request.level_bytes when set, else one
 /// Client::stat per context. A range whose chunk is not stored gets an empty entry.
 /// Errors: the stat's (not_found for a context that does not exist).
-Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& client, const FetchRequest& request);
+/// With `progressive`, the chunks are stored as a progressive profile stores them
+/// (one object whose parts end its levels' prefixes) and a level's size is its
+/// prefix's end. Errors: the stat's (not_found for a context that does not exist).
+Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& client, const FetchRequest& request,
+                                                            bool progressive = false);
+
+/// The stored size of every level of one chunk from its stat: each level object's
+/// size, or with `progressive` the end of each level's prefix (level i is part
+/// n - 1 - i of level 0's object). Empty when the chunk is not stored in that form.
+std::vector<uint64_t> stored_level_bytes(const storage::ChunkStat& stat, bool progressive);
+
+/// A refinement of a finished fetch of progressive chunks: the same request (ranges,
+/// contexts, host destination) and the bytes the fetch kept, brought to `level`.
+struct RefineRequest {
+  FetchRequest fetch;                       ///< as fetched (keep_bytes and device unused)
+  std::vector<std::vector<uint8_t>> kept;   ///< per range: the prefix it holds (empty: skip the range); grows
+  uint32_t level = 0;                       ///< the level to reach (0: the finest)
+  unsigned decode_threads = 1;
+};
+
+/// What a refinement did.
+struct RefineReport {
+  uint32_t chunks_refined = 0;   ///< chunks whose KV was upgraded
+  uint64_t bytes = 0;            ///< bytes fetched (only what each kept prefix lacked)
+};
+
+/// Fetches, for every range whose kept prefix is shorter than `level`'s, the bytes
+/// from its end to that level's end (one range get each, all in flight at once),
+/// then upgrades the range's KV in the destination in place (codec::refine_chunk:
+/// bit for bit the decode of the longer prefix) and appends the bytes to `kept`. A
+/// range already at or above the level is left as it is. Errors: invalid_argument
+/// (not a progressive profile, a device destination, sizes that do not match),
+/// and the client's and decoder's; on error ranges already refined stay refined.
+Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile& profile, RefineRequest& request);
 
 /// An ongoing fetch.
 class Fetch {
@@ -161,6 +203,9 @@ class Fetch {
   virtual void cancel() = 0;
   /// Per-chunk timings (complete after wait()).
   [[nodiscard]] virtual std::vector<ChunkTimings> timings() const = 0;
+  /// With FetchRequest::keep_bytes, after wait(): each range's fetched bytes (empty
+  /// for ranges recomputed or failed), moved out (a second call returns empties).
+  virtual std::vector<std::vector<uint8_t>> take_kept_bytes() = 0;
 };
 
 /// Fetches and decodes. One pipeline serves one fetch at a time per call to fetch();
@@ -189,6 +234,8 @@ class Pipeline {
   [[nodiscard]] virtual uint32_t buffers_in_use() const = 0;
   /// Where this pipeline decodes: cpu or gpu (automatic resolved at create()).
   [[nodiscard]] virtual DecodeOn decodes_on() const = 0;
+  /// The profile it decodes with.
+  [[nodiscard]] virtual const codec::Profile& profile() const = 0;
 };
 
 }  // namespace kvstream::pipeline

@@ -69,6 +69,8 @@ class Ticket {
   [[nodiscard]] virtual std::vector<ChunkTimings> timings() const = 0;
   /// The admission computed when it was submitted.
   [[nodiscard]] virtual const Admission& admission() const = 0;
+  /// Once ended, with FetchRequest::keep_bytes: Fetch::take_kept_bytes of its fetch.
+  virtual std::vector<std::vector<uint8_t>> take_kept_bytes() = 0;
 };
 
 /// Runs fetches through one pipeline and one storage client (one peer).

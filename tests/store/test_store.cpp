@@ -255,6 +255,72 @@ TEST_F(StoreTest, AdaptiveFetchDeliversEveryChunkWithinTheQualityBound) {
   }
 }
 
+// A progressive profile stores each chunk once, as one object whose parts are its
+// levels' prefixes; a fetch at the coarsest level, refined after the first token,
+// ends bit for bit as a fetch at the finest, having moved only what was missing.
+TEST_F(StoreTest, ProgressiveChunksAreOneObjectAndRefineInPlace) {
+  {
+    auto train = synthetic_kv(99);
+    std::vector<KvView> samples;
+    for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train.view().slice(r));
+    codec::ProfileOptions opt;
+    opt.progressive = true;
+    opt.progressive_layers = 3;
+    profile_ = std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
+    ASSERT_TRUE(profile_.save_file(profile_path_).ok());
+  }
+  KvStore store = open(config("progressive"));
+  const auto tokens = tokens_from(4);
+  auto put = store.put(tokens, kv_.view(), soon());
+  ASSERT_TRUE(put.ok()) << put.status().to_string();
+  uint64_t stored = 0, coarse = 0;
+  for (const std::string& key : store.chunk_keys(tokens)) {
+    auto st = store.client().stat(key, soon());
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    for (const storage::ChunkStat& c : *st) {
+      if (c.chunk != 0) continue;
+      ASSERT_EQ(c.level_bytes.size(), 1u) << "one object per chunk";
+      ASSERT_EQ(c.level_parts.size(), 1u);
+      ASSERT_EQ(c.level_parts[0].size(), 3u) << "a part per level";
+      EXPECT_EQ(c.level_parts[0].back().end, c.level_bytes[0]);
+      EXPECT_GT(c.level_parts[0][0].score, c.level_parts[0][2].score) << "distortion falls with the level";
+      stored += c.level_bytes[0], coarse += c.level_parts[0][0].end;
+    }
+  }
+  EXPECT_EQ(put->bytes, stored);
+  ASSERT_EQ(store.lookup(tokens, soon()).value(), 480u);
+
+  auto dest = KvCache::create(kGeom, DType::f16, 480).value();
+  FetchOptions o;
+  o.level = 2;
+  o.keep_for_refinement = true;
+  auto f = store.fetch(tokens, {.host = dest.view()}, soon(), o);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto r = f->wait();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->bytes, coarse);
+  const KvCache want_coarse = reference(5, 2);
+  EXPECT_TRUE(std::equal(dest.bytes().begin(), dest.bytes().end(), want_coarse.bytes().begin()));
+
+  auto refined = f->refine(0, soon());
+  ASSERT_TRUE(refined.ok()) << refined.status().to_string();
+  EXPECT_EQ(refined->chunks_refined, 5u);
+  EXPECT_EQ(refined->bytes, stored - coarse);
+  const KvCache want_fine = reference(5, 0);
+  EXPECT_TRUE(std::equal(dest.bytes().begin(), dest.bytes().end(), want_fine.bytes().begin()));
+  EXPECT_FALSE(std::equal(want_fine.bytes().begin(), want_fine.bytes().end(), want_coarse.bytes().begin()));
+  // Already there: nothing moves.
+  auto again = f->refine(0, soon());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->chunks_refined, 0u);
+  EXPECT_EQ(again->bytes, 0u);
+  // Without keep_for_refinement there is nothing to refine from.
+  auto plain = store.fetch(tokens, {.host = dest.view()}, soon(), FetchOptions{.level = 2});
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(plain->wait().ok());
+  EXPECT_EQ(plain->refine(0, soon()).status().code(), StatusCode::invalid_argument);
+}
+
 // A fetch right after a lookup takes the sizes the lookup read: it asks the node for
 // the chunks only (one get each), where with storage.stat_reuse_ms 0 it stats again.
 TEST_F(StoreTest, AFetchRightAfterALookupDoesNotStatAgain) {
