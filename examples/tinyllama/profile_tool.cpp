@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   uint32_t max_tables = codec::ProfileOptions{}.max_tables_per_level;
   double min_gain = codec::ProfileOptions{}.transform_min_gain;
   std::vector<float> steps = codec::ProfileOptions{}.level_steps;
-  bool progressive = false;
+  bool independent = false;
   float base_step = codec::ProfileOptions{}.progressive_base_step;
   uint32_t layers = codec::ProfileOptions{}.progressive_layers;
   app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample-windows", sample_windows, "windows whose context KV trains the tables")->capture_default_str();
   app.add_option("--quality-windows", quality_windows, "held-out first-half windows that measure each level")
       ->capture_default_str();
-  app.add_option("--steps", steps, "base quantization step per level, finest first");
+  app.add_option("--steps", steps, "with --independent: base quantization step per level, finest first");
   app.add_option("--threads", threads, "worker threads (0: all cores)");
   app.add_option("--layer-group-steps", group_steps,
                  "step multipliers for equal groups of layers, e.g. 0.5 1 1.5 (CacheGen's three groups)");
@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   app.add_option("--transform-min-gain", min_gain, "bit saving a KLT must bring to be used (fraction)")
       ->capture_default_str();
   app.add_flag("--no-transform", no_transform, "never code in a KLT basis");
-  app.add_flag("--progressive", progressive, "one embedded stream per chunk: levels are prefixes (replaces --steps)");
+  app.add_flag("--independent", independent,
+               "one stream per level at --steps (default: one progressive stream per chunk, levels are its prefixes)");
   app.add_option("--base-step", base_step, "progressive: the base layer's step (each further layer divides it by 3)")
       ->capture_default_str();
   app.add_option("--layers", layers, "progressive: layers, the base included")->capture_default_str();
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
 
   codec::ProfileOptions opt;
   opt.level_steps = steps;
-  opt.progressive = progressive;
+  opt.progressive = !independent;
   opt.progressive_base_step = base_step;
   opt.progressive_layers = layers;
   opt.max_transform_block = max_block;
