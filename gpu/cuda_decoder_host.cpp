@@ -516,6 +516,11 @@ GpuDecoder::GpuDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuDecoder::~GpuDecoder() = default;
 
 Result<std::unique_ptr<GpuDecoder>> GpuDecoder::create(const codec::Profile& profile, int device) {
+  // The kernels read single-level streams (bitstream version 1); a progressive
+  // profile's streams decode on the CPU until they read version 2.
+  if (profile.progressive())
+    return make_status(StatusCode::unsupported,
+                       "GPU decoder: progressive profiles (bitstream version 2) decode on the CPU for now");
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
   (void)info;
   int count = 0;
@@ -590,7 +595,10 @@ Result<CopyBandwidth> measure_h2d_bandwidth(uint64_t, int, int) {
 GpuDecoder::GpuDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuDecoder::~GpuDecoder() = default;
 
-Result<std::unique_ptr<GpuDecoder>> GpuDecoder::create(const codec::Profile&, int) {
+Result<std::unique_ptr<GpuDecoder>> GpuDecoder::create(const codec::Profile& profile, int) {
+  if (profile.progressive())
+    return make_status(StatusCode::unsupported,
+                       "GPU decoder: progressive profiles (bitstream version 2) decode on the CPU for now");
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());  // logs once; `unsupported` here
   (void)info;
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
