@@ -41,7 +41,10 @@ std::vector<uint8_t> Profile::Impl::body() const {
     for (const FreqTable& t : lv.tables) t.serialize(out);
     for (uint32_t r = 0; r < kRoles; ++r) w.put_array(lv.table_of[r]);
   }
-  if (progressive) w.put(uint8_t(1));
+  if (progressive) {
+    w.put(uint8_t(1));
+    for (const Level& lv : levels) w.put(lv.info.distortion);
+  }
   return out;
 }
 
@@ -211,6 +214,11 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
   if (version == kProgressiveProfileVersion) {
     if (b.get<uint8_t>() != 1) return make_status(StatusCode::corrupt_data, "codec profile: bad progressive flag");
     p.progressive = true;
+    for (Impl::Level& lv : p.levels) {
+      lv.info.distortion = b.get<double>();
+      if (!(lv.info.distortion >= 0 || lv.info.distortion == -1) || !std::isfinite(lv.info.distortion))
+        return make_status(StatusCode::corrupt_data, "codec profile: bad level distortion");
+    }
     if (nlevels > kMaxProgressiveLayers)
       return make_status(StatusCode::corrupt_data, "codec profile: {} progressive layers (at most {})", nlevels,
                          kMaxProgressiveLayers);

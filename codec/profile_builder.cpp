@@ -398,16 +398,22 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   if (p.progressive) {
     // One encode per sample holds every level: level i is its whole-layer prefix.
     std::vector<uint64_t> bytes(profile.levels(), 0);
+    std::vector<double> distortion(profile.levels(), 0.0);  // weighted by each sample's elements
     std::vector<uint8_t> out;
     for (const KvView& v : samples) {
       out.clear();
       KVS_RETURN_IF_ERROR(encode_chunk(profile, v, 0, out));
       KVS_ASSIGN_OR_RETURN(const std::vector<ChunkPrefix> prefixes, chunk_prefixes(out));
       for (const ChunkPrefix& pf : prefixes)
-        if (pf.whole_layer) bytes[pf.level] += pf.end;
+        if (pf.whole_layer) {
+          bytes[pf.level] += pf.end;
+          distortion[pf.level] += pf.distortion * double(v.tokens() * p.geom.elements_per_token());
+        }
     }
-    for (uint32_t L = 0; L < profile.levels(); ++L)
+    for (uint32_t L = 0; L < profile.levels(); ++L) {
       profile.impl_->levels[L].info.bits_per_element = double(bytes[L]) * 8.0 / double(elems);
+      profile.impl_->levels[L].info.distortion = distortion[L] / double(elems);
+    }
   }
   for (uint32_t L = 0; L < (p.progressive ? 0 : profile.levels()); ++L) {
     uint64_t bytes = 0;

@@ -30,6 +30,7 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
   auto costs = std::make_shared<policy::ContextCosts>();
   costs->level_bytes = std::move(level_bytes);
   costs->level_quality_loss = plan.level_quality_loss;
+  costs->chunk_level_quality_loss = plan.chunk_level_quality_loss;
   if (!plan.decode_seconds_per_byte.empty())
     for (const auto& sizes : costs->level_bytes)
       costs->decode_seconds.push_back(decode_costs(sizes, plan.decode_seconds_per_byte));

@@ -212,6 +212,7 @@ class SchedulerImpl final : public Scheduler {
       if (c.level_bytes[i].empty())
         return make_status(StatusCode::not_found, "context '{}' has no chunk for range {}", f.request.context, i);
     c.level_quality_loss = plan_.level_quality_loss;
+    c.chunk_level_quality_loss = f.chunk_level_quality_loss;
     c.decode_workers = plan_.decode_workers;
     if (!plan_.decode_seconds_per_byte.empty())
       for (const auto& sizes : c.level_bytes) c.decode_seconds.push_back(decode_costs(sizes, plan_.decode_seconds_per_byte));
@@ -311,6 +312,7 @@ class SchedulerImpl final : public Scheduler {
     running_.push_back(t);
     AdaptivePlan plan = plan_;
     plan.chunk_tokens = t->fetch_.chunk_tokens;
+    plan.chunk_level_quality_loss = t->fetch_.chunk_level_quality_loss;
     lk.unlock();
     // The sizes are read again: they may have changed since admission.
     Result<std::shared_ptr<Fetch>> f = make_status(StatusCode::internal, "not started");

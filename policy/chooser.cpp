@@ -15,6 +15,19 @@ Status ContextCosts::validate() const {
   for (size_t l = 0; l < L; ++l)
     if (!std::isfinite(level_quality_loss[l]))
       return make_status(StatusCode::invalid_argument, "costs: quality loss of level {} is not finite", l);
+  if (!chunk_level_quality_loss.empty()) {
+    if (chunk_level_quality_loss.size() != n)
+      return make_status(StatusCode::invalid_argument, "costs: quality per chunk for {} chunks, expected {}",
+                         chunk_level_quality_loss.size(), n);
+    for (size_t c = 0; c < n; ++c) {
+      if (chunk_level_quality_loss[c].size() != L)
+        return make_status(StatusCode::invalid_argument, "costs: chunk {} has {} quality values, expected {}", c,
+                           chunk_level_quality_loss[c].size(), L);
+      for (double q : chunk_level_quality_loss[c])
+        if (!std::isfinite(q))
+          return make_status(StatusCode::invalid_argument, "costs: chunk {} has a quality loss that is not finite", c);
+    }
+  }
   for (size_t c = 0; c < n; ++c) {
     if (level_bytes[c].size() != L)
       return make_status(StatusCode::invalid_argument, "costs: chunk {} has {} level sizes, expected {}", c,
@@ -112,17 +125,17 @@ double recompute_of(const ContextCosts& c, uint32_t chunk) {
 int smallest_level(const ContextCosts& c, const ChooserOptions& o, uint32_t chunk) {
   int best = -1;
   for (uint32_t l = 0; l < c.levels(); ++l) {
-    if (!allowed(o, c.level_quality_loss[l])) continue;
+    if (!allowed(o, c.loss(chunk, l))) continue;
     if (best < 0 || c.level_bytes[chunk][l] < c.level_bytes[chunk][size_t(best)]) best = int(l);
   }
   return best;
 }
 
-Choice make_choice(bool text, uint32_t level, const ContextCosts& c) {
+Choice make_choice(bool text, uint32_t level, const ContextCosts& c, uint32_t chunk) {
   Choice ch;
   ch.action = text ? Choice::Action::recompute : Choice::Action::fetch;
   ch.level = text ? 0 : level;
-  ch.quality_loss = text ? c.text_quality_loss : c.level_quality_loss[level];
+  ch.quality_loss = text ? c.text_quality_loss : c.loss(chunk, level);
   return ch;
 }
 
@@ -131,10 +144,10 @@ Result<Choice> no_estimate_choice(const ContextCosts& c, const ChooserOptions& o
   const int l = smallest_level(c, o, chunk);
   Choice ch;
   if (l >= 0) {
-    ch = make_choice(false, uint32_t(l), c);
+    ch = make_choice(false, uint32_t(l), c, chunk);
     ch.predicted_seconds = ch.predicted_total_seconds = decode_of(c, chunk, uint32_t(l));
   } else if (c.text_allowed() && allowed(o, c.text_quality_loss)) {
-    ch = make_choice(true, 0, c);
+    ch = make_choice(true, 0, c, chunk);
     ch.predicted_seconds = ch.predicted_total_seconds = recompute_of(c, chunk);
   } else {
     return make_status(StatusCode::invalid_argument, "choose: the quality floor rules out every option of chunk {}",
@@ -213,7 +226,7 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
 
   std::vector<Option> opts;
   for (uint32_t l = 0; l < L; ++l)
-    if (allowed(options_, costs.level_quality_loss[l])) opts.push_back({false, l, costs.level_quality_loss[l]});
+    if (allowed(options_, costs.loss(c0, l))) opts.push_back({false, l, costs.loss(c0, l)});
   if (text_ok) opts.push_back({true, 0, costs.text_quality_loss});
   if (opts.empty())
     return make_status(StatusCode::invalid_argument, "choose: the quality floor rules out every option of chunk {}",
@@ -321,7 +334,7 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
     for (const Costed& k : plain.empty() ? hedged : plain)
       if (!best || sooner(k, *best)) best = &k;
   }
-  Choice ch = make_choice(best->o.text, best->o.level, costs);
+  Choice ch = make_choice(best->o.text, best->o.level, costs, c0);
   ch.fits = fits;
   ch.predicted_seconds = best->done;
   ch.predicted_total_seconds = best->total;
@@ -342,7 +355,7 @@ Result<Choice> PaperChooser::choose(const ContextCosts& costs, const ChooseState
   double best_secs = kInf;
   std::vector<double> secs(costs.levels(), kInf);
   for (uint32_t l = 0; l < costs.levels(); ++l) {
-    if (!allowed(options_, costs.level_quality_loss[l])) continue;
+    if (!allowed(options_, costs.loss(c, l))) continue;
     auto p = estimator.predict_at(costs.level_bytes[c][l], state.now_s);
     if (!p.ok()) {
       if (p.status().code() == StatusCode::unavailable) return no_estimate_choice(costs, options_, c);
@@ -350,13 +363,13 @@ Result<Choice> PaperChooser::choose(const ContextCosts& costs, const ChooseState
     }
     secs[l] = p->seconds;
     if (p->seconds <= share &&
-        (best < 0 || costs.level_quality_loss[l] < costs.level_quality_loss[size_t(best)])) {
+        (best < 0 || costs.loss(c, l) < costs.loss(c, uint32_t(best)))) {
       best = int(l);
       best_secs = p->seconds;
     }
   }
   if (best >= 0) {
-    Choice ch = make_choice(false, uint32_t(best), costs);
+    Choice ch = make_choice(false, uint32_t(best), costs, c);
     ch.predicted_seconds = ch.predicted_total_seconds = best_secs;
     ch.note = "best fit in equal share";
     return ch;
@@ -367,11 +380,11 @@ Result<Choice> PaperChooser::choose(const ContextCosts& costs, const ChooseState
                        c);
   Choice ch;
   if (text_ok && (small < 0 || recompute_of(costs, c) < secs[size_t(small)])) {
-    ch = make_choice(true, 0, costs);
+    ch = make_choice(true, 0, costs, c);
     ch.predicted_seconds = recompute_of(costs, c);
     ch.note = "nothing fits: fastest is recompute";
   } else {
-    ch = make_choice(false, uint32_t(small), costs);
+    ch = make_choice(false, uint32_t(small), costs, c);
     ch.predicted_seconds = secs[size_t(small)];
     ch.note = "nothing fits: smallest level";
   }

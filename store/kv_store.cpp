@@ -39,6 +39,7 @@ struct KvStore::Impl {
   // asking again: a runtime looks a prompt up, then fetches it.
   struct Recent {
     std::vector<uint64_t> sizes;
+    std::vector<double> distortion;  // per level, a progressive chunk's own (empty: unknown)
     Clock::time_point when;
   };
   std::mutex recent_mu;
@@ -62,9 +63,15 @@ struct KvStore::Impl {
       return stats.status();
     }
     std::vector<uint64_t> levels;
+    std::vector<double> distortion;
     bool record = false;
     for (const auto& s : *stats) {
-      if (s.chunk == store::kLevelsChunk) levels = pipeline::stored_level_bytes(s, profile.progressive());
+      if (s.chunk == store::kLevelsChunk) {
+        levels = pipeline::stored_level_bytes(s, profile.progressive());
+        if (profile.progressive() && !s.level_parts.empty() && s.level_parts[0].size() == levels.size())
+          for (size_t l = 0; l < levels.size(); ++l)
+            distortion.push_back(s.level_parts[0][levels.size() - 1 - l].score);
+      }
       if (s.chunk == store::kRecordChunk && !s.level_bytes.empty() && s.level_bytes[0] == store::kChunkRecordBytes)
         record = true;
     }
@@ -74,7 +81,7 @@ struct KvStore::Impl {
     if (levels.empty())
       recent.erase(key);
     else
-      recent[key] = {levels, Clock::now()};
+      recent[key] = {levels, std::move(distortion), Clock::now()};
     return levels;
   }
 
@@ -121,6 +128,27 @@ struct KvStore::Impl {
 
   double level_loss(uint32_t level) const {
     return level < plan.level_quality_loss.size() ? plan.level_quality_loss[level] : 0.0;
+  }
+
+  // Each chunk's own quality loss per level, from the distortion its encoder measured
+  // (stored with it) against the profile's mean distortion of that level: the
+  // profile's measured loss scaled by how much worse or better this chunk codes. A
+  // chunk of text unlike the profile's keeps a true estimate. Empty unless every key
+  // has one (from the stats just read).
+  std::vector<std::vector<double>> chunk_losses(const std::vector<std::string>& keys) {
+    std::vector<std::vector<double>> out;
+    std::lock_guard lk(recent_mu);
+    for (const std::string& key : keys) {
+      auto it = recent.find(key);
+      if (it == recent.end() || it->second.distortion.size() != profile.levels()) return {};
+      std::vector<double> loss(profile.levels());
+      for (uint32_t l = 0; l < profile.levels(); ++l) {
+        const double ref = profile.level(l).distortion;
+        loss[l] = ref > 0 ? level_loss(l) * it->second.distortion[l] / ref : level_loss(l);
+      }
+      out.push_back(std::move(loss));
+    }
+    return out;
   }
 };
 
@@ -290,6 +318,7 @@ struct StoreFetch::State {
   // FetchOptions::keep_for_refinement: the request (without its sizes) and, after
   // wait(), the bytes of each chunk.
   std::optional<pipeline::FetchRequest> refinable;
+  std::vector<std::vector<double>> chunk_loss;  // each chunk's own loss per level (empty: the profile's)
   std::vector<std::vector<uint8_t>> kept;
   bool waited = false;
   Result<FetchReport> result = make_status(StatusCode::internal, "not waited");
@@ -334,7 +363,9 @@ Result<FetchReport> StoreFetch::wait() {
       continue;
     }
     r.bytes += t.bytes;
-    const double loss = s.store->level_loss(t.decision.level);
+    const double loss = t.chunk < s.chunk_loss.size() && t.decision.level < s.chunk_loss[t.chunk].size()
+                            ? s.chunk_loss[t.chunk][t.decision.level]
+                            : s.store->level_loss(t.decision.level);
     r.mean_quality_loss_pct += loss;
     r.max_quality_loss_pct = std::max(r.max_quality_loss_pct, loss);
     ++fetched;
@@ -352,6 +383,7 @@ namespace {
 struct Prepared {
   pipeline::FetchRequest request;
   std::vector<uint64_t> chunk_tokens;
+  std::vector<std::vector<double>> chunk_loss;  // per chunk and level (empty: the profile's)
 };
 
 }  // namespace
@@ -375,6 +407,8 @@ static Result<Prepared> prepare(KvStore::Impl& m, std::span<const Token> tokens,
   req.level_bytes = std::move(sizes);
   req.deadline = deadline;
   req.cancel = o.cancel;
+  keys.resize(req.chunks.size());
+  p.chunk_loss = m.chunk_losses(keys);
   return p;
 }
 
@@ -385,6 +419,7 @@ Result<FetchPlan> KvStore::plan(std::span<const Token> tokens, transport::Deadli
   sf.request = std::move(p.request);
   sf.priority = options.priority;
   if (impl_->plan.recompute_tokens_per_second > 0) sf.chunk_tokens = p.chunk_tokens;
+  sf.chunk_level_quality_loss = std::move(p.chunk_loss);
   KVS_ASSIGN_OR_RETURN(pipeline::Admission a, impl_->scheduler->predict(sf));
   FetchPlan out;
   out.tokens = sf.request.chunks.back().end;
@@ -429,6 +464,7 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   s->store = impl_;
   s->ranges = req.chunks;
   s->cancel = options.cancel;
+  s->chunk_loss = p.chunk_loss;
   if (options.keep_for_refinement) {
     req.keep_bytes = true;
     s->refinable = req;
@@ -451,6 +487,7 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
     sf.priority = options.priority;
     sf.target = deadline;
     if (m.plan.recompute_tokens_per_second > 0) sf.chunk_tokens = std::move(p.chunk_tokens);
+    sf.chunk_level_quality_loss = std::move(p.chunk_loss);
     sf.on_chunk = std::move(options.on_chunk);
     KVS_ASSIGN_OR_RETURN(s->ticket, m.scheduler->submit(std::move(sf)));
   }

@@ -24,6 +24,9 @@ struct AdaptivePlan {
   /// by side, each at decode_seconds_per_byte as measured with all of them busy.
   uint32_t decode_workers = 1;
   std::vector<uint64_t> chunk_tokens;                ///< per chunk, for recompute; empty: no text option
+  /// Per chunk and level, the chunk's own quality loss (policy::ContextCosts::
+  /// chunk_level_quality_loss); empty: level_quality_loss for every chunk.
+  std::vector<std::vector<double>> chunk_level_quality_loss;
   double recompute_tokens_per_second = 0;            ///< the runtime's prefill rate; 0: no text option
 };
 

@@ -34,6 +34,11 @@ struct LevelInfo {
   double bits_per_element = 0;    ///< measured on the profile's samples, every byte counted
   double ppl_increase_pct = -1;   ///< measured quality (-1: not measured)
   double kl_nats = -1;            ///< mean KL divergence per scored token (-1: not measured)
+  /// Progressive profiles: the mean over the profile's samples of the distortion the
+  /// encoder measures for this level's prefix (ChunkPrefix::distortion), which
+  /// calibrates a chunk's own distortion against this level's measured quality
+  /// (-1: not recorded).
+  double distortion = -1;
 };
 
 /// Per-channel statistics that the profile builder needs (one per layer x plane x channel).

@@ -88,7 +88,7 @@ struct FetchReport {
   uint64_t tokens = 0;                  ///< tokens [0, tokens) handled: in the destination or in `recompute`
   std::vector<TokenRange> recompute;    ///< ranges chosen as text: the runtime prefills them
   uint64_t bytes = 0;                   ///< encoded bytes fetched
-  double mean_quality_loss_pct = 0;     ///< mean over fetched chunks of their level's loss
+  double mean_quality_loss_pct = 0;     ///< mean over fetched chunks of their loss (a progressive chunk's own estimate, else its level's)
   double max_quality_loss_pct = 0;
   std::vector<pipeline::ChunkTimings> chunks;
 };

@@ -222,6 +222,12 @@ struct ContextCosts {
   /// level_quality_loss[l]: quality lost by level l (lower is better, e.g. perplexity
   /// increase in %). One per level, finite.
   std::vector<double> level_quality_loss;
+  /// chunk_level_quality_loss[c][l]: chunk c's own quality loss at level l, where the
+  /// store knows it (a progressive chunk's measured distortion, scaled by the
+  /// profile's calibration); overrides level_quality_loss for that chunk. Empty: the
+  /// profile's for every chunk; otherwise one row per chunk, each of levels() finite
+  /// values.
+  std::vector<std::vector<double>> chunk_level_quality_loss;
   /// tokens[c]: tokens of chunk c, for recompute. Empty when recompute is off.
   std::vector<uint64_t> tokens;
   /// The runtime's prefill rate for text chunks (tokens/s); 0: text is not an option.
@@ -238,6 +244,10 @@ struct ContextCosts {
   [[nodiscard]] uint32_t chunks() const noexcept { return uint32_t(level_bytes.size()); }
   [[nodiscard]] uint32_t levels() const noexcept { return uint32_t(level_quality_loss.size()); }
   [[nodiscard]] bool text_allowed() const noexcept { return recompute_tokens_per_second > 0; }
+  /// Quality lost by chunk c at level l (its own, else the profile's).
+  [[nodiscard]] double loss(uint32_t c, uint32_t l) const {
+    return chunk_level_quality_loss.empty() ? level_quality_loss[l] : chunk_level_quality_loss[c][l];
+  }
   /// invalid_argument naming the first inconsistency, or ok.
   [[nodiscard]] Status validate() const;
 };

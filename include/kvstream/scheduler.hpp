@@ -37,6 +37,9 @@ struct ScheduledFetch {
   transport::Deadline target{};
   /// Tokens of each chunk, for the recompute option (empty: never recompute).
   std::vector<uint64_t> chunk_tokens;
+  /// Each chunk's own quality loss per level, where the store measured it (empty:
+  /// the plan's level_quality_loss for every chunk).
+  std::vector<std::vector<double>> chunk_level_quality_loss;
   /// Called per chunk the moment it is in the runtime's memory, reported for
   /// recompute, or failed (from a pipeline thread).
   std::function<void(const ChunkTimings&)> on_chunk;

@@ -56,6 +56,7 @@ const Profile& profile_for(const Case& cs) {
   const std::vector<KvView> views = {a.view(), b.view()};
   ProfileOptions opt;
   opt.progressive = true;
+  opt.progressive_layers = 5;
   opt.code_k_before_rope = cs.code_k_before_rope;
   opt.max_tables_per_level = 16;
   auto p = ProfileBuilder::build(views, cs.rope, opt);
@@ -112,11 +113,18 @@ TEST_P(Progressive, ProfileIsProgressiveWithoutAnchorsAndSurvivesSerialization) 
   for (uint32_t i = 0; i + 1 < p.levels(); ++i) {
     EXPECT_FLOAT_EQ(p.level(i).step * 3.0f, p.level(i + 1).step);
     EXPECT_GT(p.level(i).bits_per_element, p.level(i + 1).bits_per_element) << "level " << i;
+    EXPECT_LT(p.level(i).distortion, p.level(i + 1).distortion) << "level " << i;
   }
+  EXPECT_GE(p.level(0).distortion, 0.0);
   auto back = Profile::load(p.serialize());
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_TRUE(back->progressive());
   EXPECT_EQ(back->hash(), p.hash());
+  for (uint32_t i = 0; i < p.levels(); ++i) EXPECT_EQ(back->level(i).distortion, p.level(i).distortion);
+  // Every byte of a progressive profile is checked: a cut anywhere fails to load.
+  const std::vector<uint8_t> bytes = p.serialize();
+  for (size_t n = bytes.size() - 40; n < bytes.size(); ++n)
+    EXPECT_FALSE(Profile::load(std::span(bytes).first(n)).ok()) << n;
 }
 
 // Level L's stream is a prefix of level 0's, its decode is what decoding the prefix

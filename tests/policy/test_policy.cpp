@@ -354,6 +354,39 @@ TEST(Simulator, NeverMissesWhenExactPredictionsSayItFits) {
   EXPECT_GT(fitted, 100);
 }
 
+// A chunk's own quality (a progressive chunk's measured distortion) overrides the
+// profile's: under a 5% bound, a chunk that codes badly at level 2 is kept at level 1,
+// its neighbour that codes as the profile says may take level 2, and shapes that do
+// not match the chunks are refused.
+TEST(Chooser, EachChunksOwnQualityDecidesWhatTheBoundAllows) {
+  ContextCosts c = study_costs(false);
+  c.decode_seconds.clear();
+  c.chunk_level_quality_loss.assign(8, c.level_quality_loss);
+  c.chunk_level_quality_loss[3] = {1.0, 3.0, 8.0, 20.0};  // twice the profile's loss
+  FixedEstimator slow(0.2 * kGbit);  // nothing fits in 1 ms: each takes its smallest allowed level
+  for (const Chooser* ch : std::initializer_list<const Chooser*>{new DeadlineChooser(ChooserOptions{.max_quality_loss = 5.0}),
+                                                                new PaperChooser(ChooserOptions{.max_quality_loss = 5.0})}) {
+    auto r3 = ch->choose(c, {3, 0, 0.001, 0}, slow);
+    ASSERT_TRUE(r3.ok()) << r3.status();
+    EXPECT_EQ(r3->level, 1u) << ch->name();
+    EXPECT_DOUBLE_EQ(r3->quality_loss, 3.0) << ch->name();
+    auto r4 = ch->choose(c, {4, 0, 0.001, 0}, slow);
+    ASSERT_TRUE(r4.ok()) << r4.status();
+    EXPECT_EQ(r4->level, 2u) << ch->name();
+    EXPECT_DOUBLE_EQ(r4->quality_loss, 4.0) << ch->name();
+    delete ch;
+  }
+  ContextCosts bad = c;
+  bad.chunk_level_quality_loss.pop_back();
+  EXPECT_EQ(bad.validate().code(), StatusCode::invalid_argument);
+  bad = c;
+  bad.chunk_level_quality_loss[2].push_back(1.0);
+  EXPECT_EQ(bad.validate().code(), StatusCode::invalid_argument);
+  bad = c;
+  bad.chunk_level_quality_loss[1][0] = NAN;
+  EXPECT_EQ(bad.validate().code(), StatusCode::invalid_argument);
+}
+
 TEST(Chooser, FallsBackToTextWhenNothingFitsAndTextIsFaster) {
   ContextCosts c = study_costs(true);  // 1024 tokens at 3000 tok/s: 0.34 s per text chunk
   FixedEstimator slow(0.05 * kGbit);   // level 3 (3 MB): 0.48 s
