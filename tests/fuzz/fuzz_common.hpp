@@ -30,7 +30,12 @@ struct ProfileSpec {
   uint32_t group_size;
   uint32_t max_tables;
   bool allow_anchor;
+  /// One embedded stream per chunk (ProfileOptions::progressive, kProgressiveLayers
+  /// layers at the default base step; `steps` unused).
+  bool progressive = false;
 };
+
+inline constexpr uint32_t kProgressiveLayers = 3;
 
 inline const std::vector<ProfileSpec>& profile_specs() {
   static const std::vector<ProfileSpec> s = {
@@ -40,6 +45,11 @@ inline const std::vector<ProfileSpec>& profile_specs() {
       {{1, 1, 32, 8, AttentionKind::mla}, {}, {0.1f, 0.8f}, 4, 4, true},
       // MHA, half-pairing partial RoPE, no anchors.
       {{1, 2, 8, 2, AttentionKind::mha}, {true, 500000.0f, 4, RopePairing::half}, {0.02f, 0.5f}, 6, 2, false},
+      // Progressive, 3 layers: GQA with RoPE, 8 layers of one 8-wide KV head, so 16
+      // (layer, plane) substreams per layer and 8 channels per token. A chunk of
+      // kProgressiveGroupedTokens tokens has two plane groups per refinement layer (prefixes
+      // that end inside a layer); shorter chunks have one.
+      {{8, 1, 8, 2, AttentionKind::gqa}, {true, 10000.0f, 0, RopePairing::interleaved}, {}, 10, 4, false, true},
   };
   return s;
 }
@@ -95,6 +105,10 @@ inline std::vector<codec::Profile> build_profiles() {
     opt.group_size = ps.group_size;
     opt.max_tables_per_level = ps.max_tables;
     opt.allow_anchor = ps.allow_anchor;
+    if (ps.progressive) {
+      opt.progressive = true;
+      opt.progressive_layers = kProgressiveLayers;
+    }
     auto p = codec::ProfileBuilder::build(views, ps.rope, opt);
     if (!p.ok()) {
       std::fprintf(stderr, "fuzz: profile %zu: %s\n", i, p.status().to_string().c_str());
@@ -125,6 +139,92 @@ inline void chunk_reseal(std::vector<uint8_t>& b, uint32_t substreams) {
   XXH3_64bits_reset(st);
   XXH3_64bits_update(st, b.data(), kOffHeaderSum);
   XXH3_64bits_update(st, b.data() + kHdr, size_t(substreams) * 4);
+  const uint64_t hsum = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  std::memcpy(b.data() + kOffHeaderSum, &hsum, 8);
+}
+
+// ---- Progressive (version 2) streams ---------------------------------------------------
+// For the progressive profile the control byte is followed by two u16 selectors
+// (little-endian): the prefix length under test ("cut", taken from the input) and the
+// refine_chunk split point ("split", taken from that prefix), then the stream bytes.
+// A selector's top two bits pick how (select_length below): 0 the whole span (for
+// split: no refine_chunk), 1 a prefix point of the stream (index = low 14 bits mod
+// their count; the whole span when the header does not parse), 2 low bits mod
+// (size + 1), 3 size minus that.
+inline constexpr size_t kSelectorBytes = 4;
+/// Tokens of the seed chunk with two plane groups per refinement layer (see
+/// profile_specs(): 600 x 8 channels, so 14 of the 16 planes make 65,536 symbols).
+inline constexpr uint64_t kProgressiveGroupedTokens = 600;
+
+inline size_t select_length(uint16_t sel, size_t size, std::span<const codec::ChunkPrefix> points) {
+  const size_t v = sel & 0x3fffu;
+  switch (sel >> 14) {
+    case 0: return size;
+    case 1: {
+      size_t n = 0;
+      while (n < points.size() && points[n].end <= size) ++n;
+      return n == 0 ? size : size_t(points[v % n].end);
+    }
+    case 2: return v % (size + 1);
+    default: return size - v % (size + 1);
+  }
+}
+
+// Layout mirrored from codec/layered_format.cpp (docs/bitstream.md "Progressive
+// streams"): stream bytes at 48, header checksum at 56 (xxh3-64 of bytes [0, 56) and
+// [64, header_bytes)), then per substream u32 length and u32 low half of its xxh3-64,
+// then one f32 distortion per prefix point. With S = layers x planes substreams in the
+// base and P points, header_bytes = 64 + 8 E + 4 P where E = S + (P - 1): the table
+// sizes follow from chunk_header_bytes() and the geometry. If that layout changes, the
+// decoder target's check at start-up (reseal of a genuine stream) reports
+// "progressive reseal OFF" and it fuzzes v2 streams without resealing.
+inline constexpr size_t kOffStreamBytes = 48;
+
+inline bool is_progressive_bytes(std::span<const uint8_t> b) {
+  return b.size() >= 6 && std::memcmp(b.data(), "KVSC", 4) == 0 && b[4] == 2 && b[5] == 0;
+}
+
+/// The header size and substream count of a version-2 header (0, 0 when it does not
+/// parse that far or the bytes do not hold it).
+struct ProgressiveTables {
+  size_t header_bytes = 0;
+  uint64_t substreams = 0;
+};
+inline ProgressiveTables progressive_tables(std::span<const uint8_t> b) {
+  const auto hb = codec::chunk_header_bytes(b);
+  if (!hb.ok() || b.size() < *hb) return {};
+  const size_t H = *hb;
+  uint32_t layers;
+  std::memcpy(&layers, b.data() + 8, 4);
+  const uint64_t S = uint64_t(layers) * (b[24] >= uint8_t(AttentionKind::mla) ? 1 : 2);
+  if (H < kHdr + 8 * S + 4 || (H - kHdr - 8 * S - 4) % 12 != 0) return {};
+  return {H, S + (H - kHdr - 8 * S - 4) / 12};
+}
+
+/// Rewrites the checksum of every substream the bytes hold whole, the stream size
+/// (to the sum of the table's lengths, so mutated lengths pass that check) and the
+/// header checksum.
+inline void progressive_reseal(std::vector<uint8_t>& b) {
+  const ProgressiveTables t = progressive_tables(b);
+  if (t.header_bytes == 0) return;
+  const size_t H = t.header_bytes;
+  const uint64_t E = t.substreams;
+  uint64_t off = H;
+  for (uint64_t i = 0; i < E; ++i) {
+    uint32_t len;
+    std::memcpy(&len, b.data() + kHdr + 8 * i, 4);
+    if (off + len <= b.size()) {
+      const uint32_t sum = uint32_t(XXH3_64bits(b.data() + off, len));
+      std::memcpy(b.data() + kHdr + 8 * i + 4, &sum, 4);
+    }
+    off += len;
+  }
+  std::memcpy(b.data() + kOffStreamBytes, &off, 8);
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, b.data(), kOffHeaderSum);
+  XXH3_64bits_update(st, b.data() + kHdr, H - kHdr);
   const uint64_t hsum = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   std::memcpy(b.data() + kOffHeaderSum, &hsum, 8);

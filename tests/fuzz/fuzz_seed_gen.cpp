@@ -1,10 +1,15 @@
 // Writes seed corpora for the codec fuzz targets:
 //   fuzz_seed_gen <dir>  ->  <dir>/fuzz_chunk_decoder/*, <dir>/fuzz_profile_loader/*
 // Chunk seeds: valid chunks of each fuzz profile (several levels, token counts,
-// dtypes, positions, one with outliers), each framed with a few control bytes.
+// dtypes, positions, one with outliers), each framed with a few control bytes; for the
+// progressive profile each level's prefix of the stream, behind selectors that cut it
+// at a prefix point or anywhere and refine across a split (fuzz_common.hpp), and one
+// longer chunk whose refinement layers have two plane groups (prefix points inside a
+// layer).
 // Profile seeds: the serialized fuzz profiles, framed likewise.
-// Wire seeds (<dir>/fuzz_wire_protocol): every request and response kind, stat and
-// list bodies, each behind the byte that picks the parser.
+// Wire seeds (<dir>/fuzz_wire_protocol): every request and response kind (a put with
+// and without a parts table, a get of a whole object and of a range), stat bodies with
+// and without parts and list bodies, each behind the byte that picks the parser.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -16,11 +21,22 @@
 
 using namespace kvstream;
 
-static bool write_file(const std::string& path, uint8_t ctl, const std::vector<uint8_t>& body) {
+// Writes ctl, then `prefix` (the progressive profile's selectors), then `body`.
+static bool write_file(const std::string& path, uint8_t ctl, const std::vector<uint8_t>& prefix,
+                       const std::vector<uint8_t>& body) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return false;
-  bool ok = std::fwrite(&ctl, 1, 1, f) == 1 && std::fwrite(body.data(), 1, body.size(), f) == body.size();
+  bool ok = std::fwrite(&ctl, 1, 1, f) == 1 && std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size() &&
+            std::fwrite(body.data(), 1, body.size(), f) == body.size();
   return std::fclose(f) == 0 && ok;
+}
+
+static bool write_file(const std::string& path, uint8_t ctl, const std::vector<uint8_t>& body) {
+  return write_file(path, ctl, {}, body);
+}
+
+static std::vector<uint8_t> selectors(uint16_t cut, uint16_t split) {
+  return {uint8_t(cut), uint8_t(cut >> 8), uint8_t(split), uint8_t(split >> 8)};
 }
 
 int main(int argc, char** argv) {
@@ -32,7 +48,7 @@ int main(int argc, char** argv) {
   const std::string cdir = root + "/fuzz_chunk_decoder", pdir = root + "/fuzz_profile_loader";
   ::mkdir(root.c_str(), 0755), ::mkdir(cdir.c_str(), 0755), ::mkdir(pdir.c_str(), 0755);
   const std::vector<codec::Profile> profiles = fuzz::build_profiles();
-  int n = 0;
+  int n = 0, grouped = 0;
   for (size_t pi = 0; pi < profiles.size(); ++pi) {
     const codec::Profile& p = profiles[pi];
     const fuzz::ProfileSpec& spec = fuzz::profile_specs()[pi];
@@ -51,8 +67,41 @@ int main(int argc, char** argv) {
         // Control: this profile; reseal on odd seeds; vary dtype, paged, parallel, scratch.
         const uint8_t ctl = uint8_t(pi | ((n & 1) << 2) | ((n % 3) << 3) | ((n & 2) << 4) | ((n & 4) << 4) |
                                     ((n & 8) << 4));
-        if (!write_file(cdir + "/seed_" + std::to_string(n++), ctl, chunk)) return 1;
+        // Progressive: cut whole / at a prefix point / anywhere / from the end, and
+        // refine from the base, from another point or from anywhere.
+        const uint16_t cuts[4] = {0x0000, uint16_t(0x4000 | (n % 3)), uint16_t(0x8000 | (n * 37)),
+                                  uint16_t(0xc000 | (n * 5))};
+        const uint16_t splits[4] = {0x4000, uint16_t(0x4000 | (n % 2)), 0x0000, uint16_t(0x8000 | (n * 53))};
+        const std::vector<uint8_t> sel = p.progressive() ? selectors(cuts[n % 4], splits[(n / 4) % 4])
+                                                         : std::vector<uint8_t>{};
+        if (!write_file(cdir + "/seed_" + std::to_string(n++), ctl, sel, chunk)) return 1;
       }
+    if (p.progressive()) {
+      // Two plane groups per refinement layer: prefix points base, (layer 1: group 0,
+      // group 1), (layer 2: group 0, group 1). Cut at each point, refine across others.
+      const uint64_t T = fuzz::kProgressiveGroupedTokens;
+      const KvCache c = fuzz::synthetic_cache(spec.geom, spec.rope, DType::bf16, T, 4096, 5000);
+      std::vector<uint8_t> chunk;
+      if (Status st = codec::encode_chunk(p, c.view(), 0, chunk); !st.ok()) {
+        std::fprintf(stderr, "encode: %s\n", st.to_string().c_str());
+        return 1;
+      }
+      const auto points = codec::chunk_prefixes(chunk);
+      if (!points.ok() || points->size() != 1 + (fuzz::kProgressiveLayers - 1) * 2) {
+        std::fprintf(stderr, "the grouped progressive seed has %zu prefix points, not two groups per layer\n",
+                     points.ok() ? points->size() : 0);
+        return 1;
+      }
+      std::fprintf(stderr, "grouped progressive seed: %zu bytes, %zu prefix points\n", chunk.size(), points->size());
+      const std::pair<uint16_t, uint16_t> sels[] = {{0x0000, 0x4001}, {0x4003, 0x4002}, {0x4001, 0x4000},
+                                                    {0x4004, 0x4003}, {0x4002, 0x8000 | 999}};
+      int k = 0;
+      for (const auto& [cut, split] : sels) {
+        const uint8_t ctl = uint8_t(pi | ((k & 1) << 2) | ((k % 3) << 3) | ((k & 2) << 4) | ((k & 4) << 4));
+        if (!write_file(cdir + "/grouped_" + std::to_string(k++), ctl, selectors(cut, split), chunk)) return 1;
+      }
+      grouped += k;
+    }
     const std::vector<uint8_t> ser = p.serialize();
     for (uint8_t ctl : {0, 1, 3})
       if (!write_file(pdir + "/profile_" + std::to_string(pi) + "_" + std::to_string(ctl), ctl, ser)) return 1;
@@ -75,6 +124,14 @@ int main(int argc, char** argv) {
     if (op == Op::auth) rq.name_space = "tenant-a", rq.mac.fill(0x5a);
     if (op == Op::put) rq.total = 3 << 20, rq.checksum = 0x1122334455667788ull, rq.version = 1700000000000000ull;
     if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+    if (op == Op::put) {  // with a parts table (a progressive chunk's levels)
+      rq.parts = {{1000, 2.5}, {200000, 0.25}, {3 << 20, 0.0}};
+      if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+    }
+    if (op == Op::get) {  // a range get
+      rq.range_offset = 1000, rq.range_length = 199000;
+      if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+    }
     storage::Response rs;
     rs.op = op;
     rs.id = rq.id;
@@ -85,8 +142,13 @@ int main(int argc, char** argv) {
     if (!write_file(wdir + "/resp_" + std::to_string(w++), 1, bytes(storage::encode(rs)))) return 1;
   }
   if (!write_file(wdir + "/stats", 2, bytes(storage::encode_stats({{0, {100, 50, 0}}, {1, {90, 40, 20}}})))) return 1;
+  {
+    storage::ChunkStat a{0, {4000, 0, 300}, {{{100, 1.5}, {1000, 0.5}, {4000, 0.0}}, {}, {{300, 7.0}}}};
+    storage::ChunkStat b{3, {0, 90}, {{}, {{90, 0.125}}}};
+    if (!write_file(wdir + "/stats_parts", 2, bytes(storage::encode_stats({a, b})))) return 1;
+  }
   if (!write_file(wdir + "/names", 3, bytes(storage::encode_names({"a", "story-1", "ctx.v2"})))) return 1;
-  std::fprintf(stderr, "wrote %d chunk seeds, %zu profile seeds and %d wire seeds under %s\n", n, profiles.size() * 3,
-               w + 2, root.c_str());
+  std::fprintf(stderr, "wrote %d chunk seeds, %zu profile seeds and %d wire seeds under %s\n", n + grouped, profiles.size() * 3,
+               w + 3, root.c_str());
   return 0;
 }
