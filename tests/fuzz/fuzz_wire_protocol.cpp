@@ -1,12 +1,19 @@
 // libFuzzer target: the storage protocol's parsers on untrusted bytes: request and
 // response headers, stat bodies and list bodies (the first input byte picks which).
-// Invariants besides memory safety: a parser never returns `internal`, and whatever
-// it accepts re-encodes to bytes it parses back to the same fields (nothing accepted
-// is lost or invented on the way).
+// Invariants besides memory safety: a parser never returns `internal`; whatever it
+// accepts re-encodes to bytes it parses back to the same fields, every one compared
+// (a put's total, checksum, version and parts table, a get's range, a response's total,
+// a stat body's level sizes and parts, scores bit for bit), and those bytes re-encode
+// to themselves: nothing accepted is lost or invented on the way. What it accepts is
+// also valid: a put's parts table fits its body, a range lies within the largest
+// object, fields of other ops are zero, a stat body's parts are trimmed and each
+// level's fits its size.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <span>
+#include <vector>
 
 #include "storage/protocol.hpp"
 
@@ -22,13 +29,56 @@ template <typename T>
 void no_internal(const Result<T>& r, const char* what) {
   if (!r.ok() && r.status().code() == StatusCode::internal) fail(what, r.status());
 }
+// Scores compare bit for bit (a round trip must not even turn -0.0 into 0.0).
+bool same(std::span<const ObjectPart> a, std::span<const ObjectPart> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].end != b[i].end || std::memcmp(&a[i].score, &b[i].score, sizeof(double)) != 0) return false;
+  return true;
+}
 bool same(const Request& a, const Request& b) {
-  return a.op == b.op && a.id == b.id && a.chunk == b.chunk && a.level == b.level && a.context == b.context &&
+  return a.op == b.op && a.id == b.id && a.chunk == b.chunk && a.level == b.level && a.total == b.total &&
+         a.checksum == b.checksum && a.version == b.version && same(a.parts, b.parts) &&
+         a.range_offset == b.range_offset && a.range_length == b.range_length && a.context == b.context &&
          a.name_space == b.name_space && a.mac == b.mac;
 }
 bool same(const Response& a, const Response& b) {
   return a.op == b.op && a.id == b.id && a.code == b.code && a.message == b.message && a.checksum == b.checksum &&
-         a.nonce == b.nonce;
+         a.total == b.total && a.nonce == b.nonce;
+}
+bool same(const ChunkStat& a, const ChunkStat& b) {
+  if (a.chunk != b.chunk || a.level_bytes != b.level_bytes || a.level_parts.size() != b.level_parts.size())
+    return false;
+  for (size_t l = 0; l < a.level_parts.size(); ++l)
+    if (!same(a.level_parts[l], b.level_parts[l])) return false;
+  return true;
+}
+bool same(const std::vector<ChunkStat>& a, const std::vector<ChunkStat>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same(a[i], b[i])) return false;
+  return true;
+}
+// What an accepted request promises its handler: a put's parts table is valid for its
+// body, a range lies within the largest object, fields of other ops are zero.
+void check_accepted(const Request& r) {
+  if (Status s = validate_parts(r.parts, r.total); !s.ok()) fail("accepted a put whose parts table is invalid", s);
+  if (r.op != Op::put && (r.total != 0 || r.checksum != 0 || r.version != 0 || !r.parts.empty()))
+    fail("put fields on another op");
+  if (r.op != Op::get && (r.range_offset != 0 || r.range_length != 0)) fail("range fields on another op");
+  if (r.range_length == 0 && r.range_offset != 0) fail("accepted a range of no length");
+  if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
+    fail("accepted a range past the largest object");
+}
+// What an accepted stat body promises: level_parts no longer than level_bytes, trimmed
+// (it ends at a level with parts), each level's table valid for its size.
+void check_accepted(const std::vector<ChunkStat>& stats) {
+  for (const ChunkStat& s : stats) {
+    if (s.level_parts.size() > s.level_bytes.size()) fail("stat: more levels of parts than levels");
+    if (!s.level_parts.empty() && s.level_parts.back().empty()) fail("stat: level_parts not trimmed");
+    for (size_t l = 0; l < s.level_parts.size(); ++l)
+      if (Status v = validate_parts(s.level_parts[l], s.level_bytes[l]); !v.ok()) fail("stat: invalid parts", v);
+  }
 }
 }  // namespace
 
@@ -40,8 +90,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto r = decode_request(in);
       no_internal(r, "decode_request");
       if (r.ok()) {
-        auto again = decode_request(encode(*r));
+        check_accepted(*r);
+        const auto bytes = encode(*r);
+        auto again = decode_request(bytes);
         if (!again.ok() || !same(*r, *again)) fail("request round trip", again.status());
+        if (encode(*again) != bytes) fail("request re-encodes differently");
       }
       break;
     }
@@ -49,8 +102,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto r = decode_response(in);
       no_internal(r, "decode_response");
       if (r.ok()) {
-        auto again = decode_response(encode(*r));
+        const auto bytes = encode(*r);
+        auto again = decode_response(bytes);
         if (!again.ok() || !same(*r, *again)) fail("response round trip", again.status());
+        if (encode(*again) != bytes) fail("response re-encodes differently");
       }
       break;
     }
@@ -58,8 +113,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto r = decode_stats(in);
       no_internal(r, "decode_stats");
       if (r.ok()) {
-        auto again = decode_stats(encode_stats(*r));
-        if (!again.ok() || *again != *r) fail("stats round trip", again.status());
+        check_accepted(*r);
+        const auto bytes = encode_stats(*r);
+        auto again = decode_stats(bytes);
+        if (!again.ok() || !same(*r, *again)) fail("stats round trip", again.status());
+        if (encode_stats(*again) != bytes) fail("stats re-encode differently");
       }
       break;
     }
