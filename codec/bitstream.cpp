@@ -27,6 +27,45 @@ uint64_t header_sum(const uint8_t* base, uint32_t substreams) {
 }
 }  // namespace
 
+Result<SharedHeader> read_shared_header(ByteReader& r) {
+  SharedHeader h;
+  const uint8_t dtype = r.get<uint8_t>();
+  h.byte7 = r.get<uint8_t>();
+  KvGeometry& g = h.info.geometry;
+  g.layers = r.get<uint32_t>(), g.kv_heads = r.get<uint32_t>(), g.head_dim = r.get<uint32_t>();
+  g.q_heads = r.get<uint32_t>();
+  const uint8_t kind = r.get<uint8_t>();
+  h.flags = r.get<uint8_t>();
+  h.group_size = r.get<uint16_t>();
+  h.info.tokens = r.get<uint32_t>();
+  h.info.first_position = r.get<uint64_t>();
+  h.info.profile_hash = r.get<uint64_t>();
+  KVS_RETURN_IF_ERROR(r.status());
+  if (dtype > uint8_t(DType::bf16)) return make_status(StatusCode::corrupt_data, "chunk header: element type {}", dtype);
+  if (kind > uint8_t(AttentionKind::mla))
+    return make_status(StatusCode::corrupt_data, "chunk header: attention kind {}", kind);
+  h.info.dtype = DType(dtype);
+  g.kind = AttentionKind(kind);
+  // A geometry no model has is corrupt input here, whatever validate() calls it.
+  if (Status st = g.validate(); !st.ok())
+    return make_status(StatusCode::corrupt_data, "chunk header: {}", st.message());
+  if (h.info.tokens == 0 || h.info.tokens > kMaxChunkTokens)
+    return make_status(StatusCode::corrupt_data, "chunk header: {} tokens (limit {})", h.info.tokens, kMaxChunkTokens);
+  return h;
+}
+
+void write_shared_header(ByteWriter& w, uint16_t version, const SharedHeader& h) {
+  for (char c : kChunkMagic) w.put(uint8_t(c));
+  w.put(version);                                             // 4
+  w.put(uint8_t(h.info.dtype)), w.put(h.byte7);               // 6, 7
+  const KvGeometry& g = h.info.geometry;
+  w.put(g.layers), w.put(g.kv_heads), w.put(g.head_dim), w.put(g.q_heads);  // 8..24
+  w.put(uint8_t(g.kind)), w.put(h.flags), w.put(h.group_size);              // 24..28
+  w.put(h.info.tokens);                                                     // 28
+  w.put(h.info.first_position);                                             // 32
+  w.put(h.info.profile_hash);                                               // 40
+}
+
 void begin_header(std::vector<uint8_t>& out, size_t at, uint32_t substreams) {
   out.resize(at + kChunkHeaderBytes + size_t(substreams) * 4, 0);
 }
@@ -34,15 +73,7 @@ void begin_header(std::vector<uint8_t>& out, size_t at, uint32_t substreams) {
 void finish_header(std::vector<uint8_t>& out, size_t at, const ChunkHeader& h) {
   std::vector<uint8_t> head;
   ByteWriter w(head);
-  for (char c : kChunkMagic) w.put(uint8_t(c));
-  w.put(kChunkVersion);                                       // 4
-  w.put(uint8_t(h.info.dtype)), w.put(uint8_t(h.info.level));  // 6, 7
-  const KvGeometry& g = h.info.geometry;
-  w.put(g.layers), w.put(g.kv_heads), w.put(g.head_dim), w.put(g.q_heads);  // 8..24
-  w.put(uint8_t(g.kind)), w.put(h.flags), w.put(h.group_size);              // 24..28
-  w.put(h.info.tokens);                                                     // 28
-  w.put(h.info.first_position);                                             // 32
-  w.put(h.info.profile_hash);                                               // 40
+  write_shared_header(w, kChunkVersion, {h.info, uint8_t(h.info.level), h.flags, h.group_size});
   w.put(uint64_t(0)), w.put(uint64_t(0));                                   // 48: sums, filled below
   std::memcpy(out.data() + at, head.data(), kChunkHeaderBytes);
   const size_t n = h.substream_bytes.size();
@@ -67,27 +98,15 @@ Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload
   if (version != kChunkVersion)
     return make_status(StatusCode::unsupported, "chunk bitstream version {} (this decoder reads version {}{})", version,
                        kChunkVersion, version == 2 ? "; version 2 is a progressive stream" : "");
-  const uint8_t dtype = r.get<uint8_t>();
-  h.info.level = r.get<uint8_t>();
-  KvGeometry& g = h.info.geometry;
-  g.layers = r.get<uint32_t>(), g.kv_heads = r.get<uint32_t>(), g.head_dim = r.get<uint32_t>();
-  g.q_heads = r.get<uint32_t>();
-  const uint8_t kind = r.get<uint8_t>();
-  h.flags = r.get<uint8_t>();
-  h.group_size = r.get<uint16_t>();
-  h.info.tokens = r.get<uint32_t>();
-  h.info.first_position = r.get<uint64_t>();
-  h.info.profile_hash = r.get<uint64_t>();
+  KVS_ASSIGN_OR_RETURN(const SharedHeader sh, read_shared_header(r));
+  h.info = sh.info;
+  h.info.level = sh.byte7;
+  h.flags = sh.flags;
+  h.group_size = sh.group_size;
   r.get<uint64_t>();
   const uint64_t hsum = r.get<uint64_t>();
   KVS_RETURN_IF_ERROR(r.status());
-  if (dtype > uint8_t(DType::bf16)) return make_status(StatusCode::corrupt_data, "chunk header: element type {}", dtype);
-  if (kind > uint8_t(AttentionKind::mla)) return make_status(StatusCode::corrupt_data, "chunk header: attention kind {}", kind);
-  h.info.dtype = DType(dtype);
-  g.kind = AttentionKind(kind);
-  KVS_RETURN_IF_ERROR(g.validate().with_context("chunk header"));
-  if (h.info.tokens == 0 || h.info.tokens > kMaxChunkTokens)
-    return make_status(StatusCode::corrupt_data, "chunk header: {} tokens (limit {})", h.info.tokens, kMaxChunkTokens);
+  const KvGeometry& g = h.info.geometry;
   const uint64_t n = uint64_t(g.layers) * g.planes();
   if (bytes.size() < kChunkHeaderBytes + n * 4)
     return make_status(StatusCode::corrupt_data, "chunk bitstream truncated inside its length table");

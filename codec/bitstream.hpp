@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "codec/byte_io.hpp"
 #include "kvstream/codec.hpp"
 
 namespace kvstream::codec {
@@ -23,6 +24,19 @@ struct ChunkHeader {
   uint8_t flags = 0;  // bit 0: K coded before RoPE
   std::vector<uint32_t> substream_bytes;
 };
+
+/// The fields at bytes 6..47 that both versions share. `byte7` is version 1's level
+/// and version 2's layer count.
+struct SharedHeader {
+  ChunkInfo info;  // geometry, dtype, tokens, first position, profile hash
+  uint8_t byte7 = 0, flags = 0;
+  uint16_t group_size = 0;
+};
+/// Reads them from `r` (positioned at byte 6) and checks their bounds. Errors:
+/// corrupt_data.
+Result<SharedHeader> read_shared_header(ByteReader& r);
+/// Writes the 48 bytes of magic, `version` and the shared fields.
+void write_shared_header(ByteWriter& w, uint16_t version, const SharedHeader& h);
 
 /// Reserves the header and length table at the front of `out` (from `at`); the
 /// caller fills the substreams after it, then calls finish_header.

@@ -13,11 +13,6 @@ namespace kvstream::codec {
 
 namespace {
 
-struct Outlier {
-  uint32_t index;  // t * channels + c
-  float value;
-};
-
 // Encodes one (layer, plane) of the chunk and appends its substream to `out`.
 Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level, uint32_t l, uint32_t pl,
                      const RopeTable* rope, std::vector<uint8_t>& out) {
@@ -26,27 +21,12 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
   plan.build(p, level, l, pl);
   const uint32_t n_anchor_rows = plan.has_anchor ? (T + G - 1) / G : 0;
   std::vector<int8_t> plain(size_t(T - n_anchor_rows) * C), anchors(size_t(n_anchor_rows) * C);
-  std::vector<Outlier> outliers;  // exact values in the quantized domain (x, or y for KLT planes)
-  std::vector<Outlier> direct;    // KLT planes: exact pre-transform values, set after the inverse
+  std::vector<ExactValue> outliers;  // exact values in the quantized domain (x, or y for KLT planes)
+  std::vector<ExactValue> direct;    // KLT planes: exact pre-transform values, set after the inverse
   std::vector<float> row(C), anchor_recon(C, 0.0f), z(plan.block ? C : 0);
+  const float limit = std::max(127.0f * plan.step[0], 32.0f);
   for (uint32_t t = 0; t < T; ++t) {
-    chunk.load_row(l, pl, t, row.data());
-    if (rope) rope->rotate(row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
-    if (plan.block) {
-      // Code the components y = U^T ((x - mean) / scale). A value far outside its
-      // channel's range would smear over every component: it is kept exact aside
-      // and enters the transform as the mean.
-      const float limit = std::max(127.0f * plan.step[0], 32.0f);
-      for (uint32_t c = 0; c < C; ++c) {
-        z[c] = (row[c] - plan.mean[c]) / plan.scale[c];
-        if (!(std::fabs(z[c]) <= limit)) {
-          direct.push_back({t * C + c, row[c]});
-          z[c] = 0.0f;
-        }
-      }
-      for (uint32_t b = 0; b < C; b += plan.block)
-        klt_forward(plan.u + size_t(b) * plan.block, plan.block, &z[b], &row[b]);
-    }
+    coding_row(p, plan, chunk, l, pl, t, rope, limit, row.data(), z.data(), direct);
     const bool arow = plan.has_anchor && is_anchor_row(t, G);
     int8_t* sym = arow ? &anchors[size_t(t / G) * C] : &plain[size_t(plain_row(t, G, plan.has_anchor)) * C];
     for (uint32_t c = 0; c < C; ++c) {
@@ -64,15 +44,15 @@ Status encode_matrix(const Profile::Impl& p, const KvView& chunk, uint32_t level
       if (arow && plan.anchor[c]) anchor_recon[c] = recon;
     }
   }
-  for (const std::vector<Outlier>* list : {&outliers, &direct})
-    for (const Outlier& o : *list)
+  for (const std::vector<ExactValue>* list : {&outliers, &direct})
+    for (const ExactValue& o : *list)
       if (!std::isfinite(o.value))
       return make_status(StatusCode::invalid_argument, "layer {} plane {} token {} channel {} is not finite", l, pl,
                          o.index / C, o.index % C);
   ByteWriter w(out);
-  for (const std::vector<Outlier>* list : {&outliers, &direct}) {
+  for (const std::vector<ExactValue>* list : {&outliers, &direct}) {
     w.put(uint32_t(list->size()));
-    for (const Outlier& o : *list) w.put(o.index), w.put(o.value);
+    for (const ExactValue& o : *list) w.put(o.index), w.put(o.value);
   }
   const RansTables& tables = *p.levels[level].rans;
   if (T > n_anchor_rows)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "codec/klt.hpp"
 #include "codec/profile_impl.hpp"
 #include "codec/reconstruct_kernels.hpp"
 
@@ -169,6 +170,35 @@ struct RopeTable {
     }
   }
 };
+
+/// A value an encoder sends exact: index t * channels + c, and the value.
+struct ExactValue {
+  uint32_t index;
+  float value;
+};
+
+/// Token t's row of (l, pl) in the coding domain, as both encoders quantize it: K with
+/// RoPE undone when `rope` is given, and on KLT planes (plan.block) the components
+/// y = U^T ((x - mean) / scale). There a value far outside its channel's range (beyond
+/// `limit` in step-scale units) would smear over every component: it is appended to
+/// `direct` (sent exact, replacing the reconstruction) and enters the transform as
+/// the mean. `row` and `z` hold C floats.
+inline void coding_row(const Profile::Impl& p, const MatrixPlan& plan, const KvView& chunk, uint32_t l, uint32_t pl,
+                       uint32_t t, const RopeTable* rope, float limit, float* row, float* z,
+                       std::vector<ExactValue>& direct) {
+  const uint32_t C = p.geom.channels();
+  chunk.load_row(l, pl, t, row);
+  if (rope) rope->rotate(row, p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
+  if (!plan.block) return;
+  for (uint32_t c = 0; c < C; ++c) {
+    z[c] = (row[c] - plan.mean[c]) / plan.scale[c];
+    if (!(std::fabs(z[c]) <= limit)) {
+      direct.push_back({t * C + c, row[c]});
+      z[c] = 0.0f;
+    }
+  }
+  for (uint32_t b = 0; b < C; b += plan.block) klt_forward(plan.u + size_t(b) * plan.block, plan.block, &z[b], &row[b]);
+}
 
 /// Quantizes one residual; values beyond the symbol range become outliers.
 inline int quantize(float r, float inv) {

@@ -17,17 +17,12 @@ namespace kvstream::codec {
 
 namespace {
 
-struct Exact {
-  uint32_t index;  // t * channels + c
-  float value;
-};
-
 // One plane in the coding domain, quantized: the indices of every layer and the
 // squared error each layer leaves, in units of the channel's step scale.
 struct PlaneCode {
   std::vector<int32_t> q;         // [layer][t * C + c]
-  std::vector<Exact> outliers;    // exact values in the quantized domain
-  std::vector<Exact> direct;      // KLT planes: exact pre-transform values
+  std::vector<ExactValue> outliers;    // exact values in the quantized domain
+  std::vector<ExactValue> direct;      // KLT planes: exact pre-transform values
   std::vector<double> sq_error;   // per layer
 };
 
@@ -45,23 +40,10 @@ Status quantize_plane(const Profile::Impl& p, const KvView& chunk, uint32_t l, u
   pc.sq_error.assign(n, 0.0);
   std::vector<float> row(C), z(base.block ? C : 0);
   std::vector<int32_t> qs(n);
+  // As in a single-level stream at the base level.
+  const float limit = std::max(127.0f * base.step[0], 32.0f);
   for (uint32_t t = 0; t < T; ++t) {
-    chunk.load_row(l, pl, t, row.data());
-    if (rope) rope->rotate(row.data(), p.geom.kv_heads, p.geom.head_dim, p.rope.pairing, t, true);
-    if (base.block) {
-      // As in a single-level stream at the base level: a value far outside its
-      // channel's range is kept exact and enters the transform as the mean.
-      const float limit = std::max(127.0f * base.step[0], 32.0f);
-      for (uint32_t c = 0; c < C; ++c) {
-        z[c] = (row[c] - base.mean[c]) / base.scale[c];
-        if (!(std::fabs(z[c]) <= limit)) {
-          pc.direct.push_back({t * C + c, row[c]});
-          z[c] = 0.0f;
-        }
-      }
-      for (uint32_t c0 = 0; c0 < C; c0 += base.block)
-        klt_forward(base.u + size_t(c0) * base.block, base.block, &z[c0], &row[c0]);
-    }
+    coding_row(p, base, chunk, l, pl, t, rope, limit, row.data(), z.data(), pc.direct);
     for (uint32_t c = 0; c < C; ++c) {
       const float r = row[c] - fine.base[c];
       const size_t e = size_t(t) * C + c;
@@ -77,8 +59,8 @@ Status quantize_plane(const Profile::Impl& p, const KvView& chunk, uint32_t l, u
       }
     }
   }
-  for (const std::vector<Exact>* list : {&pc.outliers, &pc.direct})
-    for (const Exact& o : *list)
+  for (const std::vector<ExactValue>* list : {&pc.outliers, &pc.direct})
+    for (const ExactValue& o : *list)
       if (!std::isfinite(o.value))
         return make_status(StatusCode::invalid_argument, "layer {} plane {} token {} channel {} is not finite", l, pl,
                            o.index / C, o.index % C);
@@ -90,9 +72,9 @@ Status write_base(const Profile::Impl& p, const PlaneCode& pc, uint32_t l, uint3
                   std::vector<uint8_t>& out) {
   const uint32_t C = p.geom.channels();
   ByteWriter w(out);
-  for (const std::vector<Exact>* list : {&pc.outliers, &pc.direct}) {
+  for (const std::vector<ExactValue>* list : {&pc.outliers, &pc.direct}) {
     w.put(uint32_t(list->size()));
-    for (const Exact& o : *list) w.put(o.index), w.put(o.value);
+    for (const ExactValue& o : *list) w.put(o.index), w.put(o.value);
   }
   std::vector<int8_t> sym(size_t(T) * C);
   for (size_t e = 0; e < sym.size(); ++e) sym[e] = int8_t(pc.q[e]);

@@ -53,15 +53,7 @@ void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h
   }
   std::vector<uint8_t> head;
   ByteWriter w(head);
-  for (char c : kChunkMagic) w.put(uint8_t(c));
-  w.put(kLayeredVersion);                                              // 4
-  w.put(uint8_t(h.info.dtype)), w.put(uint8_t(h.layers));               // 6, 7
-  const KvGeometry& g = h.info.geometry;
-  w.put(g.layers), w.put(g.kv_heads), w.put(g.head_dim), w.put(g.q_heads);  // 8..24
-  w.put(uint8_t(g.kind)), w.put(h.flags), w.put(h.group_size);              // 24..28
-  w.put(h.info.tokens);                                                     // 28
-  w.put(h.info.first_position);                                             // 32
-  w.put(h.info.profile_hash);                                               // 40
+  write_shared_header(w, kLayeredVersion, {h.info, uint8_t(h.layers), h.flags, h.group_size});
   w.put(uint64_t(off - at));                                                // 48: the whole stream
   w.put(uint64_t(0));                                                       // 56: header sum, below
   for (size_t i = 0; i < h.sub_bytes.size(); ++i) w.put(h.sub_bytes[i]), w.put(h.sub_sum[i]);
@@ -84,30 +76,17 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
   if (version != kLayeredVersion)
     return make_status(StatusCode::unsupported, "chunk bitstream version {} is not a progressive stream (version {})",
                        version, kLayeredVersion);
-  const uint8_t dtype = r.get<uint8_t>();
-  h.layers = r.get<uint8_t>();
-  KvGeometry& g = h.info.geometry;
-  g.layers = r.get<uint32_t>(), g.kv_heads = r.get<uint32_t>(), g.head_dim = r.get<uint32_t>();
-  g.q_heads = r.get<uint32_t>();
-  const uint8_t kind = r.get<uint8_t>();
-  h.flags = r.get<uint8_t>();
-  h.group_size = r.get<uint16_t>();
-  h.info.tokens = r.get<uint32_t>();
-  h.info.first_position = r.get<uint64_t>();
-  h.info.profile_hash = r.get<uint64_t>();
+  KVS_ASSIGN_OR_RETURN(const SharedHeader sh, read_shared_header(r));
+  h.info = sh.info;
+  h.layers = sh.byte7;
+  h.flags = sh.flags;
+  h.group_size = sh.group_size;
   const uint64_t stream_bytes = r.get<uint64_t>();
   const uint64_t hsum = r.get<uint64_t>();
   KVS_RETURN_IF_ERROR(r.status());
-  if (dtype > uint8_t(DType::bf16)) return make_status(StatusCode::corrupt_data, "chunk header: element type {}", dtype);
-  if (kind > uint8_t(AttentionKind::mla))
-    return make_status(StatusCode::corrupt_data, "chunk header: attention kind {}", kind);
   if (h.layers < 1 || h.layers > kMaxProgressiveLayers)
     return make_status(StatusCode::corrupt_data, "chunk header: {} layers (1..{})", h.layers, kMaxProgressiveLayers);
-  h.info.dtype = DType(dtype);
-  g.kind = AttentionKind(kind);
-  KVS_RETURN_IF_ERROR(g.validate().with_context("chunk header"));
-  if (h.info.tokens == 0 || h.info.tokens > kMaxChunkTokens)
-    return make_status(StatusCode::corrupt_data, "chunk header: {} tokens (limit {})", h.info.tokens, kMaxChunkTokens);
+  const KvGeometry& g = h.info.geometry;
   h.grouping = layered_grouping(g, h.info.tokens);
   h.header_bytes = layered_header_size(h.layers, h.grouping);
   if (bytes.size() < h.header_bytes)
@@ -121,6 +100,9 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
   uint64_t off = h.header_bytes;
   for (size_t i = 0; i < n; ++i) {
     h.sub_bytes[i] = t.get<uint32_t>(), h.sub_sum[i] = t.get<uint32_t>();
+    // Every substream holds at least a coded matrix's header, so two prefix points
+    // never share an end.
+    if (t.ok() && h.sub_bytes[i] == 0) return make_status(StatusCode::corrupt_data, "chunk header: substream {} is empty", i);
     h.sub_offset[i] = off;
     off += h.sub_bytes[i];
   }
@@ -196,7 +178,7 @@ Result<size_t> chunk_header_bytes(std::span<const uint8_t> first_bytes) {
   r.skip(3);
   const uint32_t tokens = r.get<uint32_t>();
   const uint32_t layers = first_bytes[7];
-  KVS_RETURN_IF_ERROR(g.validate().with_context("chunk header"));
+  if (Status st = g.validate(); !st.ok()) return make_status(StatusCode::corrupt_data, "chunk header: {}", st.message());
   if (tokens == 0 || tokens > kMaxChunkTokens || layers < 1 || layers > kMaxProgressiveLayers)
     return make_status(StatusCode::corrupt_data, "chunk header: {} tokens, {} layers", tokens, layers);
   return layered_header_size(layers, layered_grouping(g, tokens));

@@ -58,7 +58,7 @@ Result<KvCache> assemble_kv(const KvGeometry& g, uint64_t tokens, const KvSource
 }
 
 Result<AssembledSetup> assemble_setup(const std::string& geometry, uint64_t tokens, const std::string& data_dir_option,
-                                      uint64_t profile_tokens) {
+                                      uint64_t profile_tokens, const codec::Profile* like) {
   KVS_ASSIGN_OR_RETURN(KvGeometry g, named_geometry(geometry));
   KVS_ASSIGN_OR_RETURN(auto d, tinyllama::load_eval_data(tinyllama::data_dir(data_dir_option)));
   KVS_ASSIGN_OR_RETURN(auto train_src, source_windows(d.model, d.first_half, 48));
@@ -69,6 +69,14 @@ Result<AssembledSetup> assemble_setup(const std::string& geometry, uint64_t toke
   for (const auto& r : codec::chunk_ranges(train.tokens(), 512)) samples.push_back(*train.view().slice(r));
   codec::ProfileOptions po;
   po.max_transform_block = 32;
+  if (like && like->progressive()) {
+    po.progressive = true;
+    po.progressive_base_step = like->level(like->levels() - 1).step;
+    po.progressive_layers = like->levels();
+  } else if (like) {
+    po.level_steps.clear();
+    for (uint32_t l = 0; l < like->levels(); ++l) po.level_steps.push_back(like->level(l).step);
+  }
   KVS_ASSIGN_OR_RETURN(codec::Profile profile, codec::ProfileBuilder::build(samples, RopeParams{}, po));
   return AssembledSetup{g, std::move(profile), std::move(ctx)};
 }

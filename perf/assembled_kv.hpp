@@ -37,8 +37,11 @@ struct AssembledSetup {
   KvCache context;
 };
 /// Loads the tinyllama data from `data_dir_option` ("" = default), assembles and
-/// builds. Errors: those of the pieces (unknown geometry, missing data).
+/// builds. With `like` (a tinyllama profile whose measured quality the benchmark
+/// borrows), the profile is built with the same levels: progressive with its base
+/// step and layers when it is progressive. Errors: those of the pieces (unknown
+/// geometry, missing data).
 Result<AssembledSetup> assemble_setup(const std::string& geometry, uint64_t tokens, const std::string& data_dir_option,
-                                      uint64_t profile_tokens = 1024);
+                                      uint64_t profile_tokens = 1024, const codec::Profile* like = nullptr);
 
 }  // namespace kvstream::bench

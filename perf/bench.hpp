@@ -30,6 +30,12 @@ struct CodecBenchOptions {
   bool speed_all = false; ///< time every method (default: kvstream, int8 and fp16)
   bool speed_only = false;///< sizes and speed only, no quality runs
   std::vector<std::string> methods;  ///< families to run (empty = all)
+  /// Test windows from this text instead of the eval text's second half (text unlike
+  /// the profile's: the drift protocol of perf/README.md); the headline is then by KL.
+  std::string text;
+  /// Headline bound on the mean KL per scored token (nats); 0: by perplexity
+  /// (ppl_bound), unless `text` is set, where it defaults to 0.009.
+  double kl_bound = 0;
 };
 int run_codec_bench(const CodecBenchOptions& o);
 

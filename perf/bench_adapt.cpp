@@ -86,7 +86,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   if (!qprof.ok())
     return fail(qprof.status().with_context(
         fmt::format("quality profile '{}' (make demo or kvstream-profile writes it)", o.quality_profile)));
-  auto setup = assemble_setup(o.geometry, o.tokens, o.data);
+  auto setup = assemble_setup(o.geometry, o.tokens, o.data, 1024, &*qprof);
   if (!setup.ok()) return fail(setup.status());
   const codec::Profile* profile = &setup->profile;
   KvCache* ctx = &setup->context;
@@ -141,7 +141,19 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   auto client = storage::Client::connect(cc, deadline_in(10s));
   if (!client.ok()) return fail(client.status());
   for (uint32_t i = 0; i < nchunks; ++i) {
-    for (uint32_t L = 0; L < levels; ++L)
+    if (profile->progressive()) {
+      // One stream per chunk; its parts are the levels' prefixes (as KvStore stores it).
+      auto prefixes = codec::chunk_prefixes(enc[i][0]);
+      if (!prefixes.ok()) return fail(prefixes.status());
+      std::vector<storage::ObjectPart> parts;
+      for (const codec::ChunkPrefix& p : *prefixes)
+        if (p.whole_layer) parts.push_back({p.end, p.distortion});
+      if (Status s = (*client)->put_parts("adapt-ctx", i, 0, std::as_bytes(std::span(enc[i][0])), parts, 0,
+                                          deadline_in(120s));
+          !s.ok())
+        return fail(s);
+    }
+    for (uint32_t L = 0; L < (profile->progressive() ? 0 : levels); ++L)
       if (Status s = (*client)->put("adapt-ctx", i, L, std::as_bytes(std::span(enc[i][L])), deadline_in(120s)); !s.ok())
         return fail(s);
     if (Status s = (*client)->put("adapt-int8", i, 0, std::as_bytes(std::span(int8[i])), deadline_in(120s)); !s.ok())
@@ -150,7 +162,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   auto stats = (*client)->stat("adapt-ctx", deadline_in(10s));
   if (!stats.ok()) return fail(stats.status());
   std::vector<std::vector<uint64_t>> level_bytes(nchunks);
-  for (const auto& st : *stats) level_bytes[st.chunk] = st.level_bytes;
+  for (const auto& st : *stats) level_bytes[st.chunk] = pipeline::stored_level_bytes(st, profile->progressive());
 
   pipeline::PipelineConfig pc;
   pc.depth = o.depth;

@@ -28,6 +28,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 struct Method {
   std::string method, config, level;
   bool progressive = false;
+  const codec::Profile* profile = nullptr;  // kvstream rows at a whole level: for the quality estimate
+  uint32_t level_index = 0;
   std::function<Status(const KvView& chunk, std::vector<uint8_t>& out)> encode;
   std::function<Status(std::span<const uint8_t> bytes, const KvView& out)> decode;
 };
@@ -36,6 +38,9 @@ struct Row {
   Method m;
   double bits = 0;
   double stored_bits = 0;  // the chunk as stored: every level (single-level), the whole stream (progressive)
+  // Progressive rows: the KL per token the stored chunks predict (the profile's KL of
+  // the level scaled by the test chunks' mean distortion against the profile's).
+  double estimated_kl = -1;
   tinyllama::Quality q;
   double enc_1t = 0, dec_1t = 0, dec_mt = 0;
 };
@@ -91,6 +96,20 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
   }
   row.enc_1t = double(test.elements) / seconds_since(t0);
   row.bits = double(bytes) * 8.0 / double(test.elements);
+  if (m.profile && m.profile->progressive() && m.profile->level(m.level_index).distortion > 0 &&
+      m.profile->level(m.level_index).kl_nats >= 0) {
+    double sum = 0, n = 0;
+    for (size_t i = 0; i < coded.size(); ++i) {
+      KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> ps, codec::chunk_prefixes(coded[i]));
+      for (const codec::ChunkPrefix& p : ps)
+        if (p.whole_layer && p.level == m.level_index) {
+          const double w = double(test.chunks[i].tokens());
+          sum += p.distortion * w, n += w;
+        }
+    }
+    if (n > 0)
+      row.estimated_kl = m.profile->level(m.level_index).kl_nats * (sum / n) / m.profile->level(m.level_index).distortion;
+  }
 
   if (speed) {
     // Decode into fp16 runtime memory, as a GPU host holds KV.
@@ -143,21 +162,20 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
 // Bits per element at which a method's curve crosses `ppl_pct` (linear interpolation
 // between its settings sorted by bits; the cheapest setting already within the bound
 // if the curve starts inside it). Negative when no setting reaches it.
-double bits_at_quality(std::vector<const Row*> rows, double ppl_pct) {
+double bits_at_quality(std::vector<const Row*> rows, double bound, bool by_kl = false) {
+  auto loss = [by_kl](const Row* r) { return by_kl ? r->q.kl_nats_per_token : r->q.ppl_increase_pct; };
   std::sort(rows.begin(), rows.end(), [](const Row* a, const Row* b) { return a->bits < b->bits; });
   // Pareto front: keep settings that improve quality as bits grow.
   std::vector<const Row*> front;
   for (const Row* r : rows) {
-    while (!front.empty() && front.back()->q.ppl_increase_pct >= r->q.ppl_increase_pct &&
-           front.back()->bits >= r->bits)
-      front.pop_back();
-    if (front.empty() || r->q.ppl_increase_pct < front.back()->q.ppl_increase_pct) front.push_back(r);
+    while (!front.empty() && loss(front.back()) >= loss(r) && front.back()->bits >= r->bits) front.pop_back();
+    if (front.empty() || loss(r) < loss(front.back())) front.push_back(r);
   }
   for (size_t i = 0; i < front.size(); ++i) {
-    if (front[i]->q.ppl_increase_pct <= ppl_pct) {
+    if (loss(front[i]) <= bound) {
       if (i == 0) return front[i]->bits;
       const Row *a = front[i - 1], *b = front[i];
-      const double f = (a->q.ppl_increase_pct - ppl_pct) / (a->q.ppl_increase_pct - b->q.ppl_increase_pct);
+      const double f = (loss(a) - bound) / (loss(a) - loss(b));
       return a->bits + f * (b->bits - a->bits);
     }
   }
@@ -175,7 +193,17 @@ int run_codec_bench(const CodecBenchOptions& o) {
   auto d = tinyllama::load_eval_data(tinyllama::data_dir(o.data));
   if (!d.ok()) return fail(d.status());
   const tinyllama::EvalSetup setup;
-  const auto test_windows = tinyllama::make_windows(d->second_half, setup, o.windows);
+  std::vector<int> drift_tokens;
+  if (!o.text.empty()) {
+    std::ifstream f(o.text, std::ios::binary);
+    if (!f) return fail(make_status(StatusCode::not_found, "cannot read --text '{}'", o.text));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    drift_tokens = d->tok.encode(text, false, false);
+  }
+  const auto test_windows = tinyllama::make_windows(o.text.empty() ? d->second_half : drift_tokens, setup, o.windows);
+  const bool by_kl = o.kl_bound > 0 || !o.text.empty();
+  const double bound = o.kl_bound > 0 ? o.kl_bound : (!o.text.empty() ? 0.009 : o.ppl_bound);
+  if (test_windows.empty()) return fail(make_status(StatusCode::invalid_argument, "no test windows"));
   const auto train_windows = tinyllama::make_windows(d->first_half, setup, o.train_windows);
   fmt::print(stderr, "{} test windows (second half), {} training windows (first half)\n", test_windows.size(),
              train_windows.size());
@@ -211,7 +239,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
     };
     for (uint32_t L = 0; L < prof.levels(); ++L)
       methods.push_back({families[pi], fmt::format("step{:.3g}", prof.level(L).step), std::to_string(L),
-                         prof.progressive(),
+                         prof.progressive(), &prof, L,
                          [&prof, L](const KvView& c, std::vector<uint8_t>& out) {
                            return codec::encode_chunk(prof, c, L, out);
                          },
@@ -221,7 +249,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
     // chooser may stop at between two levels. Named after the level they refine.
     for (uint32_t L = prof.levels() - 1; L > 0; --L)
       methods.push_back({families[pi], fmt::format("inside-step{:.3g}", prof.level(L - 1).step),
-                         fmt::format("{}+", L), true,
+                         fmt::format("{}+", L), true, nullptr, 0,
                          [&prof, L](const KvView& c, std::vector<uint8_t>& out) -> Status {
                            // The longest prefix that still refines level L - 1 only in part.
                            std::vector<uint8_t> full;
@@ -244,7 +272,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
     if (b->needs_training())
       if (auto s = b->train(train->chunks); !s.ok()) return fail(s.with_context(b->name()));
     const codec::baselines::BaselineCodec* bp = b.get();
-    methods.push_back({b->method(), b->config(), "", false,
+    methods.push_back({b->method(), b->config(), "", false, nullptr, 0,
                        [bp](const KvView& c, std::vector<uint8_t>& out) -> Status {
                          KVS_ASSIGN_OR_RETURN(out, bp->encode(c));
                          return {};
@@ -288,12 +316,16 @@ int run_codec_bench(const CodecBenchOptions& o) {
     fmt::print("memcpy one thread: {:.2f} GB/s\n", memcpy_bps / 1e9);
     return 0;
   }
-  fmt::print("\nbits per element at a perplexity increase of at most {:.2f}% (interpolated along each method):\n",
-             o.ppl_bound);
+  if (by_kl)
+    fmt::print("\nbits per element at a mean KL of at most {:.4f} nats per token (interpolated along each method):\n",
+               bound);
+  else
+    fmt::print("\nbits per element at a perplexity increase of at most {:.2f}% (interpolated along each method):\n",
+               bound);
   double ours = -1, best_other = -1, int8 = -1;
   std::string best_name;
   for (auto& [name, rs] : by_method) {
-    const double b = bits_at_quality(rs, o.ppl_bound);
+    const double b = bits_at_quality(rs, bound, by_kl);
     fmt::print("  {:<16} {}\n", name, b < 0 ? std::string("does not reach it") : fmt::format("{:.3f}", b));
     if (!families.empty() && name == families[0]) ours = b;  // the first profile is the one measured
     else if (name.rfind("kvstream", 0) != 0 && b > 0 && (best_other < 0 || b < best_other))
@@ -307,21 +339,29 @@ int run_codec_bench(const CodecBenchOptions& o) {
     // The rate cost of being progressive, against every single-level profile of the run.
     for (auto& [name, rs] : by_method)
       if (profiles[0].progressive() && name.rfind("kvstream-independent", 0) == 0)
-        if (const double b = bits_at_quality(rs, o.ppl_bound); b > 0)
+        if (const double b = bits_at_quality(rs, bound, by_kl); b > 0)
           fmt::print("kvstream (progressive) vs {}: {:.3f}x the bits at the bound\n", name, ours / b);
   }
+  // How true each progressive level's quality estimate stayed on these windows.
+  for (const Row& r : rows)
+    if (r.estimated_kl >= 0 && r.q.kl_nats_per_token > 0)
+      fmt::print("{} level {}: estimated KL {:.5f}, measured {:.5f} ({:.2f}x)\n", r.m.method, r.m.level, r.estimated_kl,
+                 r.q.kl_nats_per_token, r.estimated_kl / r.q.kl_nats_per_token);
   fmt::print("memcpy one thread: {:.2f} GB/s\n", memcpy_bps / 1e9);
 
   if (!o.json.empty()) {
     nlohmann::json j;
     j["memcpy_bytes_per_s_1t"] = memcpy_bps;
     j["ppl_bound_pct"] = o.ppl_bound;
+    j["headline_bound"] = {{"metric", by_kl ? "kl_nats_per_token" : "ppl_increase_pct"}, {"value", bound}};
+    if (!o.text.empty()) j["text"] = o.text;
     j["test_windows"] = test_windows.size();
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"method", r.m.method}, {"config", r.m.config}, {"level", r.m.level},
                            {"bits_per_element", r.bits}, {"stored_bits_per_element", r.stored_bits},
-                           {"progressive", r.m.progressive}, {"ppl_exact", r.q.ppl_exact}, {"ppl", r.q.ppl},
+                           {"progressive", r.m.progressive}, {"estimated_kl_nats_per_token", r.estimated_kl},
+                           {"ppl_exact", r.q.ppl_exact}, {"ppl", r.q.ppl},
                            {"ppl_increase_pct", r.q.ppl_increase_pct}, {"ppl_increase_se", r.q.ppl_increase_se},
                            {"kl_nats_per_token", r.q.kl_nats_per_token}, {"top1_agreement", r.q.top1_agreement},
                            {"encode_elems_per_s_1t", r.enc_1t}, {"decode_elems_per_s_1t", r.dec_1t},

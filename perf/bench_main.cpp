@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   codec->add_option("--methods", co.methods, "families to run: kvstream fp16 int-token kivi zstd-fp16 cachegen-code "
                                              "cachegen-static cachegen-paper (default: all)");
   codec->add_flag("--speed-only", co.speed_only, "sizes and speed only (skips the quality runs)");
+  codec->add_option("--text", co.text, "test windows from this text file instead of the eval text (drift protocol)");
+  codec->add_option("--kl-bound", co.kl_bound, "headline bound on KL nats per token (default: by perplexity; "
+                                               "0.009 with --text)");
   codec->add_flag("--speed-all", co.speed_all, "time every method, not only kvstream, int8 and fp16");
   kvstream::bench::StorageBenchOptions so;
   auto* st = app.add_subcommand("storage", "a storage node on loopback under many concurrent clients");
