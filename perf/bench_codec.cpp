@@ -205,8 +205,8 @@ int run_codec_bench(const CodecBenchOptions& o) {
   const double bound = o.kl_bound > 0 ? o.kl_bound : (!o.text.empty() ? 0.009 : o.ppl_bound);
   if (test_windows.empty()) return fail(make_status(StatusCode::invalid_argument, "no test windows"));
   const auto train_windows = tinyllama::make_windows(d->first_half, setup, o.train_windows);
-  fmt::print(stderr, "{} test windows (second half), {} training windows (first half)\n", test_windows.size(),
-             train_windows.size());
+  fmt::print(stderr, "{} test windows ({}), {} training windows (first half)\n", test_windows.size(),
+             o.text.empty() ? std::string("second half") : o.text, train_windows.size());
 
   std::vector<codec::Profile> profiles;
   std::vector<std::string> families;
