@@ -130,13 +130,16 @@ py::object settings_list();
 /// (the arrays alive and their memory valid) until the fetch has ended.
 class Fetch {
  public:
-  Fetch(kvstream::StoreFetch fetch, HostKv destination, std::shared_ptr<std::atomic<uint32_t>> chunks_done);
+  Fetch(kvstream::StoreFetch fetch, HostKv destination, std::shared_ptr<std::atomic<uint32_t>> chunks_done,
+        bool refinable = false);
   Fetch(const Fetch&) = delete;
   Fetch& operator=(const Fetch&) = delete;
   ~Fetch();
   /// Waits (GIL released) for the end; the report, or raises.
   py::object wait();
   void cancel();
+  /// Refinement (refinable fetches, after wait()): {"chunks_refined", "bytes"}, or raises.
+  py::dict refine(uint32_t level, py::handle timeout);
   [[nodiscard]] uint64_t tokens() const noexcept { return tokens_; }
   [[nodiscard]] bool finished() const noexcept { return finished_; }
   [[nodiscard]] uint32_t chunks_done() const noexcept { return chunks_done_->load(); }
@@ -148,6 +151,7 @@ class Fetch {
   std::shared_ptr<std::atomic<uint32_t>> chunks_done_;
   uint64_t tokens_ = 0;
   bool finished_ = false;
+  bool refinable_ = false;  // the destination stays held after wait(): refine() writes into it
   py::object report_;
 };
 

@@ -49,20 +49,21 @@ py::object put(Store& self, py::handle tokens, const HostKv& kv, py::handle time
 }
 
 std::unique_ptr<Fetch> start_fetch(Store& self, py::handle tokens, HostKv dest, py::handle timeout,
-                                   std::optional<uint32_t> level, uint64_t max_tokens, int priority) {
+                                   std::optional<uint32_t> level, uint64_t max_tokens, int priority, bool refinable) {
   auto store = self.get();
   const auto toks = to_tokens(tokens);
   kvstream::FetchOptions o;
   o.max_tokens = capped(max_tokens, dest.capacity_tokens, store->chunk_tokens());
   o.level = level;
   o.priority = priority;
+  o.keep_for_refinement = refinable;
   auto done = std::make_shared<std::atomic<uint32_t>>(0);
   o.on_chunk = [done](const kvstream::pipeline::ChunkTimings&) { done->fetch_add(1); };
   const auto deadline = deadline_after(timeout);
   kvstream::FetchDestination d;
   d.host = dest.view;
   auto f = without_gil([&] { return store->fetch(toks, d, deadline, std::move(o)); });
-  return std::make_unique<Fetch>(std::move(f), std::move(dest), std::move(done));
+  return std::make_unique<Fetch>(std::move(f), std::move(dest), std::move(done), refinable);
 }
 
 }  // namespace
@@ -160,27 +161,29 @@ Thread-safe.
       .def(
           "fetch",
           [](Store& self, py::handle tokens, py::handle dest, py::handle timeout, std::optional<uint32_t> level,
-             uint64_t max_tokens, int priority) {
+             uint64_t max_tokens, int priority, bool refinable) {
             HostKv host = packed_kv(dest, self.get()->geometry(), true);
-            return start_fetch(self, tokens, std::move(host), timeout, level, max_tokens, priority);
+            return start_fetch(self, tokens, std::move(host), timeout, level, max_tokens, priority, refinable);
           },
           "tokens"_a, "dest"_a, timeout, "level"_a = py::none(), "max_tokens"_a = 0, "priority"_a = 0,
-          "fetch(tokens, dest, timeout=30.0, level=None, max_tokens=0, priority=0) -> Fetch: starts fetching the "
-          "stored prefix of `tokens` (at most max_tokens when > 0, and at most what `dest` holds; whole chunks) "
-          "into the packed array `dest` [layers, 2, tokens, channels] (writable; token 0 = position 0). Each chunk "
-          "goes at the level the chooser picks against the deadline (policy.max_quality_loss_pct bounds it), or at "
-          "`level` for every chunk. Raises NotFound (nothing stored), InvalidArgument, InvalidType.")
+          "refinable"_a = false,
+          "fetch(tokens, dest, timeout=30.0, level=None, max_tokens=0, priority=0, refinable=False) -> Fetch: starts "
+          "fetching the stored prefix of `tokens` (at most max_tokens when > 0, and at most what `dest` holds; whole "
+          "chunks) into the packed array `dest` [layers, 2, tokens, channels] (writable; token 0 = position 0). Each "
+          "chunk goes at the level the chooser picks against the deadline (policy.max_quality_loss_pct bounds it), or "
+          "at `level` for every chunk. refinable=True keeps the fetched bytes (and `dest`) so that Fetch.refine() can "
+          "upgrade the KV later. Raises NotFound (nothing stored), InvalidArgument, InvalidType.")
       .def(
           "fetch_paged",
           [](Store& self, py::handle tokens, py::handle layers, py::handle block_table, std::optional<uint32_t> block_size,
-             py::handle timeout, std::optional<uint32_t> level, uint64_t max_tokens, int priority) {
+             py::handle timeout, std::optional<uint32_t> level, uint64_t max_tokens, int priority, bool refinable) {
             HostKv host = paged_kv(layers, block_table, block_size.value_or(0), self.get()->geometry(), true, max_tokens);
-            return start_fetch(self, tokens, std::move(host), timeout, level, max_tokens, priority);
+            return start_fetch(self, tokens, std::move(host), timeout, level, max_tokens, priority, refinable);
           },
           "tokens"_a, "layers"_a, "block_table"_a, "block_size"_a = py::none(), timeout, "level"_a = py::none(),
-          "max_tokens"_a = 0, "priority"_a = 0,
+          "max_tokens"_a = 0, "priority"_a = 0, "refinable"_a = false,
           "fetch_paged(tokens, layers, block_table, block_size=None, timeout=30.0, level=None, max_tokens=0, "
-          "priority=0) -> Fetch: fetch() into a vLLM-style paged cache: `layers` holds one contiguous array per "
+          "priority=0, refinable=False) -> Fetch: fetch() into a vLLM-style paged cache: `layers` holds one contiguous array per "
           "layer of shape [2, num_blocks, block_size, kv_heads, head_dim] (K then V); position p lands in block "
           "block_table[p // block_size], slot p % block_size. At most len(block_table) * block_size tokens are "
           "fetched. block_size None: the layers' own.")

@@ -304,6 +304,24 @@ def test_fetch_into_torch_tensor_in_place(store, level0, prompt):
     assert np.allclose(half[:, :, :128], level0[:, :, :128], rtol=1e-3, atol=1e-3) and not half[:, :, 128:].any()
 
 
+def test_refine_after_the_first_token_equals_the_finer_fetch(store, level0, prompt):
+    """A progressive store (the profile kvstream-profile builds): a fetch at the
+    coarsest level, refined to level 0, holds exactly what a level-0 fetch holds, and
+    only the missing bytes moved."""
+    coarsest = len(store.levels) - 1
+    dest = np.zeros((5, 2, PROMPT_TOKENS, 32), np.float32)
+    first = store.fetch(prompt, dest, level=coarsest, refinable=True)
+    report = first.wait()
+    assert report.tokens == 256
+    assert not np.array_equal(dest, level0)
+    up = first.refine(0)
+    assert up["chunks_refined"] == 4 and up["bytes"] > 0
+    assert np.array_equal(dest, level0)
+    assert first.refine(0) == {"chunks_refined": 0, "bytes": 0}
+    with pytest.raises(kvstream.InvalidArgument):
+        store.fetch(prompt, np.zeros_like(dest), level=0).refine(0)
+
+
 def test_fetch_paged_shuffled_equals_packed(store, level0, model, prompt):
     cache = tl.PagedKVCache(model.config, 64, 16)
     random.Random(11).shuffle(cache.free_blocks)
