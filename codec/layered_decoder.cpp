@@ -88,8 +88,22 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   ls.exact.resize(np), ls.code.resize(np), ls.q.resize(N), ls.sym.resize(N), ls.ids.resize(N);
   KVS_RETURN_IF_ERROR(parse_base(cx, first, end, ls));
   KVS_RETURN_IF_ERROR(decode_base(cx, first, end, ls));
-  widen_indices(ls.sym.data(), ls.q.data(), N);
   const uint32_t layers = cx.extent.layers_of_group(g);
+  const uint64_t rope_row =
+      unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;
+  if (layers == 0) {
+    // The base alone (the level a deadline fetches): its int8 indices go straight to
+    // the reconstruction, as a single-level stream's do (the same arithmetic, so the
+    // same bits as through the 32-bit path).
+    const uint32_t level = p.level_of_layer(0);
+    for (uint32_t lp = first; lp < end; ++lp) {
+      s.plan.build(p, level, lp / P, lp % P);
+      reconstruct_plane(p, s.plan, lp / P, lp % P, T, ls.sym.data() + (lp - first) * E, ls.exact[lp - first],
+                        s.plane, s.rope, rope_row, *cx.out);
+    }
+    return {};
+  }
+  widen_indices(ls.sym.data(), ls.q.data(), N);
   for (uint32_t k = 1; k <= layers; ++k) {
     const Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
     const uint8_t* ctx[2] = {lv.table_of[kRoleCoarseZero].data() + size_t(first) * C,
@@ -102,8 +116,6 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
       return st.with_context(fmt::format("refinement layer {} of layers/planes {}..{}", k, first, end - 1));
     refine_indices(ls.q.data(), ls.sym.data(), N);
   }
-  const uint64_t rope_row =
-      unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;
   const uint32_t level = p.level_of_layer(layers);
   for (uint32_t lp = first; lp < end; ++lp) {
     s.plan.build(p, level, lp / P, lp % P);
