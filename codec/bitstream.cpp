@@ -27,6 +27,16 @@ uint64_t header_sum(const uint8_t* base, uint32_t substreams) {
 }
 }  // namespace
 
+Result<uint16_t> read_chunk_version(std::span<const uint8_t> bytes, ByteReader& r) {
+  if (bytes.size() < kChunkHeaderBytes)
+    return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is shorter than its {}-byte header",
+                       bytes.size(), kChunkHeaderBytes);
+  if (std::memcmp(bytes.data(), kChunkMagic, 4) != 0)
+    return make_status(StatusCode::corrupt_data, "not a kvstream chunk bitstream (bad magic)");
+  r.skip(4);
+  return r.get<uint16_t>();
+}
+
 Result<SharedHeader> read_shared_header(ByteReader& r) {
   SharedHeader h;
   const uint8_t dtype = r.get<uint8_t>();
@@ -86,15 +96,9 @@ void finish_header(std::vector<uint8_t>& out, size_t at, const ChunkHeader& h) {
 }
 
 Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload_offset) {
-  if (bytes.size() < kChunkHeaderBytes)
-    return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is shorter than its {}-byte header",
-                       bytes.size(), kChunkHeaderBytes);
-  if (std::memcmp(bytes.data(), kChunkMagic, 4) != 0)
-    return make_status(StatusCode::corrupt_data, "not a kvstream chunk bitstream (bad magic)");
   ByteReader r(bytes, "chunk header");
-  r.skip(4);
+  KVS_ASSIGN_OR_RETURN(const uint16_t version, read_chunk_version(bytes, r));
   ChunkHeader h;
-  const uint16_t version = r.get<uint16_t>();
   if (version != kChunkVersion)
     return make_status(StatusCode::unsupported, "chunk bitstream version {} (this decoder reads version {}{})", version,
                        kChunkVersion, version == 2 ? "; version 2 is a progressive stream" : "");

@@ -32,6 +32,9 @@ struct SharedHeader {
   uint8_t byte7 = 0, flags = 0;
   uint16_t group_size = 0;
 };
+/// Checks the size and magic every chunk starts with and reads its version; `r` is
+/// left at byte 6. Errors: corrupt_data.
+Result<uint16_t> read_chunk_version(std::span<const uint8_t> bytes, ByteReader& r);
 /// Reads them from `r` (positioned at byte 6) and checks their bounds. Errors:
 /// corrupt_data.
 Result<SharedHeader> read_shared_header(ByteReader& r);

@@ -64,15 +64,9 @@ void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h
 }
 
 Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
-  if (bytes.size() < kChunkHeaderBytes)
-    return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is shorter than its {}-byte header",
-                       bytes.size(), kChunkHeaderBytes);
-  if (std::memcmp(bytes.data(), kChunkMagic, 4) != 0)
-    return make_status(StatusCode::corrupt_data, "not a kvstream chunk bitstream (bad magic)");
   ByteReader r(bytes, "chunk header");
-  r.skip(4);
+  KVS_ASSIGN_OR_RETURN(const uint16_t version, read_chunk_version(bytes, r));
   LayeredHeader h;
-  const uint16_t version = r.get<uint16_t>();
   if (version != kLayeredVersion)
     return make_status(StatusCode::unsupported, "chunk bitstream version {} is not a progressive stream (version {})",
                        version, kLayeredVersion);

@@ -106,7 +106,15 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   uint64_t max_chunk = 0, int8_max = 0;
   for (uint32_t i = 0; i < nchunks; ++i) {
     for (uint32_t L = 0; L < levels; ++L) {
-      if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), L, enc[i][L]); !s.ok()) return fail(s);
+      if (profile->progressive() && L > 0) {
+        // A progressive level is a prefix of level 0's stream: cut, not encoded again.
+        auto ps = codec::chunk_prefixes(enc[i][0]);
+        if (!ps.ok()) return fail(ps.status());
+        for (const codec::ChunkPrefix& p : *ps)
+          if (p.whole_layer && p.level == L) enc[i][L].assign(enc[i][0].begin(), enc[i][0].begin() + int64_t(p.end));
+      } else if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), L, enc[i][L]); !s.ok()) {
+        return fail(s);
+      }
       max_chunk = std::max<uint64_t>(max_chunk, enc[i][L].size());
     }
     int8[i] = quantize_int8(*ctx->view().slice(ranges[i]));

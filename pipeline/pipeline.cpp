@@ -42,14 +42,6 @@ struct GpuWorker {
   gpu::Stream stream;
 };
 
-// Where range i of a request is stored.
-const std::string& stored_context(const FetchRequest& r, size_t i) {
-  return r.stored_contexts.empty() ? r.context : r.stored_contexts[i];
-}
-uint32_t stored_chunk(const FetchRequest& r, size_t i) {
-  return r.stored_chunks.empty() ? uint32_t(i) : r.stored_chunks[i];
-}
-
 class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchImpl> {
  public:
   FetchImpl(PipelineImpl& p, FetchRequest req, FetchCallbacks cb, std::vector<std::vector<uint64_t>> sizes)
@@ -519,6 +511,13 @@ void FetchImpl::finish(uint32_t i, Status st) {
 }
 
 }  // namespace
+
+const std::string& stored_context(const FetchRequest& r, size_t i) {
+  return r.stored_contexts.empty() ? r.context : r.stored_contexts[i];
+}
+uint32_t stored_chunk(const FetchRequest& r, size_t i) {
+  return r.stored_chunks.empty() ? uint32_t(i) : r.stored_chunks[i];
+}
 
 std::vector<uint64_t> stored_level_bytes(const storage::ChunkStat& stat, bool progressive) {
   if (!progressive) return stat.level_bytes;

@@ -16,11 +16,6 @@ namespace kvstream::pipeline {
 
 namespace {
 
-const std::string& context_of(const FetchRequest& r, size_t i) {
-  return r.stored_contexts.empty() ? r.context : r.stored_contexts[i];
-}
-uint32_t chunk_of(const FetchRequest& r, size_t i) { return r.stored_chunks.empty() ? uint32_t(i) : r.stored_chunks[i]; }
-
 // The range gets in flight: their buffer, its registration and the count still to
 // complete. Shared with the callbacks, so that a return at the deadline leaves
 // nothing a late callback could touch.
@@ -72,7 +67,7 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
   landing->status.resize(wants.size());
   for (size_t w = 0; w < wants.size(); ++w) {
     const Want& x = wants[w];
-    client.get_range_async(context_of(f, x.range), chunk_of(f, x.range), 0, x.from, x.to - x.from, landing->region,
+    client.get_range_async(stored_context(f, x.range), stored_chunk(f, x.range), 0, x.from, x.to - x.from, landing->region,
                            x.at, f.deadline, f.cancel, [landing, w](Result<size_t> r) {
                              std::lock_guard lock(landing->mu);
                              if (!r.ok()) landing->status[w] = r.status();

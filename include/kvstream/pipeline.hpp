@@ -155,6 +155,11 @@ struct FetchCallbacks {
 /// stored_contexts and stored_chunks): request.level_bytes when set, else one
 /// Client::stat per context. A range whose chunk is not stored gets an empty entry.
 /// Errors: the stat's (not_found for a context that does not exist).
+/// The context and the stored chunk that range i of `request` comes from (after
+/// stored_contexts and stored_chunks).
+const std::string& stored_context(const FetchRequest& request, size_t i);
+uint32_t stored_chunk(const FetchRequest& request, size_t i);
+
 /// With `progressive`, the chunks are stored as a progressive profile stores them
 /// (one object whose parts end its levels' prefixes) and a level's size is its
 /// prefix's end. Errors: the stat's (not_found for a context that does not exist).
