@@ -72,6 +72,19 @@ std::vector<TokenRange> chunk_ranges(uint64_t tokens, uint32_t chunk_tokens) {
 }
 
 Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out) {
+  return encode_chunk(profile, chunk, level, EncodeOptions{}, out);
+}
+
+uint32_t recent_tokens_of(const Profile& profile, TokenRange chunk, uint64_t context_tokens) {
+  const uint64_t window = profile.impl().recent_tokens;
+  if (!window || chunk.end > context_tokens || chunk.begin >= chunk.end) return 0;
+  // The chunk's tokens at or after context_tokens - window.
+  const uint64_t from = context_tokens > window ? context_tokens - window : 0;
+  return chunk.end <= from ? 0 : uint32_t(chunk.end - std::max(chunk.begin, from));
+}
+
+Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, const EncodeOptions& options,
+                    std::vector<uint8_t>& out) {
   const Profile::Impl& p = profile.impl();
   if (!(chunk.geometry() == p.geom))
     return make_status(StatusCode::invalid_argument, "chunk geometry does not match the codec profile");
@@ -83,7 +96,9 @@ Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level,
   if (uint64_t(T) * p.geom.channels() >= (uint64_t(1) << 32))
     return make_status(StatusCode::invalid_argument, "chunk of {} tokens x {} channels is too large for one bitstream",
                        T, p.geom.channels());
-  if (p.progressive) return encode_layered(profile, chunk, level, out);
+  if (options.recent_tokens > T)
+    return make_status(StatusCode::invalid_argument, "{} recent tokens in a chunk of {}", options.recent_tokens, T);
+  if (p.progressive) return encode_layered(profile, chunk, level, options, out);
   RopeTable rope;
   if (unrotates(p, 0)) rope.build(p.rope, p.geom.head_dim, chunk.first_position(), T);
 

@@ -12,7 +12,8 @@ namespace kvstream::codec {
 
 /// Appends the prefix through `level` of the chunk's progressive stream (profile
 /// progressive, chunk checked by the caller).
-Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t level, std::vector<uint8_t>& out);
+Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t level, const EncodeOptions& options,
+                      std::vector<uint8_t>& out);
 
 /// Decodes the prefix `kept` + `more` of a progressive stream into `out`, with
 /// `threads` workers sharing the groups of planes. `more` may be empty; otherwise

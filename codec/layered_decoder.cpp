@@ -77,6 +77,29 @@ Status decode_base(const LayeredContext& cx, uint32_t first, uint32_t end, Layer
   return {};
 }
 
+// Layer k's refinement of rows [row0, row0 + rows) of the group's planes, read from
+// substream si: each symbol's table from its index's context, one rANS decode, the
+// indices refined in place.
+Status refine_rows(const LayeredContext& cx, uint32_t first, uint32_t end, uint32_t k, uint32_t row0, uint32_t rows,
+                   size_t si, LayeredScratch& ls) {
+  const Profile::Impl& p = *cx.p;
+  const LayeredHeader& h = *cx.h;
+  const uint32_t C = p.geom.channels();
+  const size_t E = size_t(h.info.tokens) * C, R = size_t(rows) * C, np = end - first;
+  const Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
+  const uint8_t* zero = lv.table_of[kRoleCoarseZero].data() + size_t(first) * C;
+  const uint8_t* nonzero = lv.table_of[kRoleCoarseNonzero].data() + size_t(first) * C;
+  for (size_t i = 0; i < np; ++i)
+    refinement_ids(&ls.q[i * E + size_t(row0) * C], zero + i * C, nonzero + i * C, &ls.ids[i * R], rows, C);
+  if (Status st = rans_decode(*lv.rans, {ls.ids.data(), np * R}, cx.src.at(h.sub_offset[si], h.sub_bytes[si]),
+                              ls.sym.data(), 1, np * R);
+      !st.ok())
+    return st.with_context(fmt::format("{}refinement layer {} of layers/planes {}..{}",
+                                       rows == h.recent_tokens && row0 > 0 ? "recent rows' " : "", k, first, end - 1));
+  for (size_t i = 0; i < np; ++i) refine_indices(&ls.q[i * E + size_t(row0) * C], &ls.sym[i * R], R);
+  return {};
+}
+
 Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s) {
   const Profile::Impl& p = *cx.p;
   const LayeredHeader& h = *cx.h;
@@ -84,6 +107,8 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   const size_t E = size_t(T) * C;
   const uint32_t first = h.grouping.first_plane(g), end = h.grouping.end_plane(g);
   const size_t np = end - first, N = np * E;
+  // The recent rows [T - R, T) carry layers 1..J in the base.
+  const uint32_t J = h.recent_layers, R = h.recent_tokens, split = T - R;
   LayeredScratch& ls = s.layered;
   ls.exact.resize(np), ls.code.resize(np), ls.q.resize(N), ls.sym.resize(N), ls.ids.resize(N);
   KVS_RETURN_IF_ERROR(parse_base(cx, first, end, ls));
@@ -91,37 +116,36 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   const uint32_t layers = cx.extent.layers_of_group(g);
   const uint64_t rope_row =
       unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;
+  auto reconstruct = [&](uint32_t layer, uint32_t row0, uint32_t row_end, auto index_of) {
+    for (uint32_t lp = first; lp < end && row0 < row_end; ++lp) {
+      s.plan.build(p, p.level_of_layer(layer), lp / P, lp % P);
+      reconstruct_rows(p, s.plan, lp / P, lp % P, row0, row_end, index_of(lp - first) + size_t(row0) * C,
+                       ls.exact[lp - first], s.plane, s.rope, rope_row, *cx.out);
+    }
+  };
+  auto recent_layers = [&]() -> Status {
+    for (uint32_t k = 1; k <= J; ++k) KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, split, R, h.recent_index(k, g), ls));
+    return {};
+  };
+  auto int8_of = [&](size_t i) { return ls.sym.data() + i * E; };
+  auto int32_of = [&](size_t i) { return ls.q.data() + i * E; };
   if (layers == 0) {
     // The base alone (the level a deadline fetches): its int8 indices go straight to
     // the reconstruction, as a single-level stream's do (the same arithmetic, so the
-    // same bits as through the 32-bit path).
-    const uint32_t level = p.level_of_layer(0);
-    for (uint32_t lp = first; lp < end; ++lp) {
-      s.plan.build(p, level, lp / P, lp % P);
-      reconstruct_plane(p, s.plan, lp / P, lp % P, T, ls.sym.data() + (lp - first) * E, ls.exact[lp - first],
-                        s.plane, s.rope, rope_row, *cx.out);
-    }
+    // same bits as through the 32-bit path); only the recent rows are widened.
+    reconstruct(0, 0, split, int8_of);
+    if (J == 0) return {};
+    for (size_t i = 0; i < np; ++i) widen_indices(int8_of(i) + size_t(split) * C, int32_of(i) + size_t(split) * C, size_t(R) * C);
+    KVS_RETURN_IF_ERROR(recent_layers());
+    reconstruct(J, split, T, int32_of);
     return {};
   }
   widen_indices(ls.sym.data(), ls.q.data(), N);
-  for (uint32_t k = 1; k <= layers; ++k) {
-    const Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
-    const uint8_t* ctx[2] = {lv.table_of[kRoleCoarseZero].data() + size_t(first) * C,
-                             lv.table_of[kRoleCoarseNonzero].data() + size_t(first) * C};
-    for (size_t i = 0; i < np; ++i)
-      refinement_ids(&ls.q[i * E], ctx[0] + i * C, ctx[1] + i * C, &ls.ids[i * E], T, C);
-    const size_t si = h.refine_index(k, g);
-    if (Status st = rans_decode(*lv.rans, ls.ids, cx.src.at(h.sub_offset[si], h.sub_bytes[si]), ls.sym.data(), 1, N);
-        !st.ok())
-      return st.with_context(fmt::format("refinement layer {} of layers/planes {}..{}", k, first, end - 1));
-    refine_indices(ls.q.data(), ls.sym.data(), N);
-  }
-  const uint32_t level = p.level_of_layer(layers);
-  for (uint32_t lp = first; lp < end; ++lp) {
-    s.plan.build(p, level, lp / P, lp % P);
-    reconstruct_plane(p, s.plan, lp / P, lp % P, T, ls.q.data() + (lp - first) * E, ls.exact[lp - first], s.plane,
-                      s.rope, rope_row, *cx.out);
-  }
+  KVS_RETURN_IF_ERROR(recent_layers());
+  for (uint32_t k = 1; k <= layers; ++k)
+    KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, 0, h.rows_of_layer(k), h.refine_index(k, g), ls));
+  reconstruct(layers, 0, layers >= J ? T : split, int32_of);
+  if (layers < J) reconstruct(J, split, T, int32_of);
   return {};
 }
 
@@ -143,7 +167,7 @@ Status decode_layered(const Profile& profile, std::span<const uint8_t> kept, std
                        "chunk was encoded with codec profile {:016x}, not with this one ({:016x})",
                        h.info.profile_hash, p.hash);
   if (!p.progressive || !(h.info.geometry == p.geom) || h.group_size != p.group_size ||
-      (h.flags & 1) != uint8_t(p.k_before_rope) || h.layers != p.levels.size())
+      (h.flags & kFlagKBeforeRope) != uint8_t(p.k_before_rope) || h.layers != p.levels.size())
     return make_status(StatusCode::corrupt_data, "chunk header disagrees with its own profile");
   if (!more.empty()) {
     // Refinement: what was kept must itself be a whole prefix.

@@ -13,7 +13,11 @@ namespace {
 constexpr size_t kOffStreamBytes = 48, kOffHeaderSum = 56;
 
 size_t points_of(uint32_t layers, const LayeredGrouping& g) { return 1 + size_t(layers - 1) * g.groups; }
-size_t subs_of(uint32_t layers, const LayeredGrouping& g) { return g.planes + size_t(layers - 1) * g.groups; }
+size_t subs_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers) {
+  return g.planes + size_t(layers - 1 + recent_layers) * g.groups;
+}
+// Bytes between the fixed header and the substream table: the recent token count.
+size_t recent_field_of(uint32_t recent_layers) { return recent_layers ? 4 : 0; }
 
 uint64_t header_sum(const uint8_t* base, size_t header_bytes) {
   XXH3_state_t* st = XXH3_createState();
@@ -38,12 +42,14 @@ LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens) {
   return r;
 }
 
-size_t layered_header_size(uint32_t layers, const LayeredGrouping& g) {
-  return kChunkHeaderBytes + 8 * subs_of(layers, g) + 4 * points_of(layers, g);
+size_t layered_header_size(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers) {
+  return kChunkHeaderBytes + recent_field_of(recent_layers) + 8 * subs_of(layers, g, recent_layers) +
+         4 * points_of(layers, g);
 }
 
 void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h) {
-  const size_t hb = layered_header_size(h.layers, h.grouping);
+  const size_t hb = layered_header_size(h.layers, h.grouping, h.recent_layers);
+  h.flags = uint8_t((h.flags & kFlagKBeforeRope) | (h.recent_layers << kRecentLayersShift));
   h.header_bytes = hb;
   h.sub_sum.resize(h.sub_bytes.size());
   uint64_t off = at + hb;
@@ -56,6 +62,7 @@ void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h
   write_shared_header(w, kLayeredVersion, {h.info, uint8_t(h.layers), h.flags, h.group_size});
   w.put(uint64_t(off - at));                                                // 48: the whole stream
   w.put(uint64_t(0));                                                       // 56: header sum, below
+  if (h.recent_layers) w.put(h.recent_tokens);                              // 64
   for (size_t i = 0; i < h.sub_bytes.size(); ++i) w.put(h.sub_bytes[i]), w.put(h.sub_sum[i]);
   for (float d : h.distortion) w.put(d);
   std::memcpy(out.data() + at, head.data(), hb);
@@ -80,16 +87,28 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
   KVS_RETURN_IF_ERROR(r.status());
   if (h.layers < 1 || h.layers > kMaxProgressiveLayers)
     return make_status(StatusCode::corrupt_data, "chunk header: {} layers (1..{})", h.layers, kMaxProgressiveLayers);
+  if (h.flags & ~(kFlagKBeforeRope | (kRecentLayersMask << kRecentLayersShift)))
+    return make_status(StatusCode::corrupt_data, "chunk header: unknown flags {:#x}", h.flags);
+  h.recent_layers = (h.flags >> kRecentLayersShift) & kRecentLayersMask;
+  if (h.recent_layers >= h.layers)
+    return make_status(StatusCode::corrupt_data, "chunk header: recent rows carry {} layers of {}", h.recent_layers,
+                       h.layers);
   const KvGeometry& g = h.info.geometry;
   h.grouping = layered_grouping(g, h.info.tokens);
-  h.header_bytes = layered_header_size(h.layers, h.grouping);
+  h.header_bytes = layered_header_size(h.layers, h.grouping, h.recent_layers);
   if (bytes.size() < h.header_bytes)
     return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is truncated inside its {}-byte header",
                        bytes.size(), h.header_bytes);
   if (header_sum(bytes.data(), h.header_bytes) != hsum)
     return make_status(StatusCode::corrupt_data, "chunk header checksum mismatch");
-  const size_t n = subs_of(h.layers, h.grouping);
+  const size_t n = subs_of(h.layers, h.grouping, h.recent_layers);
   ByteReader t(bytes.subspan(kChunkHeaderBytes, h.header_bytes - kChunkHeaderBytes), "chunk tables");
+  if (h.recent_layers) {
+    h.recent_tokens = t.get<uint32_t>();
+    if (h.recent_tokens == 0 || h.recent_tokens > h.info.tokens)
+      return make_status(StatusCode::corrupt_data, "chunk header: {} recent rows of {}", h.recent_tokens,
+                         h.info.tokens);
+  }
   h.sub_bytes.resize(n), h.sub_sum.resize(n), h.sub_offset.resize(n);
   uint64_t off = h.header_bytes;
   for (size_t i = 0; i < n; ++i) {
@@ -117,7 +136,7 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
 }
 
 Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size) {
-  const size_t S = h.grouping.planes;
+  const size_t S = h.base_substreams();
   const uint64_t base_end = h.sub_offset[S - 1] + h.sub_bytes[S - 1];
   if (size < base_end)
     return make_status(StatusCode::corrupt_data, "progressive chunk prefix of {} bytes is shorter than its base layer ({})",
@@ -140,7 +159,7 @@ Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size) {
 
 std::vector<ChunkPrefix> layered_prefixes(const LayeredHeader& h) {
   std::vector<ChunkPrefix> out;
-  const size_t S = h.grouping.planes;
+  const size_t S = h.base_substreams();
   for (size_t i = S - 1; i < h.substreams(); ++i) {
     const size_t refined = i + 1 - S;
     const uint32_t full = uint32_t(refined / h.grouping.groups);
@@ -172,10 +191,11 @@ Result<size_t> chunk_header_bytes(std::span<const uint8_t> first_bytes) {
   r.skip(3);
   const uint32_t tokens = r.get<uint32_t>();
   const uint32_t layers = first_bytes[7];
+  const uint32_t recent_layers = (first_bytes[25] >> kRecentLayersShift) & kRecentLayersMask;
   if (Status st = g.validate(); !st.ok()) return make_status(StatusCode::corrupt_data, "chunk header: {}", st.message());
   if (tokens == 0 || tokens > kMaxChunkTokens || layers < 1 || layers > kMaxProgressiveLayers)
     return make_status(StatusCode::corrupt_data, "chunk header: {} tokens, {} layers", tokens, layers);
-  return layered_header_size(layers, layered_grouping(g, tokens));
+  return layered_header_size(layers, layered_grouping(g, tokens), recent_layers);
 }
 
 Result<std::vector<ChunkPrefix>> chunk_prefixes(std::span<const uint8_t> header) {

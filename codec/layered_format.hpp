@@ -28,13 +28,22 @@ struct LayeredGrouping {
 LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens);
 
 /// Header of a progressive stream, as written; offsets are from the stream's start.
+/// Header flags: bit 0 K coded before RoPE; bits 1-3 the recent rows' extra layers.
+inline constexpr uint8_t kFlagKBeforeRope = 1;
+inline constexpr uint32_t kRecentLayersShift = 1, kRecentLayersMask = 7;
+
 struct LayeredHeader {
   ChunkInfo info;                   // info.level: unused (0); info.total_bytes: the whole stream
   uint16_t group_size = 0;
-  uint8_t flags = 0;                // bit 0: K coded before RoPE
+  uint8_t flags = 0;                // kFlagKBeforeRope; recent_layers in bits 1-3
   uint32_t layers = 0;              // n
   LayeredGrouping grouping;
-  // Per substream, in stream order: the S base substreams, then G per refinement layer.
+  // The chunk's last `recent_tokens` rows carry `recent_layers` refinement layers in
+  // the base layer (0 and 0: none); those layers' groups then hold only the other rows.
+  uint32_t recent_tokens = 0;
+  uint32_t recent_layers = 0;
+  // Per substream, in stream order: the S base substreams, the recent rows' J x G,
+  // then G per refinement layer.
   std::vector<uint32_t> sub_bytes;
   std::vector<uint32_t> sub_sum;    // low 32 bits of the substream's xxh3-64
   std::vector<float> distortion;    // per prefix point: after the base, after each refinement substream
@@ -43,14 +52,25 @@ struct LayeredHeader {
   uint64_t header_bytes = 0;
 
   [[nodiscard]] size_t substreams() const { return sub_bytes.size(); }
+  /// Substreams of the base layer: the planes', then the recent rows'.
+  [[nodiscard]] size_t base_substreams() const { return grouping.planes + size_t(recent_layers) * grouping.groups; }
+  /// Index of the recent rows' substream of (layer 1 <= k <= recent_layers, group g).
+  [[nodiscard]] size_t recent_index(uint32_t k, uint32_t g) const {
+    return grouping.planes + size_t(k - 1) * grouping.groups + g;
+  }
   /// Index of substream (layer k >= 1, group g).
   [[nodiscard]] size_t refine_index(uint32_t k, uint32_t g) const {
-    return grouping.planes + size_t(k - 1) * grouping.groups + g;
+    return base_substreams() + size_t(k - 1) * grouping.groups + g;
+  }
+  /// Rows of the chunk that layer k's groups hold (all but the recent ones for k <= J).
+  [[nodiscard]] uint32_t rows_of_layer(uint32_t k) const {
+    return k <= recent_layers ? info.tokens - recent_tokens : info.tokens;
   }
 };
 
-/// Size of the header and tables of a stream of n layers.
-size_t layered_header_size(uint32_t layers, const LayeredGrouping& g);
+/// Size of the header and tables of a stream of n layers whose recent rows carry
+/// `recent_layers` layers in the base.
+size_t layered_header_size(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers);
 /// Writes the header at out[at, at + layered_header_size) (reserved by the caller),
 /// taking the substream checksums from the bytes that follow it.
 void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h);

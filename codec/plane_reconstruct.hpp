@@ -45,14 +45,15 @@ struct PlaneScratch {
   std::vector<uint32_t> nz;  // nonzero masks of a tile's components (KLT planes)
 };
 
-/// Reconstructs rows [0, T) of (l, pl) from indices `q` (T x C, row-major) with
-/// `plan` (built for the level the indices are at; no anchor channels): every row
-/// depends only on its own indices, so each stage runs over a tile of rows.
-/// `rope_row` is the table row of token 0 when K is rotated.
+/// Reconstructs rows [row0, row_end) of (l, pl) from their indices `q` (row row0
+/// first, C per row) with `plan` (built for the level the indices are at; no anchor
+/// channels): every row depends only on its own indices, so each stage runs over a
+/// tile of rows, and a plane whose rows reached different levels is reconstructed a
+/// row range at a time. `rope_row` is the table row of token 0 when K is rotated.
 template <class Index>
-void reconstruct_plane(const Profile::Impl& p, const MatrixPlan& plan, uint32_t l, uint32_t pl, uint32_t T,
-                       const Index* q, const ExactValues& ex, PlaneScratch& s, const RopeTable& rope,
-                       uint64_t rope_row, const KvView& out) {
+void reconstruct_rows(const Profile::Impl& p, const MatrixPlan& plan, uint32_t l, uint32_t pl, uint32_t row0,
+                      uint32_t row_end, const Index* q, const ExactValues& ex, PlaneScratch& s, const RopeTable& rope,
+                      uint64_t rope_row, const KvView& out) {
   const uint32_t C = p.geom.channels();
   const bool rotate = unrotates(p, pl);
   const size_t n_out = ex.out_index.size(), n_direct = ex.direct_index.size();
@@ -65,14 +66,18 @@ void reconstruct_plane(const Profile::Impl& p, const MatrixPlan& plan, uint32_t 
     const uint32_t padded = (tile + kKltRows - 1) / kKltRows * kKltRows + kKltRows;
     s.tile2.resize(size_t(padded) * C), s.z.resize(kKltRows * size_t(C)), s.nz.resize(size_t(padded) * words);
   }
-  size_t next_out = 0, next_direct = 0;
-  for (uint32_t t0 = 0; t0 < T; t0 += tile) {
-    const uint32_t rows = std::min(tile, T - t0);
+  const uint64_t first = uint64_t(row0) * C;
+  size_t next_out = size_t(std::lower_bound(ex.out_index.begin(), ex.out_index.end(), first) - ex.out_index.begin());
+  size_t next_direct =
+      size_t(std::lower_bound(ex.direct_index.begin(), ex.direct_index.end(), first) - ex.direct_index.begin());
+  for (uint32_t t0 = row0; t0 < row_end; t0 += tile) {
+    const uint32_t rows = std::min(tile, row_end - t0);
+    const Index* qt = &q[size_t(t0 - row0) * C];
     float* dq = plan.block ? s.tile2.data() : s.tile.data();
-    dequant_tile(&q[size_t(t0) * C], plan.base.data(), plan.step.data(), dq, rows, C);
+    dequant_tile(qt, plan.base.data(), plan.step.data(), dq, rows, C);
     const uint64_t end = uint64_t(t0 + rows) * C;
     if (plan.block) {
-      nonzero_masks(&q[size_t(t0) * C], rows, C, s.nz.data());
+      nonzero_masks(qt, rows, C, s.nz.data());
       std::fill(s.nz.begin() + size_t(rows) * words, s.nz.end(), 0u);
     }
     for (; next_out < n_out && ex.out_index[next_out] < end; ++next_out) {
@@ -88,6 +93,14 @@ void reconstruct_plane(const Profile::Impl& p, const MatrixPlan& plan, uint32_t 
     if (rotate) rope.rotate_tile(s.tile.data(), rows, rope_row + t0, p.geom.kv_heads, p.geom.head_dim);
     out.store_rows(l, pl, t0, rows, s.tile.data());
   }
+}
+
+/// Rows [0, T) of (l, pl) from indices `q` (T x C, row-major).
+template <class Index>
+void reconstruct_plane(const Profile::Impl& p, const MatrixPlan& plan, uint32_t l, uint32_t pl, uint32_t T,
+                       const Index* q, const ExactValues& ex, PlaneScratch& s, const RopeTable& rope,
+                       uint64_t rope_row, const KvView& out) {
+  reconstruct_rows(p, plan, l, pl, 0, T, q, ex, s, rope, rope_row, out);
 }
 
 }  // namespace kvstream::codec

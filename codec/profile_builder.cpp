@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "codec/bitstream.hpp"
 #include "codec/chunk_plan.hpp"
 #include "codec/klt.hpp"
 #include "codec/layered_quant.hpp"
@@ -215,6 +216,13 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
                          kMaxProgressiveLayers);
     if (!(opt.progressive_base_step > 0.0f) || !std::isfinite(opt.progressive_base_step))
       return make_status(StatusCode::invalid_argument, "progressive base step {} must be > 0", opt.progressive_base_step);
+    if (opt.recent_tokens) {
+      if (opt.recent_tokens > kMaxChunkTokens || opt.recent_layers == 0 || opt.recent_layers >= opt.progressive_layers)
+        return make_status(StatusCode::invalid_argument,
+                           "recent window of {} tokens with {} layers (1..{} tokens, 1..{} layers)", opt.recent_tokens,
+                           opt.recent_layers, kMaxChunkTokens, opt.progressive_layers - 1);
+      p.recent_tokens = opt.recent_tokens, p.recent_layers = opt.recent_layers;
+    }
     // Level i (0 finest) is layer n - 1 - i: the base step divided by 3 per layer.
     level_steps.assign(opt.progressive_layers, 0.0f);
     for (uint32_t i = 0; i < opt.progressive_layers; ++i)

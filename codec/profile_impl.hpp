@@ -13,6 +13,9 @@ inline constexpr uint32_t kProfileVersion = 1;
 /// Version of a progressive profile: version 1's body and one more byte (so every
 /// profile of one level per stream keeps its bytes, and its hash, which bitstreams carry).
 inline constexpr uint32_t kProgressiveProfileVersion = 2;
+/// Version 2's body and the recent window (two u32): a progressive profile with
+/// recent layers. Profiles without keep version 2's bytes and hash.
+inline constexpr uint32_t kRecentProfileVersion = 3;
 inline constexpr uint32_t kMaxLevels = 32;
 
 /// Role of a coded matrix: a chunk's tokens are coded as one matrix of "plain" rows
@@ -31,6 +34,9 @@ struct Profile::Impl {
   // One embedded stream per chunk; levels[levels.size() - 1] is the base layer, level
   // i the prefix through layer levels.size() - 1 - i (no anchor predictors).
   bool progressive = false;
+  // A context's last recent_tokens tokens carry recent_layers layers in the base (0: none).
+  uint32_t recent_tokens = 0;
+  uint32_t recent_layers = 0;
   // Per channel, index (layer * planes + plane) * channels + c.
   std::vector<uint8_t> predictor;
   std::vector<float> mean;

@@ -5,6 +5,7 @@
 // truncated, corrupt or mismatched prefixes fail cleanly without touching the output.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -47,9 +48,11 @@ KvCache make_cache(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t firs
   return c;
 }
 
-const Profile& profile_for(const Case& cs) {
+// `recent`: the profile codes a context's last 16 tokens with 2 layers in the base.
+const Profile& profile_for(const Case& cs, bool recent = false) {
   static std::map<std::string, Profile> built;
-  if (auto it = built.find(cs.name); it != built.end()) return it->second;
+  const std::string key = std::string(cs.name) + (recent ? "/recent" : "");
+  if (auto it = built.find(key); it != built.end()) return it->second;
   set_log_level(LogLevel::warn);
   const KvCache a = make_cache(cs.geom, DType::f32, 96, 0, cs.rope, 11);
   const KvCache b = make_cache(cs.geom, DType::f32, 64, 300, cs.rope, 12);
@@ -59,14 +62,16 @@ const Profile& profile_for(const Case& cs) {
   opt.progressive_layers = 5;
   opt.code_k_before_rope = cs.code_k_before_rope;
   opt.max_tables_per_level = 16;
+  opt.recent_tokens = recent ? 16 : 0;
+  opt.recent_layers = 2;
   auto p = ProfileBuilder::build(views, cs.rope, opt);
   EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return built.emplace(cs.name, std::move(p).value()).first->second;
+  return built.emplace(key, std::move(p).value()).first->second;
 }
 
-std::vector<uint8_t> encode(const Profile& p, const KvView& v, uint32_t level) {
+std::vector<uint8_t> encode(const Profile& p, const KvView& v, uint32_t level, uint32_t recent = 0) {
   std::vector<uint8_t> out;
-  const Status st = encode_chunk(p, v, level, out);
+  const Status st = encode_chunk(p, v, level, EncodeOptions{recent}, out);
   EXPECT_TRUE(st.ok()) << st.to_string();
   return out;
 }
@@ -202,6 +207,77 @@ TEST_P(Progressive, ParallelDecodeMatchesSerial) {
   }
 }
 
+// Rows [first, end) of two caches hold the same values, bit for bit.
+bool same_rows(const KvCache& a, const KvCache& b, uint64_t first, uint64_t end) {
+  const KvGeometry& g = a.geometry();
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t p = 0; p < g.planes(); ++p)
+      for (uint64_t t = first; t < end; ++t)
+        for (uint32_t c = 0; c < g.channels(); ++c)
+          if (std::bit_cast<uint32_t>(a.at(l, p, t, c)) != std::bit_cast<uint32_t>(b.at(l, p, t, c))) return false;
+  return true;
+}
+
+// A chunk's recent rows carry the profile's recent layers in the base: at every level
+// they decode as that many layers finer would (bit for bit), the other rows as the
+// level does without recent rows.
+TEST_P(Progressive, RecentRowsDecodeLayersFinerAndTheOthersAsBefore) {
+  const Profile& p = profile_for(cs(), true);
+  ASSERT_EQ(p.recent_tokens(), 16u);
+  ASSERT_EQ(p.recent_layers(), 2u);
+  const KvGeometry& g = cs().geom;
+  const uint32_t n = p.levels(), J = p.recent_layers();
+  for (uint32_t tokens : {1u, 16u, 41u, 130u})
+    for (uint32_t recent : {1u, 5u, 16u}) {
+      if (recent > tokens) continue;
+      const KvCache src = make_cache(g, DType::f16, tokens, 20, cs().rope, tokens * 7 + recent);
+      const std::vector<uint8_t> full = encode(p, src.view(), 0, recent);
+      const std::vector<uint8_t> plain = encode(p, src.view(), 0);
+      for (uint32_t L = n; L-- > 0;) {
+        const std::vector<uint8_t> lv = encode(p, src.view(), L, recent);
+        ASSERT_TRUE(std::equal(lv.begin(), lv.end(), full.begin())) << "level " << L << " is not a prefix";
+        const KvCache got = decode(p, lv, g, DType::f32, tokens, 20);
+        const KvCache others = decode(p, encode(p, src.view(), L), g, DType::f32, tokens, 20);
+        const KvCache recents = decode(p, encode(p, src.view(), std::min(L, n - 1 - J)), g, DType::f32, tokens, 20);
+        EXPECT_TRUE(same_rows(got, others, 0, tokens - recent)) << tokens << " tokens, " << recent << " recent, level " << L;
+        EXPECT_TRUE(same_rows(got, recents, tokens - recent, tokens))
+            << tokens << " tokens, " << recent << " recent, level " << L;
+      }
+      // The recent rows' layers move into the base: a longer base, nearer the source.
+      const std::vector<ChunkPrefix> with = chunk_prefixes(full).value(), without = chunk_prefixes(plain).value();
+      ASSERT_EQ(with.size(), without.size());
+      EXPECT_GT(with[0].end, without[0].end);
+      EXPECT_LE(with[0].distortion, without[0].distortion);
+      EXPECT_EQ(with.back().distortion, without.back().distortion);
+    }
+}
+
+TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
+  const Profile& p = profile_for(cs(), true);
+  const KvGeometry& g = cs().geom;
+  const uint32_t tokens = cs().geom.layers == 4 ? 600 : 37;
+  for (uint32_t recent : {3u, tokens}) {
+    const KvCache src = make_cache(g, DType::f16, tokens, 1000, cs().rope, 6);
+    const std::vector<uint8_t> full = encode(p, src.view(), 0, std::min(recent, 16u));
+    const std::vector<ChunkPrefix> prefixes = chunk_prefixes(full).value();
+    const std::span<const uint8_t> all(full);
+    for (size_t a = 0; a < prefixes.size(); ++a)
+      for (size_t b = a + 1; b < prefixes.size(); ++b) {
+        const uint64_t ea = prefixes[a].end, eb = prefixes[b].end;
+        const KvCache want = decode(p, all.first(eb), g, DType::bf16, tokens, 1000);
+        KvCache got = decode(p, all.first(ea), g, DType::bf16, tokens, 1000);
+        const Status st = refine_chunk(p, all.first(ea), all.subspan(ea, eb - ea), got.view());
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_TRUE(same_bytes(want, got)) << "refining prefix " << a << " to " << b;
+      }
+  }
+  // The whole chunk recent: the recent layers' groups hold no rows and still decode.
+  const KvCache small = make_cache(g, DType::f32, 9, 0, cs().rope, 2);
+  const std::vector<uint8_t> all_recent = encode(p, small.view(), 0, 9);
+  for (const ChunkPrefix& pf : chunk_prefixes(all_recent).value())
+    decode(p, std::span(all_recent).first(pf.end), g, DType::f32, 9, 0);
+}
+
 std::string case_name(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
 std::vector<std::string> case_names() {
   std::vector<std::string> n;
@@ -218,11 +294,11 @@ struct Chunk {
   std::vector<uint8_t> full;
   std::vector<ChunkPrefix> prefixes;
 };
-Chunk many_group_chunk() {
+Chunk many_group_chunk(uint32_t recent = 0) {
   const Case& cs = cases().back();
-  const Profile& p = profile_for(cs);
+  const Profile& p = profile_for(cs, recent > 0);
   Chunk c{&p, make_cache(cs.geom, DType::f16, 600, 9, cs.rope, 77), {}, {}};
-  c.full = encode(p, c.src.view(), 0);
+  c.full = encode(p, c.src.view(), 0, recent);
   c.prefixes = chunk_prefixes(c.full).value();
   return c;
 }
@@ -240,7 +316,8 @@ Status decode_untouched(const Profile& p, std::span<const uint8_t> bytes, const 
 // Cut anywhere: a prefix boundary decodes, anything else is corrupt_data and the
 // output stays untouched.
 TEST(ProgressiveCorrupt, TruncationOffPrefixBoundariesFails) {
-  const Chunk c = many_group_chunk();
+  for (uint32_t recent : {0u, 16u}) {
+  const Chunk c = many_group_chunk(recent);
   const KvGeometry& g = c.src.geometry();
   std::vector<bool> boundary(c.full.size() + 1, false);
   for (const ChunkPrefix& pf : c.prefixes) boundary[pf.end] = true;
@@ -256,18 +333,21 @@ TEST(ProgressiveCorrupt, TruncationOffPrefixBoundariesFails) {
       EXPECT_FALSE(touched) << n;
     }
   }
+  }
 }
 
 TEST(ProgressiveCorrupt, FlippedBitsAnywhereAreCaughtBeforeTheOutput) {
-  const Chunk c = many_group_chunk();
-  const KvGeometry& g = c.src.geometry();
-  for (size_t i = 0; i < c.full.size(); i += (i < 300 ? 1 : 97)) {
-    std::vector<uint8_t> bad = c.full;
-    bad[i] ^= uint8_t(1u << (i % 8));
-    bool touched = false;
-    const Status st = decode_untouched(*c.p, bad, g, 600, &touched);
-    ASSERT_FALSE(st.ok()) << "flip at byte " << i << " decoded";
-    EXPECT_FALSE(touched) << i;
+  for (uint32_t recent : {0u, 16u}) {
+    const Chunk c = many_group_chunk(recent);
+    const KvGeometry& g = c.src.geometry();
+    for (size_t i = 0; i < c.full.size(); i += (i < 300 ? 1 : 97)) {
+      std::vector<uint8_t> bad = c.full;
+      bad[i] ^= uint8_t(1u << (i % 8));
+      bool touched = false;
+      const Status st = decode_untouched(*c.p, bad, g, 600, &touched);
+      ASSERT_FALSE(st.ok()) << "flip at byte " << i << " decoded (recent " << recent << ")";
+      EXPECT_FALSE(touched) << i;
+    }
   }
 }
 
@@ -300,7 +380,8 @@ TEST(ProgressiveCorrupt, RefinementNeedsAKeptPrefixAndTheRightProfile) {
 }
 
 TEST(ProgressiveHeader, PrefixTableReadsFromTheHeaderAlone) {
-  const Chunk c = many_group_chunk();
+  for (uint32_t recent : {0u, 16u}) {
+  const Chunk c = many_group_chunk(recent);
   auto hb = chunk_header_bytes(std::span(c.full).first(64));
   ASSERT_TRUE(hb.ok()) << hb.status().to_string();
   ASSERT_LT(*hb, c.prefixes[0].end);
@@ -313,6 +394,7 @@ TEST(ProgressiveHeader, PrefixTableReadsFromTheHeaderAlone) {
   for (const ChunkPrefix& pf : c.prefixes)
     if (pf.whole_layer) levels.push_back(pf.level);
   EXPECT_EQ(levels, (std::vector<uint32_t>{4, 3, 2, 1, 0}));
+  }
 }
 
 TEST(ProgressiveProfile, BuilderRejectsBadLayerOptions) {
@@ -337,6 +419,51 @@ TEST(ProgressiveProfile, BuilderRejectsBadLayerOptions) {
   uint32_t version;
   std::memcpy(&version, bytes.data() + 4, 4);
   EXPECT_EQ(version, 1u);
+}
+
+
+TEST(ProgressiveProfile, RecentWindowSurvivesSerializationAndIsChecked) {
+  const Profile& p = profile_for(cases()[0], true);
+  const std::vector<uint8_t> bytes = p.serialize();
+  uint32_t version;
+  std::memcpy(&version, bytes.data() + 4, 4);
+  EXPECT_EQ(version, 3u);
+  auto back = Profile::load(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->hash(), p.hash());
+  EXPECT_EQ(back->recent_tokens(), 16u);
+  EXPECT_EQ(back->recent_layers(), 2u);
+  EXPECT_NE(p.hash(), profile_for(cases()[0]).hash());
+  // A profile without a recent window keeps version 2.
+  const std::vector<uint8_t> plain = profile_for(cases()[0]).serialize();
+  std::memcpy(&version, plain.data() + 4, 4);
+  EXPECT_EQ(version, 2u);
+  EXPECT_EQ(profile_for(cases()[0]).recent_tokens(), 0u);
+
+  const KvCache a = make_cache(cases()[0].geom, DType::f32, 32, 0, cases()[0].rope, 1);
+  const std::vector<KvView> views = {a.view()};
+  for (uint32_t layers : {0u, 5u, 9u}) {
+    ProfileOptions opt;
+    opt.progressive = true, opt.progressive_layers = 5, opt.recent_tokens = 8, opt.recent_layers = layers;
+    EXPECT_EQ(ProfileBuilder::build(views, cases()[0].rope, opt).status().code(), StatusCode::invalid_argument)
+        << layers;
+  }
+  // More recent tokens than the chunk has.
+  std::vector<uint8_t> out;
+  EXPECT_EQ(encode_chunk(p, a.view(), 0, EncodeOptions{33}, out).code(), StatusCode::invalid_argument);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(ProgressiveProfile, RecentTokensOfAChunkAreItsShareOfTheContextsLast) {
+  const Profile& p = profile_for(cases()[0], true);  // the last 16 tokens
+  EXPECT_EQ(recent_tokens_of(p, {0, 128}, 128), 16u);
+  EXPECT_EQ(recent_tokens_of(p, {0, 128}, 256), 0u);
+  EXPECT_EQ(recent_tokens_of(p, {128, 256}, 256), 16u);
+  EXPECT_EQ(recent_tokens_of(p, {0, 250}, 260), 6u);    // the window spans two chunks
+  EXPECT_EQ(recent_tokens_of(p, {250, 260}, 260), 10u);
+  EXPECT_EQ(recent_tokens_of(p, {0, 10}, 10), 10u);     // a context shorter than the window
+  EXPECT_EQ(recent_tokens_of(p, {0, 10}, 5), 0u);       // a chunk beyond its context: none
+  EXPECT_EQ(recent_tokens_of(profile_for(cases()[0]), {0, 128}, 128), 0u);
 }
 
 }  // namespace

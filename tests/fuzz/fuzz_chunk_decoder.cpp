@@ -221,12 +221,14 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     const auto& ps = kvstream::fuzz::profile_specs()[i];
     const KvCache pc = kvstream::fuzz::synthetic_cache(ps.geom, ps.rope, DType::f16, 9, 5, 78);
     std::vector<uint8_t> stream;
-    if (!encode_chunk((*g_profiles)[i], pc.view(), 0, stream).ok()) fail("progressive encode at init");
+    // With recent rows, so that the check covers the header's optional field.
+    if (!encode_chunk((*g_profiles)[i], pc.view(), 0, EncodeOptions{4}, stream).ok())
+      fail("progressive encode at init");
     std::vector<uint8_t> z = stream;
     const kvstream::fuzz::ProgressiveTables t = kvstream::fuzz::progressive_tables(z);
     if (t.header_bytes == 0) break;
     std::memset(z.data() + kvstream::fuzz::kOffStreamBytes, 0, 16);
-    for (uint64_t j = 0; j < t.substreams; ++j) std::memset(z.data() + kvstream::fuzz::kHdr + 8 * j + 4, 0, 4);
+    for (uint64_t j = 0; j < t.substreams; ++j) std::memset(z.data() + t.table + 8 * j + 4, 0, 4);
     kvstream::fuzz::progressive_reseal(z);
     g_progressive_reseal_ok = z == stream;
   }

@@ -173,9 +173,10 @@ inline size_t select_length(uint16_t sel, size_t size, std::span<const codec::Ch
 
 // Layout mirrored from codec/layered_format.cpp (docs/bitstream.md "Progressive
 // streams"): stream bytes at 48, header checksum at 56 (xxh3-64 of bytes [0, 56) and
-// [64, header_bytes)), then per substream u32 length and u32 low half of its xxh3-64,
-// then one f32 distortion per prefix point. With S = layers x planes substreams in the
-// base and P points, header_bytes = 64 + 8 E + 4 P where E = S + (P - 1): the table
+// [64, header_bytes)), then (when flag bits 1-3 hold J > 0) the u32 recent row count,
+// then per substream u32 length and u32 low half of its xxh3-64, then one f32
+// distortion per prefix point. With S = layers x planes base substreams, n layers and
+// G groups, E = S + (J + n - 1) G substreams and P = 1 + (n - 1) G points: the table
 // sizes follow from chunk_header_bytes() and the geometry. If that layout changes, the
 // decoder target's check at start-up (reseal of a genuine stream) reports
 // "progressive reseal OFF" and it fuzzes v2 streams without resealing.
@@ -185,10 +186,11 @@ inline bool is_progressive_bytes(std::span<const uint8_t> b) {
   return b.size() >= 6 && std::memcmp(b.data(), "KVSC", 4) == 0 && b[4] == 2 && b[5] == 0;
 }
 
-/// The header size and substream count of a version-2 header (0, 0 when it does not
-/// parse that far or the bytes do not hold it).
+/// The header size, where the substream table starts and the substream count of a
+/// version-2 header (0s when it does not parse that far or the bytes do not hold it).
 struct ProgressiveTables {
   size_t header_bytes = 0;
+  size_t table = 0;
   uint64_t substreams = 0;
 };
 inline ProgressiveTables progressive_tables(std::span<const uint8_t> b) {
@@ -198,8 +200,13 @@ inline ProgressiveTables progressive_tables(std::span<const uint8_t> b) {
   uint32_t layers;
   std::memcpy(&layers, b.data() + 8, 4);
   const uint64_t S = uint64_t(layers) * (b[24] >= uint8_t(AttentionKind::mla) ? 1 : 2);
-  if (H < kHdr + 8 * S + 4 || (H - kHdr - 8 * S - 4) % 12 != 0) return {};
-  return {H, S + (H - kHdr - 8 * S - 4) / 12};
+  const uint64_t n = b[7], J = (b[25] >> 1) & 7;
+  const size_t table = kHdr + (J ? 4 : 0);
+  if (n < 1 || H < table + 8 * S + 4) return {};
+  const uint64_t rest = H - table - 8 * S - 4, per_group = 8 * J + 12 * (n - 1);
+  if (per_group == 0 ? rest != 0 : rest % per_group != 0) return {};
+  const uint64_t G = per_group ? rest / per_group : 0;
+  return {H, table, S + (J + n - 1) * G};
 }
 
 /// Rewrites the checksum of every substream the bytes hold whole, the stream size
@@ -213,10 +220,10 @@ inline void progressive_reseal(std::vector<uint8_t>& b) {
   uint64_t off = H;
   for (uint64_t i = 0; i < E; ++i) {
     uint32_t len;
-    std::memcpy(&len, b.data() + kHdr + 8 * i, 4);
+    std::memcpy(&len, b.data() + t.table + 8 * i, 4);
     if (off + len <= b.size()) {
       const uint32_t sum = uint32_t(XXH3_64bits(b.data() + off, len));
-      std::memcpy(b.data() + kHdr + 8 * i + 4, &sum, 4);
+      std::memcpy(b.data() + t.table + 8 * i + 4, &sum, 4);
     }
     off += len;
   }

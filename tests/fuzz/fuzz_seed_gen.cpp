@@ -79,10 +79,14 @@ int main(int argc, char** argv) {
     if (p.progressive()) {
       // Two plane groups per refinement layer: prefix points base, (layer 1: group 0,
       // group 1), (layer 2: group 0, group 1). Cut at each point, refine across others.
+      // The chunk ends its context: its last rows are recent (the base carries their
+      // first refinement layer).
       const uint64_t T = fuzz::kProgressiveGroupedTokens;
       const KvCache c = fuzz::synthetic_cache(spec.geom, spec.rope, DType::bf16, T, 4096, 5000);
       std::vector<uint8_t> chunk;
-      if (Status st = codec::encode_chunk(p, c.view(), 0, chunk); !st.ok()) {
+      if (Status st = codec::encode_chunk(p, c.view(), 0, codec::EncodeOptions{codec::recent_tokens_of(p, {0, T}, T)},
+                                          chunk);
+          !st.ok()) {
         std::fprintf(stderr, "encode: %s\n", st.to_string().c_str());
         return 1;
       }
