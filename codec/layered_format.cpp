@@ -132,6 +132,7 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
   h.info.progressive = true;
   h.info.stream_bytes = stream_bytes;
   h.info.coded_layers = h.layers;
+  h.info.recent_tokens = h.recent_tokens;
   return h;
 }
 

@@ -104,9 +104,12 @@ std::vector<uint64_t> Profile::predictor_counts() const {
   return n;
 }
 
-Status Profile::set_level_quality(uint32_t level, double ppl_increase_pct, double kl_nats) {
+Status Profile::set_level_quality(uint32_t level, double ppl_increase_pct, double kl_nats, double distortion) {
   if (level >= impl_->levels.size())
     return make_status(StatusCode::out_of_range, "level {} of a {}-level profile", level, impl_->levels.size());
+  if (!std::isfinite(distortion) || (distortion < 0 && distortion != -1))
+    return make_status(StatusCode::invalid_argument, "level {} distortion {} (>= 0, or -1)", level, distortion);
+  if (distortion >= 0) impl_->levels[level].info.distortion = distortion;
   impl_->levels[level].info.ppl_increase_pct = ppl_increase_pct;
   impl_->levels[level].info.kl_nats = kl_nats;
   return impl_->finalize();

@@ -2,6 +2,7 @@
 
 #include "examples/tinyllama/eval_harness.hpp"
 
+#include <algorithm>
 #include <xxhash.h>
 
 namespace kvstream::bench {
@@ -73,6 +74,8 @@ Result<AssembledSetup> assemble_setup(const std::string& geometry, uint64_t toke
     po.progressive = true;
     po.progressive_base_step = like->level(like->levels() - 1).step;
     po.progressive_layers = like->levels();
+    po.recent_tokens = like->recent_tokens();
+    po.recent_layers = std::max(1u, like->recent_layers());
   } else if (like) {
     po.level_steps.clear();
     for (uint32_t l = 0; l < like->levels(); ++l) po.level_steps.push_back(like->level(l).step);

@@ -112,7 +112,9 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
         if (!ps.ok()) return fail(ps.status());
         for (const codec::ChunkPrefix& p : *ps)
           if (p.whole_layer && p.level == L) enc[i][L].assign(enc[i][0].begin(), enc[i][0].begin() + int64_t(p.end));
-      } else if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), L, enc[i][L]); !s.ok()) {
+      } else if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), L,
+                                                {codec::recent_tokens_of(*profile, ranges[i], o.tokens)}, enc[i][L]);
+                 !s.ok()) {
         return fail(s);
       }
       max_chunk = std::max<uint64_t>(max_chunk, enc[i][L].size());

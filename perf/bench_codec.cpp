@@ -30,9 +30,16 @@ struct Method {
   bool progressive = false;
   const codec::Profile* profile = nullptr;  // kvstream rows at a whole level: for the quality estimate
   uint32_t level_index = 0;
-  std::function<Status(const KvView& chunk, std::vector<uint8_t>& out)> encode;
+  // `context_tokens`: the chunk's context, which starts at position 0 (a kvstream
+  // profile codes the context's recent tokens finer).
+  std::function<Status(const KvView& chunk, uint64_t context_tokens, std::vector<uint8_t>& out)> encode;
   std::function<Status(std::span<const uint8_t> bytes, const KvView& out)> decode;
 };
+
+// The encode options of chunk `c` of a context of `context_tokens` that starts at position 0.
+codec::EncodeOptions recent_options(const codec::Profile& prof, const KvView& c, uint64_t context_tokens) {
+  return {codec::recent_tokens_of(prof, {c.first_position(), c.first_position() + c.tokens()}, context_tokens)};
+}
 
 struct Row {
   Method m;
@@ -91,7 +98,7 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
   uint64_t bytes = 0;
   auto t0 = Clock::now();
   for (size_t i = 0; i < test.chunks.size(); ++i) {
-    KVS_RETURN_IF_ERROR(m.encode(test.chunks[i], coded[i]));
+    KVS_RETURN_IF_ERROR(m.encode(test.chunks[i], uint64_t(s.context), coded[i]));
     bytes += coded[i].size();
   }
   row.enc_1t = double(test.elements) / seconds_since(t0);
@@ -148,9 +155,10 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
   // Quality: each window's context KV goes through the codec chunk by chunk and lands
   // in fp16 memory, which the model then reads.
   const tinyllama::KvTransform transform =
-      tinyllama::chunked_fp16_transform(s.chunk_tokens, [&m](const KvView& src, const KvView& dst) -> Status {
+      tinyllama::chunked_fp16_transform(s.chunk_tokens, [&m](const KvView& src, const KvView& dst,
+                                                             uint64_t context_tokens) -> Status {
         std::vector<uint8_t> buf;
-        KVS_RETURN_IF_ERROR(m.encode(src, buf));
+        KVS_RETURN_IF_ERROR(m.encode(src, context_tokens, buf));
         return m.decode(buf, dst);
       });
   if (quality) {
@@ -240,8 +248,8 @@ int run_codec_bench(const CodecBenchOptions& o) {
     for (uint32_t L = 0; L < prof.levels(); ++L)
       methods.push_back({families[pi], fmt::format("step{:.3g}", prof.level(L).step), std::to_string(L),
                          prof.progressive(), &prof, L,
-                         [&prof, L](const KvView& c, std::vector<uint8_t>& out) {
-                           return codec::encode_chunk(prof, c, L, out);
+                         [&prof, L](const KvView& c, uint64_t context, std::vector<uint8_t>& out) {
+                           return codec::encode_chunk(prof, c, L, recent_options(prof, c, context), out);
                          },
                          decode});
     if (!prof.progressive()) continue;
@@ -250,10 +258,10 @@ int run_codec_bench(const CodecBenchOptions& o) {
     for (uint32_t L = prof.levels() - 1; L > 0; --L)
       methods.push_back({families[pi], fmt::format("inside-step{:.3g}", prof.level(L - 1).step),
                          fmt::format("{}+", L), true, nullptr, 0,
-                         [&prof, L](const KvView& c, std::vector<uint8_t>& out) -> Status {
+                         [&prof, L](const KvView& c, uint64_t context, std::vector<uint8_t>& out) -> Status {
                            // The longest prefix that still refines level L - 1 only in part.
                            std::vector<uint8_t> full;
-                           KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, c, 0, full));
+                           KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, c, 0, recent_options(prof, c, context), full));
                            KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> ps, codec::chunk_prefixes(full));
                            uint64_t end = 0;
                            for (const codec::ChunkPrefix& pf : ps)
@@ -273,7 +281,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
       if (auto s = b->train(train->chunks); !s.ok()) return fail(s.with_context(b->name()));
     const codec::baselines::BaselineCodec* bp = b.get();
     methods.push_back({b->method(), b->config(), "", false, nullptr, 0,
-                       [bp](const KvView& c, std::vector<uint8_t>& out) -> Status {
+                       [bp](const KvView& c, uint64_t, std::vector<uint8_t>& out) -> Status {
                          KVS_ASSIGN_OR_RETURN(out, bp->encode(c));
                          return {};
                        },

@@ -267,8 +267,12 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
     if (m.profile.progressive()) {
       // One stream holds every level; its parts are the levels' prefixes, coarsest
       // first, each with the encoder's measured distortion of that prefix.
+      // The stored context's last tokens (those just before a runtime's new ones) are
+      // coded finer when the profile has a recent window.
       bytes.clear();
-      KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, 0, bytes));
+      const codec::EncodeOptions eo{codec::recent_tokens_of(m.profile, {uint64_t(c) * ct, uint64_t(c + 1) * ct},
+                                                            uint64_t(keys.size()) * ct)};
+      KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, 0, eo, bytes));
       KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> prefixes, codec::chunk_prefixes(bytes));
       std::vector<storage::ObjectPart> parts;
       for (const codec::ChunkPrefix& p : prefixes)

@@ -123,7 +123,7 @@ KvTransform chunked_fp16_transform(int chunk_tokens, ChunkRoundTrip round_trip) 
       const kvstream::TokenRange r{b, std::min<uint64_t>(kv.tokens(), b + uint64_t(chunk_tokens))};
       KVS_ASSIGN_OR_RETURN(kvstream::KvView src, kv.view().slice(r));
       KVS_ASSIGN_OR_RETURN(kvstream::KvView dst, f16.view().slice(r));
-      KVS_RETURN_IF_ERROR(round_trip(src, dst));
+      KVS_RETURN_IF_ERROR(round_trip(src, dst, kv.tokens()));
     }
     return kvstream::copy_kv(f16.view(), kv.view());
   };

@@ -48,8 +48,10 @@ struct Quality {
 Result<Quality> evaluate(const Model& m, const std::vector<std::vector<int>>& windows, const Reference& ref,
                          const EvalSetup& s, const KvTransform& transform, unsigned threads);
 
-/// Encodes a chunk view and decodes it into another (a codec's round trip).
-using ChunkRoundTrip = std::function<Status(const kvstream::KvView& src, const kvstream::KvView& dst)>;
+/// Encodes a chunk view and decodes it into another (a codec's round trip); the chunk
+/// is part of a context of `context_tokens` tokens that starts at position 0.
+using ChunkRoundTrip =
+    std::function<Status(const kvstream::KvView& src, const kvstream::KvView& dst, uint64_t context_tokens)>;
 /// The protocol's transform: the context's KV goes through `round_trip` in chunks of
 /// `chunk_tokens` and lands in fp16 memory (as a GPU host holds KV), which the model
 /// then reads.

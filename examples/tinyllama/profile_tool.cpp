@@ -2,6 +2,8 @@
 // first half of the eval text, with per-channel sensitivity from the model's weights
 // scaled per (layer, plane) by a measured noise-injection experiment, then measures
 // every level's quality on held-out windows of the same first half.
+#include <atomic>
+#include <mutex>
 #include <cmath>
 #include <random>
 
@@ -58,6 +60,8 @@ int main(int argc, char** argv) {
   bool independent = false;
   float base_step = codec::ProfileOptions{}.progressive_base_step;
   uint32_t layers = codec::ProfileOptions{}.progressive_layers;
+  uint32_t recent_tokens = codec::ProfileOptions{}.recent_tokens;
+  uint32_t recent_layers = codec::ProfileOptions{}.recent_layers;
   app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
   app.add_option("--out", out, "profile file to write")->capture_default_str();
   app.add_option("--sample-windows", sample_windows, "windows whose context KV trains the tables")->capture_default_str();
@@ -77,6 +81,11 @@ int main(int argc, char** argv) {
   app.add_option("--base-step", base_step, "progressive: the base layer's step (each further layer divides it by 3)")
       ->capture_default_str();
   app.add_option("--layers", layers, "progressive: layers, the base included")->capture_default_str();
+  app.add_option("--recent-tokens", recent_tokens,
+                 "progressive: a context's last tokens that the base layer codes finer (0: none)")
+      ->capture_default_str();
+  app.add_option("--recent-layers", recent_layers, "progressive: refinement layers those tokens carry in the base")
+      ->capture_default_str();
   app.add_flag("--no-sensitivity", no_sensitivity, "plain per-channel normalisation instead of measured sensitivity");
   CLI11_PARSE(app, argc, argv);
 
@@ -108,6 +117,8 @@ int main(int argc, char** argv) {
   opt.progressive = !independent;
   opt.progressive_base_step = base_step;
   opt.progressive_layers = layers;
+  opt.recent_tokens = independent ? 0 : recent_tokens;
+  opt.recent_layers = recent_layers;
   opt.max_transform_block = max_block;
   opt.max_tables_per_level = max_tables;
   opt.transform_min_gain = min_gain;
@@ -162,20 +173,41 @@ int main(int argc, char** argv) {
   // Quality of every level on held-out first-half windows.
   auto ref = tinyllama::score_reference(d->model, held, setup, threads);
   if (!ref.ok()) return fail(ref.status());
-  fmt::print("{:>5} {:>8} {:>10} {:>12} {:>10}\n", "level", "step", "bits/elem", "ppl incr %", "KL nats");
+  // "held-out bits": the windows' contexts as coded there, their recent tokens included.
+  fmt::print("{:>5} {:>8} {:>10} {:>12} {:>12} {:>10}\n", "level", "step", "bits/elem", "held-out bits", "ppl incr %",
+             "KL nats");
   for (uint32_t L = 0; L < profile->levels(); ++L) {
     const codec::Profile& prof = *profile;
+    std::atomic<uint64_t> coded_bytes{0}, coded_elements{0};
+    // The chunks' own distortion at this level, weighted by elements (progressive):
+    // what calibrates a stored chunk's distortion against the quality measured here.
+    std::mutex distortion_mu;
+    double distortion_sum = 0;
     const tinyllama::KvTransform codec_rt = tinyllama::chunked_fp16_transform(
-        setup.chunk_tokens, [&prof, L](const KvView& src, const KvView& dst) -> Status {
+        setup.chunk_tokens, [&](const KvView& src, const KvView& dst, uint64_t context) -> Status {
           std::vector<uint8_t> bytes;
-          KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, src, L, bytes));
+          const TokenRange r{src.first_position(), src.first_position() + src.tokens()};
+          KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, src, L, {codec::recent_tokens_of(prof, r, context)}, bytes));
+          coded_bytes += bytes.size();
+          const uint64_t elements = src.tokens() * src.geometry().elements_per_token();
+          coded_elements += elements;
+          if (prof.progressive()) {
+            // (The header lists every prefix of the whole stream: this level's is its whole-layer one.)
+            KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> ps, codec::chunk_prefixes(bytes));
+            std::lock_guard lock(distortion_mu);
+            for (const codec::ChunkPrefix& pf : ps)
+              if (pf.whole_layer && pf.level == L) distortion_sum += pf.distortion * double(elements);
+          }
           return codec::decode_chunk(prof, bytes, dst);
         });
     auto q = tinyllama::evaluate(d->model, held, *ref, setup, codec_rt, threads);
     if (!q.ok()) return fail(q.status());
-    if (auto s = profile->set_level_quality(L, q->ppl_increase_pct, q->kl_nats_per_token); !s.ok()) return fail(s);
-    fmt::print("{:>5} {:>8.3f} {:>10.3f} {:>12.3f} {:>10.5f}\n", L, profile->level(L).step,
-               profile->level(L).bits_per_element, q->ppl_increase_pct, q->kl_nats_per_token);
+    const double distortion = prof.progressive() ? distortion_sum / double(coded_elements) : -1.0;
+    if (auto s = profile->set_level_quality(L, q->ppl_increase_pct, q->kl_nats_per_token, distortion); !s.ok())
+      return fail(s);
+    fmt::print("{:>5} {:>8.3f} {:>10.3f} {:>12.3f} {:>12.3f} {:>10.5f}\n", L, profile->level(L).step,
+               profile->level(L).bits_per_element, 8.0 * double(coded_bytes) / double(coded_elements),
+               q->ppl_increase_pct, q->kl_nats_per_token);
   }
   if (auto s = profile->save_file(out); !s.ok()) return fail(s);
   const auto pc = profile->predictor_counts();

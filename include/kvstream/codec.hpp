@@ -83,8 +83,13 @@ class Profile {
   /// Number of channels that use each predictor (index by Predictor value).
   [[nodiscard]] std::vector<uint64_t> predictor_counts() const;
 
-  /// Records a level's measured quality (the content hash changes accordingly).
-  Status set_level_quality(uint32_t level, double ppl_increase_pct, double kl_nats);
+  /// Records a level's measured quality (the content hash changes accordingly). A
+  /// progressive profile's `distortion` (>= 0; -1 keeps the builder's) is the mean
+  /// ChunkPrefix::distortion of the chunks that quality was measured on: it
+  /// calibrates a chunk's own distortion against that quality, so both must come from
+  /// the same chunks (a context's last chunk, with recent rows, distorts less).
+  /// Errors: out_of_range (level), invalid_argument (distortion negative or not finite).
+  Status set_level_quality(uint32_t level, double ppl_increase_pct, double kl_nats, double distortion = -1);
 
   struct Impl;
   [[nodiscard]] const Impl& impl() const noexcept { return *impl_; }
@@ -190,6 +195,9 @@ struct ChunkInfo {
   bool progressive = false;
   uint64_t stream_bytes = 0;
   uint32_t coded_layers = 1;
+  /// Progressive streams: the chunk's last rows coded finer in the base layer
+  /// (EncodeOptions::recent_tokens; 0: none).
+  uint32_t recent_tokens = 0;
 };
 
 /// A point at which a progressive stream may be cut and still decode: every

@@ -782,6 +782,8 @@ TEST(CodecProfile, LevelQualityChangesTheHash) {
   EXPECT_EQ(p.level(1).ppl_increase_pct, 0.5);
   EXPECT_EQ(p.level(1).kl_nats, 0.01);
   EXPECT_EQ(p.set_level_quality(p.levels(), 1, 1).code(), StatusCode::out_of_range);
+  EXPECT_EQ(p.set_level_quality(1, 1, 1, -0.5).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(p.set_level_quality(1, 1, 1, NAN).code(), StatusCode::invalid_argument);
   KvCache out = KvCache::create(cs.geom, DType::f32, 12).value();
   EXPECT_EQ(decode_chunk(p, bytes, out.view()).code(), StatusCode::invalid_argument);
   auto re = Profile::load(p.serialize());

@@ -89,7 +89,9 @@ class StoreTest : public ::testing::Test {
     for (uint32_t i = 0; i < chunks; ++i) {
       const TokenRange r{i * kChunk, (i + 1) * kChunk};
       std::vector<uint8_t> bytes;
-      EXPECT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(r), level, bytes).ok());
+      // As put codes a stored context's chunks: its last tokens are recent.
+      const codec::EncodeOptions eo{codec::recent_tokens_of(profile_, r, uint64_t(chunks) * kChunk)};
+      EXPECT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(r), level, eo, bytes).ok());
       EXPECT_TRUE(codec::decode_chunk(profile_, bytes, *out.view().slice(r)).ok());
     }
     return out;
@@ -274,6 +276,7 @@ TEST_F(StoreTest, ProgressiveChunksAreOneObjectAndRefineInPlace) {
   auto put = store.put(tokens, kv_.view(), soon());
   ASSERT_TRUE(put.ok()) << put.status().to_string();
   uint64_t stored = 0, coarse = 0;
+  std::vector<uint64_t> base_end;
   for (const std::string& key : store.chunk_keys(tokens)) {
     auto st = store.client().stat(key, soon());
     ASSERT_TRUE(st.ok()) << st.status().to_string();
@@ -285,10 +288,26 @@ TEST_F(StoreTest, ProgressiveChunksAreOneObjectAndRefineInPlace) {
       EXPECT_EQ(c.level_parts[0].back().end, c.level_bytes[0]);
       EXPECT_GT(c.level_parts[0][0].score, c.level_parts[0][2].score) << "distortion falls with the level";
       stored += c.level_bytes[0], coarse += c.level_parts[0][0].end;
+      base_end.push_back(c.level_parts[0][0].end);
     }
   }
   EXPECT_EQ(put->bytes, stored);
   ASSERT_EQ(store.lookup(tokens, soon()).value(), 480u);
+  // The stored context's last chunk codes its last tokens finer; the others do not.
+  ASSERT_GT(profile_.recent_tokens(), 0u);
+  const std::vector<std::string> keys = store.chunk_keys(tokens);
+  ASSERT_EQ(base_end.size(), keys.size());
+  std::vector<uint8_t> head(coarse);
+  auto region = store.client().register_memory(head.data(), head.size());
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto got = store.client().get_range(keys[i], store::kLevelsChunk, 0, 0, base_end[i], *region, 0, soon());
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    auto info = codec::inspect_chunk(std::span(head).first(base_end[i]));
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    EXPECT_EQ(info->recent_tokens, i + 1 == keys.size() ? std::min<uint32_t>(profile_.recent_tokens(), kChunk) : 0u)
+        << "chunk " << i;
+  }
 
   auto dest = KvCache::create(kGeom, DType::f16, 480).value();
   FetchOptions o;
