@@ -3,8 +3,10 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "kvstream/policy.hpp"
+#include "policy/lanes.hpp"
 
 namespace kvstream::policy {
 
@@ -164,25 +166,6 @@ struct Option {
   double loss = 0;
 };
 
-// The lanes of DeadlineChooser's model, in seconds from now.
-struct Lanes {
-  double wire = 0;    // the last requested transfer lands
-  double decode = 0;  // every fetched chunk so far is in memory
-  double text = 0;    // the recompute lane is free (every text chunk so far is in memory)
-  uint32_t workers = 1;
-  std::array<double, kMaxDecodeWorkers> free{};  // when each decode worker is free
-  [[nodiscard]] double complete() const { return std::max(decode, text); }
-  [[nodiscard]] double work() const { return wire + decode + text; }
-  // A chunk that lands at `landed` decodes for `seconds` on the first free worker;
-  // returns when it is decoded (an earlier chunk on another worker may finish later).
-  double decode_chunk(double landed, double seconds) {
-    double* w = std::min_element(free.begin(), free.begin() + workers);
-    *w = std::max(landed, *w) + seconds;
-    decode = std::max(decode, *w);
-    return *w;
-  }
-};
-
 Lanes lanes_now(const ContextCosts& costs, const ChooseState& s) {
   Lanes l{s.wire_backlog_s, s.decode_backlog_s, s.recompute_backlog_s, costs.decode_workers, {}};
   for (uint32_t w = 0; w < l.workers; ++w) {
@@ -232,6 +215,27 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
     return make_status(StatusCode::invalid_argument, "choose: the quality floor rules out every option of chunk {}",
                        c0);
 
+  // The reserve's candidates per later chunk: its allowed levels that no other allowed
+  // level beats on both stored bytes and decode time. With predictions that grow with
+  // the bytes (every built-in estimator's do) a dominated level never frees the decoder
+  // sooner, so this is the same reserve; a progressive chunk's many prefixes (every
+  // one an option) reduce to the shortest, and the reserve costs what it did with a
+  // few levels.
+  std::vector<std::vector<uint32_t>> reserve_levels(n);
+  {
+    std::vector<uint32_t> order;
+    for (const Option& o : opts)
+      if (!o.text) order.push_back(o.level);
+    for (uint32_t j = c0 + 1; j < n; ++j) {
+      auto key = [&](uint32_t l) { return std::make_tuple(costs.level_bytes[j][l], decode_of(costs, j, l), l); };
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
+      double fastest = kInf;
+      for (uint32_t l : order)
+        if (decode_of(costs, j, l) < fastest) reserve_levels[j].push_back(l), fastest = decode_of(costs, j, l);
+      std::sort(reserve_levels[j].begin(), reserve_levels[j].end());  // level order, as ties were broken
+    }
+  }
+
   struct Costed {
     Option o;
     double done = kInf, total = kInf;
@@ -264,8 +268,8 @@ Result<Choice> DeadlineChooser::choose(const ContextCosts& costs, const ChooseSt
         for (uint32_t j = split; j < n && valid; ++j) {
           Lanes fastest;
           bool any = false;
-          for (const Option& r : opts) {
-            if (r.text) continue;
+          for (uint32_t level : reserve_levels[j]) {
+            const Option r{false, level, 0.0};
             Lanes f = cand;
             if (!append(j, r, f, unused, hedge)) return false;
             if (!any || f.decode < fastest.decode || (f.decode == fastest.decode && f.wire < fastest.wire))

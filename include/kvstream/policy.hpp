@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -214,7 +215,10 @@ inline constexpr uint32_t kMaxDecodeWorkers = 16;
 
 struct ContextCosts {
   /// level_bytes[c][l]: stored size of level l of chunk c. Every chunk has the same
-  /// number of levels (>= 1) and every size is > 0.
+  /// number of levels (>= 1) and every size is > 0. A "level" is any option a chunk
+  /// can be fetched at: a progressive chunk may offer every prefix of its stream
+  /// (hundreds: each refinement group's end), finest first, each with its own loss
+  /// in chunk_level_quality_loss.
   std::vector<std::vector<uint64_t>> level_bytes;
   /// decode_seconds[c][l]: measured decode time of level l of chunk c. Empty: 0
   /// everywhere; otherwise the same shape as level_bytes, values >= 0.
@@ -356,6 +360,10 @@ class Chooser {
 /// fits either way it returns the option that puts chunk c in memory soonest (or, with
 /// ChooserOptions::late_completes_context, the one that completes the context
 /// soonest), with fits = false.
+/// The reserve considers, per later chunk, only the levels no other allowed level
+/// beats on both bytes and decode time: with an estimator whose predictions grow with
+/// the bytes (every built-in's do) that is the same reserve, and a chunk with hundreds
+/// of prefixes costs what one with a few levels does.
 /// With slack_share = 1 all slack may go to the current chunk; the default (0, an
 /// equal share per remaining chunk) keeps slack for later chunks, which is what keeps
 /// the deadline when the link slows down mid-fetch. Estimates are refreshed after
@@ -391,6 +399,43 @@ class PaperChooser final : public Chooser {
 /// Makes "deadline" or "paper". Errors: not_found for another name; invalid_argument
 /// for options out of range (k < 0 or non-finite, non-finite quality floor).
 Result<std::unique_ptr<Chooser>> make_chooser(std::string_view name, const ChooserOptions& options = {});
+
+// ---- Refinement after the first token -------------------------------------------------
+
+/// A chunk that was recomputed from text (or not fetched): never refined.
+inline constexpr uint32_t kNotFetched = UINT32_MAX;
+
+/// Which finer level each chunk of a fetched context moves to, and what that costs.
+struct RefinementPlan {
+  /// Per chunk: the level to refine to; its current level (or kNotFetched) when the
+  /// plan leaves it.
+  std::vector<uint32_t> level;
+  uint32_t chunks_refined = 0;
+  /// Bytes the plan moves: per refined chunk, level_bytes of the target minus those of
+  /// the current level (a progressive chunk's levels are prefixes of one stream).
+  uint64_t bytes = 0;
+  /// Predicted time from now until every refined chunk is decoded again: transfers one
+  /// after another (conservative, as the deadline chooser's: seconds + k x
+  /// uncertainty), each chunk re-decoded at its target level on the first free decode
+  /// worker once its bytes have landed.
+  double predicted_seconds = 0;
+  /// Mean quality loss over the fetched chunks, before and after.
+  double quality_loss_before = 0, quality_loss_after = 0;
+};
+
+/// Plans a refinement of a context whose chunk c was fetched at level `current[c]`
+/// (kNotFetched: recomputed): the upgrades that lower the context's quality loss the
+/// most per second of transfer and decode, while the whole plan is predicted to take
+/// at most `budget_s` (e.g. the time a runtime spends generating its first tokens, or
+/// until a deadline for the refined KV). Greedy over each chunk's finer levels (any
+/// prefix of a progressive chunk: every level of `costs` is one): it repeatedly takes
+/// the move with the largest loss reduction per added second that still fits, so the
+/// chunks that code worst are refined first. `k` weighs the predictions' uncertainty
+/// as ChooserOptions::k does. Errors: invalid_argument (inconsistent costs, `current`
+/// of the wrong size or naming a level out of range, budget negative or not finite, k
+/// < 0); the estimator's errors (unavailable: nothing observed yet, no prior).
+Result<RefinementPlan> plan_refinement(const ContextCosts& costs, std::span<const uint32_t> current,
+                                       const Estimator& estimator, double budget_s, double k = 1.0);
 
 // ---- Link simulator -----------------------------------------------------------------
 

@@ -10,14 +10,11 @@
 #include <thread>
 
 #include "kvstream/policy.hpp"
-
-namespace kvstream {
-// So that EXPECT_* << status prints it.
-inline std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.to_string(); }
-}  // namespace kvstream
+#include "tests/policy/fixed_estimator.hpp"
 
 using namespace kvstream;
 using namespace kvstream::policy;
+using kvstream::policy::test::FixedEstimator;
 
 namespace {
 
@@ -78,23 +75,6 @@ std::unique_ptr<Estimator> est(std::string_view name, EstimatorOptions o = {}) {
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(e).value();
 }
-
-// A fixed-rate estimator with a given relative uncertainty, to test choosers alone.
-class FixedEstimator final : public Estimator {
- public:
-  FixedEstimator(double bps, double rel_unc = 0) : bps_(bps), unc_(rel_unc) {}
-  Status observe(uint64_t, double, double) override { return {}; }
-  Result<Prediction> predict_at(uint64_t bytes, double) const override {
-    if (bps_ <= 0) return Status(StatusCode::unavailable, "none");
-    const double s = double(bytes) * 8 / bps_;
-    return Prediction{s, s * unc_};
-  }
-  std::string_view name() const noexcept override { return "fixed"; }
-  uint64_t observations() const noexcept override { return 0; }
-
- private:
-  double bps_, unc_;
-};
 
 }  // namespace
 
