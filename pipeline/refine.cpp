@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kvstream/pipeline.hpp"
+#include "kvstream/policy.hpp"
 
 namespace kvstream::pipeline {
 
@@ -40,6 +41,12 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
     return make_status(StatusCode::invalid_argument, "{} kept prefixes for {} ranges", req.kept.size(), f.chunks.size());
   if (req.level >= profile.levels())
     return make_status(StatusCode::invalid_argument, "level {} of a {}-level profile", req.level, profile.levels());
+  if (!req.levels.empty() && req.levels.size() != f.chunks.size())
+    return make_status(StatusCode::invalid_argument, "{} target levels for {} ranges", req.levels.size(),
+                       f.chunks.size());
+  for (uint32_t l : req.levels)
+    if (l != policy::kNotFetched && l >= profile.levels())
+      return make_status(StatusCode::invalid_argument, "target level {} of a {}-level profile", l, profile.levels());
   KVS_ASSIGN_OR_RETURN(const auto sizes, range_level_bytes(client, f, true));
   // What each range lacks, laid out one after another in one buffer.
   struct Want {
@@ -49,11 +56,12 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
   std::vector<Want> wants;
   uint64_t total = 0;
   for (size_t i = 0; i < f.chunks.size(); ++i) {
-    if (req.kept[i].empty()) continue;
+    const uint32_t target = req.levels.empty() ? req.level : req.levels[i];
+    if (req.kept[i].empty() || target == policy::kNotFetched) continue;
     if (sizes[i].size() != profile.levels())
       return make_status(StatusCode::invalid_argument, "range {}: {} stored levels, the profile has {}", i,
                          sizes[i].size(), profile.levels());
-    const uint64_t have = req.kept[i].size(), to = sizes[i][req.level];
+    const uint64_t have = req.kept[i].size(), to = sizes[i][target];
     if (to <= have) continue;
     wants.push_back({i, have, to, total});
     total += to - have;

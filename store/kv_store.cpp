@@ -498,11 +498,8 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   return StoreFetch(std::move(s));
 }
 
-Result<pipeline::RefineReport> StoreFetch::refine(uint32_t level, transport::Deadline deadline) {
-  if (!s_ || !s_->waited || !s_->result.ok())
-    return make_status(StatusCode::invalid_argument, "refine: the fetch has not been waited for, or failed");
-  State& s = *s_;
-  if (!s.refinable) return make_status(StatusCode::invalid_argument, "refine: fetched without keep_for_refinement");
+static Result<pipeline::RefineReport> refine_to(StoreFetch::State& s, uint32_t level, std::vector<uint32_t> levels,
+                                                transport::Deadline deadline) {
   pipeline::RefineRequest rq;
   rq.fetch = *s.refinable;
   rq.fetch.deadline = deadline;
@@ -510,10 +507,54 @@ Result<pipeline::RefineReport> StoreFetch::refine(uint32_t level, transport::Dea
   rq.kept = std::move(s.kept);
   rq.kept.resize(rq.fetch.chunks.size());
   rq.level = level;
+  rq.levels = std::move(levels);
   rq.decode_threads = s.store->cfg.pipeline.decode_threads;
   auto report = pipeline::refine_fetch(*s.store->client, s.store->profile, rq);
   s.kept = std::move(rq.kept);  // grown by what landed, for a later refinement
   return report;
+}
+
+static Status check_refinable(const std::shared_ptr<StoreFetch::State>& s) {
+  if (!s || !s->waited || !s->result.ok())
+    return make_status(StatusCode::invalid_argument, "refine: the fetch has not been waited for, or failed");
+  if (!s->refinable) return make_status(StatusCode::invalid_argument, "refine: fetched without keep_for_refinement");
+  return {};
+}
+
+Result<pipeline::RefineReport> StoreFetch::refine(uint32_t level, transport::Deadline deadline) {
+  KVS_RETURN_IF_ERROR(check_refinable(s_));
+  return refine_to(*s_, level, {}, deadline);
+}
+
+Result<pipeline::RefineReport> StoreFetch::refine_within(std::chrono::duration<double> budget,
+                                                         transport::Deadline deadline) {
+  KVS_RETURN_IF_ERROR(check_refinable(s_));
+  State& s = *s_;
+  KvStore::Impl& m = *s.store;
+  if (!m.profile.progressive()) return make_status(StatusCode::invalid_argument, "refine: the profile is not progressive");
+  // Each chunk's levels as stored, its own losses, and the level its kept prefix is at.
+  KVS_ASSIGN_OR_RETURN(const auto sizes, pipeline::range_level_bytes(*m.client, *s.refinable, true));
+  policy::ContextCosts costs;
+  costs.level_bytes = sizes;
+  costs.level_quality_loss = m.plan.level_quality_loss;
+  if (s.chunk_loss.size() == sizes.size()) costs.chunk_level_quality_loss = s.chunk_loss;
+  costs.decode_workers = std::clamp<uint32_t>(m.plan.decode_workers, 1, policy::kMaxDecodeWorkers);
+  if (m.plan.decode_seconds_per_byte.size() == m.profile.levels())
+    for (const auto& row : sizes) {
+      std::vector<double> d;
+      for (size_t l = 0; l < row.size(); ++l) d.push_back(m.plan.decode_seconds_per_byte[l] * double(row[l]));
+      costs.decode_seconds.push_back(std::move(d));
+    }
+  std::vector<uint32_t> current(sizes.size(), policy::kNotFetched);
+  for (size_t c = 0; c < sizes.size() && c < s.kept.size(); ++c)
+    for (uint32_t l = 0; l < sizes[c].size(); ++l)
+      if (!s.kept[c].empty() && sizes[c][l] == s.kept[c].size()) current[c] = l;
+  Result<policy::RefinementPlan> plan = make_status(StatusCode::internal, "refinement not planned");
+  KVS_RETURN_IF_ERROR(m.plan.estimators->with(m.plan.peer, [&](policy::Estimator& e) {
+    plan = policy::plan_refinement(costs, current, e, budget.count());
+  }));
+  if (!plan.ok()) return plan.status().with_context("refine_within");
+  return refine_to(s, 0, std::move(plan->level), deadline);
 }
 
 // ---- remove and evict ----------------------------------------------------------------

@@ -126,6 +126,13 @@ class StoreFetch {
   /// waited or failed, nothing kept, a single-level profile, a device destination),
   /// and those of the transfer and the decoder.
   Result<pipeline::RefineReport> refine(uint32_t level, transport::Deadline deadline);
+  /// As refine, with a level per chunk chosen within a time budget
+  /// (policy::plan_refinement on the store's estimate of the link and each chunk's
+  /// own quality): the upgrades that lower the quality loss most per second of
+  /// transfer and decode, while all of them are predicted to take at most `budget`
+  /// (e.g. the runtime's time for its first few tokens). Errors: as refine, and the
+  /// planner's (invalid_argument for a negative budget).
+  Result<pipeline::RefineReport> refine_within(std::chrono::duration<double> budget, transport::Deadline deadline);
 
   struct State;
 

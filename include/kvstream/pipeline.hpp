@@ -177,6 +177,9 @@ struct RefineRequest {
   FetchRequest fetch;                       ///< as fetched (keep_bytes and device unused)
   std::vector<std::vector<uint8_t>> kept;   ///< per range: the prefix it holds (empty: skip the range); grows
   uint32_t level = 0;                       ///< the level to reach (0: the finest)
+  /// Per range, the level it reaches (policy::kNotFetched: left as it is), e.g. a
+  /// policy::plan_refinement; empty: `level` for every range.
+  std::vector<uint32_t> levels;
   unsigned decode_threads = 1;
 };
 

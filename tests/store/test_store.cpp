@@ -328,6 +328,23 @@ TEST_F(StoreTest, ProgressiveChunksAreOneObjectAndRefineInPlace) {
   const KvCache want_fine = reference(5, 0);
   EXPECT_TRUE(std::equal(dest.bytes().begin(), dest.bytes().end(), want_fine.bytes().begin()));
   EXPECT_FALSE(std::equal(want_fine.bytes().begin(), want_fine.bytes().end(), want_coarse.bytes().begin()));
+  // Within a budget: none leaves everything as fetched; a generous one takes every
+  // chunk to the finest level, as refine(0) does.
+  {
+    auto g = store.fetch(tokens, {.host = dest.view()}, soon(), o);
+    ASSERT_TRUE(g.ok() && g->wait().ok());
+    auto none = g->refine_within(std::chrono::duration<double>(0), soon());
+    ASSERT_TRUE(none.ok()) << none.status().to_string();
+    EXPECT_EQ(none->chunks_refined, 0u);
+    EXPECT_TRUE(std::equal(dest.bytes().begin(), dest.bytes().end(), want_coarse.bytes().begin()));
+    auto all = g->refine_within(std::chrono::seconds(100), soon());
+    ASSERT_TRUE(all.ok()) << all.status().to_string();
+    EXPECT_EQ(all->chunks_refined, 5u);
+    EXPECT_EQ(all->bytes, stored - coarse);
+    EXPECT_TRUE(std::equal(dest.bytes().begin(), dest.bytes().end(), want_fine.bytes().begin()));
+    EXPECT_EQ(g->refine_within(std::chrono::duration<double>(-1), soon()).status().code(),
+              StatusCode::invalid_argument);
+  }
   // Already there: nothing moves.
   auto again = f->refine(0, soon());
   ASSERT_TRUE(again.ok());
