@@ -54,6 +54,8 @@ struct Config {
   enum class Kind { fixed, text, int8, adaptive } kind = Kind::fixed;
   uint32_t level = 0;
   std::string chooser, estimator;
+  // Adaptive over every prefix of a progressive chunk (not only whole levels).
+  bool prefixes = false;
 };
 
 struct Outcome {
@@ -150,14 +152,44 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   const storage::ClientConfig cc = node->client;
   auto client = storage::Client::connect(cc, deadline_in(10s));
   if (!client.ok()) return fail(client.status());
+  // Progressive: each chunk's every prefix (finest first) with its own quality loss,
+  // the options of the "any prefix" configurations. A prefix's loss is its measured
+  // distortion times the loss per unit of distortion of the whole levels around it
+  // (interpolated in distortion; a whole level's own: the quality profile's loss of
+  // the level over the profile's mean distortion there).
+  std::vector<std::vector<uint64_t>> prefix_bytes(nchunks);
+  std::vector<std::vector<double>> prefix_loss(nchunks), prefix_spb(nchunks);
+  std::vector<std::vector<uint32_t>> prefix_level(nchunks);  // the level each prefix completes or refines towards
+  for (uint32_t i = 0; i < nchunks && profile->progressive(); ++i) {
+    auto ps = codec::chunk_prefixes(enc[i][0]);
+    if (!ps.ok()) return fail(ps.status());
+    for (size_t j = ps->size(); j-- > 0;) {  // finest first
+      const codec::ChunkPrefix& p = (*ps)[j];
+      const uint32_t toward = p.whole_layer ? p.level : p.level - 1;
+      auto per_unit = [&](uint32_t L) {
+        const double d = profile->level(L).distortion;
+        return d > 0 ? quality[L] / d : 0.0;
+      };
+      double k = per_unit(toward);
+      if (!p.whole_layer) {
+        const double d0 = profile->level(p.level).distortion, d1 = profile->level(toward).distortion;
+        const double w = d0 > d1 ? std::clamp((d0 - p.distortion) / (d0 - d1), 0.0, 1.0) : 1.0;
+        k = (1 - w) * per_unit(p.level) + w * k;
+      }
+      prefix_bytes[i].push_back(p.end);
+      prefix_loss[i].push_back(k * p.distortion);
+      prefix_level[i].push_back(toward);
+    }
+  }
   for (uint32_t i = 0; i < nchunks; ++i) {
     if (profile->progressive()) {
-      // One stream per chunk; its parts are the levels' prefixes (as KvStore stores it).
+      // One stream per chunk; its parts are every prefix (as KvStore stores it).
       auto prefixes = codec::chunk_prefixes(enc[i][0]);
       if (!prefixes.ok()) return fail(prefixes.status());
       std::vector<storage::ObjectPart> parts;
+      const bool all = prefixes->size() <= storage::kMaxObjectParts;
       for (const codec::ChunkPrefix& p : *prefixes)
-        if (p.whole_layer) parts.push_back({p.end, p.distortion});
+        if (all || p.whole_layer) parts.push_back({p.end, p.distortion});
       if (Status s = (*client)->put_parts("adapt-ctx", i, 0, std::as_bytes(std::span(enc[i][0])), parts, 0,
                                           deadline_in(120s));
           !s.ok())
@@ -171,8 +203,19 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   }
   auto stats = (*client)->stat("adapt-ctx", deadline_in(10s));
   if (!stats.ok()) return fail(stats.status());
+  // Whole levels (every configuration but "any prefix"): the stored prefixes that end a layer.
   std::vector<std::vector<uint64_t>> level_bytes(nchunks);
   for (const auto& st : *stats) level_bytes[st.chunk] = pipeline::stored_level_bytes(st, profile->progressive());
+  for (uint32_t i = 0; i < nchunks && profile->progressive(); ++i) {
+    if (level_bytes[i] != prefix_bytes[i] && level_bytes[i].size() != levels)
+      return fail(make_status(StatusCode::internal, "chunk {}: stored parts do not match its prefixes", i));
+    std::vector<uint64_t> whole;
+    for (uint32_t L = 0; L < levels; ++L) whole.push_back(enc[i][L].size());
+    level_bytes[i] = whole;
+  }
+  // Decode cost per prefix: that of the level it refines towards (conservative).
+  for (uint32_t i = 0; i < nchunks; ++i)
+    for (uint32_t L : prefix_level[i]) prefix_spb[i].push_back(decode_spb[L]);
 
   pipeline::PipelineConfig pc;
   pc.depth = o.depth;
@@ -203,6 +246,9 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   configs.push_back({"paper + last", Config::Kind::adaptive, 0, "paper", "last"});
   for (const char* e : {"last", "ewma", "harmonic", "percentile"})
     configs.push_back({fmt::format("ours + {}", e), Config::Kind::adaptive, 0, "deadline", e});
+  if (profile->progressive())
+    for (const char* e : {"last", "ewma"})
+      configs.push_back({fmt::format("ours + {}, any prefix", e), Config::Kind::adaptive, 0, "deadline", e, true});
   if (!o.configs.empty()) {
     std::vector<Config> keep;
     for (const auto& c : configs)
@@ -282,6 +328,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
       req.destination = dest->view();
       req.chunks = ranges;
       req.deadline = cap;
+      req.level_bytes = c.prefixes ? prefix_bytes : level_bytes;
       pipeline::FetchCallbacks cb;
       pipeline::WireClock wire;  // as adaptive_callbacks counts transfers
       auto on_chunk = [&](const pipeline::ChunkTimings& t) {
@@ -305,9 +352,15 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
         plan.peer = peer;
         plan.level_quality_loss = quality;
         plan.decode_seconds_per_byte = decode_spb;
+        if (c.prefixes) {
+          // Options: every prefix (the same count per chunk: equal chunks), each chunk's own loss.
+          plan.chunk_level_quality_loss = prefix_loss;
+          plan.level_quality_loss = prefix_loss[0];
+          plan.decode_seconds_per_byte = prefix_spb[0];
+        }
         plan.chunk_tokens = chunk_tokens;
         plan.recompute_tokens_per_second = o.prefill_tokens_per_s;
-        auto acb = pipeline::adaptive_callbacks(plan, level_bytes, deadline, on_chunk);
+        auto acb = pipeline::adaptive_callbacks(plan, c.prefixes ? prefix_bytes : level_bytes, deadline, on_chunk);
         if (!acb.ok()) {
           out.error = acb.status().to_string();
           return out;
@@ -337,7 +390,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
           kv_ready_s = text_lane_s;
         } else {
           if (t.status.ok()) kv_ready_s = std::max(kv_ready_s, rel(t.decode_end));
-          qsum += quality[std::min(t.decision.level, levels - 1)];
+          qsum += c.prefixes ? prefix_loss[t.chunk][t.decision.level] : quality[std::min(t.decision.level, levels - 1)];
           out.bytes += t.bytes;
           if (t.bytes) {
             if (first_wire == Clock::time_point{} || t.wire_start < first_wire) first_wire = t.wire_start;

@@ -43,8 +43,10 @@ struct ObjectPart {
   double score = 0;
   bool operator==(const ObjectPart&) const = default;
 };
-/// Most parts one object may declare (each travels as 16 bytes in the put header).
-inline constexpr size_t kMaxObjectParts = 64;
+/// Most parts one object may declare (each travels as 16 bytes in the put header,
+/// which must fit the transport's 4 KiB header bound): enough for every prefix of a
+/// progressive chunk of a 32-layer model (193 for 512 tokens: a base, 3 x 64 groups).
+inline constexpr size_t kMaxObjectParts = 224;
 
 /// Checks a parts table against an object of `size` bytes: empty (no parts declared)
 /// is valid; otherwise at most kMaxObjectParts parts, ends strictly increasing from
