@@ -112,8 +112,13 @@ class Connection {
   /// Starts sending one message and returns without waiting, so that several
   /// messages can be in flight (what bandwidth needs on rendezvous transports). The
   /// header is copied; the body must stay valid and unchanged until wait_sends covers
-  /// this message. Returns a sequence number (increasing per connection). Errors:
-  /// those of send, immediately (a broken connection, bad arguments).
+  /// this message. Returns a sequence number (increasing per connection). A message
+  /// is guaranteed to make progress only while its sender is inside a send call
+  /// (post_send, wait_sends, send): a transport whose provider pushes back (libfabric
+  /// answering EAGAIN) keeps the rest queued until then, so a thread that posts and
+  /// then blocks receiving that message on the peer's connection can stall; the peer
+  /// receives on its own thread. Errors: those of send, immediately (a broken
+  /// connection, bad arguments).
   virtual Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) = 0;
 
   /// Waits until every message posted up to and including `seq` has been handed to
