@@ -81,7 +81,7 @@ Status decode_base(const LayeredContext& cx, uint32_t first, uint32_t end, Layer
 // substream si: each symbol's table from its index's context, one rANS decode, the
 // indices refined in place.
 Status refine_rows(const LayeredContext& cx, uint32_t first, uint32_t end, uint32_t k, uint32_t row0, uint32_t rows,
-                   size_t si, LayeredScratch& ls) {
+                   size_t si, bool recent, LayeredScratch& ls) {
   const Profile::Impl& p = *cx.p;
   const LayeredHeader& h = *cx.h;
   const uint32_t C = p.geom.channels();
@@ -94,8 +94,8 @@ Status refine_rows(const LayeredContext& cx, uint32_t first, uint32_t end, uint3
   if (Status st = rans_decode(*lv.rans, {ls.ids.data(), np * R}, cx.src.at(h.sub_offset[si], h.sub_bytes[si]),
                               ls.sym.data(), 1, np * R);
       !st.ok())
-    return st.with_context(fmt::format("{}refinement layer {} of layers/planes {}..{}",
-                                       rows == h.recent_tokens && row0 > 0 ? "recent rows' " : "", k, first, end - 1));
+    return st.with_context(fmt::format("{}refinement layer {} of layers/planes {}..{}", recent ? "recent rows' " : "",
+                                       k, first, end - 1));
   for (size_t i = 0; i < np; ++i) refine_indices(&ls.q[i * E + size_t(row0) * C], &ls.sym[i * R], R);
   return {};
 }
@@ -124,7 +124,7 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
     }
   };
   auto recent_layers = [&]() -> Status {
-    for (uint32_t k = 1; k <= J; ++k) KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, split, R, h.recent_index(k, g), ls));
+    for (uint32_t k = 1; k <= J; ++k) KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, split, R, h.recent_index(k, g), true, ls));
     return {};
   };
   auto int8_of = [&](size_t i) { return ls.sym.data() + i * E; };
@@ -143,7 +143,7 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   widen_indices(ls.sym.data(), ls.q.data(), N);
   KVS_RETURN_IF_ERROR(recent_layers());
   for (uint32_t k = 1; k <= layers; ++k)
-    KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, 0, h.rows_of_layer(k), h.refine_index(k, g), ls));
+    KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, 0, h.rows_of_layer(k), h.refine_index(k, g), false, ls));
   reconstruct(layers, 0, layers >= J ? T : split, int32_of);
   if (layers < J) reconstruct(J, split, T, int32_of);
   return {};

@@ -22,23 +22,29 @@ std::vector<double> decode_costs(std::span<const uint64_t> level_bytes, std::spa
   return d;
 }
 
+policy::ContextCosts plan_costs(const AdaptivePlan& plan, std::vector<std::vector<uint64_t>> level_bytes,
+                                std::vector<std::vector<double>> chunk_loss, std::span<const uint64_t> chunk_tokens) {
+  policy::ContextCosts c;
+  c.level_bytes = std::move(level_bytes);
+  c.level_quality_loss = plan.level_quality_loss;
+  c.chunk_level_quality_loss = std::move(chunk_loss);
+  if (!plan.decode_seconds_per_byte.empty())
+    for (const auto& sizes : c.level_bytes) c.decode_seconds.push_back(decode_costs(sizes, plan.decode_seconds_per_byte));
+  c.decode_workers = plan.decode_workers;
+  if (plan.recompute_tokens_per_second > 0 && !chunk_tokens.empty()) {
+    c.tokens.assign(chunk_tokens.begin(), chunk_tokens.end());
+    c.recompute_tokens_per_second = plan.recompute_tokens_per_second;
+  }
+  return c;
+}
+
 Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<std::vector<uint64_t>> level_bytes,
                                           transport::Deadline deadline,
                                           std::function<void(const ChunkTimings&)> on_chunk) {
   if (!plan.chooser || !plan.estimators)
     return make_status(StatusCode::invalid_argument, "adaptive fetch needs a chooser and an estimator set");
-  auto costs = std::make_shared<policy::ContextCosts>();
-  costs->level_bytes = std::move(level_bytes);
-  costs->level_quality_loss = plan.level_quality_loss;
-  costs->chunk_level_quality_loss = plan.chunk_level_quality_loss;
-  if (!plan.decode_seconds_per_byte.empty())
-    for (const auto& sizes : costs->level_bytes)
-      costs->decode_seconds.push_back(decode_costs(sizes, plan.decode_seconds_per_byte));
-  costs->decode_workers = plan.decode_workers;
-  if (plan.recompute_tokens_per_second > 0 && !plan.chunk_tokens.empty()) {
-    costs->tokens = plan.chunk_tokens;
-    costs->recompute_tokens_per_second = plan.recompute_tokens_per_second;
-  }
+  auto costs = std::make_shared<policy::ContextCosts>(
+      plan_costs(plan, std::move(level_bytes), plan.chunk_level_quality_loss, plan.chunk_tokens));
   KVS_RETURN_IF_ERROR(costs->validate());
   const double deadline_s = policy::to_seconds(deadline);
   // When each lane of the chooser's model is next free (absolute seconds), booked from

@@ -206,20 +206,11 @@ class SchedulerImpl final : public Scheduler {
   std::thread dispatcher_;
 
   Result<policy::ContextCosts> costs_for(const ScheduledFetch& f) const {
-    policy::ContextCosts c;
-    KVS_ASSIGN_OR_RETURN(c.level_bytes, range_level_bytes(client_, f.request, pipeline_.profile().progressive()));
-    for (size_t i = 0; i < c.level_bytes.size(); ++i)
-      if (c.level_bytes[i].empty())
+    KVS_ASSIGN_OR_RETURN(auto sizes, range_level_bytes(client_, f.request, pipeline_.profile().progressive()));
+    for (size_t i = 0; i < sizes.size(); ++i)
+      if (sizes[i].empty())
         return make_status(StatusCode::not_found, "context '{}' has no chunk for range {}", f.request.context, i);
-    c.level_quality_loss = plan_.level_quality_loss;
-    c.chunk_level_quality_loss = f.chunk_level_quality_loss;
-    c.decode_workers = plan_.decode_workers;
-    if (!plan_.decode_seconds_per_byte.empty())
-      for (const auto& sizes : c.level_bytes) c.decode_seconds.push_back(decode_costs(sizes, plan_.decode_seconds_per_byte));
-    if (plan_.recompute_tokens_per_second > 0 && !f.chunk_tokens.empty()) {
-      c.tokens = f.chunk_tokens;
-      c.recompute_tokens_per_second = plan_.recompute_tokens_per_second;
-    }
+    policy::ContextCosts c = plan_costs(plan_, std::move(sizes), f.chunk_level_quality_loss, f.chunk_tokens);
     KVS_RETURN_IF_ERROR(c.validate());
     return c;
   }

@@ -534,17 +534,8 @@ Result<pipeline::RefineReport> StoreFetch::refine_within(std::chrono::duration<d
   if (!m.profile.progressive()) return make_status(StatusCode::invalid_argument, "refine: the profile is not progressive");
   // Each chunk's levels as stored, its own losses, and the level its kept prefix is at.
   KVS_ASSIGN_OR_RETURN(const auto sizes, pipeline::range_level_bytes(*m.client, *s.refinable, true));
-  policy::ContextCosts costs;
-  costs.level_bytes = sizes;
-  costs.level_quality_loss = m.plan.level_quality_loss;
-  if (s.chunk_loss.size() == sizes.size()) costs.chunk_level_quality_loss = s.chunk_loss;
-  costs.decode_workers = std::clamp<uint32_t>(m.plan.decode_workers, 1, policy::kMaxDecodeWorkers);
-  if (m.plan.decode_seconds_per_byte.size() == m.profile.levels())
-    for (const auto& row : sizes) {
-      std::vector<double> d;
-      for (size_t l = 0; l < row.size(); ++l) d.push_back(m.plan.decode_seconds_per_byte[l] * double(row[l]));
-      costs.decode_seconds.push_back(std::move(d));
-    }
+  // The fetch's costs without text: a recomputed chunk is not refined.
+  const policy::ContextCosts costs = pipeline::plan_costs(m.plan, sizes, s.chunk_loss, {});
   std::vector<uint32_t> current(sizes.size(), policy::kNotFetched);
   for (size_t c = 0; c < sizes.size() && c < s.kept.size(); ++c)
     for (uint32_t l = 0; l < sizes[c].size(); ++l)

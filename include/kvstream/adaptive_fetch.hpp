@@ -49,6 +49,13 @@ class WireClock {
 /// past the end of seconds_per_byte).
 std::vector<double> decode_costs(std::span<const uint64_t> level_bytes, std::span<const double> seconds_per_byte);
 
+/// The chooser's view of a fetch under `plan`: the stored sizes per range and level,
+/// the plan's losses (each chunk's own where `chunk_loss` has them), decode times from
+/// its seconds per byte, its decode workers, and text for recompute when the plan has
+/// a prefill rate and `chunk_tokens` is given. Not validated (ContextCosts::validate).
+policy::ContextCosts plan_costs(const AdaptivePlan& plan, std::vector<std::vector<uint64_t>> level_bytes,
+                                std::vector<std::vector<double>> chunk_loss, std::span<const uint64_t> chunk_tokens);
+
 /// Callbacks for Pipeline::fetch that decide with `plan` against `deadline`, and feed
 /// each chunk's wire time to the peer's estimator. `level_bytes` are the stored sizes
 /// per range and level (range_level_bytes(client, request)): the chooser plans the
