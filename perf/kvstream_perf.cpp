@@ -251,10 +251,10 @@ int main(int argc, char** argv) {
   app.add_option("--client", o.client, "server host to connect to (with --server: address to bind, default 127.0.0.1)");
   app.add_option("--port", o.port, "port")->capture_default_str();
   app.add_option("--backend", o.backend.name, "tcp, ucx or libfabric")->capture_default_str();
-  app.add_option("--ucx-tls", o.backend.ucx_tls, "UCX transports (UCX_TLS)");
-  app.add_flag("!--ucx-no-peer-errors", o.backend.ucx_peer_errors,
+  app.add_option("--ucx-tls", o.backend.ucx.tls, "UCX transports (UCX_TLS)");
+  app.add_flag("!--ucx-no-peer-errors", o.backend.ucx.peer_errors,
                "UCX without peer error handling (lets shared memory use cma; a crashed peer shows as a timeout)");
-  app.add_option("--ofi-provider", o.backend.ofi_provider, "libfabric provider")->capture_default_str();
+  app.add_option("--ofi-provider", o.backend.libfabric.provider, "libfabric provider")->capture_default_str();
   app.add_option("--memory", o.backend.memory, "host or cuda")
       ->transform(CLI::CheckedTransformer(std::map<std::string, MemoryType>{{"host", MemoryType::host},
                                                                           {"cuda", MemoryType::cuda}}));

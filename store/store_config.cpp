@@ -3,236 +3,77 @@
 // so a setting added here is documented, settable and read from the environment.
 #include "kvstream/store_config.hpp"
 
-#include <cerrno>
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
-#include <functional>
-
 #include <fmt/format.h>
 
+#include "core/settings_table.hpp"
 #include "kvstream/log.hpp"
-#include <fmt/ranges.h>
 
 namespace kvstream {
 namespace {
 
-using Setter = std::function<Status(StoreConfig&, std::string_view)>;
-using Getter = std::function<std::string(const StoreConfig&)>;
+using settings::field;
 
-struct Row {
-  std::string_view name;
-  std::string_view doc;
-  Getter get;
-  Setter set;
-};
-
-Status bad(std::string_view name, std::string_view value, std::string_view want) {
-  return make_status(StatusCode::invalid_argument, "setting {}: '{}' is not {}", name, value, want);
-}
-
-template <typename T>
-Result<T> parse_unsigned(std::string_view name, std::string_view v) {
-  T out{};
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (ec != std::errc() || p != v.data() + v.size() || v.empty()) return bad(name, v, "an unsigned integer");
-  return out;
-}
-
-Result<double> parse_double(std::string_view name, std::string_view v) {
-  const std::string s(v);
-  char* end = nullptr;
-  errno = 0;
-  const double d = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(d)) return bad(name, v, "a number");
-  return d;
-}
-
-std::vector<std::string> split_list(std::string_view v) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= v.size() && !v.empty()) {
-    const size_t comma = v.find(',', start);
-    const std::string_view item = v.substr(start, comma == std::string_view::npos ? v.npos : comma - start);
-    if (!item.empty()) out.emplace_back(item);
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-// Row builders, one per field type: each reads and writes the member `m` of the part
-// `part` of a StoreConfig.
-template <typename Part>
-Row text(std::string_view name, std::string_view doc, Part StoreConfig::*part, std::string Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return c.*part.*m; },
-          [=](StoreConfig& c, std::string_view v) {
-            c.*part.*m = std::string(v);
-            return Status{};
-          }};
-}
-template <typename Part, typename T>
-Row uint(std::string_view name, std::string_view doc, Part StoreConfig::*part, T Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return fmt::format("{}", c.*part.*m); },
-          [=](StoreConfig& c, std::string_view v) -> Status {
-            KVS_ASSIGN_OR_RETURN(c.*part.*m, parse_unsigned<T>(name, v));
-            return {};
-          }};
-}
-template <typename Part>
-Row sint(std::string_view name, std::string_view doc, Part StoreConfig::*part, int Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return fmt::format("{}", c.*part.*m); },
-          [=](StoreConfig& c, std::string_view v) -> Status {
-            int out = 0;
-            auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-            if (ec != std::errc() || p != v.data() + v.size() || v.empty()) return bad(name, v, "an integer");
-            c.*part.*m = out;
-            return {};
-          }};
-}
-template <typename Part>
-Row real(std::string_view name, std::string_view doc, Part StoreConfig::*part, double Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return fmt::format("{}", c.*part.*m); },
-          [=](StoreConfig& c, std::string_view v) -> Status {
-            KVS_ASSIGN_OR_RETURN(c.*part.*m, parse_double(name, v));
-            return {};
-          }};
-}
-template <typename Part, typename Dur>
-Row duration(std::string_view name, std::string_view doc, Part StoreConfig::*part, Dur Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return fmt::format("{}", (c.*part.*m).count()); },
-          [=](StoreConfig& c, std::string_view v) -> Status {
-            KVS_ASSIGN_OR_RETURN(auto n, parse_unsigned<uint64_t>(name, v));
-            c.*part.*m = Dur(n);
-            return {};
-          }};
-}
-template <typename Part>
-Row text_list(std::string_view name, std::string_view doc, Part StoreConfig::*part,
-              std::vector<std::string> Part::*m) {
-  return {name, doc, [=](const StoreConfig& c) { return fmt::format("{}", fmt::join(c.*part.*m, ",")); },
-          [=](StoreConfig& c, std::string_view v) {
-            c.*part.*m = split_list(v);
-            return Status{};
-          }};
-}
-const std::vector<Row>& table() {
-  using S = StorageSettings;
-  using C = CodecSettings;
-  using P = PipelineSettings;
-  using Y = PolicySettings;
-  using E = EvictionSettings;
-  using L = LogSettings;
-  constexpr auto st = &StoreConfig::storage;
-  constexpr auto co = &StoreConfig::codec;
-  constexpr auto pi = &StoreConfig::pipeline;
-  constexpr auto po = &StoreConfig::policy;
-  constexpr auto ev = &StoreConfig::eviction;
-  constexpr auto lg = &StoreConfig::log;
-  static const std::vector<Row> rows = {
-      text("storage.kind", "node (one kvstream-server), cluster (replicated nodes) or redis", st, &S::kind),
-      text("storage.address", "host:port of the node, or of Redis", st, &S::address),
-      text_list("storage.nodes", "cluster: host:port of every node, comma-separated", st, &S::nodes),
-      uint("storage.replication", "cluster: nodes holding each chunk", st, &S::replication),
-      text("storage.backend", "transport to the nodes: tcp, ucx or libfabric", st, &S::backend),
-      text("storage.namespace", "namespace (tenant) on the nodes; key prefix on Redis", st, &S::name_space),
-      text("storage.secret", "the namespace's secret (nodes); the password (Redis)", st, &S::secret),
-      uint("storage.connections", "connections per node, or to Redis", st, &S::connections),
-      duration("storage.connect_timeout_ms", "bound on connecting at open()", st, &S::connect_timeout),
-      duration("storage.stat_reuse_ms", "a fetch reuses chunk sizes a lookup read this recently (0: asks again)", st,
-               &S::stat_reuse),
-      real("storage.paced_bits_per_second", "> 0: pace the link to this rate (demos, tests); 0: as fast as it goes",
-           st, &S::paced_bits_per_second),
-      text("codec.profile", "codec profile file (kvstream-profile writes one); required", co, &C::profile_path),
-      text("codec.model_id", "id of the model whose KV is stored, part of every key; required", co, &C::model_id),
-      uint("codec.chunk_tokens", "tokens per chunk; lookups and puts work in whole chunks", co, &C::chunk_tokens),
-      uint("pipeline.depth", "receive buffers (chunks on the wire or waiting to decode)", pi, &P::depth),
-      uint("pipeline.max_chunk_bytes", "size of each receive buffer; a larger chunk fails", pi, &P::max_chunk_bytes),
-      uint("pipeline.decode_threads", "chunks decoding side by side", pi, &P::decode_threads),
-      text("pipeline.decode", "where chunks decode: cpu, gpu or auto", pi, &P::decode),
-      sint("pipeline.gpu_device", "CUDA device for gpu and auto", pi, &P::gpu_device),
-      uint("pipeline.max_on_wire", "transfers requested and not landed, at most", pi, &P::max_on_wire),
-      uint("pipeline.max_running", "fetches running at once; the rest wait, by priority", pi, &P::max_running),
-      text("policy.chooser", "per-chunk level chooser: deadline or paper", po, &Y::chooser),
-      text("policy.estimator", "throughput estimator: last, ewma, harmonic or percentile", po, &Y::estimator),
-      real("policy.prior_bits_per_second", "link rate assumed before the first transfer", po,
-           &Y::prior_bits_per_second),
-      real("policy.max_quality_loss_pct", "worst perplexity increase (%) a level may have; < 0: no bound", po,
-           &Y::max_quality_loss_pct),
-      real("policy.recompute_tokens_per_second", "the runtime's prefill rate; > 0 lets chunks go as text", po,
-           &Y::recompute_tokens_per_second),
-      real("policy.decode_elements_per_second", "decode rate per worker (KV elements/s); 0: decode cost ignored",
-           po, &Y::decode_elements_per_second),
-      uint("eviction.max_bytes", "0: no bound; else the oldest chunks are removed until the store is under it", ev,
-           &E::max_bytes),
-      duration("eviction.max_age_s", "0: no bound; else chunks stored longer ago are removed", ev, &E::max_age),
-      text("log.level", "the library's log level: trace, debug, info, warn, error or off", lg, &L::level),
-  };
-  return rows;
-}
-
-const Row* find(std::string_view name) {
-  for (const auto& r : table())
-    if (r.name == name) return &r;
-  return nullptr;
-}
-
-std::string env_name(std::string_view name) {
-  std::string e = "KVSTREAM_";
-  for (char c : name) e += c == '.' ? '_' : char(std::toupper(static_cast<unsigned char>(c)));
-  return e;
+const settings::Table<StoreConfig>& table() {
+#define KVS_FIELD(name, doc, member) field<StoreConfig>(name, doc, [](StoreConfig& c) -> auto& { return c.member; })
+  static const settings::Table<StoreConfig> t(
+      {
+          KVS_FIELD("storage.kind", "node (one kvstream-server), cluster (replicated nodes) or redis", storage.kind),
+          KVS_FIELD("storage.address", "host:port of the node, or of Redis", storage.address),
+          KVS_FIELD("storage.nodes", "cluster: host:port of every node, comma-separated", storage.nodes),
+          KVS_FIELD("storage.replication", "cluster: nodes holding each chunk", storage.replication),
+          KVS_FIELD("storage.backend", "transport to the nodes: tcp, ucx or libfabric", storage.backend),
+          KVS_FIELD("storage.namespace", "namespace (tenant) on the nodes; key prefix on Redis", storage.name_space),
+          KVS_FIELD("storage.secret", "the namespace's secret (nodes); the password (Redis)", storage.secret),
+          KVS_FIELD("storage.connections", "connections per node, or to Redis", storage.connections),
+          KVS_FIELD("storage.connect_timeout_ms", "bound on connecting at open()", storage.connect_timeout),
+          KVS_FIELD("storage.stat_reuse_ms", "a fetch reuses chunk sizes a lookup read this recently (0: asks again)",
+                    storage.stat_reuse),
+          KVS_FIELD("storage.paced_bits_per_second",
+                    "> 0: pace the link to this rate (demos, tests); 0: as fast as it goes",
+                    storage.paced_bits_per_second),
+          KVS_FIELD("codec.profile", "codec profile file (kvstream-profile writes one); required", codec.profile_path),
+          KVS_FIELD("codec.model_id", "id of the model whose KV is stored, part of every key; required",
+                    codec.model_id),
+          KVS_FIELD("codec.chunk_tokens", "tokens per chunk; lookups and puts work in whole chunks", codec.chunk_tokens),
+          KVS_FIELD("pipeline.depth", "receive buffers (chunks on the wire or waiting to decode)", pipeline.depth),
+          KVS_FIELD("pipeline.max_chunk_bytes", "size of each receive buffer; a larger chunk fails",
+                    pipeline.max_chunk_bytes),
+          KVS_FIELD("pipeline.decode_threads", "chunks decoding side by side", pipeline.decode_threads),
+          KVS_FIELD("pipeline.decode", "where chunks decode: cpu, gpu or auto", pipeline.decode),
+          KVS_FIELD("pipeline.gpu_device", "CUDA device for gpu and auto", pipeline.gpu_device),
+          KVS_FIELD("pipeline.max_on_wire", "transfers requested and not landed, at most", pipeline.max_on_wire),
+          KVS_FIELD("pipeline.max_running", "fetches running at once; the rest wait, by priority",
+                    pipeline.max_running),
+          KVS_FIELD("policy.chooser", "per-chunk level chooser: deadline or paper", policy.chooser),
+          KVS_FIELD("policy.estimator", "throughput estimator: last, ewma, harmonic or percentile", policy.estimator),
+          KVS_FIELD("policy.prior_bits_per_second", "link rate assumed before the first transfer",
+                    policy.prior_bits_per_second),
+          KVS_FIELD("policy.max_quality_loss_pct", "worst perplexity increase (%) a level may have; < 0: no bound",
+                    policy.max_quality_loss_pct),
+          KVS_FIELD("policy.recompute_tokens_per_second", "the runtime's prefill rate; > 0 lets chunks go as text",
+                    policy.recompute_tokens_per_second),
+          KVS_FIELD("policy.decode_elements_per_second",
+                    "decode rate per worker (KV elements/s); 0: decode cost ignored",
+                    policy.decode_elements_per_second),
+          KVS_FIELD("eviction.max_bytes", "0: no bound; else the oldest chunks are removed until the store is under it",
+                    eviction.max_bytes),
+          KVS_FIELD("eviction.max_age_s", "0: no bound; else chunks stored longer ago are removed", eviction.max_age),
+          KVS_FIELD("log.level", "the library's log level: trace, debug, info, warn, error or off", log.level),
+      },
+      "KVSTREAM_");
+#undef KVS_FIELD
+  return t;
 }
 
 }  // namespace
 
-Result<StoreConfig> StoreConfig::from_env(StoreConfig base) {
-  for (const auto& r : table()) {
-    const std::string var = env_name(r.name);
-    if (const char* v = std::getenv(var.c_str()))
-      KVS_RETURN_IF_ERROR(r.set(base, v).with_context(fmt::format("environment variable {}", var)));
-  }
-  return base;
-}
-
-Status StoreConfig::set(std::string_view name, std::string_view value) {
-  const Row* r = find(name);
-  if (!r) return make_status(StatusCode::not_found, "no setting named '{}' (describe() lists them)", name);
-  return r->set(*this, value);
-}
-
-Status StoreConfig::set(std::string_view assignment) {
-  const size_t eq = assignment.find('=');
-  if (eq == std::string_view::npos)
-    return make_status(StatusCode::invalid_argument, "'{}' is not name=value", assignment);
-  return set(assignment.substr(0, eq), assignment.substr(eq + 1));
-}
-
-Result<std::string> StoreConfig::get(std::string_view name) const {
-  const Row* r = find(name);
-  if (!r) return make_status(StatusCode::not_found, "no setting named '{}'", name);
-  return r->get(*this);
-}
-
-std::vector<SettingInfo> store_settings() {
-  const StoreConfig defaults;
-  std::vector<SettingInfo> out;
-  for (const auto& r : table()) out.push_back({r.name, r.doc, r.get(defaults), env_name(r.name)});
-  return out;
-}
-
-std::string StoreConfig::describe() const {
-  const StoreConfig defaults;
-  std::string out;
-  for (const auto& r : table()) {
-    // A secret is never printed, only whether one is set.
-    const bool secret = r.name == "storage.secret";
-    std::string value = r.get(*this);
-    if (secret && !value.empty()) value = "(set)";
-    out += fmt::format("{} = {}  [default: {}; env {}]\n    {}\n", r.name, value.empty() ? "\"\"" : value,
-                       secret ? "\"\"" : (r.get(defaults).empty() ? "\"\"" : r.get(defaults)), env_name(r.name), r.doc);
-  }
-  return out;
-}
+Result<StoreConfig> StoreConfig::from_env(StoreConfig base) { return table().from_env(std::move(base)); }
+Status StoreConfig::set(std::string_view name, std::string_view value) { return table().set(*this, name, value); }
+Status StoreConfig::set(std::string_view assignment) { return table().set(*this, assignment); }
+Result<std::string> StoreConfig::get(std::string_view name) const { return table().get(*this, name); }
+std::vector<SettingInfo> store_settings() { return table().info(); }
+// A secret is never printed, only whether one is set.
+std::string StoreConfig::describe() const { return table().describe(*this, {"storage.secret"}); }
 
 Status StoreConfig::apply_log_level() const {
   KVS_ASSIGN_OR_RETURN(LogLevel level, parse_log_level(log.level));

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstream/settings.hpp"
 #include "kvstream/status.hpp"
 
 namespace kvstream {
@@ -104,13 +105,6 @@ struct StoreConfig {
   [[nodiscard]] Status validate() const;
 };
 
-/// One row of the settings table.
-struct SettingInfo {
-  std::string_view name;       ///< e.g. "storage.address"
-  std::string_view doc;        ///< what it means
-  std::string default_value;   ///< as text
-  std::string env;             ///< its environment variable
-};
 /// The whole table, in declaration order.
 std::vector<SettingInfo> store_settings();
 

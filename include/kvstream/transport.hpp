@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvstream/status.hpp"
+#include "kvstream/transport_config.hpp"
 
 namespace kvstream::transport {
 
@@ -28,12 +29,6 @@ inline Deadline deadline_in(std::chrono::milliseconds ms) { return Clock::now() 
 
 /// Largest message header: headers carry protocol fields, never payload.
 inline constexpr size_t kMaxHeaderBytes = 4096;
-
-/// Where a buffer lives.
-enum class MemoryType : uint8_t { host = 0, cuda = 1 };
-
-/// "host" or "cuda".
-std::string_view memory_type_name(MemoryType t) noexcept;
 
 /// Shared cancellation flag: cancel() makes every call waiting on it return
 /// StatusCode::cancelled promptly. Cheap to copy.
@@ -78,22 +73,26 @@ Result<RemoteRegion> decode_remote(std::span<const std::byte> bytes);
 /// cache registrations, so registering the same range again is cheap.
 class MemoryRegion {
  public:
+  /// A backend's registration (defined inside the library).
   struct Impl;
   MemoryRegion() = default;
-  explicit MemoryRegion(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   [[nodiscard]] std::byte* data() const noexcept;
   [[nodiscard]] size_t size() const noexcept;
   [[nodiscard]] MemoryType type() const noexcept;
   [[nodiscard]] bool valid() const noexcept { return impl_ != nullptr; }
   /// The registered span [offset, offset + n); empty when out of range.
   [[nodiscard]] std::span<std::byte> span(size_t offset, size_t n) const noexcept;
-  [[nodiscard]] const std::shared_ptr<Impl>& impl() const noexcept { return impl_; }
   /// Lets peers read this region one-sidedly (Connection::read) for as long as it
   /// stays registered. Errors: unsupported where the backend has no one-sided reads
   /// (Capabilities::one_sided_read is false), invalid_argument for an empty region.
   [[nodiscard]] Result<RemoteRegion> expose() const;
+  /// True when both handles refer to the same registration (the backends' cache
+  /// hands out one registration per range).
+  [[nodiscard]] bool same_registration(const MemoryRegion& other) const noexcept { return impl_ == other.impl_; }
 
  private:
+  friend struct RegionAccess;  // the backends wrap and unwrap registrations
+  explicit MemoryRegion(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
 
@@ -105,9 +104,12 @@ class Connection {
 
   /// Sends one message. `body` must lie in memory registered with this connection's
   /// backend (or be empty). Returns once the message is handed to the transport
-  /// (the buffers may be reused). Equivalent to post_send then wait_sends.
-  virtual Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
-                      const CancelToken& cancel) = 0;
+  /// (the buffers may be reused): post_send then wait_sends, after checking the
+  /// header's size and, before anything is queued, the deadline and the cancel token
+  /// (so a send refused there leaves the connection intact). Errors: those of
+  /// post_send and wait_sends; invalid_argument for a header over kMaxHeaderBytes.
+  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
+              const CancelToken& cancel);
 
   /// Starts sending one message and returns without waiting, so that several
   /// messages can be in flight (what bandwidth needs on rendezvous transports). The
@@ -179,20 +181,6 @@ class Listener {
   virtual Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) = 0;
   /// The address peers connect to (with the port actually bound).
   [[nodiscard]] virtual std::string address() const = 0;
-};
-
-/// Settings of one backend instance (one struct, documented defaults).
-struct BackendConfig {
-  std::string name = "tcp";         ///< "tcp", "ucx" or "libfabric"
-  MemoryType memory = MemoryType::host;  ///< memory type bodies will use; asking for
-                                         ///< one the backend lacks is an error
-  std::string ucx_tls;              ///< UCX: transports (UCX_TLS); empty = UCX's default
-  /// UCX: peer error handling (a crashed peer is detected promptly). UCX 1.13 then
-  /// cannot use cma for large shared-memory messages (~5x slower on shm); false
-  /// trades prompt failure detection (a crash may show only as a timeout) for that.
-  bool ucx_peer_errors = true;
-  std::string ofi_provider = "tcp;ofi_rxm";  ///< libfabric provider
-  uint32_t tcp_queue_depth = 64;    ///< io_uring submission queue entries per connection
 };
 
 /// A transport backend: creates listeners and connections, registers memory.

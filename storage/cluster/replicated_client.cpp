@@ -9,7 +9,7 @@
 
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
-#include "transport/backend_impl.hpp"
+#include "transport/common/registration.hpp"
 #include "storage/cluster/node_health.hpp"
 #include "storage/protocol.hpp"
 
@@ -393,12 +393,12 @@ class ReplicatedClient final : public storage::Client {
   Result<MemoryRegion> region_for(Node& n, storage::Client& c, const MemoryRegion& user) {
     if (!user.valid()) return user;
     std::lock_guard lock(n.mu);
-    const void* key = user.impl().get();
+    const void* key = transport::RegionAccess::of(user).get();
     if (auto it = n.regions.find(key); it != n.regions.end() && !it->second.first.expired()) return it->second.second;
     for (auto it = n.regions.begin(); it != n.regions.end();)
       it = it->second.first.expired() ? n.regions.erase(it) : std::next(it);
     KVS_ASSIGN_OR_RETURN(auto mr, c.register_memory(user.data(), user.size()));
-    n.regions[key] = {user.impl(), mr};
+    n.regions[key] = {transport::RegionAccess::of(user), mr};
     return mr;
   }
 

@@ -35,8 +35,8 @@ int main(int argc, char** argv) {
   auto* backend = app.add_option("--backend", cfg.backend.name, "tcp, ucx or libfabric (default: storage.backend)");
   app.add_option("--set", sets, "a shared setting, name=value (repeatable; see --describe)");
   app.add_flag("--describe", describe, "list the shared settings with their values and defaults, then exit");
-  app.add_option("--ucx-tls", cfg.backend.ucx_tls, "UCX transports (UCX_TLS)");
-  app.add_option("--ofi-provider", cfg.backend.ofi_provider, "libfabric provider")->capture_default_str();
+  app.add_option("--ucx-tls", cfg.backend.ucx.tls, "UCX transports (UCX_TLS)");
+  app.add_option("--ofi-provider", cfg.backend.libfabric.provider, "libfabric provider")->capture_default_str();
   app.add_option("--dir", cfg.directory, "storage directory (required)");
   app.add_option("--secrets", secrets_file,
                  "JSON file {\"namespace\": \"secret\", ...} (secrets of at least 16 bytes); or storage.namespace "

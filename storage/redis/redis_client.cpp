@@ -22,7 +22,7 @@
 #include <xxhash.h>
 
 #include "core/log.hpp"
-#include "transport/backend_impl.hpp"
+#include "transport/common/registration.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::redis {
@@ -240,7 +240,7 @@ class RedisClient final : public storage::Client {
       return make_status(StatusCode::invalid_argument, "register_memory: empty range (data {}, size {})", data, size);
     auto r = std::make_shared<HostRegion>();
     r->data = static_cast<std::byte*>(data), r->size = size, r->type = transport::MemoryType::host;
-    return MemoryRegion(std::move(r));
+    return transport::RegionAccess::wrap(std::move(r));
   }
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,

@@ -27,7 +27,7 @@ bool have_libfabric() { return test_util::backend_built("libfabric"); }
 BackendConfig ofi_config(const std::string& provider) {
   BackendConfig cfg;
   cfg.name = "libfabric";
-  cfg.ofi_provider = provider;
+  cfg.libfabric.provider = provider;
   return cfg;
 }
 

@@ -15,7 +15,8 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
-#include "transport/backend_impl.hpp"
+#include "transport/common/address.hpp"
+#include "transport/common/registration.hpp"
 #include "transport/tcp/tcp_backend.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 #include "tests/transport/transport_test_util.hpp"
@@ -29,8 +30,10 @@ namespace {
 
 using kvstream::transport::test_util::pattern;
 
-std::unique_ptr<Backend> backend(const tcpb::TcpOptions& opt = {}) {
-  auto b = tcpb::make_tcp_backend_with(BackendConfig{}, opt);
+std::unique_ptr<Backend> backend(const kvstream::transport::TcpSettings& opt = {}) {
+  BackendConfig cfg;
+  cfg.tcp = opt;
+  auto b = kvstream::transport::create_backend(cfg);
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   return b.ok() ? std::move(b).value() : nullptr;
 }
@@ -105,7 +108,7 @@ struct Pair {
   std::unique_ptr<Connection> server, client;
 };
 
-void make_pair(Pair& p, const tcpb::TcpOptions& opt = {}) {
+void make_pair(Pair& p, const kvstream::transport::TcpSettings& opt = {}) {
   p.a = backend(opt);
   p.b = backend(opt);
   ASSERT_TRUE(p.a && p.b);
@@ -316,7 +319,7 @@ namespace {
 
 /// Round trips of every size with the receiver running concurrently (as a real
 /// stream transport needs for bodies larger than the socket buffers).
-void round_trips(const tcpb::TcpOptions& opt) {
+void round_trips(const kvstream::transport::TcpSettings& opt) {
   Pair p;
   make_pair(p, opt);
   const size_t max = size_t(64) << 20;
@@ -348,7 +351,7 @@ void round_trips(const tcpb::TcpOptions& opt) {
 TEST(tcp, LargeRoundTripsWithConcurrentReceiver) { round_trips({}); }
 
 TEST(tcp, SendZeroCopyPathEqualsPlainPath) {
-  tcpb::TcpOptions zc;
+  kvstream::transport::TcpSettings zc;
   zc.send_zc = true;
   zc.send_zc_min_bytes = 1;
   auto b = backend(zc);
@@ -361,7 +364,7 @@ namespace {
 
 /// Many posted messages of mixed sizes (several chains, partly sent while more are
 /// posted) arrive complete and in order.
-void posted_mixed_sizes(const tcpb::TcpOptions& opt) {
+void posted_mixed_sizes(const kvstream::transport::TcpSettings& opt) {
   Pair p;
   make_pair(p, opt);
   const size_t sizes[] = {0, 1, 100, 4096, 65535, 65536, 70001, size_t(1) << 20, size_t(3) << 20};
@@ -427,7 +430,7 @@ void posted_mixed_sizes(const tcpb::TcpOptions& opt) {
 TEST(tcp, PostedSendsOfMixedSizesKeepOrder) { posted_mixed_sizes({}); }
 
 TEST(tcp, PostedSendsOfMixedSizesKeepOrderZeroCopy) {
-  tcpb::TcpOptions zc;
+  kvstream::transport::TcpSettings zc;
   zc.send_zc = true;
   zc.send_zc_min_bytes = 1;
   posted_mixed_sizes(zc);
@@ -498,9 +501,9 @@ TEST(tcp, DestroyingAConnectionWithPostedSendsReturnsPromptly) {
 // KVSTREAM_TCP_PERF_BATCH=N to post N messages per wait_sends instead of send).
 TEST(tcp, ThroughputOneMiBMessages) {
   if (!std::getenv("KVSTREAM_TCP_PERF")) GTEST_SKIP() << "set KVSTREAM_TCP_PERF=1 to run";
-  tcpb::TcpOptions opt;
+  kvstream::transport::TcpSettings opt;
   opt.send_zc = std::getenv("KVSTREAM_TCP_PERF_ZC") != nullptr;
-  if (const char* sb = std::getenv("KVSTREAM_TCP_PERF_SOCKBUF")) opt.socket_buffer_bytes = std::atoi(sb);
+  if (const char* sb = std::getenv("KVSTREAM_TCP_PERF_SOCKBUF")) opt.socket_buffer_bytes = uint32_t(std::atoi(sb));
   const int batch = std::getenv("KVSTREAM_TCP_PERF_BATCH") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_BATCH")) : 0;
   const int conns = std::getenv("KVSTREAM_TCP_PERF_CONNS") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_CONNS")) : 1;
   const size_t n = size_t(1) << 20;

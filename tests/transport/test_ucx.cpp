@@ -28,8 +28,8 @@ using UcxPair = test_util::BackendPair;
 Result<UcxPair> make_ucx_pair(const std::string& tls, bool peer_errors = true) {
   BackendConfig cfg;
   cfg.name = "ucx";
-  cfg.ucx_tls = tls;
-  cfg.ucx_peer_errors = peer_errors;
+  cfg.ucx.tls = tls;
+  cfg.ucx.peer_errors = peer_errors;
   return test_util::make_backend_pair(cfg);
 }
 
@@ -107,7 +107,7 @@ TEST(ucx, BadTlsIsAnError) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
   BackendConfig cfg;
   cfg.name = "ucx";
-  cfg.ucx_tls = "no_such_transport";
+  cfg.ucx.tls = "no_such_transport";
   auto b = create_backend(cfg);
   if (!b.ok()) return;  // refused at init
   // Some UCX versions accept unknown names and fail when nothing is usable.
@@ -144,7 +144,7 @@ TEST(ucx, InterruptedWaitSendsBreaksTheConnection) {
   EXPECT_FALSE(p->client->wait_sends(last, deadline_in(1s), {}).ok());
 }
 
-// ucx_peer_errors = false drops peer failure detection so that UCX may use
+// ucx.peer_errors = false drops peer failure detection so that UCX may use
 // transports without it (cma for large shared memory messages).
 TEST(ucx, WithoutPeerErrorHandling) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";

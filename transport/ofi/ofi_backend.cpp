@@ -558,13 +558,6 @@ class OfiConnection final : public Connection {
     for (auto& op : body_ops_) ep_->cancel_and_drain(*op, 1s);
   }
 
-  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
-              const CancelToken& cancel) override {
-    if (cancel.cancelled()) return make_status(StatusCode::cancelled, "libfabric: send cancelled");
-    KVS_ASSIGN_OR_RETURN(uint64_t seq, post_send(header, body));
-    return wait_sends(seq, deadline, cancel);
-  }
-
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override {
     if (header.size() > kMaxHeaderBytes)
       return make_status(StatusCode::invalid_argument, "libfabric: header of {} bytes exceeds {}", header.size(),
@@ -1265,7 +1258,7 @@ class OfiBackend final : public Backend {
       return make_status(StatusCode::unsupported,
                          "libfabric: provider {} has no FI_HMEM support, so cuda memory cannot be registered",
                          core_->provider);
-    if (auto hit = cache_.find(data, size, type)) return MemoryRegion(hit);
+    if (auto hit = cache_.find(data, size, type)) return RegionAccess::wrap(hit);
     auto region = std::make_shared<OfiRegion>();
     region->core = core_;
     region->data = static_cast<std::byte*>(data);
@@ -1291,7 +1284,7 @@ class OfiBackend final : public Backend {
       core_->regions[reinterpret_cast<uintptr_t>(data)] = region.get();
     }
     cache_.insert(region);
-    return MemoryRegion(region);
+    return RegionAccess::wrap(region);
   }
 
  private:
@@ -1351,7 +1344,7 @@ Result<std::unique_ptr<Backend>> make_ofi_backend(const BackendConfig& config) {
   fi_info* got = nullptr;
   // Prefer RMA reads (a declared capability); fall back to plain tagged messages.
   for (bool rma : {true, false}) {
-    fi_info* hints = make_hints(config.ofi_provider, rma, want_cuda);
+    fi_info* hints = make_hints(config.libfabric.provider, rma, want_cuda);
     if (!hints) return make_status(StatusCode::resource_exhausted, "libfabric: fi_allocinfo failed");
     int r = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, &got);
     if (r == 0 && got) {
@@ -1364,7 +1357,7 @@ Result<std::unique_ptr<Backend>> make_ofi_backend(const BackendConfig& config) {
     if (!rma) {
       if (want_cuda) {
         // Is it the provider or the cuda path that is missing?
-        fi_info* plain = make_hints(config.ofi_provider, false, false);
+        fi_info* plain = make_hints(config.libfabric.provider, false, false);
         fi_info* probe = nullptr;
         const int pr = fi_getinfo(kFiVersion, nullptr, nullptr, 0, plain, &probe);
         if (probe) fi_freeinfo(probe);
@@ -1373,16 +1366,16 @@ Result<std::unique_ptr<Backend>> make_ofi_backend(const BackendConfig& config) {
           return make_status(StatusCode::unsupported,
                              "libfabric: provider '{}' has no FI_HMEM support, so bodies in cuda memory "
                              "(GPUDirect) are not available",
-                             config.ofi_provider);
+                             config.libfabric.provider);
       }
       return make_status(StatusCode::unavailable,
-                         "libfabric: no provider '{}' offers RDM tagged messages here: {}", config.ofi_provider,
+                         "libfabric: no provider '{}' offers RDM tagged messages here: {}", config.libfabric.provider,
                          fi_err(r));
     }
   }
   // The fabric and domain of the first match; listen/connect reuse the same hints.
   core->info = got;
-  core->provider = got->fabric_attr->prov_name ? got->fabric_attr->prov_name : config.ofi_provider;
+  core->provider = got->fabric_attr->prov_name ? got->fabric_attr->prov_name : config.libfabric.provider;
   core->mr_local = (got->domain_attr->mr_mode & FI_MR_LOCAL) || (got->mode & FI_LOCAL_MR);
   core->mr_prov_key = got->domain_attr->mr_mode & FI_MR_PROV_KEY;
   core->mr_virt_addr = got->domain_attr->mr_mode & FI_MR_VIRT_ADDR;

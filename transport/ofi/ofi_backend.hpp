@@ -44,7 +44,10 @@
 
 #include <memory>
 
-#include "transport/backend_impl.hpp"
+#include "transport/backends.hpp"
+#include "transport/common/address.hpp"
+#include "transport/common/registration.hpp"
+#include "transport/common/wait.hpp"
 
 namespace kvstream::transport::ofi {
 

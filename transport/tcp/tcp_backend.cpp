@@ -21,7 +21,10 @@
 #include <string>
 
 #include "core/log.hpp"
-#include "transport/backend_impl.hpp"
+#include "transport/backends.hpp"
+#include "transport/common/address.hpp"
+#include "transport/common/registration.hpp"
+#include "transport/common/wait.hpp"
 #include "transport/ring_lifetime.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 
@@ -51,51 +54,8 @@ StatusCode code_for_errno(int err) {
   }
 }
 
-std::string format_address(const sockaddr* sa) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf);
-    return fmt::format("{}:{}", buf, ntohs(in->sin_port));
-  }
-  if (sa->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof buf);
-    return fmt::format("[{}]:{}", buf, ntohs(in6->sin6_port));
-  }
-  return "?";
-}
 
-/// Resolves "host:port" (numeric hosts without a lookup).
-Status resolve(const std::string& address, bool passive, std::vector<sockaddr_storage>& out) {
-  std::string host;
-  uint16_t port = 0;
-  KVS_RETURN_IF_ERROR(parse_host_port(address, host, port));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  addrinfo* res = nullptr;
-  const std::string port_text = std::to_string(port);
-  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res);
-  if (rc != 0)
-    return make_status(StatusCode::invalid_argument, "tcp: cannot resolve '{}': {}", address, gai_strerror(rc));
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    if (ai->ai_addrlen > sizeof(sockaddr_storage)) continue;
-    sockaddr_storage ss{};
-    std::memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
-    out.push_back(ss);
-  }
-  freeaddrinfo(res);
-  if (out.empty()) return make_status(StatusCode::invalid_argument, "tcp: '{}' resolves to no address", address);
-  return {};
-}
-
-socklen_t sockaddr_len(const sockaddr_storage& ss) {
-  return ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-}
-
-void configure_socket(int fd, const TcpOptions& opt) {
+void configure_socket(int fd, const TcpSettings& opt) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (opt.socket_buffer_bytes > 0) {
@@ -259,7 +219,7 @@ struct TcpRegion final : MemoryRegion::Impl {};
 
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(int fd, std::string peer, const TcpOptions& opt) : fd_(fd), peer_(std::move(peer)), opt_(opt) {
+  TcpConnection(int fd, std::string peer, const TcpSettings& opt) : fd_(fd), peer_(std::move(peer)), opt_(opt) {
     rx_buf_.resize(kTcpRxBufferBytes);
   }
   ~TcpConnection() override {
@@ -287,19 +247,6 @@ class TcpConnection final : public Connection {
     if (res < 0)
       return make_status(code_for_errno(-res), "tcp: cannot connect to {}: {}", peer_, errno_text(-res));
     return {};
-  }
-
-  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
-              const CancelToken& cancel) override {
-    std::lock_guard lock(tx_mu_);
-    KVS_RETURN_IF_ERROR(check_usable());
-    KVS_RETURN_IF_ERROR(check_send_args(header, body));
-    // Nothing of this message is queued yet: a deadline or cancel here leaves the
-    // stream intact (earlier posted messages, if any, are left to their wait_sends).
-    KVS_RETURN_IF_ERROR(check_wait(deadline, cancel, "send"));
-    auto seq = post_locked(header, body);
-    if (!seq.ok()) return seq.status();
-    return wait_locked(*seq, deadline, cancel);
   }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override {
@@ -722,7 +669,7 @@ class TcpConnection final : public Connection {
 
   const int fd_;
   const std::string peer_;
-  const TcpOptions opt_;
+  const TcpSettings opt_;
 
   std::atomic<bool> broken_{false};
   std::mutex broken_mu_;
@@ -764,7 +711,7 @@ class TcpConnection final : public Connection {
 
 class TcpListener final : public Listener {
  public:
-  TcpListener(int fd, std::string address, const TcpOptions& opt, unsigned depth)
+  TcpListener(int fd, std::string address, const TcpSettings& opt, unsigned depth)
       : fd_(fd), address_(std::move(address)), opt_(opt), depth_(depth) {}
   ~TcpListener() override {
     if (pending_fd_ >= 0) close(pending_fd_);
@@ -814,7 +761,7 @@ class TcpListener final : public Listener {
  private:
   const int fd_;
   const std::string address_;
-  const TcpOptions opt_;
+  const TcpSettings opt_;
   const unsigned depth_;
   std::mutex mu_;
   Ring ring_;
@@ -826,7 +773,7 @@ class TcpListener final : public Listener {
 
 class TcpBackend final : public Backend {
  public:
-  TcpBackend(const BackendConfig& config, const TcpOptions& opt) : opt_(opt), depth_(config.tcp_queue_depth) {
+  TcpBackend(const BackendConfig& config, const TcpSettings& opt) : opt_(opt), depth_(config.tcp.queue_depth) {
     caps_.backend = "tcp";
     caps_.provider = "io_uring";
     caps_.host_memory = true;
@@ -839,8 +786,9 @@ class TcpBackend final : public Backend {
   [[nodiscard]] const Capabilities& capabilities() const override { return caps_; }
 
   Result<std::unique_ptr<Listener>> listen(const std::string& address) override {
-    std::vector<sockaddr_storage> addrs;
-    if (Status st = resolve(address, true, addrs); !st.ok()) return detail::log_error(st);
+    auto resolved = resolve_address("tcp", address, true);
+    if (!resolved.ok()) return detail::log_error(resolved.status());
+    const std::vector<sockaddr_storage>& addrs = *resolved;
     Status last;
     for (const sockaddr_storage& a : addrs) {
       const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -872,8 +820,9 @@ class TcpBackend final : public Backend {
 
   Result<std::unique_ptr<Connection>> connect(const std::string& address, Deadline deadline,
                                               const CancelToken& cancel) override {
-    std::vector<sockaddr_storage> addrs;
-    if (Status st = resolve(address, false, addrs); !st.ok()) return detail::log_error(st);
+    auto resolved = resolve_address("tcp", address, false);
+    if (!resolved.ok()) return detail::log_error(resolved.status());
+    const std::vector<sockaddr_storage>& addrs = *resolved;
     Status last;
     for (const sockaddr_storage& a : addrs) {
       const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -899,33 +848,33 @@ class TcpBackend final : public Backend {
     if (data == nullptr || size == 0)
       return detail::log_error(make_status(StatusCode::invalid_argument,
                                            "tcp register_memory: empty range (data {}, size {})", data, size));
-    if (auto hit = cache_.find(data, size, type)) return MemoryRegion(hit);
+    if (auto hit = cache_.find(data, size, type)) return RegionAccess::wrap(hit);
     auto region = std::make_shared<TcpRegion>();
     region->data = static_cast<std::byte*>(data);
     region->size = size;
     region->type = type;
     cache_.insert(region);
-    return MemoryRegion(std::move(region));
+    return RegionAccess::wrap(std::move(region));
   }
 
  private:
   Capabilities caps_;
-  TcpOptions opt_;
+  TcpSettings opt_;
   unsigned depth_;
   RegistrationCache cache_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_tcp_backend_with(const BackendConfig& config, const TcpOptions& options) {
+Result<std::unique_ptr<Backend>> make_backend(const BackendConfig& config) {
   if (config.memory != MemoryType::host)
     return make_status(StatusCode::unsupported,
                        "tcp backend moves host memory only: {} memory needs a GPUDirect-capable backend (ucx)",
                        memory_type_name(config.memory));
-  if (config.tcp_queue_depth < 4 || config.tcp_queue_depth > 32768)
-    return make_status(StatusCode::invalid_argument, "tcp_queue_depth {} is outside [4, 32768]",
-                       config.tcp_queue_depth);
-  TcpOptions opt = options;
+  if (config.tcp.queue_depth < 4 || config.tcp.queue_depth > 32768)
+    return make_status(StatusCode::invalid_argument, "tcp.queue_depth {} is outside [4, 32768]",
+                       config.tcp.queue_depth);
+  TcpSettings opt = config.tcp;
   {
     // Probe io_uring once (it may be disabled by sysctl or seccomp) and the opcodes used.
     Ring probe_ring;
@@ -951,7 +900,7 @@ Result<std::unique_ptr<Backend>> make_tcp_backend_with(const BackendConfig& conf
 }  // namespace tcp
 
 Result<std::unique_ptr<Backend>> make_tcp_backend(const BackendConfig& config) {
-  return tcp::make_tcp_backend_with(config, tcp::TcpOptions{});
+  return tcp::make_backend(config);
 }
 
 }  // namespace kvstream::transport

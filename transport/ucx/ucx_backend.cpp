@@ -38,13 +38,13 @@
 // UCX 1.13 then leaves cma out; with the get_zcopy rendezvous scheme (set unless
 // UCX_TLS is tcp alone) large shm messages go through the sysv FIFO (two copies) at
 // 2-12 GB/s on the 2-vCPU VM, whole runs slow or fast, as ucx_perftest -e's do.
-// BackendConfig::ucx_peer_errors = false trades failure detection (a dead peer may
+// BackendConfig::ucx.peer_errors = false trades failure detection (a dead peer may
 // then surface only as a timeout) for cma.
 //
 // Receive staging: a body whose header has arrived but which the application has not
 // started to receive within kStageGrace of the background thread first seeing that
 // header (it looks every millisecond) is received by the background thread into a
-// staging buffer (bounded by kStageLimit per backend), so a sender never waits
+// staging buffer (bounded by UcxSettings::stage_limit_bytes per backend), so a sender never waits
 // forever on a receiver that reads later. Bodies received while the application is
 // waiting go straight into the caller's buffer (no copy).
 #include <arpa/inet.h>
@@ -67,7 +67,10 @@
 #include <deque>
 
 #include "core/log.hpp"
-#include "transport/backend_impl.hpp"
+#include "transport/backends.hpp"
+#include "transport/common/address.hpp"
+#include "transport/common/registration.hpp"
+#include "transport/common/wait.hpp"
 
 namespace kvstream::transport {
 namespace ucx_detail {
@@ -89,7 +92,6 @@ constexpr auto kYieldSwitched = 1us;          // a yield this long ran another t
 constexpr uint64_t kInlineFlag = uint64_t(1) << 63;  // in the prefix: the body follows the header bytes
 constexpr uint32_t kHelloInlineOk = 1;        // hello flag: this side accepts inline bodies (host-only)
 constexpr auto kStageGrace = 2ms;
-constexpr size_t kStageLimit = size_t(512) << 20;
 constexpr uint32_t kRxIdMask = 0xffffff;  // 24 bits of rx id, 8 of kind, 32 of sequence
 
 uint64_t make_tag(uint32_t rx_id, uint64_t kind, uint32_t seq) {
@@ -312,7 +314,7 @@ class Engine {
   void touch() { activity.store(activity.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   std::string provider;
   bool cuda = false;
-  bool peer_errors = true;  // UCP_ERR_HANDLING_MODE_PEER (BackendConfig::ucx_peer_errors = false turns it off)
+  bool peer_errors = true;  // UCP_ERR_HANDLING_MODE_PEER (BackendConfig::ucx.peer_errors = false turns it off)
   RegistrationCache cache;
 
   // Guarded by mu.
@@ -321,6 +323,7 @@ class Engine {
   std::set<ConnState*> conns;
   std::vector<std::shared_ptr<ConnState>> graveyard;  // states whose requests did not finish
   size_t staged_bytes = 0;
+  size_t stage_limit = 0;  // UcxSettings::stage_limit_bytes
 
   ~Engine() {
     stop_.store(true);
@@ -335,14 +338,14 @@ class Engine {
     ucp_config_t* cfg = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
     if (st != UCS_OK) return make_status(StatusCode::unavailable, "ucx: ucp_config_read: {}", ucs_status_string(st));
-    if (!config.ucx_tls.empty()) {
-      st = ucp_config_modify(cfg, "TLS", config.ucx_tls.c_str());
+    if (!config.ucx.tls.empty()) {
+      st = ucp_config_modify(cfg, "TLS", config.ucx.tls.c_str());
       if (st != UCS_OK) {
         ucp_config_release(cfg);
-        return make_status(StatusCode::invalid_argument, "ucx: bad ucx_tls '{}': {}", config.ucx_tls,
+        return make_status(StatusCode::invalid_argument, "ucx: bad ucx_tls '{}': {}", config.ucx.tls,
                            ucs_status_string(st));
       }
-      e->provider = "UCX_TLS=" + config.ucx_tls;
+      e->provider = "UCX_TLS=" + config.ucx.tls;
     } else if (const char* env = std::getenv("UCX_TLS"); env && *env) {
       e->provider = std::string("UCX_TLS=") + env;
     } else {
@@ -351,11 +354,12 @@ class Engine {
     // Endpoints use UCP_ERR_HANDLING_MODE_PEER; UCX 1.13 leaves the shared memory
     // transports out of such endpoints unless MM_ERROR_HANDLING is on (UCX issue #8477).
     // A tcp-only UCX has no shared memory (and warns about the setting): left alone.
-    std::string tls = config.ucx_tls;
+    std::string tls = config.ucx.tls;
     if (tls.empty())
       if (const char* env = std::getenv("UCX_TLS")) tls = env;
     const bool tcp_only = tls == "tcp";
-    e->peer_errors = config.ucx_peer_errors;
+    e->peer_errors = config.ucx.peer_errors;
+    e->stage_limit = size_t(config.ucx.stage_limit_bytes);
     if (e->peer_errors && !tcp_only && !std::getenv("UCX_MM_ERROR_HANDLING") &&
         ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y") != UCS_OK)
       KVS_LOG_DEBUG("ucx: MM_ERROR_HANDLING is not a setting of this UCX");
@@ -561,7 +565,7 @@ class Engine {
           later = true;
           return;
         }
-        if (staged_bytes + size > kStageLimit) return;  // the sender waits for the reader
+        if (staged_bytes + size > stage_limit) return;  // the sender waits for the reader
         auto st = std::make_unique<ConnState::Staged>();
         st->buf.reset(new std::byte[size]);
         st->size = size;
@@ -817,13 +821,6 @@ class UcxConnection final : public Connection {
       KVS_LOG_ERROR("ucx: a send request to {} did not complete after cancel", cs_->peer);
     std::lock_guard lk(e.mu);
     reap_locked();
-  }
-
-  Status send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
-              const CancelToken& cancel) override {
-    // A small message usually completes inside the post; wait_sends then returns at once.
-    KVS_ASSIGN_OR_RETURN(uint64_t seq, post_send(header, body));
-    return wait_sends(seq, deadline, cancel);
   }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override {
@@ -1299,21 +1296,9 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
 }
 
 Status resolve(const std::string& address, sockaddr_storage& out, socklen_t& len, bool passive) {
-  std::string host;
-  uint16_t port = 0;
-  KVS_RETURN_IF_ERROR(parse_host_port(address, host, port));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  if (passive) hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string port_s = std::to_string(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_s.c_str(), &hints, &res);
-  if (rc != 0 || !res)
-    return make_status(StatusCode::invalid_argument, "ucx: cannot resolve '{}': {}", address, gai_strerror(rc));
-  std::memcpy(&out, res->ai_addr, res->ai_addrlen);
-  len = res->ai_addrlen;
-  freeaddrinfo(res);
+  KVS_ASSIGN_OR_RETURN(auto addrs, resolve_address("ucx", address, passive));
+  out = addrs.front();
+  len = sockaddr_len(out);
   return {};
 }
 
@@ -1426,7 +1411,7 @@ class UcxBackend final : public Backend {
       return make_status(StatusCode::invalid_argument, "ucx: cannot register an empty or null range");
     if (type == MemoryType::cuda && !eng_->cuda)
       return make_status(StatusCode::unsupported, "ucx: this UCX has no cuda transport; cannot register cuda memory");
-    if (auto hit = eng_->cache.find(data, size, type)) return MemoryRegion(hit);
+    if (auto hit = eng_->cache.find(data, size, type)) return RegionAccess::wrap(hit);
     ucp_mem_map_params_t p{};
     p.field_mask =
         UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
@@ -1449,7 +1434,7 @@ class UcxBackend final : public Backend {
     r->size = size;
     r->type = type;
     eng_->cache.insert(r);
-    return MemoryRegion(r);
+    return RegionAccess::wrap(r);
   }
 
  private:

@@ -1,4 +1,6 @@
-// Shared internals of the transport backends.
+// Registrations: what a backend keeps for a registered buffer, how the backends wrap
+// it in the public MemoryRegion handle, and the cache that hands out one live
+// registration per range.
 #pragma once
 
 #include <map>
@@ -20,6 +22,14 @@ struct MemoryRegion::Impl {
   virtual Result<std::vector<std::byte>> packed_key() const {
     return make_status(StatusCode::unsupported, "one-sided reads are not available on this backend");
   }
+};
+
+/// The library's side door into MemoryRegion: backends wrap their registrations in
+/// handles, and wrappers (the replicated client) look through a handle to its
+/// registration. Not part of the public API.
+struct RegionAccess {
+  static MemoryRegion wrap(std::shared_ptr<MemoryRegion::Impl> impl) { return MemoryRegion(std::move(impl)); }
+  static const std::shared_ptr<MemoryRegion::Impl>& of(const MemoryRegion& region) { return region.impl_; }
 };
 
 /// Registration cache: the same (address, size, type) maps to the same live
@@ -44,13 +54,5 @@ class RegistrationCache {
   std::mutex mu_;
   std::map<Key, std::weak_ptr<MemoryRegion::Impl>> map_;
 };
-
-/// Splits "host:port"; port must be 0..65535. Errors: invalid_argument.
-Status parse_host_port(const std::string& address, std::string& host, uint16_t& port);
-
-/// Backend factories (each present only when its library was found at configure time).
-Result<std::unique_ptr<Backend>> make_tcp_backend(const BackendConfig& config);
-Result<std::unique_ptr<Backend>> make_ucx_backend(const BackendConfig& config);
-Result<std::unique_ptr<Backend>> make_ofi_backend(const BackendConfig& config);
 
 }  // namespace kvstream::transport

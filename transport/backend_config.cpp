@@ -1,0 +1,50 @@
+// The settings table of BackendConfig: every field once, with its name and meaning.
+#include "core/settings_table.hpp"
+#include "kvstream/transport_config.hpp"
+
+namespace kvstream::transport {
+
+// The text form of MemoryType, found by the table's field rows through its namespace.
+std::string to_text(MemoryType t) { return std::string(memory_type_name(t)); }
+Status from_text(std::string_view name, std::string_view v, MemoryType& out) {
+  if (v == "host") out = MemoryType::host;
+  else if (v == "cuda") out = MemoryType::cuda;
+  else return settings::bad_value(name, v, "host or cuda");
+  return {};
+}
+
+namespace {
+
+const settings::Table<BackendConfig>& table() {
+#define KVS_FIELD(name, doc, member) \
+  settings::field<BackendConfig>(name, doc, [](BackendConfig& c) -> auto& { return c.member; })
+  static const settings::Table<BackendConfig> t(
+      {
+          KVS_FIELD("name", "backend: tcp, ucx or libfabric", name),
+          KVS_FIELD("memory", "memory type of message bodies: host or cuda", memory),
+          KVS_FIELD("tcp.queue_depth", "io_uring submission queue entries per connection (4..32768)",
+                    tcp.queue_depth),
+          KVS_FIELD("tcp.send_zc", "zero-copy sends (IORING_OP_SENDMSG_ZC) for bodies", tcp.send_zc),
+          KVS_FIELD("tcp.send_zc_min_bytes", "bodies smaller than this never use zero-copy", tcp.send_zc_min_bytes),
+          KVS_FIELD("tcp.socket_buffer_bytes", "SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning",
+                    tcp.socket_buffer_bytes),
+          KVS_FIELD("ucx.tls", "UCX transports (UCX_TLS syntax); empty: UCX's default", ucx.tls),
+          KVS_FIELD("ucx.peer_errors", "detect crashed peers promptly (costs cma on shared memory)", ucx.peer_errors),
+          KVS_FIELD("ucx.stage_limit_bytes", "bytes staged for messages that arrived before their receiver asked",
+                    ucx.stage_limit_bytes),
+          KVS_FIELD("libfabric.provider", "libfabric provider (FI_PROVIDER syntax)", libfabric.provider),
+      },
+      "");
+#undef KVS_FIELD
+  return t;
+}
+
+}  // namespace
+
+Status BackendConfig::set(std::string_view name, std::string_view value) { return table().set(*this, name, value); }
+Status BackendConfig::set(std::string_view assignment) { return table().set(*this, assignment); }
+Result<std::string> BackendConfig::get(std::string_view name) const { return table().get(*this, name); }
+std::string BackendConfig::describe() const { return table().describe(*this); }
+std::vector<SettingInfo> backend_settings() { return table().info(); }
+
+}  // namespace kvstream::transport

@@ -1,0 +1,61 @@
+// The deadline and cancel rules every blocking transport call follows, and the
+// backoff of a backend that polls for completions. A backend's engine decides how it
+// waits (UCX sleeps on its worker's event fd, tcp on its ring); what stops a wait and
+// what the caller is told is the same in all of them.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string_view>
+#include <thread>
+
+#include "kvstream/transport.hpp"
+
+namespace kvstream::transport {
+
+/// Why a wait must end now: cancelled (the token was cancelled) or timed_out (the
+/// deadline passed), in that order; ok when it may go on. `who` and `what` name the
+/// wait in the message ("tcp 127.0.0.1:7471", "recv_body").
+inline Status wait_verdict(Deadline deadline, const CancelToken* cancel, std::string_view who, std::string_view what,
+                           Clock::time_point now = Clock::now()) {
+  if (cancel && cancel->cancelled()) return make_status(StatusCode::cancelled, "{} {}: cancelled", who, what);
+  if (now >= deadline) return make_status(StatusCode::timed_out, "{} {}: deadline passed", who, what);
+  return {};
+}
+
+/// Backoff for a polling loop that found nothing to do: yields at first (a
+/// completion is usually microseconds away), then sleeps 20 us, then 200 us, so an
+/// idle wait costs little CPU while a busy one keeps its latency.
+class Backoff {
+ public:
+  void pause() {
+    using namespace std::chrono_literals;
+    if (idle_ < 64) std::this_thread::yield();
+    else if (idle_ < 2000) std::this_thread::sleep_for(20us);
+    else std::this_thread::sleep_for(200us);
+    ++idle_;
+  }
+  /// Progress was made: the next pause yields again.
+  void reset() noexcept { idle_ = 0; }
+
+ private:
+  int idle_ = 0;
+};
+
+/// Polls until `step` returns a verdict, the deadline passes or `cancel` fires.
+/// `step()` makes progress and returns std::nullopt to go on, or the result; `moved`
+/// says whether it made progress (resets the backoff).
+template <typename Step>
+Status poll_until(Step&& step, Deadline deadline, const CancelToken* cancel, std::string_view who,
+                  std::string_view what) {
+  Backoff backoff;
+  for (;;) {
+    bool moved = false;
+    if (std::optional<Status> done = step(moved)) return *std::move(done);
+    KVS_RETURN_IF_ERROR(wait_verdict(deadline, cancel, who, what));
+    if (moved) backoff.reset();
+    else backoff.pause();
+  }
+}
+
+}  // namespace kvstream::transport
