@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "kvstream/kv_store.hpp"
+#include "kvstream/log.hpp"
 
 using namespace kvstream;
 
@@ -91,6 +92,17 @@ std::span<const Token> token_span(const int32_t* tokens, size_t n) { return {tok
 extern "C" {
 
 const char* kvs_last_error(void) { return g_last_error.c_str(); }
+
+void kvs_set_log_callback(kvs_log_fn fn, void* user) {
+  if (!fn) {
+    kvstream::set_log_sink({});
+    return;
+  }
+  kvstream::set_log_sink([fn, user](kvstream::LogLevel level, std::string_view message) {
+    const std::string text(message);  // the C side gets a terminated string
+    fn(int(level), text.c_str(), user);
+  });
+}
 
 const char* kvs_status_name(kvs_status code) {
   if (int(code) < 0 || int(code) > int(StatusCode::internal)) return "unknown";

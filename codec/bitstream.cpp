@@ -8,6 +8,7 @@
 #include "codec/layered_codec.hpp"
 #include "codec/layered_format.hpp"
 #include "codec/profile_impl.hpp"
+#include "codec/impl_access.hpp"
 
 namespace kvstream::codec {
 
@@ -131,7 +132,7 @@ Result<ChunkHeader> parse_header(std::span<const uint8_t> bytes, size_t* payload
 }
 
 Result<ChunkHeader> parse_header_for(const Profile& profile, std::span<const uint8_t> bytes, size_t* payload_offset) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   KVS_ASSIGN_OR_RETURN(ChunkHeader h, parse_header(bytes, payload_offset));
   if (h.info.profile_hash != p.hash)
     return make_status(StatusCode::invalid_argument,

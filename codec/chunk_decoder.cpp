@@ -13,6 +13,7 @@
 #include "codec/chunk_plan.hpp"
 #include "codec/decode_scratch.hpp"
 #include "codec/layered_codec.hpp"
+#include "codec/impl_access.hpp"
 
 namespace kvstream::codec {
 
@@ -163,7 +164,7 @@ Status decode_group(const ChunkContext& cx, uint32_t first, uint32_t count, Deco
 
 Result<ChunkContext> open_chunk(const Profile& profile, std::span<const uint8_t> bytes, const KvView& out,
                                 ChunkHeader& h) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   size_t off = 0;
   KVS_ASSIGN_OR_RETURN(h, parse_header_for(profile, bytes, &off));
   if (!(out.geometry() == p.geom))
@@ -189,8 +190,8 @@ Status decode_chunk(const Profile& profile, std::span<const uint8_t> bytes, cons
   KVS_ASSIGN_OR_RETURN(ChunkContext cx, open_chunk(profile, bytes, out, h));
   cx.h = &h;
   DecodeScratch local;
-  DecodeScratch::Impl& s = scratch ? scratch->impl() : local.impl();
-  const Profile::Impl& p = profile.impl();
+  DecodeScratch::Impl& s = scratch ? ScratchAccess::of(*scratch) : ScratchAccess::of(local);
+  const Profile::Impl& p = ProfileAccess::of(profile);
   const uint32_t n = p.geom.layers * p.geom.planes();
   for (uint32_t i = 0; i < n; i += kDecodeGroup) KVS_RETURN_IF_ERROR(decode_group(cx, i, std::min(kDecodeGroup, n - i), s));
   return {};
@@ -203,13 +204,13 @@ Status decode_chunk_parallel(const Profile& profile, std::span<const uint8_t> by
   ChunkHeader h;
   KVS_ASSIGN_OR_RETURN(ChunkContext cx, open_chunk(profile, bytes, out, h));
   cx.h = &h;
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   const uint32_t n = p.geom.layers * p.geom.planes();
   std::atomic<uint32_t> next{0};
   std::vector<Status> errors(threads);
   auto work = [&](unsigned id) {
     DecodeScratch scratch;
-    DecodeScratch::Impl& s = scratch.impl();
+    DecodeScratch::Impl& s = ScratchAccess::of(scratch);
     for (uint32_t i; (i = next.fetch_add(kDecodeGroup)) < n;) {
       Status st = decode_group(cx, i, std::min(kDecodeGroup, n - i), s);
       if (!st.ok() && errors[id].ok()) errors[id] = st;

@@ -8,6 +8,7 @@
 #include "codec/chunk_plan.hpp"
 #include "codec/klt.hpp"
 #include "codec/layered_codec.hpp"
+#include "codec/impl_access.hpp"
 
 namespace kvstream::codec {
 
@@ -76,7 +77,7 @@ Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level,
 }
 
 uint32_t recent_tokens_of(const Profile& profile, TokenRange chunk, uint64_t context_tokens) {
-  const uint64_t window = profile.impl().recent_tokens;
+  const uint64_t window = ProfileAccess::of(profile).recent_tokens;
   if (!window || chunk.end > context_tokens || chunk.begin >= chunk.end) return 0;
   // The chunk's tokens at or after context_tokens - window.
   const uint64_t from = context_tokens > window ? context_tokens - window : 0;
@@ -85,7 +86,7 @@ uint32_t recent_tokens_of(const Profile& profile, TokenRange chunk, uint64_t con
 
 Status encode_chunk(const Profile& profile, const KvView& chunk, uint32_t level, const EncodeOptions& options,
                     std::vector<uint8_t>& out) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   if (!(chunk.geometry() == p.geom))
     return make_status(StatusCode::invalid_argument, "chunk geometry does not match the codec profile");
   if (level >= p.levels.size())

@@ -13,6 +13,7 @@
 #include "codec/layered_codec.hpp"
 #include "codec/layered_format.hpp"
 #include "codec/layered_quant.hpp"
+#include "codec/impl_access.hpp"
 
 namespace kvstream::codec {
 
@@ -160,7 +161,7 @@ bool is_layered(std::span<const uint8_t> bytes) {
 
 Status decode_layered(const Profile& profile, std::span<const uint8_t> kept, std::span<const uint8_t> more,
                       const KvView& out, DecodeScratch* scratch, unsigned threads) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   KVS_ASSIGN_OR_RETURN(const LayeredHeader h, parse_layered_header(kept));
   if (h.info.profile_hash != p.hash)
     return make_status(StatusCode::invalid_argument,
@@ -189,7 +190,7 @@ Status decode_layered(const Profile& profile, std::span<const uint8_t> kept, std
   const uint32_t groups = h.grouping.groups;
   if (threads <= 1 || groups == 1) {
     DecodeScratch local;
-    DecodeScratch::Impl& s = scratch ? scratch->impl() : local.impl();
+    DecodeScratch::Impl& s = scratch ? ScratchAccess::of(*scratch) : ScratchAccess::of(local);
     for (uint32_t g = 0; g < groups; ++g) KVS_RETURN_IF_ERROR(decode_group(cx, g, s));
     return {};
   }
@@ -198,7 +199,7 @@ Status decode_layered(const Profile& profile, std::span<const uint8_t> kept, std
   auto work = [&](unsigned id) {
     DecodeScratch local;
     for (uint32_t g; (g = next.fetch_add(1)) < groups;) {
-      Status st = decode_group(cx, g, local.impl());
+      Status st = decode_group(cx, g, ScratchAccess::of(local));
       if (!st.ok() && errors[id].ok()) errors[id] = st;
     }
   };

@@ -12,6 +12,7 @@
 #include "codec/layered_codec.hpp"
 #include "codec/layered_format.hpp"
 #include "codec/layered_quant.hpp"
+#include "codec/impl_access.hpp"
 
 namespace kvstream::codec {
 
@@ -121,7 +122,7 @@ Status write_refinement(const Profile::Impl& p, const std::vector<PlaneCode>& co
 
 Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t level, const EncodeOptions& options,
                       std::vector<uint8_t>& out) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   const uint32_t T = uint32_t(chunk.tokens()), C = p.geom.channels(), n = uint32_t(p.levels.size());
   const size_t E = size_t(T) * C;
   // The recent rows: the chunk's last tokens among its context's last ones, which

@@ -6,6 +6,7 @@
 
 #include "kvstream/gpu.hpp"
 #include "kvstream/gpu_decoder.hpp"
+#include "kvstream/gpu_resources.hpp"
 
 #if KVSTREAM_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 #include "codec/chunk_plan.hpp"
 #include "codec/profile_impl.hpp"
 #include "gpu/cuda_kernels.hpp"
+#include "codec/impl_access.hpp"
 #endif
 
 namespace kvstream::gpu {
@@ -27,6 +29,7 @@ uint64_t GpuDecoder::output_bytes(const KvGeometry& g, uint64_t tokens, DType dt
 namespace {
 
 using codec::Profile;
+using codec::ProfileAccess;
 static_assert(detail::kProbBits == codec::PROB_BITS && detail::kLanes == codec::RANS_LANES);
 
 Status cuda_error(cudaError_t e, std::string_view what) {
@@ -40,101 +43,58 @@ Status cuda_error(cudaError_t e, std::string_view what) {
       return cuda_error(kvs_e_, what);                                \
   } while (0)
 
-// Device memory that grows on demand (contents are not kept across growth).
+// Device memory that grows on demand (contents are not kept across growth), over the
+// public DeviceBuffer, on the calling thread's current device (the decoder selects it).
 class DevBuf {
  public:
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (p_) cudaFree(p_);
-  }
   Status reserve(size_t n, std::string_view what) {
-    if (n <= cap_) return {};
-    if (p_) cudaFree(p_), p_ = nullptr, cap_ = 0;
-    KVS_CUDA(cudaMalloc(&p_, std::max<size_t>(n, 256)), fmt::format("cudaMalloc of {} bytes for {}", n, what));
-    cap_ = n;
+    if (n <= buf_.size() && buf_.data()) return {};
+    int device = 0;
+    KVS_CUDA(cudaGetDevice(&device), "cudaGetDevice");
+    buf_ = DeviceBuffer();  // free before allocating the larger one
+    auto b = DeviceBuffer::allocate(std::max<size_t>(n, 256), device);
+    if (!b.ok()) return b.status().with_context(fmt::format("device memory for {}", what));
+    buf_ = std::move(b).value();
     return {};
   }
   Status upload(const void* src, size_t n, std::string_view what) {
     KVS_RETURN_IF_ERROR(reserve(n, what));
-    if (n) KVS_CUDA(cudaMemcpy(p_, src, n, cudaMemcpyHostToDevice), fmt::format("upload of {}", what));
+    if (n) KVS_CUDA(cudaMemcpy(buf_.data(), src, n, cudaMemcpyHostToDevice), fmt::format("upload of {}", what));
     return {};
   }
   template <typename T>
   [[nodiscard]] T* as() const noexcept {
-    return static_cast<T*>(p_);
+    return static_cast<T*>(buf_.data());
   }
-  [[nodiscard]] size_t capacity() const noexcept { return cap_; }
 
  private:
-  void* p_ = nullptr;
-  size_t cap_ = 0;
+  DeviceBuffer buf_;
 };
 
-// Page-locked host memory (fast, truly asynchronous copies).
+// Page-locked host memory (fast, truly asynchronous copies) that grows on demand, over
+// the public PinnedHostMemory.
 class PinnedBuf {
  public:
-  PinnedBuf() = default;
-  PinnedBuf(const PinnedBuf&) = delete;
-  PinnedBuf& operator=(const PinnedBuf&) = delete;
-  ~PinnedBuf() {
-    if (p_) cudaFreeHost(p_);
-  }
   Status reserve(size_t n) {
-    if (n <= cap_) return {};
-    if (p_) cudaFreeHost(p_), p_ = nullptr, cap_ = 0;
+    if (n <= mem_.size() && mem_.data()) return {};
     const size_t want = std::max<size_t>(n + n / 4, 4096);  // some headroom: chunks vary in size
-    KVS_CUDA(cudaMallocHost(&p_, want), fmt::format("cudaMallocHost of {} bytes", want));
-    cap_ = want;
+    mem_ = PinnedHostMemory();
+    KVS_ASSIGN_OR_RETURN(mem_, PinnedHostMemory::allocate(want));
     return {};
   }
-  [[nodiscard]] uint8_t* data() const noexcept { return static_cast<uint8_t*>(p_); }
+  [[nodiscard]] uint8_t* data() const noexcept { return static_cast<uint8_t*>(mem_.data()); }
 
  private:
-  void* p_ = nullptr;
-  size_t cap_ = 0;
+  PinnedHostMemory mem_;
 };
 
-class Stream {
- public:
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (s_) cudaStreamDestroy(s_);
-  }
-  Status create() {
-    KVS_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate");
-    return {};
-  }
-  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
+cudaStream_t cuda_stream(const Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
+cudaEvent_t cuda_event(const Event& e) { return static_cast<cudaEvent_t>(e.handle()); }
 
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-class Event {
- public:
-  Event() = default;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() {
-    if (e_) cudaEventDestroy(e_);
-  }
-  Status create() {
-    KVS_CUDA(cudaEventCreate(&e_), "cudaEventCreate");
-    return {};
-  }
-  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
+// Milliseconds between two reached events; 0 when CUDA cannot tell (timings only).
 float elapsed(const Event& a, const Event& b) {
-  float ms = 0;
-  return cudaEventElapsedTime(&ms, a.get(), b.get()) == cudaSuccess ? ms : 0.0f;
+  auto ms = b.elapsed_ms(a);
+  return ms.ok() ? *ms : 0.0f;
 }
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -199,7 +159,7 @@ struct GpuDecoder::Impl {
 };
 
 Status GpuDecoder::Impl::init() {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   KVS_CUDA(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
   int optin = 0;
   KVS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
@@ -222,8 +182,10 @@ Status GpuDecoder::Impl::init() {
   }
   KVS_RETURN_IF_ERROR(transform_t.upload(ut.data(), ut.size() * 4, "profile transforms"));
   levels = std::vector<LevelState>(p.levels.size());
-  KVS_RETURN_IF_ERROR(own_stream.create());
-  for (Event& e : ev) KVS_RETURN_IF_ERROR(e.create());
+  KVS_ASSIGN_OR_RETURN(own_stream, Stream::create(device));
+  for (Event& e : ev) {
+    KVS_ASSIGN_OR_RETURN(e, Event::create(device));
+  }
   KVS_RETURN_IF_ERROR(err_host.reserve(4 * n_lp * 2));
   return {};
 }
@@ -231,7 +193,7 @@ Status GpuDecoder::Impl::init() {
 Status GpuDecoder::Impl::ensure_level(uint32_t level) {
   LevelState& ls = levels[level];
   if (ls.loaded) return {};
-  const Profile::Impl::Level& lv = profile.impl().levels[level];
+  const Profile::Impl::Level& lv = ProfileAccess::of(profile).levels[level];
   KVS_RETURN_IF_ERROR(ls.dec.upload(lv.rans->decode_table(), lv.rans->size() * codec::PROB_SCALE * 4,
                                     "rANS decode tables"));
   std::vector<uint8_t> tof(lv.table_of[codec::kRolePlain]);
@@ -245,7 +207,7 @@ Status GpuDecoder::Impl::ensure_level(uint32_t level) {
 // checks of decode_matrix() and of rans_decode() that need no decoding. Fills the
 // matrix and plane descriptors (offsets relative to the chunk's first byte).
 Status GpuDecoder::Impl::parse(std::span<const uint8_t> bytes, codec::ChunkHeader& h, size_t& off) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   KVS_ASSIGN_OR_RETURN(h, codec::parse_header_for(profile, bytes, &off));
   KVS_RETURN_IF_ERROR(codec::verify_payload(bytes, off));
 
@@ -350,7 +312,7 @@ Status GpuDecoder::Impl::parse(std::span<const uint8_t> bytes, codec::ChunkHeade
 
 Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint64_t out_bytes, DType dtype,
                                 cudaStream_t stream) {
-  const Profile::Impl& p = profile.impl();
+  const Profile::Impl& p = ProfileAccess::of(profile);
   if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
     return make_status(StatusCode::invalid_argument, "unknown output element type {}", int(dtype));
   KVS_CUDA(cudaSetDevice(device), "cudaSetDevice");
@@ -427,17 +389,17 @@ Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint6
   c.out = out;
   c.dtype = int(dtype);
 
-  KVS_CUDA(cudaEventRecord(ev[0].get(), stream), "cudaEventRecord");
+  KVS_CUDA(cudaEventRecord(cuda_event(ev[0]), stream), "cudaEventRecord");
   if (direct)
     KVS_CUDA(cudaMemcpyAsync(up, chunk.data(), chunk.size(), cudaMemcpyHostToDevice, stream),
              "chunk upload (page-locked)");
   KVS_CUDA(cudaMemcpyAsync(up + base, stage.data(), total - base, cudaMemcpyHostToDevice, stream), "chunk upload");
-  KVS_CUDA(cudaEventRecord(ev[1].get(), stream), "cudaEventRecord");
+  KVS_CUDA(cudaEventRecord(cuda_event(ev[1]), stream), "cudaEventRecord");
   if (const int e = detail::launch_rans(c, stream); e != 0) return cuda_error(cudaError_t(e), "rANS kernel launch");
-  KVS_CUDA(cudaEventRecord(ev[2].get(), stream), "cudaEventRecord");
+  KVS_CUDA(cudaEventRecord(cuda_event(ev[2]), stream), "cudaEventRecord");
   if (const int e = detail::launch_reconstruct(c, stream); e != 0)
     return cuda_error(cudaError_t(e), "reconstruction kernel launch");
-  KVS_CUDA(cudaEventRecord(ev[3].get(), stream), "cudaEventRecord");
+  KVS_CUDA(cudaEventRecord(cuda_event(ev[3]), stream), "cudaEventRecord");
   if (!mats.empty())
     KVS_CUDA(cudaMemcpyAsync(err_host.data(), c.mat_err, mats.size() * 4, cudaMemcpyDeviceToHost, stream),
              "error read-back");
@@ -459,48 +421,21 @@ Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint6
   return {};
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (p_) {
-    cudaSetDevice(device_);
-    cudaFree(p_);
-  }
-}
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_), device_(o.device_) { o.p_ = nullptr, o.n_ = 0; }
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    DeviceBuffer old(std::move(*this));
-    p_ = o.p_, n_ = o.n_, device_ = o.device_;
-    o.p_ = nullptr, o.n_ = 0;
-  }
-  return *this;
-}
-Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, int device) {
-  KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
-  (void)info;
-  KVS_CUDA(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
-  DeviceBuffer b;
-  b.device_ = device;
-  KVS_CUDA(cudaMalloc(&b.p_, std::max<uint64_t>(bytes, 1)), fmt::format("cudaMalloc of {} bytes", bytes));
-  b.n_ = bytes;
-  return b;
-}
-
 Result<CopyBandwidth> measure_h2d_bandwidth(uint64_t bytes, int reps, int device) {
   KVS_ASSIGN_OR_RETURN(DeviceBuffer dst, DeviceBuffer::allocate(bytes, device));
   PinnedBuf pinned;
   KVS_RETURN_IF_ERROR(pinned.reserve(bytes));
   std::vector<uint8_t> pageable(bytes, 1);
   std::memset(pinned.data(), 1, bytes);
-  Event a, b;
-  KVS_RETURN_IF_ERROR(a.create());
-  KVS_RETURN_IF_ERROR(b.create());
+  KVS_ASSIGN_OR_RETURN(Event a, Event::create(device));
+  KVS_ASSIGN_OR_RETURN(Event b, Event::create(device));
   auto best = [&](const void* src) -> Result<double> {
     float best_ms = 0;
     for (int r = 0; r < std::max(reps, 1) + 1; ++r) {  // first one warms up
-      KVS_CUDA(cudaEventRecord(a.get(), nullptr), "cudaEventRecord");
+      KVS_CUDA(cudaEventRecord(cuda_event(a), nullptr), "cudaEventRecord");
       KVS_CUDA(cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-      KVS_CUDA(cudaEventRecord(b.get(), nullptr), "cudaEventRecord");
-      KVS_CUDA(cudaEventSynchronize(b.get()), "cudaEventSynchronize");
+      KVS_CUDA(cudaEventRecord(cuda_event(b), nullptr), "cudaEventRecord");
+      KVS_CUDA(cudaEventSynchronize(cuda_event(b)), "cudaEventSynchronize");
       const float ms = elapsed(a, b);
       if (r > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
     }
@@ -556,7 +491,7 @@ Status GpuDecoder::decode_to_host(std::span<const uint8_t> chunk, const KvView& 
   Impl& s = *impl_;
   const uint64_t bytes = output_bytes(g, info.tokens, out.dtype());
   KVS_RETURN_IF_ERROR(s.out_host_path.reserve(bytes, "host-path output"));
-  KVS_RETURN_IF_ERROR(s.decode(chunk, s.out_host_path.as<void>(), bytes, out.dtype(), s.own_stream.get()));
+  KVS_RETURN_IF_ERROR(s.decode(chunk, s.out_host_path.as<void>(), bytes, out.dtype(), cuda_stream(s.own_stream)));
   std::vector<std::byte> host(bytes);
   KVS_CUDA(cudaMemcpy(host.data(), s.out_host_path.as<void>(), bytes, cudaMemcpyDeviceToHost), "output download");
   const uint32_t C = g.channels();
@@ -579,15 +514,6 @@ Status GpuDecoder::decode_to_host(std::span<const uint8_t> chunk, const KvView& 
 
 struct GpuDecoder::Impl {};
 
-DeviceBuffer::~DeviceBuffer() = default;
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_), device_(o.device_) { o.p_ = nullptr; }
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  p_ = o.p_, n_ = o.n_, device_ = o.device_, o.p_ = nullptr;
-  return *this;
-}
-Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t, int) {
-  return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
-}
 Result<CopyBandwidth> measure_h2d_bandwidth(uint64_t, int, int) {
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
 }

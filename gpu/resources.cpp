@@ -1,4 +1,5 @@
-// RAII wrappers of page-locked memory, streams and events (gpu_resources.hpp). Each
+// RAII wrappers of device memory, page-locked memory, streams and events
+// (gpu_resources.hpp). Each
 // factory asks probe_device() first, so that without a GPU every one fails with the
 // same clear reason (the CUDA error of the probe, logged once) instead of whatever
 // the particular call would have said.
@@ -43,6 +44,32 @@ Status use_device(int device) {
 }
 
 }  // namespace
+
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) {
+    cudaSetDevice(device_);
+    cudaFree(p_);
+  }
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_), device_(o.device_) { o.p_ = nullptr, o.n_ = 0; }
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    DeviceBuffer old(std::move(*this));
+    p_ = o.p_, n_ = o.n_, device_ = o.device_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, int device) {
+  KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
+  (void)info;
+  KVS_CUDA_OK(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  DeviceBuffer b;
+  b.device_ = device;
+  KVS_CUDA_OK(cudaMalloc(&b.p_, std::max<uint64_t>(bytes, 1)), fmt::format("cudaMalloc of {} bytes", bytes));
+  b.n_ = bytes;
+  return b;
+}
 
 void PinnedHostMemory::reset() noexcept {
   if (p_) {
@@ -173,6 +200,13 @@ namespace {
 Status no_cuda() { return make_status(StatusCode::unsupported, "kvstream was built without CUDA (KVSTREAM_WITH_CUDA)"); }
 }  // namespace
 
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_), device_(o.device_) { o.p_ = nullptr; }
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  p_ = o.p_, n_ = o.n_, device_ = o.device_, o.p_ = nullptr;
+  return *this;
+}
+Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t, int) { return no_cuda(); }
 void PinnedHostMemory::reset() noexcept { p_ = nullptr, n_ = 0, registered_ = false; }
 Result<PinnedHostMemory> PinnedHostMemory::allocate(size_t) { return no_cuda(); }
 Result<PinnedHostMemory> PinnedHostMemory::register_range(void*, size_t) { return no_cuda(); }

@@ -1,4 +1,5 @@
 #include "storage/protocol.hpp"
+#include "storage/wire_status.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -211,7 +212,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
 
 std::vector<std::byte> encode(const Response& r) {
   Writer w;
-  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(r.code)), w.put(uint8_t(0));
+  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(to_wire(r.code)), w.put(uint8_t(0));
   w.put(r.id), w.put(r.checksum), w.put(r.total);
   std::string msg = r.message.substr(0, kMaxMessageBytes);
   w.put_str16(msg);
@@ -230,10 +231,11 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   r.message = rd.get_str(n, kMaxMessageBytes);
   if (!rd.ok() || magic != kResponseMagic) return make_status(StatusCode::corrupt_data, "not a kvstream response");
   if (version != kVersion) return version_error("the storage node", version);
-  if (!op_valid(op) || code > uint8_t(StatusCode::internal))
+  auto api_code = from_wire(code);
+  if (!op_valid(op) || !api_code.ok())
     return make_status(StatusCode::corrupt_data, "response op {} code {}", op, code);
   r.op = Op(op);
-  r.code = StatusCode(code);
+  r.code = *api_code;
   if (r.op == Op::hello) rd.get_bytes(r.nonce.data(), r.nonce.size());
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed response header");
   if (r.total > kMaxChunkBytes) return make_status(StatusCode::corrupt_data, "response body of {} bytes", r.total);

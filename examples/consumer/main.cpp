@@ -1,10 +1,27 @@
 // Uses kvstream from its installed package: builds a GQA cache, scatters it into a
-// paged (vLLM-style) layout and gathers it back, and asks for a GPU.
+// paged (vLLM-style) layout and gathers it back, asks for a GPU, and calls into the
+// codec, the storage client, the pipeline and the front door, so that every library
+// of the package links (with the shared and with the static build).
+#include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
+#include <kvstream/codec.hpp>
 #include <kvstream/gpu.hpp>
 #include <kvstream/kv_model.hpp>
+#include <kvstream/kv_store.hpp>
+#include <kvstream/log.hpp>
+#include <kvstream/pipeline.hpp>
+#include <kvstream/storage.hpp>
+
+// Each call must fail cleanly with the code named: nothing here has a server or profile.
+static int expect_error(const kvstream::Status& s, kvstream::StatusCode want, const char* what) {
+  if (s.code() == want) return 0;
+  std::printf("%s: expected %s, got %s\n", what, std::string(kvstream::status_code_name(want)).c_str(),
+              s.to_string().c_str());
+  return 1;
+}
 
 int main() {
   const kvstream::KvGeometry g{2, 2, 4, 4, kvstream::AttentionKind::gqa};
@@ -32,8 +49,28 @@ int main() {
   for (uint32_t c = 0; c < g.channels(); ++c)
     if (back->at(1, 1, 5, c) != float(1 + 1 + 5 + c)) return std::printf("mismatch at channel %u\n", c), 1;
 
+  int bad = 0;
+  int log_lines = 0;
+  kvstream::set_log_sink([&](kvstream::LogLevel, std::string_view) { ++log_lines; });
+  const std::vector<uint8_t> junk(64, 0x5a);
+  bad += expect_error(kvstream::codec::Profile::load(junk).status(), kvstream::StatusCode::corrupt_data, "codec");
+  auto on = kvstream::pipeline::parse_decode_on("cpu");
+  if (!on.ok()) return std::printf("pipeline: %s\n", on.status().to_string().c_str()), 1;
+  kvstream::storage::ClientConfig cc;
+  cc.address = "127.0.0.1:1";  // nothing listens on port 1
+  cc.name_space = "consumer";
+  cc.secret = "a secret of at least sixteen bytes";
+  auto client = kvstream::storage::Client::connect(cc, kvstream::transport::deadline_in(std::chrono::seconds(5)), {});
+  if (client.ok()) return std::printf("storage: connected to port 1?\n"), 1;
+  kvstream::StoreConfig config;
+  bad += expect_error(kvstream::KvStore::open(config).status(), kvstream::StatusCode::invalid_argument, "store");
+  kvstream::set_log_sink({});
+  if (bad) return 1;
+
   auto gpu = kvstream::gpu::probe_device();
-  std::printf("consumer ok: paged round trip of %llu tokens; gpu: %s\n", (unsigned long long)back->tokens(),
-              gpu.ok() ? gpu->name.c_str() : gpu.status().to_string().c_str());
+  std::printf("consumer ok: paged round trip of %llu tokens; codec, storage (%s), pipeline and store answered; "
+              "%d log lines to the host's sink; gpu: %s\n",
+              (unsigned long long)back->tokens(), std::string(kvstream::status_code_name(client.status().code())).c_str(),
+              log_lines, gpu.ok() ? gpu->name.c_str() : gpu.status().to_string().c_str());
   return 0;
 }

@@ -41,9 +41,6 @@ struct LevelInfo {
   double distortion = -1;
 };
 
-/// Per-channel statistics that the profile builder needs (one per layer x plane x channel).
-struct ChannelStats;
-
 /// An immutable, hashed codec profile.
 class Profile {
  public:
@@ -91,10 +88,11 @@ class Profile {
   /// Errors: out_of_range (level), invalid_argument (distortion negative or not finite).
   Status set_level_quality(uint32_t level, double ppl_increase_pct, double kl_nats, double distortion = -1);
 
+  /// The profile's tables (defined inside the library).
   struct Impl;
-  [[nodiscard]] const Impl& impl() const noexcept { return *impl_; }
 
  private:
+  friend struct ProfileAccess;  // the encoder and decoders read the tables
   explicit Profile(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   friend class ProfileBuilder;
@@ -262,10 +260,11 @@ class DecodeScratch {
   ~DecodeScratch();
   DecodeScratch(DecodeScratch&&) noexcept;
   DecodeScratch& operator=(DecodeScratch&&) noexcept;
+  /// The scratch buffers (defined inside the library).
   struct Impl;
-  Impl& impl() { return *impl_; }
 
  private:
+  friend struct ScratchAccess;  // the decoders use the buffers
   std::unique_ptr<Impl> impl_;
 };
 

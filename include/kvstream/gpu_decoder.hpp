@@ -20,6 +20,7 @@
 #include "kvstream/codec.hpp"
 #include "kvstream/dtype.hpp"
 #include "kvstream/kv_model.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/status.hpp"
 
 namespace kvstream::gpu {
@@ -29,26 +30,6 @@ struct DecodeTimings {
   float upload_ms = 0;       ///< chunk bytes and descriptors, host -> device
   float entropy_ms = 0;      ///< rANS kernel
   float reconstruct_ms = 0;  ///< dequantize / KLT / RoPE / convert kernel
-};
-
-/// Owned device memory (cudaMalloc / cudaFree), e.g. for decode()'s output.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  /// Errors: unsupported/unavailable as GpuDecoder::create, resource_exhausted.
-  static Result<DeviceBuffer> allocate(uint64_t bytes, int device = 0);
-  [[nodiscard]] void* data() const noexcept { return p_; }
-  [[nodiscard]] uint64_t size() const noexcept { return n_; }
-
- private:
-  void* p_ = nullptr;
-  uint64_t n_ = 0;
-  int device_ = 0;
 };
 
 /// Host -> device copy bandwidth of `bytes` bytes (GB/s = 1e9 bytes/s, best of `reps`):
@@ -109,9 +90,8 @@ class GpuDecoder {
   /// Timings of the last successful decode.
   [[nodiscard]] DecodeTimings last_timings() const noexcept;
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit GpuDecoder(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

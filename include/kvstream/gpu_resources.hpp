@@ -1,4 +1,5 @@
-// RAII pieces of the GPU path: page-locked host memory, CUDA streams and events, and
+// RAII pieces of the GPU path: device memory, page-locked host memory, CUDA streams
+// and events, and
 // synchronous copies between host and device memory. What the pipeline's GPU decode
 // path (pipeline.hpp, PipelineConfig::decode) is made of, usable on their own by a
 // runtime that wants the same.
@@ -12,10 +13,33 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kvstream/status.hpp"
 
 namespace kvstream::gpu {
+
+/// Owned device memory (cudaMalloc / cudaFree) on one device, e.g. for
+/// GpuDecoder::decode's output.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  /// Allocates `bytes` (at least 1) on `device`. Errors: unsupported, unavailable
+  /// (see above), resource_exhausted.
+  static Result<DeviceBuffer> allocate(uint64_t bytes, int device = 0);
+  [[nodiscard]] void* data() const noexcept { return p_; }
+  [[nodiscard]] uint64_t size() const noexcept { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  uint64_t n_ = 0;
+  int device_ = 0;
+};
 
 /// Page-locked host memory: either allocated here (cudaHostAlloc, freed on
 /// destruction) or an existing range registered (cudaHostRegister, unregistered on

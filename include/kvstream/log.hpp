@@ -1,7 +1,9 @@
-// Library-wide logging controls. kvstream logs through spdlog under the logger name
-// "kvstream"; a runtime can lower or raise its level, or silence it.
+// Library-wide logging controls. kvstream logs through one logger ("kvstream",
+// spdlog inside) to stderr; a host can lower or raise its level, silence it, or take
+// every line itself by installing a sink (its own logger, a ring buffer, a test).
 #pragma once
 
+#include <functional>
 #include <string_view>
 
 #include "kvstream/status.hpp"
@@ -16,5 +18,19 @@ void set_log_level(LogLevel level) noexcept;
 
 /// Parses "trace", "debug", "info", "warn", "error" or "off".
 Result<LogLevel> parse_log_level(std::string_view name);
+
+/// "trace", "debug", "info", "warn", "error" or "off".
+std::string_view log_level_name(LogLevel level) noexcept;
+
+/// Receives each line kvstream logs at or above the level in force: its level and
+/// its text (without timestamp or prefix; the view is valid during the call only).
+/// It may be called from any kvstream thread, one call at a time, and must not log
+/// through kvstream itself.
+using LogSink = std::function<void(LogLevel level, std::string_view message)>;
+
+/// Sends kvstream's log to `sink` instead of stderr; an empty sink restores stderr.
+/// Takes effect for the next line logged by any thread. An exception thrown by the
+/// sink is swallowed (the library never lets one cross into its own threads).
+void set_log_sink(LogSink sink) noexcept;
 
 }  // namespace kvstream

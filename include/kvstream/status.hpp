@@ -16,7 +16,8 @@
 
 namespace kvstream {
 
-/// Why a call failed. Stable numeric values: they travel on the wire.
+/// Why a call failed. The storage protocol carries these as its own fixed numbers
+/// (storage/wire_status.hpp), so this enum is free to change.
 enum class StatusCode : uint8_t {
   ok = 0,
   invalid_argument = 1,   ///< the caller passed something the call cannot accept

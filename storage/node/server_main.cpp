@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node"};
   kvstream::storage::ServerConfig cfg;
   std::string secrets_file;
-  std::vector<std::string> sets;
+  std::vector<std::string> sets, transport_sets;
   bool describe = false;
   auto shared = kvstream::StoreConfig::from_env();
   if (!shared.ok()) return fmt::print(stderr, "kvstream-server: {}\n", shared.status().to_string()), 1;
@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   auto* backend = app.add_option("--backend", cfg.backend.name, "tcp, ucx or libfabric (default: storage.backend)");
   app.add_option("--set", sets, "a shared setting, name=value (repeatable; see --describe)");
   app.add_flag("--describe", describe, "list the shared settings with their values and defaults, then exit");
+  app.add_option("--transport", transport_sets,
+                 "a transport backend setting, name=value (repeatable; e.g. tcp.queue_depth=128; see --describe)");
   app.add_option("--ucx-tls", cfg.backend.ucx.tls, "UCX transports (UCX_TLS)");
   app.add_option("--ofi-provider", cfg.backend.libfabric.provider, "libfabric provider")->capture_default_str();
   app.add_option("--dir", cfg.directory, "storage directory (required)");
@@ -61,7 +63,10 @@ int main(int argc, char** argv) {
   for (const auto& s : sets)
     if (auto st = shared->set(s); !st.ok())
       return fmt::print(stderr, "kvstream-server: --set {}: {}\n", s, st.to_string()), 1;
-  if (describe) return fmt::print("{}", shared->describe()), 0;
+  for (const auto& s : transport_sets)
+    if (auto st = cfg.backend.set(s); !st.ok())
+      return fmt::print(stderr, "kvstream-server: --transport {}: {}\n", s, st.to_string()), 1;
+  if (describe) return fmt::print("{}\ntransport settings (--transport):\n{}", shared->describe(), cfg.backend.describe()), 0;
   if (cfg.directory.empty()) return fmt::print(stderr, "kvstream-server: --dir is required\n"), 1;
   if (auto st = shared->apply_log_level(); !st.ok())
     return fmt::print(stderr, "kvstream-server: {}\n", st.to_string()), 1;

@@ -85,6 +85,13 @@ static void stop_server(void) {
   }
 }
 
+/* The host's log callback: counts lines and checks each is a terminated string. */
+static int log_lines = 0, log_bad = 0;
+static void on_log(int level, const char* message, void* user) {
+  if (level < 0 || level > 4 || message == NULL || user != &log_lines) ++log_bad;
+  ++log_lines;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s <kvstream-server> <codec profile>\n", argv[0]);
@@ -102,6 +109,8 @@ int main(int argc, char** argv) {
     stop_server();
     return 1;
   }
+
+  kvs_set_log_callback(on_log, &log_lines);
 
   /* Configuration: errors name what is wrong. */
   kvs_config* cfg = kvs_config_new();
@@ -241,6 +250,9 @@ int main(int argc, char** argv) {
 
   kvs_store_close(store);
   kvs_config_free(cfg);
+  /* Opening the store logs its transport at info level: the callback saw it. */
+  CHECK(log_lines > 0 && log_bad == 0);
+  kvs_set_log_callback(NULL, NULL);
   for (uint32_t l = 0; l < g.layers; ++l) free(layers[l]);
   free(layers);
   free(kv);

@@ -24,6 +24,7 @@
 #include "kvstream/gpu_decoder.hpp"
 #include "kvstream/kv_model.hpp"
 #include "kvstream/log.hpp"
+#include "codec/impl_access.hpp"
 
 namespace kvstream::gpu {
 namespace {
@@ -215,7 +216,7 @@ TEST(GpuDecoder, OutputBytes) {
 TEST(GpuDecoder, TestDataCoversEveryPath) {
   bool klt = false, anchor = false, identity = false, rope_il = false, rope_half = false;
   for (const Case& cs : cases()) {
-    const auto& p = profile_of(cs).impl();
+    const auto& p = codec::ProfileAccess::of(profile_of(cs));
     for (uint32_t l = 0; l < p.geom.layers; ++l)
       for (uint32_t pl = 0; pl < p.geom.planes(); ++pl) {
         const uint32_t b = p.block_of(size_t(l) * p.geom.planes() + pl);

@@ -92,6 +92,13 @@ const char* kvs_last_error(void);
 /* Lower-case name of a status code ("not_found"). */
 const char* kvs_status_name(kvs_status code);
 
+/* Receives each line kvstream logs: level 0 trace, 1 debug, 2 info, 3 warn, 4 error;
+ * the message is valid during the call only. Called from any kvstream thread, one call
+ * at a time; it must not call back into kvstream. */
+typedef void (*kvs_log_fn)(int level, const char* message, void* user);
+/* Sends kvstream's log to `fn` (with `user`) instead of stderr; NULL restores stderr. */
+void kvs_set_log_callback(kvs_log_fn fn, void* user);
+
 /* A configuration with every default (see kvs_config_describe). NULL when out of memory. */
 kvs_config* kvs_config_new(void);
 void kvs_config_free(kvs_config* config);

@@ -1,0 +1,72 @@
+// A host takes kvstream's log through a sink: every line, with its level, and only
+// those at or above the level in force.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+#include "kvstream/log.hpp"
+
+namespace {
+
+struct Captured {
+  std::vector<std::pair<kvstream::LogLevel, std::string>> lines;
+};
+
+// Installs a capturing sink for one test and restores stderr and the level after it.
+class LogSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    kvstream::set_log_sink([this](kvstream::LogLevel l, std::string_view m) { cap_.lines.emplace_back(l, m); });
+  }
+  void TearDown() override {
+    kvstream::set_log_sink({});
+    kvstream::set_log_level(kvstream::LogLevel::info);
+  }
+  Captured cap_;
+};
+
+}  // namespace
+
+TEST_F(LogSinkTest, ReceivesLinesWithTheirLevel) {
+  kvstream::set_log_level(kvstream::LogLevel::debug);
+  KVS_LOG_DEBUG("debug {}", 1);
+  KVS_LOG_ERROR("error {}", 2);
+  ASSERT_EQ(cap_.lines.size(), 2u);
+  EXPECT_EQ(cap_.lines[0].first, kvstream::LogLevel::debug);
+  EXPECT_EQ(cap_.lines[0].second, "debug 1");
+  EXPECT_EQ(cap_.lines[1].first, kvstream::LogLevel::error);
+  EXPECT_EQ(cap_.lines[1].second, "error 2");
+}
+
+TEST_F(LogSinkTest, LevelFiltersBeforeTheSink) {
+  kvstream::set_log_level(kvstream::LogLevel::warn);
+  KVS_LOG_INFO("dropped");
+  KVS_LOG_WARN("kept");
+  ASSERT_EQ(cap_.lines.size(), 1u);
+  EXPECT_EQ(cap_.lines[0].second, "kept");
+}
+
+TEST_F(LogSinkTest, ErrorsReturnedThroughLogErrorAreLoggedOnce) {
+  auto s = kvstream::detail::log_error(kvstream::make_status(kvstream::StatusCode::not_found, "no chunk {}", 7));
+  EXPECT_EQ(s.code(), kvstream::StatusCode::not_found);
+  ASSERT_EQ(cap_.lines.size(), 1u);
+  EXPECT_EQ(cap_.lines[0].first, kvstream::LogLevel::warn);
+  EXPECT_NE(cap_.lines[0].second.find("no chunk 7"), std::string::npos);
+}
+
+TEST_F(LogSinkTest, ASinkThatThrowsDoesNotEscape) {
+  kvstream::set_log_sink([](kvstream::LogLevel, std::string_view) { throw 42; });
+  EXPECT_NO_THROW(KVS_LOG_ERROR("into a throwing sink"));
+}
+
+TEST(LogLevel, NamesRoundTrip) {
+  for (auto l : {kvstream::LogLevel::trace, kvstream::LogLevel::debug, kvstream::LogLevel::info,
+                 kvstream::LogLevel::warn, kvstream::LogLevel::error, kvstream::LogLevel::off}) {
+    auto parsed = kvstream::parse_log_level(kvstream::log_level_name(l));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, l);
+  }
+}
