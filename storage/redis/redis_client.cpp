@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "core/log.hpp"
+#include "transport/common/address.hpp"
 #include "transport/common/registration.hpp"
 #include "storage/protocol.hpp"
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
+#include "transport/backends.hpp"
 #include "transport/common/address.hpp"
 #include "transport/common/registration.hpp"
 #include "transport/tcp/tcp_backend.hpp"

@@ -10,6 +10,7 @@
 
 #include "kvstream/transport.hpp"
 #include "tests/transport/transport_test_util.hpp"
+#include "transport/ucx/ucx_wire.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -69,6 +70,21 @@ void round_trips(const std::string& tls, const std::string& expect_tl) {
     ASSERT_TRUE(sb.ok()) << sb.to_string();
     if (n) EXPECT_EQ(std::memcmp(rbuf.data(), body.data(), n), 0) << n;
   }
+}
+
+// The wire tag: kind in the top 8 bits, then the receiver's 24-bit rx id, then the
+// 32-bit sequence; every field comes back out, and rx ids are cut to their field.
+TEST(ucx, TagLayoutPutsKindFirst) {
+  using namespace kvstream::transport::ucx_detail;
+  const uint64_t t = make_tag(0xabcdef, kBodyKind, 0x12345678);
+  EXPECT_EQ(t, (kBodyKind << 56) | (uint64_t(0xabcdef) << 32) | 0x12345678u);
+  const TagFields f = Tag::unpack(t);
+  EXPECT_EQ(f.kind, kBodyKind);
+  EXPECT_EQ(f.conn, 0xabcdefu);
+  EXPECT_EQ(f.seq, 0x12345678u);
+  EXPECT_EQ(kRxIdMask, 0xffffffu);
+  EXPECT_EQ(make_tag(0x1abcdef, kHeaderKind, 0), make_tag(0xabcdef, kHeaderKind, 0));
+  EXPECT_NE(make_tag(1, kHeaderKind, 7), make_tag(1, kBodyKind, 7));
 }
 
 TEST(ucx, TcpRoundTrips) {

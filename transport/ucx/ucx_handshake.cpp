@@ -1,0 +1,154 @@
+// Connection setup: an endpoint, the connection's receive tag space (rx id), and the
+// hello exchange that tells each side the other's rx id and whether it accepts
+// inline bodies. The hello is an active message: its handler learns the sending
+// endpoint from reply_ep, which is how the two ends pair up (UCP tag matching is per
+// worker, not per endpoint).
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "transport/ucx/ucx_connection.hpp"
+
+namespace kvstream::transport::ucx_detail {
+
+namespace {
+
+ucs_status_t hello_cb(void* arg, const void* /*header*/, size_t /*header_length*/, void* data, size_t length,
+                      const ucp_am_recv_param_t* param) {
+  auto* e = static_cast<Engine*>(arg);
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || length < 8 ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+    return UCS_OK;
+  uint32_t msg[kHelloWords] = {0, 0, 0};
+  std::memcpy(msg, data, std::min(length, sizeof msg));
+  auto it = e->by_ep.find(param->reply_ep);
+  if (msg[0] != kHelloMagic || it == e->by_ep.end()) {
+    KVS_LOG_WARN("ucx: ignoring an unexpected hello message");
+    return UCS_OK;
+  }
+  it->second->peer_rx_id = msg[1];
+  it->second->peer_inline_ok = (msg[2] & kHelloInlineOk) != 0;
+  it->second->hello = true;
+  return UCS_OK;
+}
+
+/// An rx id no live connection, nor one in the graveyard (whose receives may still be
+/// posted under it), uses. Requires mu.
+uint32_t alloc_rx_id(Engine& e) {
+  for (;;) {
+    const uint32_t id = e.next_rx_id++ & kRxIdMask;
+    if (id == 0) continue;
+    bool used = false;
+    for (auto* c : e.conns) used |= c->rx_id == id;
+    for (const auto& c : e.graveyard) used |= c->rx_id == id;
+    if (!used) return id;
+  }
+}
+
+/// The transports the endpoint's lanes use ("shm,tcp"), for describe().
+std::string ep_transports(ucp_ep_h ep) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (!f) return "?";
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string text(buf, len);
+  std::free(buf);
+  // Lane lines look like "lane[0]:  1:tcp/lo.0 md[1] ..."; collect the transport names.
+  std::vector<std::string> tls;
+  size_t pos = 0;
+  while ((pos = text.find("lane[", pos)) != std::string::npos) {
+    const size_t eol = text.find('\n', pos);
+    const std::string line = text.substr(pos, eol == std::string::npos ? std::string::npos : eol - pos);
+    pos = eol == std::string::npos ? text.size() : eol;
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    size_t b = slash;
+    while (b > 0 && (std::isalnum(static_cast<unsigned char>(line[b - 1])) || line[b - 1] == '_')) --b;
+    const std::string tl = line.substr(b, slash - b);
+    if (!tl.empty() && std::find(tls.begin(), tls.end(), tl) == tls.end()) tls.push_back(tl);
+  }
+  return tls.empty() ? std::string("?") : fmt::format("{}", fmt::join(tls, ","));
+}
+
+/// Creates the endpoint, posts the header receives and sends the hello. Requires mu.
+Status start_locked(Engine& e, ConnState& cs, ucp_ep_params_t params) {
+  cs.rx_id = alloc_rx_id(e);
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.err_mode = e.peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_handler.cb = ep_error_cb;
+  params.err_handler.arg = &cs;
+  const ucs_status_t st = ucp_ep_create(e.worker, &params, &cs.ep);
+  if (st != UCS_OK)
+    return make_status(StatusCode::unavailable, "ucx: cannot create an endpoint to {}: {}", cs.peer,
+                       ucs_status_string(st));
+  e.by_ep[cs.ep] = &cs;
+  e.conns.insert(&cs);
+  repost_headers(e, cs);
+  cs.hello_out[1] = cs.rx_id;
+  // Inline bodies are copied with memcpy: only where no side can hold cuda bodies.
+  cs.hello_out[2] = e.ctx->cuda ? 0 : kHelloInlineOk;
+  cs.hello_op.arm();
+  ucp_request_param_t p = send_param(cs.hello_op);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  cs.hello_op.track(ucp_am_send_nbx(cs.ep, kHelloAmId, nullptr, 0, cs.hello_out, sizeof cs.hello_out, &p));
+  return {};
+}
+
+}  // namespace
+
+Status set_hello_handler(Engine& e) {
+  ucp_am_handler_param_t am{};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.id = kHelloAmId;
+  am.cb = &hello_cb;
+  am.arg = &e;
+  const ucs_status_t st = ucp_worker_set_am_recv_handler(e.worker, &am);
+  if (st != UCS_OK)
+    return make_status(StatusCode::unavailable, "ucx: ucp_worker_set_am_recv_handler: {}", ucs_status_string(st));
+  return {};
+}
+
+Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
+                                              std::string peer, Deadline deadline, const CancelToken* cancel) {
+  Engine& e = *eng;
+  auto cs = std::make_shared<ConnState>();
+  cs->peer = std::move(peer);
+  cs->who = "ucx " + cs->peer;
+  {
+    std::lock_guard lk(e.mu);
+    KVS_RETURN_IF_ERROR(start_locked(e, *cs, params));
+  }
+  Status s = e.wait(
+      [&]() -> std::optional<Status> {
+        if (cs->failed) return cs->failure();
+        if (cs->hello_op.done && cs->hello_op.status != UCS_OK)
+          return make_status(StatusCode::unavailable, "ucx: handshake with {} failed: {}", cs->peer,
+                             ucs_status_string(cs->hello_op.status));
+        if (cs->hello && cs->hello_op.done) return Status{};
+        return std::nullopt;
+      },
+      deadline, cancel, cs->who, "connection setup");
+  if (!s.ok()) {
+    {
+      std::lock_guard lk(e.mu);
+      cs->fail(s.message());  // force close: the peer may be absent
+    }
+    close_conn(e, cs);
+    return s;
+  }
+  {
+    std::lock_guard lk(e.mu);
+    cs->hello_op.release();
+    cs->tls = ep_transports(cs->ep);
+  }
+  KVS_LOG_INFO("ucx: connected to {} over {} ({})", cs->peer, cs->tls, e.ctx->provider);
+  return std::unique_ptr<Connection>(std::make_unique<UcxConnection>(eng, std::move(cs)));
+}
+
+}  // namespace kvstream::transport::ucx_detail
