@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
+#include "transport/backends.hpp"
 #include "transport/common/address.hpp"
 #include "transport/common/registration.hpp"
-#include "transport/tcp/tcp_backend.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
