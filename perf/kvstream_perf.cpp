@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -255,6 +257,10 @@ int main(int argc, char** argv) {
   app.add_flag("!--ucx-no-peer-errors", o.backend.ucx.peer_errors,
                "UCX without peer error handling (lets shared memory use cma; a crashed peer shows as a timeout)");
   app.add_option("--ofi-provider", o.backend.libfabric.provider, "libfabric provider")->capture_default_str();
+  std::vector<std::string> settings;
+  app.add_option("--transport", settings,
+                 "a backend setting as name=value, applied after the options above (e.g. tcp.send_zc=true, "
+                 "tcp.socket_buffer_bytes=4194304); repeatable. --transport help lists them");
   app.add_option("--memory", o.backend.memory, "host or cuda")
       ->transform(CLI::CheckedTransformer(std::map<std::string, MemoryType>{{"host", MemoryType::host},
                                                                           {"cuda", MemoryType::cuda}}));
@@ -271,6 +277,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--json", o.json, "write the rows as JSON");
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& a : settings) {
+    if (a == "help") return fmt::print("{}", o.backend.describe()), 0;
+    if (Status st = o.backend.set(a); !st.ok())
+      return fmt::print(stderr, "kvstream-perf: --transport {}: {}\n", a, st.to_string()), 2;
+  }
   if (o.only_block > o.max_block) o.max_block = o.only_block;
   if (o.server) return run_server(o);
   if (o.client.empty()) return fmt::print(stderr, "kvstream-perf: give --server or --client HOST\n"), 2;

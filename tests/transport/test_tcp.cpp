@@ -1,6 +1,6 @@
 // tcp backend specifics: framing checks against a raw (malformed) peer, partial
-// messages and stalls, the zero-copy send path, and an opt-in throughput check
-// (KVSTREAM_TCP_PERF=1).
+// messages and stalls, and the zero-copy send path. Throughput is kvstream-perf's
+// (docs/wire-tcp.md has the commands).
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -18,7 +17,6 @@
 #include "transport/backends.hpp"
 #include "transport/common/address.hpp"
 #include "transport/common/registration.hpp"
-#include "transport/tcp/tcp_backend.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
@@ -495,62 +493,4 @@ TEST(tcp, DestroyingAConnectionWithPostedSendsReturnsPromptly) {
   s.server.reset();  // takes the sends back from the kernel before buf goes away
   EXPECT_LT(Clock::now() - t0, 3s);
   EXPECT_TRUE(s.peer.sees_close(5000ms));
-}
-
-// Opt-in: KVSTREAM_TCP_PERF=1 prints 1 MiB message throughput over loopback
-// (KVSTREAM_TCP_PERF_ZC=1 for the zero-copy send path, KVSTREAM_TCP_PERF_CONNS=N,
-// KVSTREAM_TCP_PERF_BATCH=N to post N messages per wait_sends instead of send).
-TEST(tcp, ThroughputOneMiBMessages) {
-  if (!std::getenv("KVSTREAM_TCP_PERF")) GTEST_SKIP() << "set KVSTREAM_TCP_PERF=1 to run";
-  kvstream::transport::TcpSettings opt;
-  opt.send_zc = std::getenv("KVSTREAM_TCP_PERF_ZC") != nullptr;
-  if (const char* sb = std::getenv("KVSTREAM_TCP_PERF_SOCKBUF")) opt.socket_buffer_bytes = uint32_t(std::atoi(sb));
-  const int batch = std::getenv("KVSTREAM_TCP_PERF_BATCH") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_BATCH")) : 0;
-  const int conns = std::getenv("KVSTREAM_TCP_PERF_CONNS") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_CONNS")) : 1;
-  const size_t n = size_t(1) << 20;
-  const auto run_for = std::chrono::seconds(std::getenv("KVSTREAM_TCP_PERF_SECS") ? std::atoi(std::getenv("KVSTREAM_TCP_PERF_SECS")) : 5);
-  std::vector<std::unique_ptr<Pair>> pairs;
-  for (int i = 0; i < conns; ++i) {
-    pairs.push_back(std::make_unique<Pair>());
-    make_pair(*pairs.back(), opt);
-  }
-  std::atomic<uint64_t> bytes{0};
-  std::vector<std::thread> threads;
-  const auto t0 = Clock::now();
-  for (auto& pp : pairs) {
-    Pair* p = pp.get();
-    threads.emplace_back([p, n, t0, run_for, batch] {
-      std::vector<std::byte> buf(n, std::byte(1));
-      auto mr = p->b->register_memory(buf.data(), n, MemoryType::host);
-      const std::byte h[8] = {};
-      while (Clock::now() - t0 < run_for) {
-        if (batch <= 0) {
-          if (!p->client->send(h, mr->span(0, n), deadline_in(10s), {}).ok()) break;
-          continue;
-        }
-        uint64_t last = 0;
-        for (int i = 0; i < batch; ++i) last = p->client->post_send(h, mr->span(0, n)).value_or(0);
-        if (last == 0 || !p->client->wait_sends(last, deadline_in(10s), {}).ok()) break;
-      }
-      const std::byte stop[1] = {std::byte(9)};
-      (void)p->client->send(stop, {}, deadline_in(10s), {});
-    });
-    threads.emplace_back([p, n, &bytes] {
-      std::vector<std::byte> buf(n);
-      auto mr = p->a->register_memory(buf.data(), n, MemoryType::host);
-      std::vector<std::byte> h;
-      for (;;) {
-        auto len = p->server->recv_header(h, deadline_in(10s), {});
-        if (!len.ok() || *len == 0) break;
-        if (!p->server->recv_body(mr->span(0, *len), deadline_in(10s), {}).ok()) break;
-        bytes += *len;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double gbit = double(bytes.load()) * 8 / secs / 1e9;
-  std::printf("tcp throughput: %d connection(s), 1 MiB messages, batch=%d, send_zc=%d, sockbuf=%d: %.2f Gbit/s\n",
-              conns, batch, int(opt.send_zc), opt.socket_buffer_bytes, gbit);
-  EXPECT_GT(bytes.load(), 0u);
 }

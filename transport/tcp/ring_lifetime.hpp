@@ -22,7 +22,7 @@ extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
 #endif
 
-namespace kvstream::transport {
+namespace kvstream::transport::tcp {
 
 #ifdef KVS_TSAN_RINGS
 inline char ring_lifetime_token;
@@ -35,4 +35,4 @@ inline void note_ring_mapped() {}
 inline void note_ring_unmapped() {}
 #endif
 
-}  // namespace kvstream::transport
+}  // namespace kvstream::transport::tcp

@@ -1,0 +1,91 @@
+// What both directions of a tcp connection share: setup, connect, the broken state.
+#include "transport/tcp/tcp_connection.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "core/log.hpp"
+#include "transport/common/address.hpp"
+#include "transport/tcp/tcp_socket.hpp"
+
+namespace kvstream::transport::tcp {
+
+TcpConnection::TcpConnection(int fd, std::string peer, const TcpSettings& opt)
+    : fd_(fd), peer_(std::move(peer)), who_("tcp " + peer_), opt_(opt) {
+  rx_buf_.resize(kTcpRxBufferBytes);
+}
+
+TcpConnection::~TcpConnection() {
+  // Posted messages nobody waited for: take them back from the kernel first.
+  if (tx_ops_ > 0 || !tx_notif_.empty()) tx_abort();
+  if (fd_ >= 0) close(fd_);
+}
+
+Status TcpConnection::init(unsigned depth) {
+  KVS_RETURN_IF_ERROR(tx_.init(depth, /*coop=*/false));
+  return rx_.init(depth);
+}
+
+Status TcpConnection::connect_to(const sockaddr_storage& addr, Deadline deadline, const CancelToken& cancel) {
+  std::lock_guard lock(tx_mu_);
+  io_uring_sqe* s = tx_.sqe();
+  const uint64_t id = tx_.next_id();
+  io_uring_prep_connect(s, fd_, reinterpret_cast<const sockaddr*>(&addr), sockaddr_len(addr));
+  io_uring_sqe_set_data64(s, id);
+  int res = 0;
+  bool got = false;
+  Status st = await_op(tx_, fd_, id, deadline, cancel, res, got);
+  if (!st.ok()) return st.with_context(fmt::format("tcp: connecting to {}", peer_));
+  if (res < 0) return make_status(code_for_errno(-res), "tcp: cannot connect to {}: {}", peer_, errno_text(-res));
+  return {};
+}
+
+std::string TcpConnection::describe() const {
+  return fmt::format("tcp {} (io_uring{})", peer_, opt_.send_zc ? ", send_zc" : "");
+}
+
+Status TcpConnection::check_usable() {
+  if (!broken_.load(std::memory_order_acquire)) return {};
+  std::lock_guard lock(broken_mu_);
+  return make_status(StatusCode::unavailable, "tcp connection to {} is closed after an earlier error: {}", peer_,
+                     broken_why_);
+}
+
+Status TcpConnection::fail(Status why) {
+  {
+    std::lock_guard lock(broken_mu_);
+    if (!broken_.load(std::memory_order_relaxed)) broken_why_ = why.to_string();
+    broken_.store(true, std::memory_order_release);
+  }
+  shutdown(fd_, SHUT_RDWR);
+  if (why.code() == StatusCode::timed_out || why.code() == StatusCode::cancelled) {
+    KVS_LOG_DEBUG("{}", why.to_string());
+    return why;
+  }
+  return detail::log_error(std::move(why));
+}
+
+Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, const TcpSettings& opt, unsigned depth,
+                                                Deadline deadline, const CancelToken& cancel) {
+  auto resolved = resolve_address("tcp", address, false);
+  if (!resolved.ok()) return detail::log_error(resolved.status());
+  const std::vector<sockaddr_storage>& addrs = *resolved;
+  Status last;
+  for (const sockaddr_storage& a : addrs) {
+    const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = make_status(StatusCode::io_error, "tcp connect to {}: socket: {}", address, errno_text(errno));
+      continue;
+    }
+    configure_socket(fd, opt);
+    auto conn = std::make_unique<TcpConnection>(fd, format_address(a), opt);
+    if (Status st = conn->init(depth); !st.ok()) return detail::log_error(st);
+    last = conn->connect_to(a, deadline, cancel);
+    if (last.ok()) return std::unique_ptr<Connection>(std::move(conn));
+    if (last.code() == StatusCode::timed_out || last.code() == StatusCode::cancelled) break;
+  }
+  return detail::log_error(last);
+}
+
+}  // namespace kvstream::transport::tcp

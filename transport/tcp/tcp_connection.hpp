@@ -1,0 +1,140 @@
+// One tcp connection: framed messages (tcp_framing.hpp) over a socket, driven by
+// io_uring.
+//
+// Each connection owns two rings (one for sends, one for receives) so that one
+// thread may send while another receives without the two stealing each other's
+// completions; a mutex per direction serialises callers of the same direction.
+// The send side is tcp_send.cpp, the receive side tcp_receive.cpp; this header's
+// .cpp has what both share (setup, connect, the broken state).
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvstream/transport.hpp"
+#include "transport/tcp/tcp_framing.hpp"
+#include "transport/tcp/tcp_ring.hpp"
+
+namespace kvstream::transport::tcp {
+
+/// Internal receive buffer: prefix and header reads are batched through it (many
+/// small messages per recv). Body bytes that arrive with a header are copied out of
+/// it (at most this much per message); the rest of a body is received straight
+/// into the caller's memory.
+inline constexpr size_t kTcpRxBufferBytes = 32 * 1024;
+
+class TcpConnection final : public Connection {
+ public:
+  /// Takes `fd` (a socket, connected or not); `peer` names the other side in errors.
+  TcpConnection(int fd, std::string peer, const TcpSettings& opt);
+  ~TcpConnection() override;
+
+  /// Sets up both rings of `depth` entries. Errors: unavailable.
+  Status init(unsigned depth);
+
+  /// Connects the (not yet connected) socket to `addr` through the send ring.
+  Status connect_to(const sockaddr_storage& addr, Deadline deadline, const CancelToken& cancel);
+
+  Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
+  Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
+  Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override;
+  Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override;
+
+  [[nodiscard]] std::string peer_address() const override { return peer_; }
+  [[nodiscard]] std::string describe() const override;
+
+ private:
+  /// One posted message: its prefix and header (copied), where its bytes are and
+  /// what of it the kernel still holds.
+  struct TxMsg {
+    uint64_t seq = 0;
+    std::array<std::byte, kTcpPrefixBytes + kMaxHeaderBytes> head{};
+    iovec iov[2]{};
+    int iov_count = 0, first = 0;
+    msghdr msg{};
+    uint64_t total = 0, left = 0;
+    uint64_t op = 0;  ///< id of its SENDMSG in the kernel, 0 when none
+    int notifs = 0;   ///< zero-copy notifications still to come
+    bool zc = false;
+  };
+
+  // ---- both directions (tcp_connection.cpp) ----
+
+  /// unavailable once the connection was closed by an earlier error.
+  Status check_usable();
+  /// Marks the connection broken, shuts the socket down (the peer sees the close,
+  /// the other direction's call ends) and returns `why` (logged unless it is a
+  /// deadline or cancel, which the caller asked for).
+  Status fail(Status why);
+
+  // ---- the send pipeline, all under tx_mu_ (tcp_send.cpp) ----
+
+  Status check_send_args(std::span<const std::byte> header, std::span<const std::byte> body) const;
+  /// Queues one message (arguments already checked) and starts it when no chain is busy.
+  Result<uint64_t> post_locked(std::span<const std::byte> header, std::span<const std::byte> body);
+  /// Waits until every message up to `seq` is handed to the socket.
+  Status wait_locked(uint64_t seq, Deadline deadline, const CancelToken& cancel);
+  /// Reaps the completions that are there, retires finished messages and submits
+  /// the next chain when none is in flight. Returns the first send error.
+  Status tx_pump();
+  /// Accounts one completion of the send ring.
+  void tx_complete(const Completion& c);
+  /// Submits the unsent messages (from the first one with bytes left) as one chain.
+  Status tx_submit_chain();
+  /// Cancels what the kernel still holds of posted messages, reaps it (so nothing
+  /// reads caller memory afterwards) and drops every unfinished message. When the
+  /// kernel does not let go within a second, the socket is shut down.
+  void tx_abort();
+  /// tx_abort, then fail() with `why` and how many posted messages were lost.
+  Status tx_abort_and_fail(Status why);
+
+  // ---- the receive side, all under rx_mu_ (tcp_receive.cpp) ----
+
+  /// Reads until rx_buf_ holds at least `need` unread bytes (need <= buffer size).
+  Status fill(size_t need, Deadline deadline, const CancelToken& cancel);
+
+  const int fd_;
+  const std::string peer_;
+  const std::string who_;  ///< "tcp <peer>": names this connection in wait verdicts
+  const TcpSettings opt_;
+
+  std::atomic<bool> broken_{false};
+  std::mutex broken_mu_;
+  std::string broken_why_;
+
+  std::mutex tx_mu_;
+  Ring tx_;
+  std::deque<std::unique_ptr<TxMsg>> txq_;  ///< posted and not yet handed over, in order
+  std::vector<std::unique_ptr<TxMsg>> tx_pool_;
+  std::vector<std::pair<uint64_t, TxMsg*>> tx_notif_;  ///< zero-copy notifications awaited
+  size_t tx_ops_ = 0;                                   ///< SENDMSGs of the chain in flight
+  bool tx_chain_short_ = false, tx_chain_cancelled_ = false, tx_aborting_ = false;
+  uint64_t tx_posted_ = 0, tx_done_ = 0;
+  Status tx_err_;
+
+  std::mutex rx_mu_;
+  Ring rx_;
+  std::vector<std::byte> rx_buf_;
+  size_t rx_begin_ = 0, rx_end_ = 0;
+  bool body_pending_ = false;
+  uint64_t body_left_ = 0;
+};
+
+/// Connects to `address` ("host:port"), trying each address it resolves to in
+/// turn until one accepts (a deadline or cancel stops the tries). Errors:
+/// invalid_argument (bad address), unavailable (refused, unreachable), timed_out,
+/// cancelled, io_error.
+Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, const TcpSettings& opt, unsigned depth,
+                                                Deadline deadline, const CancelToken& cancel);
+
+}  // namespace kvstream::transport::tcp

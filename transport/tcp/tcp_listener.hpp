@@ -1,0 +1,17 @@
+// The listening side of the tcp backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kvstream/transport.hpp"
+
+namespace kvstream::transport::tcp {
+
+/// Listens on `address` ("host:port", port 0 for any), on the first address it
+/// resolves to that binds. Accepted connections get `opt` and rings of `depth`
+/// entries. Errors: invalid_argument (bad address), unavailable (in use, not
+/// allowed, not local; io_uring unavailable), io_error.
+Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const TcpSettings& opt, unsigned depth);
+
+}  // namespace kvstream::transport::tcp
