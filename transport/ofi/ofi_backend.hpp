@@ -28,15 +28,17 @@
 //  * ofi_connection, ofi_send, ofi_receive: sends are zero copy: post_send copies
 //    only the header (injected when small) and posts the body segments straight
 //    from the caller's registered memory; what the provider's queue cannot take yet
-//    waits in a per-connection backlog, flushed by later send calls. wait_sends
-//    polls until the messages' operations complete (for a rendezvous body: once
-//    the peer has received it); on timeout, cancel or error it breaks the
-//    connection, cancels and drains (200 ms) what is outstanding. tcp;ofi_rxm and shm do not cancel sends: a rendezvous send
-//    the peer never matched stays posted (logged as an error), so that guarantee
-//    holds only as far as the provider allows. send() is post_send + wait_sends, so a
-//    large blocking send needs a peer that reads. An orderly Connection destruction
-//    sends "bye" with the number of messages sent; a receiver that has consumed all
-//    of them gets StatusCode::unavailable at once.
+//    waits in a per-connection backlog, flushed by the connection's later send
+//    calls and by its receive calls while they wait (so a thread that posts and then
+//    waits for the answer does not stall its own message). wait_sends polls until
+//    the messages' operations complete (for a rendezvous body: once the peer has
+//    received it); on timeout, cancel or error it breaks the connection, cancels and
+//    drains (200 ms) what is outstanding. tcp;ofi_rxm and shm do not cancel sends: a
+//    rendezvous send the peer never matched stays posted (logged as an error), so
+//    that guarantee holds only as far as the provider allows. send() is post_send +
+//    wait_sends, so a large blocking send needs a peer that reads. An orderly
+//    Connection destruction sends "bye" with the number of messages sent; a receiver
+//    that has consumed all of them gets StatusCode::unavailable at once.
 //  * ofi_rma: registrations and one-sided reads (where the provider grants FI_RMA and
 //    FI_READ: tcp;ofi_rxm and shm here, verbs/efa elsewhere): MemoryRegion::expose
 //    packs fi_mr_key and the domain's addressing mode (virtual address or offset);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ class OfiConnection final : public Connection {
   std::shared_ptr<Op> new_send_op(size_t buf_size);
   /// Hands queued pieces to the provider, in order, until it says its queue is full.
   Status flush();
+  Status flush_locked();  // backlog_mu_ held
+  /// The receiving side's share of sending: flushes what the provider pushed back,
+  /// unless the sender is flushing right now or the sending side is broken.
+  void progress_sends();
   /// Drops the messages at the front whose operations all completed.
   void reap();
   /// Breaks the connection's sending side: queued pieces are dropped, posted sends
@@ -81,8 +86,10 @@ class OfiConnection final : public Connection {
   bool owns_endpoint_;
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
-  // Sending side.
+  // Sending side: the sender's thread alone, but for backlog_, which the receiving
+  // side flushes too (progress_sends), under backlog_mu_.
   uint64_t send_seq_ = 0;          // messages posted
+  std::mutex backlog_mu_;
   std::deque<Piece> backlog_;      // pieces waiting for room in the provider's queue
   std::deque<Msg> outstanding_;    // posted messages not yet known complete
   // Receiving side.

@@ -1,7 +1,9 @@
 // A libfabric connection's receiving side: a header message received into a buffer
 // of ours (kept posted across a timeout, so no message is lost and nothing lands in
 // the caller's memory later), then the body's segments straight into the caller's
-// registered buffer.
+// registered buffer. While they wait, receive calls also flush what the provider
+// pushed back of this connection's sends (progress_sends), so a thread that posts and
+// then waits for the peer's answer does not stall its own message.
 #include <algorithm>
 #include <cstring>
 
@@ -36,6 +38,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
       [&] {
         if (hdr_op_->done.load(std::memory_order_acquire)) return true;
         if (shared_->bye.load(std::memory_order_acquire) && shared_->peer_sent.load() <= recv_seq_) closed = true;
+        if (!closed) progress_sends();
         return closed;
       },
       deadline, &cancel, "recv_header");
@@ -104,7 +107,13 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
       if (!o->done.load(std::memory_order_acquire)) return false;
     return true;
   };
-  auto st = ep_->wait(all_done, deadline, &cancel, "recv_body");
+  auto st = ep_->wait(
+      [&] {
+        if (all_done()) return true;
+        progress_sends();
+        return false;
+      },
+      deadline, &cancel, "recv_body");
   if (!st.ok()) {
     // Nothing may write into the caller's buffer after we return.
     for (auto& o : body_ops_)

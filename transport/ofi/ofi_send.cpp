@@ -1,7 +1,7 @@
 // A libfabric connection's sending side. post_send copies only the header (injected
 // when small) and posts the body segments straight from the caller's registered
 // memory; what the provider's queue cannot take yet waits in the backlog, flushed by
-// later send calls. wait_sends polls until the
+// later send calls and by the connection's receive calls. wait_sends polls until the
 // messages' operations complete; on timeout, cancel or error it breaks the sending
 // side, cancelling and draining what is outstanding.
 #include <rdma/fi_errno.h>
@@ -61,7 +61,10 @@ Result<uint64_t> OfiConnection::post_send(std::span<const std::byte> header, std
   }
   for (auto& p : pieces) msg.ops.push_back(p.op);
   outstanding_.push_back(std::move(msg));
-  for (auto& p : pieces) backlog_.push_back(std::move(p));
+  {
+    std::lock_guard lock(backlog_mu_);
+    for (auto& p : pieces) backlog_.push_back(std::move(p));
+  }
   ++send_seq_;  // the message is committed: it goes out whole, or the connection breaks
   if (Status st = flush(); !st.ok()) {
     abort_sends();
@@ -124,6 +127,11 @@ std::shared_ptr<Op> OfiConnection::new_send_op(size_t buf_size) {
 }
 
 Status OfiConnection::flush() {
+  std::lock_guard lock(backlog_mu_);
+  return flush_locked();
+}
+
+Status OfiConnection::flush_locked() {
   while (!backlog_.empty()) {
     Piece& p = backlog_.front();
     const ssize_t r = p.inject ? ep_->try_inject(p.buf, p.len, peer_, p.tag)
@@ -143,6 +151,14 @@ Status OfiConnection::flush() {
   return {};
 }
 
+void OfiConnection::progress_sends() {
+  // A broken sending side is the sender's to abort (its next call does); a sender
+  // inside flush right now is progressing its pieces itself.
+  if (shared_->send_error.load() != 0) return;
+  std::unique_lock lock(backlog_mu_, std::try_to_lock);
+  if (lock.owns_lock()) (void)flush_locked();  // an error lands in send_error: the sender's next call reports it
+}
+
 void OfiConnection::reap() {
   while (!outstanding_.empty()) {
     for (auto& op : outstanding_.front().ops)
@@ -154,11 +170,14 @@ void OfiConnection::reap() {
 void OfiConnection::abort_sends() {
   int expected = 0;
   shared_->send_error.compare_exchange_strong(expected, FI_ECANCELED);
-  for (auto& p : backlog_) {
-    p.op->err = FI_ECANCELED;
-    p.op->done.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(backlog_mu_);
+    for (auto& p : backlog_) {
+      p.op->err = FI_ECANCELED;
+      p.op->done.store(true, std::memory_order_release);
+    }
+    backlog_.clear();
   }
-  backlog_.clear();
   auto all_done = [&] {
     for (auto& m : outstanding_)
       for (auto& op : m.ops)
