@@ -116,11 +116,11 @@ class Connection {
   /// header is copied; the body must stay valid and unchanged until wait_sends covers
   /// this message. Returns a sequence number (increasing per connection). A message
   /// is guaranteed to make progress only while its sender is inside a send call
-  /// (post_send, wait_sends, send): a transport whose provider pushes back (libfabric
-  /// answering EAGAIN) keeps the rest queued until then, so a thread that posts and
-  /// then blocks receiving that message on the peer's connection can stall; the peer
-  /// receives on its own thread. Errors: those of send, immediately (a broken
-  /// connection, bad arguments).
+  /// (post_send, wait_sends, send), on libfabric also while the same connection is in
+  /// recv_header or recv_body (so posting, then awaiting the peer's answer works);
+  /// other transports may keep the rest queued until then, so a thread that posts and
+  /// then blocks receiving that message on the peer's connection can stall. Errors:
+  /// those of send, immediately (a broken connection, bad arguments).
   virtual Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) = 0;
 
   /// Waits until every message posted up to and including `seq` has been handed to

@@ -1,0 +1,104 @@
+// A libfabric connection: a peer address on an RDM endpoint (the client's own, or
+// the listener's, shared) and the connection id its tags carry. The lifecycle is in
+// ofi_connection.cpp, the sending side in ofi_send.cpp, the receiving side in
+// ofi_receive.cpp and one-sided reads in ofi_rma.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvstream/transport.hpp"
+#include "transport/ofi/ofi_endpoint.hpp"
+
+namespace kvstream::transport::ofi {
+
+/// State the completion callbacks touch (outlives the Connection if need be).
+struct ConnShared {
+  std::atomic<bool> bye{false};
+  std::atomic<uint64_t> peer_sent{0};  // messages the peer says it sent (valid once bye)
+  std::atomic<int> send_error{0};      // first async send error (FI_E*)
+};
+
+class OfiConnection final : public Connection {
+ public:
+  /// `owns_endpoint`: the endpoint is this connection's alone (a client's), so an
+  /// interrupted read may close it; an accepted connection shares its listener's.
+  OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name,
+                bool owns_endpoint);
+  ~OfiConnection() override;
+
+  /// Posts the receive for the peer's "bye".
+  Status start();
+
+  Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
+  Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
+  Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override;
+  Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override;
+  Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
+              const CancelToken& cancel) override;
+  std::string describe() const override;
+
+ private:
+  /// One piece of a posted message (header, or a body segment) not yet handed to the
+  /// provider because its queue was full.
+  struct Piece {
+    std::shared_ptr<Op> op;
+    const void* buf;
+    size_t len;
+    void* desc;
+    uint64_t tag;
+    bool inject;
+  };
+  /// A posted message and the operations it is made of.
+  struct Msg {
+    uint64_t seq;  // as returned by post_send
+    std::vector<std::shared_ptr<Op>> ops;
+  };
+
+  // Sending side (ofi_send.cpp).
+  Status send_usable() const;
+  std::shared_ptr<Op> new_send_op(size_t buf_size);
+  /// Hands queued pieces to the provider, in order, until it says its queue is full.
+  Status flush();
+  Status flush_locked();  // backlog_mu_ held
+  /// The receiving side's share of sending: flushes what the provider pushed back,
+  /// unless the sender is flushing right now or the sending side is broken.
+  void progress_sends();
+  /// Drops the messages at the front whose operations all completed.
+  void reap();
+  /// Breaks the connection's sending side: queued pieces are dropped, posted sends
+  /// cancelled and drained, so that the provider no longer reads the caller's bodies.
+  void abort_sends();
+
+  // Receiving side (ofi_receive.cpp).
+  Status fail_body(const Status& st);
+  Result<size_t> corrupt(std::string_view what);
+
+  std::shared_ptr<Endpoint> ep_;
+  fi_addr_t peer_;
+  uint32_t id_;
+  std::string peer_name_;
+  bool owns_endpoint_;
+  std::shared_ptr<ConnShared> shared_;
+  std::shared_ptr<Op> bye_op_;
+  // Sending side: the sender's thread alone, but for backlog_, which the receiving
+  // side flushes too (progress_sends), under backlog_mu_.
+  uint64_t send_seq_ = 0;          // messages posted
+  std::mutex backlog_mu_;
+  std::deque<Piece> backlog_;      // pieces waiting for room in the provider's queue
+  std::deque<Msg> outstanding_;    // posted messages not yet known complete
+  // Receiving side.
+  uint64_t recv_seq_ = 0;
+  std::shared_ptr<Op> hdr_op_;
+  std::vector<std::shared_ptr<Op>> body_ops_;
+  bool body_pending_ = false;
+  uint64_t body_size_ = 0;
+  std::string broken_;
+};
+
+}  // namespace kvstream::transport::ofi

@@ -1,0 +1,282 @@
+// RDM endpoint, completion queue and progress: see ofi_endpoint.hpp.
+#include "transport/ofi/ofi_endpoint.hpp"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#include "core/log.hpp"
+
+namespace kvstream::transport::ofi {
+namespace {
+
+using namespace std::chrono_literals;
+
+Status closed_error() {
+  return make_status(StatusCode::unavailable, "libfabric: the endpoint was closed after an interrupted read");
+}
+
+/// Strips "fi_sockaddr_in://" and the like from fi_av_straddr's output.
+std::string strip_scheme(std::string s) {
+  const size_t p = s.find("://");
+  return p == std::string::npos ? s : s.substr(p + 3);
+}
+
+}  // namespace
+
+Op::~Op() {
+  if (mr) fi_close(&mr->fid);
+}
+
+Result<std::shared_ptr<Endpoint>> Endpoint::open(std::shared_ptr<Core> core, fi_info* info) {
+  auto e = std::shared_ptr<Endpoint>(new Endpoint(std::move(core)));
+  KVS_RETURN_IF_ERROR(e->init(info));
+  e->progress_ = std::thread([p = e.get()] { p->progress_loop(); });
+  return e;
+}
+
+Endpoint::~Endpoint() {
+  stop_.store(true);
+  wake();
+  if (progress_.joinable()) progress_.join();
+  if (ep_) fi_close(&ep_->fid);
+  if (cq_) fi_close(&cq_->fid);
+  if (av_) fi_close(&av_->fid);
+  inflight_.clear();  // the endpoint is closed: nothing refers to these any more
+}
+
+Status Endpoint::init(fi_info* info) {
+  int r = fi_endpoint(core_->domain, info, &ep_, nullptr);
+  if (r) return make_status(StatusCode::unavailable, "libfabric: fi_endpoint: {}", fi_err(r));
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  if ((r = fi_av_open(core_->domain, &av_attr, &av_, nullptr)))
+    return make_status(StatusCode::unavailable, "libfabric: fi_av_open: {}", fi_err(r));
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = 0;
+  if ((r = fi_cq_open(core_->domain, &cq_attr, &cq_, nullptr)))
+    return make_status(StatusCode::unavailable, "libfabric: fi_cq_open: {}", fi_err(r));
+  if ((r = fi_ep_bind(ep_, &av_->fid, 0)))
+    return make_status(StatusCode::unavailable, "libfabric: fi_ep_bind(av): {}", fi_err(r));
+  if ((r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)))
+    return make_status(StatusCode::unavailable, "libfabric: fi_ep_bind(cq): {}", fi_err(r));
+  if ((r = fi_enable(ep_))) return make_status(StatusCode::unavailable, "libfabric: fi_enable: {}", fi_err(r));
+  return {};
+}
+
+Result<std::vector<unsigned char>> Endpoint::name() {
+  std::vector<unsigned char> a(kMaxAddrBytes);
+  size_t len = a.size();
+  int r = fi_getname(&ep_->fid, a.data(), &len);
+  if (r) return make_status(StatusCode::internal, "libfabric: fi_getname: {}", fi_err(r));
+  a.resize(len);
+  return a;
+}
+
+Result<fi_addr_t> Endpoint::insert(const void* addr) {
+  fi_addr_t fa = FI_ADDR_UNSPEC;
+  int r = fi_av_insert(av_, addr, 1, &fa, 0, nullptr);
+  if (r != 1) return make_status(StatusCode::unavailable, "libfabric: fi_av_insert failed: {}", fi_err(r));
+  return fa;
+}
+
+std::string Endpoint::peer_name(const void* addr) {
+  char buf[256];
+  size_t len = sizeof buf;
+  fi_av_straddr(av_, addr, buf, &len);
+  buf[sizeof buf - 1] = 0;
+  return strip_scheme(buf);
+}
+
+std::shared_ptr<Op> Endpoint::new_op(size_t buf_size) {
+  auto op = std::make_shared<Op>();
+  if (buf_size) {
+    op->buf = std::make_shared_for_overwrite<std::byte[]>(buf_size);
+    op->buf_size = buf_size;
+  }
+  return op;
+}
+
+Result<void*> Endpoint::local_desc(Op& op) {
+  if (!core_->mr_local || !op.buf) return static_cast<void*>(nullptr);
+  if (!op.mr) {
+    int r = fi_mr_reg(core_->domain, op.buf.get(), op.buf_size, FI_SEND | FI_RECV, 0, core_->next_key.fetch_add(1),
+                      0, &op.mr, nullptr);
+    if (r) return make_status(StatusCode::resource_exhausted, "libfabric: fi_mr_reg (internal): {}", fi_err(r));
+  }
+  return fi_mr_desc(op.mr);
+}
+
+template <typename Attempt>
+Status Endpoint::retry_post(Attempt attempt, std::string_view call, std::string_view what, Deadline deadline,
+                            const CancelToken& cancel) {
+  for (Backoff backoff;;) {
+    const ssize_t r = attempt();
+    if (r == 0) return {};
+    if (r != -FI_EAGAIN) return make_status(StatusCode::unavailable, "libfabric: {}: {}", call, fi_err(int(r)));
+    KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, "libfabric", what));
+    if (poll() == 0) backoff.pause();
+  }
+}
+
+Status Endpoint::post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag,
+                           uint64_t ignore, Deadline deadline) {
+  if (!ep_) return closed_error();
+  track(op);
+  for (Backoff backoff;;) {
+    ssize_t r = fi_trecv(ep_, buf, len, desc, FI_ADDR_UNSPEC, tag, ignore, &op->ctx);
+    if (r == 0) return {};
+    if (r != -FI_EAGAIN || Clock::now() >= deadline) {
+      untrack(op.get());
+      return make_status(r == -FI_EAGAIN ? StatusCode::timed_out : StatusCode::io_error, "libfabric: fi_trecv: {}",
+                         fi_err(int(r)));
+    }
+    if (poll() == 0) backoff.pause();
+  }
+}
+
+Status Endpoint::post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
+                           uint64_t tag, Deadline deadline, const CancelToken& cancel) {
+  if (!ep_) return closed_error();
+  track(op);
+  if (op->counted) {
+    active_sends_.fetch_add(1);
+    wake();
+  }
+  Status s = retry_post([&] { return fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx); }, "fi_tsend",
+                        "send (provider queue full)", deadline, cancel);
+  if (!s.ok() && untrack(op.get()) && op->counted) active_sends_.fetch_sub(1);
+  return s;
+}
+
+Status Endpoint::post_read(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, fi_addr_t src,
+                           uint64_t addr, uint64_t key, Deadline deadline, const CancelToken& cancel) {
+  if (!ep_) return closed_error();
+  track(op);
+  Status s = retry_post([&] { return fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx); }, "fi_read",
+                        "read (provider queue full)", deadline, cancel);
+  if (!s.ok()) untrack(op.get());
+  return s;
+}
+
+ssize_t Endpoint::try_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
+                           uint64_t tag) {
+  if (!ep_) return -FI_ESHUTDOWN;
+  track(op);
+  op->counted = true;
+  active_sends_.fetch_add(1);
+  const ssize_t r = fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx);
+  if (r == 0) {
+    wake();
+    return 0;
+  }
+  if (untrack(op.get())) active_sends_.fetch_sub(1);
+  op->counted = false;
+  return r;
+}
+
+ssize_t Endpoint::try_inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag) {
+  if (!ep_) return -FI_ESHUTDOWN;
+  return fi_tinject(ep_, buf, len, dest, tag);
+}
+
+void Endpoint::cancel(Op& op) {
+  if (ep_ && !op.done.load(std::memory_order_acquire)) fi_cancel(&ep_->fid, &op.ctx);
+}
+
+bool Endpoint::cancel_and_drain(Op& op, std::chrono::milliseconds limit) {
+  if (op.done.load(std::memory_order_acquire)) return true;
+  if (!ep_) return false;  // closed: the provider dropped it (our buffer, never reused)
+  fi_cancel(&ep_->fid, &op.ctx);
+  return wait([&] { return op.done.load(std::memory_order_acquire); }, deadline_in(limit), nullptr, "cancel").ok();
+}
+
+void Endpoint::close_now() {
+  if (!ep_) return;
+  stop_.store(true);
+  wake();
+  if (progress_.joinable()) progress_.join();
+  fi_close(&ep_->fid);
+  ep_ = nullptr;
+}
+
+int Endpoint::poll() {
+  fi_cq_tagged_entry e[16];
+  ssize_t n;
+  fi_cq_err_entry err{};
+  int got_err = 0;
+  {
+    std::lock_guard plock(poll_mu_);
+    n = fi_cq_read(cq_, e, 16);
+    if (n == -FI_EAVAIL) got_err = int(fi_cq_readerr(cq_, &err, 0));
+  }
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; ++i) complete(e[i].op_context, 0, e[i].len, e[i].tag);
+    return int(n);
+  }
+  if (n == -FI_EAVAIL && got_err == 1) {
+    if (err.err != FI_ECANCELED) KVS_LOG_DEBUG("libfabric: completion error {}", fi_err(err.err));
+    complete(err.op_context, err.err ? err.err : FI_EIO, err.len, err.tag);
+    return 1;
+  }
+  return 0;
+}
+
+void Endpoint::track(const std::shared_ptr<Op>& op) {
+  std::lock_guard lock(mu_);
+  inflight_[op.get()] = op;
+}
+
+bool Endpoint::untrack(Op* op) {
+  std::lock_guard lock(mu_);
+  return inflight_.erase(op) > 0;
+}
+
+void Endpoint::complete(void* context, int err, size_t len, uint64_t tag) {
+  if (!context) return;  // e.g. an error for an inject, which has no operation
+  std::shared_ptr<Op> op;
+  {
+    std::lock_guard lock(mu_);
+    auto it = inflight_.find(static_cast<Op*>(context));
+    if (it == inflight_.end()) return;
+    op = std::move(it->second);
+    inflight_.erase(it);
+  }
+  op->err = err;
+  op->len = len;
+  op->tag = tag;
+  if (op->counted) active_sends_.fetch_sub(1);
+  op->done.store(true, std::memory_order_release);
+  if (op->on_complete) op->on_complete(*op);
+}
+
+void Endpoint::wake() {
+  std::lock_guard lock(wake_mu_);
+  kick_ = true;
+  wake_cv_.notify_one();
+}
+
+void Endpoint::progress_loop() {
+  Backoff backoff;
+  while (!stop_.load()) {
+    if (poll() > 0) {
+      backoff.reset();
+      continue;
+    }
+    if (active_sends_.load() > 0) {
+      backoff.pause();
+      continue;
+    }
+    std::unique_lock lock(wake_mu_);
+    wake_cv_.wait_for(lock, 1ms, [&] { return kick_ || stop_.load(); });
+    kick_ = false;
+    backoff.reset();
+  }
+}
+
+}  // namespace kvstream::transport::ofi

@@ -1,0 +1,144 @@
+// One RDM endpoint with its address vector and completion queue: posting tagged
+// sends, receives and RMA reads, routing their completions to the operations that
+// posted them, and the progress that reaps them (a progress thread, and every
+// waiting call polling the queue itself).
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/common/wait.hpp"
+#include "transport/ofi/ofi_fabric.hpp"
+
+namespace kvstream::transport::ofi {
+
+/// One posted operation. The context handed to libfabric is the Op itself (fi_context2
+/// first, so providers needing FI_CONTEXT/FI_CONTEXT2 get their scratch space).
+struct Op {
+  fi_context2 ctx{};
+  std::atomic<bool> done{false};
+  int err = 0;  // positive FI_E* value, 0 on success
+  size_t len = 0;
+  uint64_t tag = 0;
+  std::shared_ptr<std::byte[]> buf;  // internal buffer (hello, header, bounce), if any
+  size_t buf_size = 0;
+  fid_mr* mr = nullptr;              // registration of buf where FI_MR_LOCAL is required
+  bool counted = false;              // a send that keeps the progress thread busy until it completes
+  std::function<void(Op&)> on_complete;  // runs in whichever thread reaps the completion
+  ~Op();
+};
+
+/// The endpoint and its progress thread, which polls the completion queue while
+/// sends are in flight and naps 1 ms between polls otherwise (the provider's data
+/// progress is manual). The domain is FI_THREAD_SAFE: any thread may post and poll,
+/// and a completion is routed to its Op by context whichever thread reaps it.
+class Endpoint {
+ public:
+  static Result<std::shared_ptr<Endpoint>> open(std::shared_ptr<Core> core, fi_info* info);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  Core& core() { return *core_; }
+
+  /// The endpoint's own address (fi_getname).
+  Result<std::vector<unsigned char>> name();
+  Result<fi_addr_t> insert(const void* addr);
+  /// A peer's address as text, without the "fi_sockaddr_in://" scheme.
+  std::string peer_name(const void* addr);
+
+  std::shared_ptr<Op> new_op(size_t buf_size = 0);
+  /// Registers op->buf when the provider needs local descriptors; returns the descriptor.
+  Result<void*> local_desc(Op& op);
+
+  /// Posts a tagged receive (retrying while the provider says EAGAIN, until the deadline).
+  Status post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag, uint64_t ignore,
+                   Deadline deadline);
+  /// Posts a tagged send from `buf` to `dest` (retrying while the provider says EAGAIN).
+  Status post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
+                   uint64_t tag, Deadline deadline, const CancelToken& cancel);
+  /// Posts an RMA read of `len` bytes at the peer's `addr` under `key` into `buf`
+  /// (retrying while the provider says EAGAIN, until the deadline or cancel).
+  Status post_read(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, fi_addr_t src, uint64_t addr,
+                   uint64_t key, Deadline deadline, const CancelToken& cancel);
+
+  /// One attempt at a tagged send (no retry): 0, -FI_EAGAIN (nothing posted) or
+  /// another negative FI_E* error. The op is tracked and keeps the progress thread
+  /// busy until its completion.
+  ssize_t try_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
+                   uint64_t tag);
+  /// One attempt at fi_tinject (no retry, no completion: the provider copies the data).
+  ssize_t try_inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag);
+
+  /// Waits (polling the CQ) until pred() holds. ok, timed_out or cancelled.
+  template <typename Pred>
+  Status wait(Pred pred, Deadline deadline, const CancelToken* cancel, std::string_view what) {
+    return poll_until(
+        [&](bool& moved) -> std::optional<Status> {
+          moved = poll() > 0;
+          if (pred()) return Status{};
+          return std::nullopt;
+        },
+        deadline, cancel, "libfabric", what);
+  }
+
+  /// Asks the provider to cancel a posted operation (it may not support it for sends).
+  void cancel(Op& op);
+  /// Cancels a posted receive and waits for its completion (normal or FI_ECANCELED),
+  /// so the provider no longer refers to its buffer. False if it never completed.
+  bool cancel_and_drain(Op& op, std::chrono::milliseconds limit = std::chrono::seconds(10));
+
+  /// Closes the endpoint now, with operations still posted: the provider drops them,
+  /// so none of them touches its buffer afterwards (what an interrupted RMA read,
+  /// which libfabric cannot cancel, needs). Only for an endpoint one connection owns.
+  /// Every later post fails with unavailable.
+  void close_now();
+
+  /// One pass over the CQ; routes completions. Returns how many it handled.
+  int poll();
+
+ private:
+  explicit Endpoint(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  Status init(fi_info* info);
+
+  /// Makes one post (`attempt`: an fi_* call) until the provider takes it, retrying
+  /// while it says EAGAIN (polling the CQ frees queue entries) until the deadline or a
+  /// cancel. `call` names the fi_* function in errors, `what` the wait.
+  template <typename Attempt>
+  Status retry_post(Attempt attempt, std::string_view call, std::string_view what, Deadline deadline,
+                    const CancelToken& cancel);
+
+  void track(const std::shared_ptr<Op>& op);
+  bool untrack(Op* op);
+  void complete(void* context, int err, size_t len, uint64_t tag);
+  void wake();
+  void progress_loop();
+
+  std::shared_ptr<Core> core_;
+  fid_ep* ep_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  std::mutex mu_;
+  std::mutex poll_mu_;
+  std::unordered_map<Op*, std::shared_ptr<Op>> inflight_;
+  std::atomic<int> active_sends_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  bool kick_ = false;
+  std::thread progress_;
+};
+
+}  // namespace kvstream::transport::ofi

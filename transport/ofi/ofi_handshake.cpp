@@ -1,0 +1,108 @@
+// The hello / hello-ack handshake: see ofi_handshake.hpp.
+#include "transport/ofi/ofi_handshake.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <random>
+
+namespace kvstream::transport::ofi {
+
+using namespace std::chrono_literals;
+
+Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<HelloQueue>& queue) {
+  auto op = ep.new_op(sizeof(Hello));
+  op->on_complete = [queue](Op& o) {
+    if (o.err || o.len < offsetof(Hello, addr)) return;
+    Hello h{};
+    std::memcpy(&h, o.buf.get(), std::min(o.len, sizeof h));
+    if (h.magic != kHelloMagic || h.addr_len > kMaxAddrBytes) return;
+    std::lock_guard lock(queue->mu);
+    if (!queue->closing) queue->hellos.push_back(h);
+  };
+  KVS_ASSIGN_OR_RETURN(void* desc, ep.local_desc(*op));
+  KVS_RETURN_IF_ERROR(
+      ep.post_recv(op, op->buf.get(), sizeof(Hello), desc, make_tag(MsgType::hello, 0), kNonceMask, deadline_in(5s)));
+  return op;
+}
+
+Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoint>& ep, const Hello& hello,
+                                                   uint32_t id) {
+  auto hs = std::make_unique<Handshake>();
+  hs->give_up = deadline_in(kHandshakeLimit);
+  KVS_ASSIGN_OR_RETURN(hs->peer, ep->insert(hello.addr));
+  hs->id = id;
+  hs->conn = std::make_unique<OfiConnection>(ep, hs->peer, hs->id, ep->peer_name(hello.addr), false);
+  KVS_RETURN_IF_ERROR(hs->conn->start());
+  // The ack, tagged with the client's nonce, tells it its connection id.
+  hs->ack = ep->new_op(sizeof(HelloAck));
+  const HelloAck ack{kHelloMagic, hs->id};
+  std::memcpy(hs->ack->buf.get(), &ack, sizeof ack);
+  KVS_ASSIGN_OR_RETURN(hs->desc, ep->local_desc(*hs->ack));
+  hs->tag = hello_ack_tag(hello.nonce);
+  return hs;
+}
+
+Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const CancelToken& cancel) {
+  Status st;
+  const Deadline until = std::min(deadline, hs.give_up);
+  if (!hs.posted) {
+    st = ep.post_send(hs.ack, hs.ack->buf.get(), sizeof(HelloAck), hs.desc, hs.peer, hs.tag, until, cancel);
+    hs.posted = st.ok();
+  }
+  if (st.ok())
+    st = ep.wait([&] { return hs.ack->done.load(std::memory_order_acquire); }, until, &cancel,
+                 "accept (hello-ack)");
+  if (st.code() == StatusCode::timed_out && Clock::now() >= hs.give_up)
+    return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} did not complete in {} s",
+                       hs.conn->describe(), kHandshakeLimit.count());
+  KVS_RETURN_IF_ERROR(st);
+  if (hs.ack->err)
+    return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}", hs.conn->describe(),
+                       fi_err(hs.ack->err));
+  return {};
+}
+
+Result<uint32_t> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
+                           const CancelToken& cancel) {
+  KVS_ASSIGN_OR_RETURN(auto me, ep.name());
+  if (me.size() > kMaxAddrBytes)
+    return make_status(StatusCode::internal, "libfabric: endpoint address of {} bytes is too long", me.size());
+  uint64_t nonce = 0;
+  {
+    std::random_device rd;
+    nonce = ((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(Clock::now().time_since_epoch().count())) & kNonceMask;
+  }
+  // Post the ack receive first, then say hello.
+  auto ack = ep.new_op(sizeof(HelloAck));
+  KVS_ASSIGN_OR_RETURN(void* adesc, ep.local_desc(*ack));
+  KVS_RETURN_IF_ERROR(ep.post_recv(ack, ack->buf.get(), sizeof(HelloAck), adesc, hello_ack_tag(nonce), 0, deadline));
+  auto hello = ep.new_op(sizeof(Hello));
+  Hello h{};
+  h.magic = kHelloMagic;
+  h.addr_len = uint32_t(me.size());
+  h.nonce = nonce;
+  std::memcpy(h.addr, me.data(), me.size());
+  std::memcpy(hello->buf.get(), &h, sizeof h);
+  KVS_ASSIGN_OR_RETURN(void* hdesc, ep.local_desc(*hello));
+  auto fail = [&](Status s) -> Status {
+    ep.cancel_and_drain(*ack, 1s);
+    return s;
+  };
+  const std::string what = fmt::format("connect to {}", address);
+  auto st = ep.post_send(hello, hello->buf.get(), sizeof h, hdesc, server, make_tag(MsgType::hello, 0), deadline,
+                         cancel);
+  if (!st.ok()) return fail(st.with_context(what));
+  st = ep.wait([&] { return ack->done.load() || (hello->done.load() && hello->err); }, deadline, &cancel, what);
+  if (!st.ok()) return fail(st);
+  if (hello->done.load() && hello->err)
+    return fail(make_status(StatusCode::unavailable, "libfabric: connect to {} failed: {}", address,
+                            fi_err(hello->err)));
+  HelloAck a{};
+  std::memcpy(&a, ack->buf.get(), sizeof a);
+  if (ack->err || ack->len != sizeof a || a.magic != kHelloMagic)
+    return make_status(StatusCode::unavailable, "libfabric: bad hello-ack from {}", address);
+  return a.conn_id;
+}
+
+}  // namespace kvstream::transport::ofi

@@ -1,0 +1,64 @@
+// The hello / hello-ack handshake that builds a connection on connectionless RDM
+// endpoints. A client opens its own endpoint, inserts the listener's address, posts
+// a receive for its ack and sends a hello carrying its own address and a nonce; the
+// listener's accept() inserts that address, assigns the connection an id and answers
+// with a hello-ack (tagged with the nonce) carrying the id.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "transport/ofi/ofi_connection.hpp"
+
+namespace kvstream::transport::ofi {
+
+// ---- Listener side -----------------------------------------------------------------
+
+/// The valid hellos the listener's receives took, waiting for accept().
+struct HelloQueue {
+  std::mutex mu;
+  std::deque<Hello> hellos;
+  bool closing = false;  // the listener is going away: take no more
+};
+
+/// Posts one hello receive on `ep`; its completion queues a valid hello in `queue`.
+Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<HelloQueue>& queue);
+
+/// How long a taken hello's ack may take to complete before the handshake is dropped.
+inline constexpr auto kHandshakeLimit = std::chrono::seconds(10);
+
+/// A connection whose hello was taken and whose hello-ack has not completed yet.
+struct Handshake {
+  std::unique_ptr<OfiConnection> conn;
+  std::shared_ptr<Op> ack;
+  void* desc = nullptr;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  uint64_t tag = 0;
+  uint32_t id = 0;
+  bool posted = false;  // the ack is with the provider
+  Deadline give_up{};   // kHandshakeLimit after the hello was taken
+};
+
+/// Makes the connection `hello` asks for, as connection `id` on the listener's
+/// endpoint, and prepares its ack.
+Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoint>& ep, const Hello& hello,
+                                                   uint32_t id);
+
+/// Posts the handshake's ack (if not yet posted) and waits for it to complete.
+/// timed_out or cancelled leave it pending; both make progress even past the
+/// deadline (one post attempt, one poll), so a caller that keeps calling gets
+/// through. unavailable once kHandshakeLimit has passed or the ack failed.
+Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const CancelToken& cancel);
+
+// ---- Client side -------------------------------------------------------------------
+
+/// Says hello from `ep` to the listener at `server` (`address` names it in errors)
+/// and waits for its ack. The connection id the listener assigned.
+Result<uint32_t> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
+                           const CancelToken& cancel);
+
+}  // namespace kvstream::transport::ofi

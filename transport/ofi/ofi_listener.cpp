@@ -1,0 +1,176 @@
+// The libfabric listener: see ofi_listener.hpp. A deadline or cancel that ends
+// accept() after it took a hello but before the ack completed leaves that handshake
+// pending: the next accept() finishes it first, so no connection the client already
+// counts as made is dropped.
+#include "transport/ofi/ofi_listener.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "core/log.hpp"
+#include "transport/common/address.hpp"
+#include "transport/ofi/ofi_handshake.hpp"
+
+namespace kvstream::transport::ofi {
+namespace {
+
+using namespace std::chrono_literals;
+
+class OfiListener final : public Listener {
+ public:
+  OfiListener(std::shared_ptr<Endpoint> ep, std::string address, int reserved_fd)
+      : ep_(std::move(ep)), address_(std::move(address)), reserved_fd_(reserved_fd),
+        hellos_(std::make_shared<HelloQueue>()) {}
+
+  ~OfiListener() override {
+    pending_.reset();  // a handshake no accept() finished: its connection says bye
+    {
+      std::lock_guard lock(hellos_->mu);
+      hellos_->closing = true;
+    }
+    for (auto& op : hello_ops_) ep_->cancel_and_drain(*op, 1s);
+    if (reserved_fd_ >= 0) ::close(reserved_fd_);
+  }
+
+  Status start() {
+    for (size_t i = 0; i < kHelloPool; ++i) KVS_RETURN_IF_ERROR(post_hello());
+    return {};
+  }
+
+  /// The caller's deadline bounds the wait for a connection, not the life of one that
+  /// came: a hello taken from the queue is the client's only connection request, so a
+  /// deadline or cancel that ends this call before its hello-ack completes keeps the
+  /// handshake pending, and the next call finishes it before waiting for another (one
+  /// whose ack has not completed within kHandshakeLimit is dropped, unavailable).
+  /// Dropping it at the caller's deadline lost connections the client already counted
+  /// as made: the storage node accepts in 200 ms rounds, and under TSan the first send
+  /// on a new tcp;ofi_rxm listener endpoint (the first hello-ack) takes about 100 ms.
+  Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
+    if (!pending_) {
+      Hello h{};
+      KVS_RETURN_IF_ERROR(ep_->wait(
+          [&] {
+            std::lock_guard lock(hellos_->mu);
+            if (hellos_->hellos.empty()) return false;
+            h = hellos_->hellos.front();
+            hellos_->hellos.pop_front();
+            return true;
+          },
+          deadline, &cancel, "accept"));
+      refill_hellos();
+      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, h, next_id_++ & uint32_t(Tag::kConnMask)));
+    }
+    if (Status st = finish_handshake(*ep_, *pending_, deadline, cancel); !st.ok()) {
+      if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) pending_.reset();
+      return st;
+    }
+    auto hs = std::move(pending_);
+    KVS_LOG_DEBUG("libfabric: accepted {} as connection {}", hs->conn->describe(), hs->id);
+    return std::unique_ptr<Connection>(std::move(hs->conn));
+  }
+
+  std::string address() const override { return address_; }
+
+ private:
+  static constexpr size_t kHelloPool = 8;  // hello receives kept posted
+
+  /// Keeps kHelloPool hello receives posted (one completes per hello, and one that
+  /// completes with an error or a bad hello is replaced too). A failed repost is logged,
+  /// not fatal: the hello already taken is still accepted, and the next call retries.
+  void refill_hellos() {
+    std::erase_if(hello_ops_, [](const std::shared_ptr<Op>& o) { return o->done.load(); });
+    while (hello_ops_.size() < kHelloPool)
+      if (Status s = post_hello(); !s.ok()) {
+        KVS_LOG_WARN("libfabric: listener {} could not repost a hello receive: {}", address_, s.to_string());
+        break;
+      }
+  }
+
+  Status post_hello() {
+    KVS_ASSIGN_OR_RETURN(auto op, post_hello_recv(*ep_, hellos_));
+    hello_ops_.push_back(std::move(op));
+    return {};
+  }
+
+  std::shared_ptr<Endpoint> ep_;
+  std::string address_;
+  int reserved_fd_;
+  std::shared_ptr<HelloQueue> hellos_;
+  std::vector<std::shared_ptr<Op>> hello_ops_;
+  uint32_t next_id_ = 1;
+  std::unique_ptr<Handshake> pending_;  // taken hello whose ack a deadline interrupted
+};
+
+/// The port of a socket-address endpoint name, if it is one.
+std::optional<uint16_t> port_of(const std::vector<unsigned char>& name) {
+  if (name.size() >= sizeof(sockaddr_in)) {
+    sockaddr_storage ss{};
+    std::memcpy(&ss, name.data(), std::min(name.size(), sizeof ss));
+    if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  }
+  return std::nullopt;
+}
+
+/// Binds a socket to a free port on `host` (loopback when it is no IPv4 literal) and
+/// keeps it open, so the port stays ours: the socket's fd, `port` set.
+Result<int> reserve_port(const std::string& host, uint16_t& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return make_status(StatusCode::io_error, "libfabric: socket(): {}", std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    ::close(fd);
+    return make_status(StatusCode::io_error, "libfabric: cannot reserve a port on {}: {}", host,
+                       std::strerror(errno));
+  }
+  port = ntohs(sa.sin_port);
+  return fd;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, const std::string& address) {
+  std::string host;
+  uint16_t port = 0;
+  KVS_RETURN_IF_ERROR(parse_host_port(address, host, port));
+  int reserved = -1;
+  const bool sockaddr = core->sockaddr_names();
+  if (port == 0 && !sockaddr) {
+    // Providers with name-based addresses (shm: "fi_ns://host:port") do not pick a
+    // free port: reserve one from the kernel for as long as the listener lives.
+    KVS_ASSIGN_OR_RETURN(reserved, reserve_port(host, port));
+  }
+  InfoPtr info;
+  if (const int r = core->getinfo(host, port, FI_SOURCE, info); r) {
+    if (reserved >= 0) ::close(reserved);
+    return make_status(StatusCode::unavailable, "libfabric: cannot listen on {} with {}: {}", address,
+                       core->provider, fi_err(r));
+  }
+  auto ep = Endpoint::open(core, info.p);
+  if (!ep.ok()) {
+    if (reserved >= 0) ::close(reserved);
+    return ep.status().with_context(fmt::format("listen on {}", address));
+  }
+  if (sockaddr) {
+    auto name = (*ep)->name();
+    if (!name.ok()) return name.status();
+    port = port_of(*name).value_or(port);
+  }
+  auto l = std::make_unique<OfiListener>(std::move(ep).value(), fmt::format("{}:{}", host, port), reserved);
+  KVS_RETURN_IF_ERROR(l->start());
+  KVS_LOG_DEBUG("libfabric: listening on {} ({})", l->address(), core->provider);
+  return std::unique_ptr<Listener>(std::move(l));
+}
+
+}  // namespace kvstream::transport::ofi

@@ -1,0 +1,161 @@
+// A libfabric connection's receiving side: a header message received into a buffer
+// of ours (kept posted across a timeout, so no message is lost and nothing lands in
+// the caller's memory later), then the body's segments straight into the caller's
+// registered buffer. While they wait, receive calls also flush what the provider
+// pushed back of this connection's sends (progress_sends), so a thread that posts and
+// then waits for the peer's answer does not stall its own message.
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "transport/ofi/ofi_connection.hpp"
+
+namespace kvstream::transport::ofi {
+
+using namespace std::chrono_literals;
+
+Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadline deadline,
+                                          const CancelToken& cancel) {
+  if (!broken_.empty()) return make_status(StatusCode::unavailable, "libfabric: {}", broken_);
+  if (body_pending_)
+    return make_status(StatusCode::invalid_argument,
+                       "libfabric: the previous message's body ({} bytes) must be read with recv_body first",
+                       body_size_);
+  if (!hdr_op_) {
+    // Kept posted across a timeout or cancel: the buffer is ours, so nothing lands in
+    // the caller's memory later, and no message is lost.
+    hdr_op_ = ep_->new_op(kHeaderBufBytes);
+    KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*hdr_op_));
+    auto st = ep_->post_recv(hdr_op_, hdr_op_->buf.get(), kHeaderBufBytes, desc,
+                             make_tag(MsgType::header, id_, recv_seq_), 0, deadline);
+    if (!st.ok()) {
+      hdr_op_.reset();
+      return st;
+    }
+  }
+  bool closed = false;
+  auto st = ep_->wait(
+      [&] {
+        if (hdr_op_->done.load(std::memory_order_acquire)) return true;
+        if (shared_->bye.load(std::memory_order_acquire) && shared_->peer_sent.load() <= recv_seq_) closed = true;
+        if (!closed) progress_sends();
+        return closed;
+      },
+      deadline, &cancel, "recv_header");
+  if (!st.ok()) return st;
+  if (!hdr_op_->done.load(std::memory_order_acquire))
+    return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
+  auto op = std::move(hdr_op_);
+  if (op->err)
+    return make_status(StatusCode::unavailable, "libfabric: receive from {} failed: {}", peer_name_,
+                       fi_err(op->err));
+  HeaderPrefix prefix;
+  if (op->len < sizeof prefix) return corrupt("short header message");
+  std::memcpy(&prefix, op->buf.get(), sizeof prefix);
+  if (prefix.magic != kHeaderMagic || prefix.header_len > kMaxHeaderBytes ||
+      op->len != sizeof prefix + prefix.header_len)
+    return corrupt("malformed header message");
+  header.assign(op->buf.get() + sizeof prefix, op->buf.get() + op->len);
+  ++recv_seq_;
+  body_size_ = prefix.body_size;
+  body_pending_ = body_size_ > 0;
+  return size_t(prefix.body_size);
+}
+
+Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) {
+  if (!broken_.empty()) return make_status(StatusCode::unavailable, "libfabric: {}", broken_);
+  if (!body_pending_) {
+    if (dest.empty() || body_size_ == 0) return {};
+    return make_status(StatusCode::invalid_argument, "libfabric: no body announced (call recv_header first)");
+  }
+  const size_t n = body_size_;
+  if (!dest.empty() && dest.size() < n)
+    return make_status(StatusCode::invalid_argument, "libfabric: body of {} bytes does not fit {} bytes", n,
+                       dest.size());
+  Core& core = ep_->core();
+  const uint64_t seq = recv_seq_ - 1;
+  const size_t seg = core.segment, nseg = (n + seg - 1) / seg;
+  std::byte* base = dest.data();
+  void* desc = nullptr;
+  std::shared_ptr<Op> scratch_holder;
+  if (dest.empty()) {  // discard: into a scratch buffer
+    scratch_holder = ep_->new_op(n);
+    base = scratch_holder->buf.get();
+    auto d = ep_->local_desc(*scratch_holder);
+    if (!d.ok()) return d.status();
+    desc = *d;
+  } else {
+    desc = core.desc_for(base, n);
+    if (!desc && core.mr_local)
+      return make_status(StatusCode::invalid_argument,
+                         "libfabric: body buffer is not registered with this backend (provider needs FI_MR_LOCAL)");
+  }
+  body_ops_.clear();
+  for (size_t i = 0; i < nseg; ++i) {
+    const size_t off = i * seg, len = std::min(seg, n - off);
+    auto op = ep_->new_op();
+    if (scratch_holder) op->buf = scratch_holder->buf;
+    auto st = ep_->post_recv(op, base + off, len, desc, make_tag(MsgType::body, id_, seq, i), 0, deadline);
+    if (!st.ok()) {
+      for (auto& o : body_ops_) ep_->cancel_and_drain(*o);
+      return fail_body(st);
+    }
+    body_ops_.push_back(std::move(op));
+  }
+  auto all_done = [&] {
+    for (auto& o : body_ops_)
+      if (!o->done.load(std::memory_order_acquire)) return false;
+    return true;
+  };
+  auto st = ep_->wait(
+      [&] {
+        if (all_done()) return true;
+        progress_sends();
+        return false;
+      },
+      deadline, &cancel, "recv_body");
+  if (!st.ok()) {
+    // Nothing may write into the caller's buffer after we return.
+    for (auto& o : body_ops_)
+      if (!ep_->cancel_and_drain(*o, 30s)) {
+        broken_ = "a body receive could not be cancelled";
+        KVS_LOG_ERROR("libfabric: a receive into a caller's buffer could not be cancelled");
+      }
+    return fail_body(st);
+  }
+  for (auto& o : body_ops_)
+    if (o->err) {
+      auto e = make_status(StatusCode::unavailable, "libfabric: body from {} failed: {}", peer_name_,
+                           fi_err(o->err));
+      body_ops_.clear();
+      broken_ = e.message();
+      return e;
+    }
+  body_ops_.clear();
+  body_pending_ = false;
+  return {};
+}
+
+Status OfiConnection::fail_body(const Status& st) {
+  bool any_ok = false, all_ok = !body_ops_.empty();
+  for (auto& o : body_ops_) {
+    const bool ok = o->done.load() && o->err == 0;
+    any_ok |= ok;
+    all_ok &= ok;
+  }
+  if (all_ok) {  // it completed while we cancelled: that is success
+    body_ops_.clear();
+    body_pending_ = false;
+    return {};
+  }
+  if (any_ok) broken_ = "a body was partly received before a timeout or cancel";
+  body_ops_.clear();  // nothing consumed: the caller may call recv_body again
+  return st;
+}
+
+Result<size_t> OfiConnection::corrupt(std::string_view what) {
+  broken_ = fmt::format("{} from {}", what, peer_name_);
+  return make_status(StatusCode::corrupt_data, "libfabric: {}", broken_);
+}
+
+}  // namespace kvstream::transport::ofi

@@ -1,0 +1,64 @@
+// What the libfabric backend puts on the wire: the tag every message carries and the
+// fixed structs of the handshake, the message header and the remote key.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvstream/transport.hpp"
+#include "transport/common/tag.hpp"
+
+namespace kvstream::transport::ofi {
+
+/// | kind:4 | connection id:20 | sequence:24 | segment:16 |: many connections share a
+/// listener's endpoint, and a receive names exactly the piece it wants.
+using Tag = TagLayout<4, 20, 24, 16>;
+
+enum class MsgType : uint64_t { hello = 1, hello_ack = 2, header = 3, body = 4, bye = 5 };
+
+constexpr uint64_t make_tag(MsgType t, uint64_t conn, uint64_t seq = 0, uint64_t seg = 0) {
+  return Tag::pack({uint64_t(t), conn, seq, seg});
+}
+static_assert(make_tag(MsgType::body, 1, 2, 3) == ((uint64_t(4) << 60) | (uint64_t(1) << 40) | (uint64_t(2) << 16) | 3),
+              "the tag layout is part of the wire format");
+
+/// A hello-ack carries the client's nonce in every bit below the kind, so the ack
+/// receive a client posts before its hello matches its own ack only.
+constexpr uint64_t kNonceMask = Tag::kBelowKind;
+constexpr uint64_t hello_ack_tag(uint64_t nonce) { return make_tag(MsgType::hello_ack, 0) | (nonce & kNonceMask); }
+
+/// Largest single tagged message, whatever the provider allows.
+inline constexpr size_t kMaxSegmentBytes = size_t(1) << 30;
+
+inline constexpr uint32_t kHelloMagic = 0x6b764f48;   // "kvOH"
+inline constexpr uint32_t kHeaderMagic = 0x6b764f4d;  // "kvOM"
+inline constexpr size_t kMaxAddrBytes = 256;
+
+/// A client's connection request: its endpoint's address (fi_getname) and the nonce
+/// its ack will be tagged with.
+struct Hello {
+  uint32_t magic;
+  uint32_t addr_len;
+  uint64_t nonce;
+  unsigned char addr[kMaxAddrBytes];
+};
+/// The listener's answer: the connection id the client tags its messages with.
+struct HelloAck {
+  uint32_t magic;
+  uint32_t conn_id;
+};
+/// Starts a header message; the header follows it, the body comes as separate segments.
+struct HeaderPrefix {
+  uint32_t magic;
+  uint32_t header_len;
+  uint64_t body_size;
+};
+inline constexpr size_t kHeaderBufBytes = sizeof(HeaderPrefix) + kMaxHeaderBytes;
+
+/// Wire form of a libfabric remote key (RemoteRegion::key): u64 key, then one byte
+/// saying how the reader addresses the region (1: by virtual address, FI_MR_VIRT_ADDR;
+/// 0: by offset from its start). The reader checks the byte against its own domain,
+/// so two ends that disagree fail clearly instead of reading the wrong bytes.
+inline constexpr size_t kRemoteKeyBytes = 9;
+
+}  // namespace kvstream::transport::ofi
