@@ -301,7 +301,7 @@ TEST(Limits, ConnectionsPerNamespace) {
 // 64 clients of one tenant fetching at once from one node (tcp, loopback), briefly:
 // no errors, every chunk whole and right, and the node keeps serving another tenant's
 // client promptly (one busy tenant cannot starve another). The 60 s version is `kvstream-bench storage
-// --clients 64 --seconds 60` (perf/RESULTS.md).
+// --clients 64 --seconds 60` (perf/results/2026-11-30/storage-load.md).
 TEST(Load, SixtyFourClientsNoErrors) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-load-test-{}", ::getpid());
   fs::remove_all(dir);
