@@ -108,6 +108,11 @@ Row<Config> field(std::string_view name, std::string_view doc, Ref ref) {
           [ref, name](Config& c, std::string_view v) { return from_text(name, v, ref(c)); }};
 }
 
+/// A row for the field `member` of a `Config`, e.g.
+/// KVS_SETTING(StoreConfig, "storage.kind", "node, cluster or redis", storage.kind).
+#define KVS_SETTING(Config, name, doc, member) \
+  ::kvstream::settings::field<Config>(name, doc, [](Config& c) -> auto& { return c.member; })
+
 /// The rows of one config struct, with the operations every config offers.
 template <typename Config>
 class Table {

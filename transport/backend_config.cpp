@@ -16,26 +16,23 @@ Status from_text(std::string_view name, std::string_view v, MemoryType& out) {
 namespace {
 
 const settings::Table<BackendConfig>& table() {
-#define KVS_FIELD(name, doc, member) \
+  using C = BackendConfig;
   settings::field<BackendConfig>(name, doc, [](BackendConfig& c) -> auto& { return c.member; })
-  static const settings::Table<BackendConfig> t(
-      {
-          KVS_FIELD("name", "backend: tcp, ucx or libfabric", name),
-          KVS_FIELD("memory", "memory type of message bodies: host or cuda", memory),
-          KVS_FIELD("tcp.queue_depth", "io_uring submission queue entries per connection (4..32768)",
-                    tcp.queue_depth),
-          KVS_FIELD("tcp.send_zc", "zero-copy sends (IORING_OP_SENDMSG_ZC) for bodies", tcp.send_zc),
-          KVS_FIELD("tcp.send_zc_min_bytes", "bodies smaller than this never use zero-copy", tcp.send_zc_min_bytes),
-          KVS_FIELD("tcp.socket_buffer_bytes", "SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning",
-                    tcp.socket_buffer_bytes),
-          KVS_FIELD("ucx.tls", "UCX transports (UCX_TLS syntax); empty: UCX's default", ucx.tls),
-          KVS_FIELD("ucx.peer_errors", "detect crashed peers promptly (costs cma on shared memory)", ucx.peer_errors),
-          KVS_FIELD("ucx.stage_limit_bytes", "bytes staged for messages that arrived before their receiver asked",
-                    ucx.stage_limit_bytes),
-          KVS_FIELD("libfabric.provider", "libfabric provider (FI_PROVIDER syntax)", libfabric.provider),
-      },
-      "");
-#undef KVS_FIELD
+  static const settings::Table<BackendConfig> t({
+      KVS_SETTING(C, "name", "backend: tcp, ucx or libfabric", name),
+      KVS_SETTING(C, "memory", "memory type of message bodies: host or cuda", memory),
+      KVS_SETTING(C, "tcp.queue_depth", "io_uring submission queue entries per connection (4..32768)",
+                tcp.queue_depth),
+      KVS_SETTING(C, "tcp.send_zc", "zero-copy sends (IORING_OP_SENDMSG_ZC) for bodies", tcp.send_zc),
+      KVS_SETTING(C, "tcp.send_zc_min_bytes", "bodies smaller than this never use zero-copy", tcp.send_zc_min_bytes),
+      KVS_SETTING(C, "tcp.socket_buffer_bytes", "SO_SNDBUF/SO_RCVBUF; 0: the kernel's autotuning",
+                tcp.socket_buffer_bytes),
+      KVS_SETTING(C, "ucx.tls", "UCX transports (UCX_TLS syntax); empty: UCX's default", ucx.tls),
+      KVS_SETTING(C, "ucx.peer_errors", "detect crashed peers promptly (costs cma on shared memory)", ucx.peer_errors),
+      KVS_SETTING(C, "ucx.stage_limit_bytes", "bytes staged for messages that arrived before their receiver asked",
+                ucx.stage_limit_bytes),
+      KVS_SETTING(C, "libfabric.provider", "libfabric provider (FI_PROVIDER syntax)", libfabric.provider),
+  }, "");
   return t;
 }
 
