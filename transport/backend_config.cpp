@@ -17,7 +17,6 @@ namespace {
 
 const settings::Table<BackendConfig>& table() {
   using C = BackendConfig;
-  settings::field<BackendConfig>(name, doc, [](BackendConfig& c) -> auto& { return c.member; })
   static const settings::Table<BackendConfig> t({
       KVS_SETTING(C, "name", "backend: tcp, ucx or libfabric", name),
       KVS_SETTING(C, "memory", "memory type of message bodies: host or cuda", memory),
