@@ -1,6 +1,6 @@
-// Time in tests without the wall clock: a clock the test moves (injected into the
-// `now` setting of the part under test), and waits on a condition whose time bound is
-// only a hang guard, never what a test asserts.
+// Time in tests without the wall clock: a clock the test moves, injected into the
+// `now` setting of the part under test (PacedClientConfig, SchedulerConfig,
+// RateLimitedLog).
 #pragma once
 
 #include <chrono>
@@ -8,16 +8,10 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <thread>
+
+#include "tests/support/hang_guard.hpp"
 
 namespace kvstream::testing {
-
-using namespace std::chrono_literals;
-
-/// How long a wait on something that must happen may take before the test gives up:
-/// far beyond any loaded sanitizer run, so reaching it means a hang (a bug), not a
-/// slow machine.
-inline constexpr std::chrono::seconds kHangGuard{60};
 
 /// A steady clock that stands still until the test moves it. Thread-safe. Reads
 /// through fn() (the part under test's reads) are counted, so that a test can wait
@@ -70,18 +64,5 @@ class FakeClock {
   Clock::time_point now_;
   uint64_t reads_ = 0;
 };
-
-/// Polls `pred` until it holds; false if it still does not after kHangGuard. For
-/// what another thread or process does on its own time (a node noticing a closed
-/// connection); the bound is a hang guard only.
-template <typename Pred>
-[[nodiscard]] bool eventually(Pred&& pred) {
-  const auto give_up = std::chrono::steady_clock::now() + kHangGuard;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= give_up) return pred();
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 }  // namespace kvstream::testing

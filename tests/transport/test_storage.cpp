@@ -14,7 +14,7 @@
 
 #include "kvstream/storage.hpp"
 #include "storage/protocol.hpp"
-#include "tests/support/fake_clock.hpp"
+#include "tests/support/hang_guard.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;
