@@ -50,8 +50,8 @@ struct Ahead {
 
 class TicketImpl final : public Ticket {
  public:
-  TicketImpl(ScheduledFetch f, Admission a, uint64_t order)
-      : fetch_(std::move(f)), admission_(std::move(a)), order_(order), submitted_(Clock::now()) {}
+  TicketImpl(ScheduledFetch f, Admission a, uint64_t order, Clock::time_point submitted)
+      : fetch_(std::move(f)), admission_(std::move(a)), order_(order), submitted_(submitted) {}
 
   Status wait() override {
     std::unique_lock lk(mu_);
@@ -99,8 +99,8 @@ class TicketImpl final : public Ticket {
     running_ = std::move(f);
   }
   /// When this fetch is predicted to release its slot (for later admissions).
-  Clock::time_point predicted_end() const {
-    const auto start = started_at_ == Clock::time_point{} ? Clock::now() : started_at_;
+  Clock::time_point predicted_end(Clock::time_point now) const {
+    const auto start = started_at_ == Clock::time_point{} ? now : started_at_;
     return start + std::chrono::duration_cast<Clock::duration>(
                        std::chrono::duration<double>(admission_.predicted_seconds - admission_.queue_seconds));
   }
@@ -125,7 +125,7 @@ class TicketImpl final : public Ticket {
 class SchedulerImpl final : public Scheduler {
  public:
   SchedulerImpl(Pipeline& p, storage::Client& c, AdaptivePlan plan, SchedulerConfig cfg)
-      : pipeline_(p), client_(c), plan_(std::move(plan)), cfg_(cfg) {
+      : pipeline_(p), client_(c), plan_(std::move(plan)), cfg_(cfg), now_(cfg.now ? cfg.now : Now(&Clock::now)) {
     waker_->cv = &cv_;
     dispatcher_ = std::thread([this] { dispatch(); });
   }
@@ -152,9 +152,9 @@ class SchedulerImpl final : public Scheduler {
     std::vector<Ahead> ahead;
     {
       std::lock_guard lk(mu_);
-      const auto now = Clock::now();
+      const auto now = now_();
       for (const auto& t : running_)
-        ahead.push_back({true, std::max(0.0, seconds_between(now, t->predicted_end())), 0});
+        ahead.push_back({true, std::max(0.0, seconds_between(now, t->predicted_end(now))), 0});
       for (const auto& t : queue_)
         if (t->fetch_.priority >= f.priority)
           ahead.push_back({false, 0, t->admission_.predicted_seconds - t->admission_.queue_seconds});
@@ -166,7 +166,7 @@ class SchedulerImpl final : public Scheduler {
     KVS_ASSIGN_OR_RETURN(Admission a, predict(f));
     std::lock_guard lk(mu_);
     if (stopping_) return make_status(StatusCode::cancelled, "scheduler is shutting down");
-    auto t = std::make_shared<TicketImpl>(std::move(f), std::move(a), next_order_++);
+    auto t = std::make_shared<TicketImpl>(std::move(f), std::move(a), next_order_++, now_());
     t->waker_ = waker_;
     queue_.push_back(t);
     // Highest priority first; first come first served within one.
@@ -191,6 +191,8 @@ class SchedulerImpl final : public Scheduler {
   storage::Client& client_;
   const AdaptivePlan plan_;
   const SchedulerConfig cfg_;
+  using Now = std::function<Clock::time_point()>;
+  const Now now_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
@@ -221,7 +223,7 @@ class SchedulerImpl final : public Scheduler {
     if (!est.ok())
       return est.status().with_context(fmt::format("no throughput estimate for {} yet", plan_.peer));
     const double full_rate = double(cfg_.probe_bytes) * 8.0 / std::max(est->seconds, 1e-9);
-    const auto now = Clock::now();
+    const auto now = now_();
     Admission a;
     // Wait for a slot: slots free up as the running fetches end; each queued fetch
     // ahead then takes the earliest free slot for its predicted duration.
@@ -266,7 +268,7 @@ class SchedulerImpl final : public Scheduler {
     std::unique_lock lk(mu_);
     for (;;) {
       // End queued fetches that were cancelled or whose deadline passed.
-      const auto now = Clock::now();
+      const auto now = now_();
       for (auto it = queue_.begin(); it != queue_.end();) {
         auto& t = *it;
         Status why;
@@ -289,17 +291,19 @@ class SchedulerImpl final : public Scheduler {
         start(t, lk);
       }
       reap_waiters();
-      // Wake at the earliest queued deadline (or on submit / end / cancel).
-      auto wake = Clock::now() + 1s;
+      // Wake at the earliest queued deadline (or on submit / end / cancel). A span,
+      // not a time point: the clock may be any.
+      const auto before = now_();
+      auto wake = before + 1s;
       for (const auto& t : queue_) wake = std::min(wake, t->fetch_.request.deadline);
-      cv_.wait_until(lk, wake);
+      cv_.wait_for(lk, wake - before);
     }
   }
 
   // Called with `lk` held; releases it around the network calls. Starts `t` on the
   // pipeline with adaptive decisions.
   void start(const std::shared_ptr<TicketImpl>& t, std::unique_lock<std::mutex>& lk) {
-    t->started_at_ = Clock::now();
+    t->started_at_ = now_();
     running_.push_back(t);
     AdaptivePlan plan = plan_;
     plan.chunk_tokens = t->fetch_.chunk_tokens;

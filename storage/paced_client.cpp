@@ -1,11 +1,12 @@
 // The paced client (include/kvstream/paced_client.hpp): a token bucket in front of a
-// storage client. Virtual link time is kept in seconds on the steady clock; held
-// completions wait on one timer thread.
+// storage client. Virtual link time is kept in seconds on the config's clock (the
+// steady clock by default); held completions wait on one timer thread.
 #include "kvstream/paced_client.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@ using namespace std::chrono_literals;
 using transport::CancelToken;
 using transport::Clock;
 using transport::Deadline;
+using Now = std::function<Clock::time_point()>;
 
 double secs(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 Clock::time_point at(double s) {
@@ -49,7 +51,7 @@ class Bucket {
 // Completions held until their paced time.
 class Timer {
  public:
-  Timer() : thread_([this] { loop(); }) {}
+  explicit Timer(Now now) : now_(std::move(now)), thread_([this] { loop(); }) {}
   ~Timer() { stop(); }
 
   struct Held {
@@ -81,6 +83,7 @@ class Timer {
   }
 
  private:
+  const Now now_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Held> held_;
@@ -91,7 +94,7 @@ class Timer {
     std::unique_lock lock(mu_);
     for (;;) {
       std::vector<Held> due;
-      const auto now = Clock::now();
+      const auto now = now_();
       const double now_s = secs(now);
       for (size_t i = 0; i < held_.size();) {
         Held& h = held_[i];
@@ -119,10 +122,12 @@ class Timer {
         cv_.wait(lock);
         continue;
       }
-      // Next release or deadline; at most 1 ms, so that cancellation is seen promptly.
+      // Next release or deadline; at most 1 ms, so that cancellation is seen promptly
+      // (and a clock that is not the real one is read again). A span, not a time
+      // point: the clock may be any.
       Clock::time_point wake = now + 1ms;
       for (const Held& h : held_) wake = std::min({wake, at(h.release_s), h.deadline});
-      cv_.wait_until(lock, wake);
+      cv_.wait_for(lock, wake - now);
     }
   }
 };
@@ -132,9 +137,10 @@ class PacedClient final : public Client {
   PacedClient(std::unique_ptr<Client> inner, const PacedClientConfig& c)
       : inner_(std::move(inner)),
         config_(c),
+        now_(c.now ? c.now : Now(&Clock::now)),
         down_(std::make_shared<Bucket>(c.bits_per_second / 8, double(c.burst_bytes))),
         up_(c.bits_per_second / 8, double(c.burst_bytes)),
-        timer_(std::make_shared<Timer>()) {}
+        timer_(std::make_shared<Timer>(now_)) {}
   ~PacedClient() override {
     inner_.reset();  // its pending requests complete (into the timer) with its errors
     timer_->stop();
@@ -146,14 +152,14 @@ class PacedClient final : public Client {
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
              Deadline deadline, const CancelToken& cancel) override {
-    const double requested = secs(Clock::now());
+    const double requested = secs(now_());
     return pace_put(inner_->put(context, chunk, level, bytes, deadline, cancel), requested, bytes.size(), deadline,
                     cancel);
   }
 
   Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
                        uint64_t version, Deadline deadline, const CancelToken& cancel) override {
-    const double requested = secs(Clock::now());
+    const double requested = secs(now_());
     return pace_put(inner_->put_versioned(context, chunk, level, bytes, version, deadline, cancel), requested,
                     bytes.size(), deadline, cancel);
   }
@@ -161,7 +167,7 @@ class PacedClient final : public Client {
   Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
                    std::span<const ObjectPart> parts, uint64_t version, Deadline deadline,
                    const CancelToken& cancel) override {
-    const double requested = secs(Clock::now());
+    const double requested = secs(now_());
     return pace_put(inner_->put_parts(context, chunk, level, bytes, parts, version, deadline, cancel), requested,
                     bytes.size(), deadline, cancel);
   }
@@ -170,10 +176,10 @@ class PacedClient final : public Client {
   Status pace_put(Status s, double requested, size_t bytes, Deadline deadline, const CancelToken& cancel) {
     if (!s.ok() || !config_.pace_puts) return s;
     const auto end = at(up_.charge(requested, bytes));
-    while (Clock::now() < end) {
+    for (auto now = now_(); now < end; now = now_()) {
       if (cancel.cancelled()) return make_status(StatusCode::cancelled, "put cancelled (paced link)");
-      if (Clock::now() >= deadline) return make_status(StatusCode::timed_out, "put past its deadline (paced link)");
-      std::this_thread::sleep_until(std::min({end, deadline, Clock::now() + 1ms}));
+      if (now >= deadline) return make_status(StatusCode::timed_out, "put past its deadline (paced link)");
+      std::this_thread::sleep_for(std::min({end, deadline, now + 1ms}) - now);
     }
     return s;
   }
@@ -208,17 +214,18 @@ class PacedClient final : public Client {
   // The completion of a body requested now: an inner success of n bytes charges the
   // downlink n bytes and is held until the paced end; errors pass at once.
   GetCallback paced(Deadline deadline, const CancelToken& cancel, GetCallback done) {
-    return [down = down_, timer = timer_, requested = secs(Clock::now()), deadline, cancel,
+    return [now = now_, down = down_, timer = timer_, requested = secs(now_()), deadline, cancel,
             done = std::move(done)](Result<size_t> r) mutable {
       if (!r.ok()) return done(std::move(r));
       const double release = down->charge(requested, *r);
-      if (release <= secs(Clock::now())) return done(std::move(r));
+      if (release <= secs(now())) return done(std::move(r));
       timer->hold({release, deadline, cancel, std::move(r), std::move(done)});
     };
   }
 
   std::unique_ptr<Client> inner_;
   PacedClientConfig config_;
+  Now now_;
   std::shared_ptr<Bucket> down_;
   Bucket up_;
   std::shared_ptr<Timer> timer_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "kvstream/storage.hpp"
@@ -26,6 +27,11 @@ struct PacedClientConfig {
   /// Also pace put() (the upload direction, with its own bucket at the same rate).
   /// Default false: only the download of chunk bodies is paced.
   bool pace_puts = false;
+  /// The clock the link's time is kept on and deadlines are compared with. Empty
+  /// (default): transport::Clock::now, the steady clock. Tests pass a clock they move,
+  /// to check the paced times without waiting for them; held completions are then
+  /// looked at again at least every millisecond of real time.
+  std::function<transport::Clock::time_point()> now;
 };
 
 /// Wraps `inner` so that chunk bodies fetched through it flow at most at

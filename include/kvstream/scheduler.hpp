@@ -25,6 +25,13 @@ struct SchedulerConfig {
   uint32_t max_running = 2;  ///< fetches in flight at once, sharing the link; >= 1
   /// Transfer size used to turn the peer's estimate into a link rate for predictions.
   uint64_t probe_bytes = uint64_t(4) << 20;
+  /// The clock admission predicts from and queued deadlines are checked on (the
+  /// running fetches keep the pipeline's). Empty (default): transport::Clock::now, the
+  /// steady clock. Tests pass a clock they move, so that what a prediction subtracts
+  /// for time already spent is what the test says; the dispatcher then looks at the
+  /// queue again at least every second of real time (and on every submit, end and
+  /// cancel).
+  std::function<transport::Clock::time_point()> now;
 };
 
 /// One fetch as a runtime's scheduler hands it over.

@@ -6,11 +6,8 @@
 // message.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <map>
 #include <random>
 #include <string>
@@ -326,72 +323,6 @@ TEST(GpuDecoderErrors, CorruptAndMismatchedInputIsRejectedLikeTheCpu) {
   expect_same(*gpu, p, bytes, DType::f16, 30, 0, "after errors");
 }
 
-
-// Throughput on a mistral-7b-sized chunk (32 layers x 8 KV heads x 128, GQA, RoPE
-// half, K coded before RoPE). Runs only when KVSTREAM_GPU_BENCH is set (to the chunk's
-// token count, e.g. 1536); perf/gpu/run.sh sets it. Prints "BENCH key value" lines.
-TEST(GpuDecoderBench, MistralSizedChunk) {
-  const char* env = std::getenv("KVSTREAM_GPU_BENCH");
-  if (env == nullptr || *env == 0) GTEST_SKIP() << "set KVSTREAM_GPU_BENCH=<tokens> to run the benchmark";
-  const uint64_t tokens = std::max<uint64_t>(1, std::strtoull(env, nullptr, 10));
-  const Case cs{"mistral-7b", {32, 8, 128, 32, AttentionKind::gqa}, {true, 1000000.0f, 0, RopePairing::half}, 10,
-                true, 0.2, 128};
-  if (auto probe = probe_device(); !probe.ok())
-    GTEST_SKIP() << "no usable GPU, benchmark skipped: " << probe.status().to_string();
-  using clock = std::chrono::steady_clock;
-  auto secs = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
-  auto t0 = clock::now();
-  const Profile& p = profile_of(cs);
-  std::printf("BENCH profile_build_s %.2f\n", secs(t0));
-  REQUIRE_GPU(gpu, p);
-  t0 = clock::now();
-  const KvCache src = make_cache(cs.geom, DType::f16, tokens, 4096, cs.rope, 99);
-  std::printf("BENCH data_s %.2f\n", secs(t0));
-  const uint32_t level = p.levels() / 2;
-  const std::vector<uint8_t> bytes = encode(p, src.view(), level);
-  const uint64_t out_bytes = GpuDecoder::output_bytes(cs.geom, tokens, DType::f16);
-  std::printf("BENCH tokens %llu level %u chunk_bytes %zu out_bytes_f16 %llu\n", (unsigned long long)tokens, level,
-              bytes.size(), (unsigned long long)out_bytes);
-  // Bit-exactness on this chunk too.
-  expect_same(*gpu, p, bytes, DType::f16, tokens, 4096, "mistral-sized chunk");
-
-  auto out = DeviceBuffer::allocate(out_bytes);
-  ASSERT_TRUE(out.ok()) << out.status().to_string();
-  const int reps = 20;
-  ASSERT_TRUE(gpu->decode(bytes, out->data(), out->size(), DType::f16).ok());  // warm-up
-  double best = 1e30, kernel_best = 1e30, up_best = 1e30, rans_best = 1e30, rec_best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    t0 = clock::now();
-    const Status st = gpu->decode(bytes, out->data(), out->size(), DType::f16);
-    const double s = secs(t0);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    const DecodeTimings tm = gpu->last_timings();
-    best = std::min(best, s);
-    up_best = std::min(up_best, double(tm.upload_ms) * 1e-3);
-    rans_best = std::min(rans_best, double(tm.entropy_ms) * 1e-3);
-    rec_best = std::min(rec_best, double(tm.reconstruct_ms) * 1e-3);
-    kernel_best = std::min(kernel_best, double(tm.entropy_ms + tm.reconstruct_ms) * 1e-3);
-  }
-  // CPU reference: every core.
-  KvCache cpu = KvCache::create(cs.geom, DType::f16, tokens, 4096).value();
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  ASSERT_TRUE(codec::decode_chunk_parallel(p, bytes, cpu.view(), threads).ok());
-  double cpu_best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    t0 = clock::now();
-    ASSERT_TRUE(codec::decode_chunk_parallel(p, bytes, cpu.view(), threads).ok());
-    cpu_best = std::min(cpu_best, secs(t0));
-  }
-  auto bw = measure_h2d_bandwidth(out_bytes, 5);
-  ASSERT_TRUE(bw.ok()) << bw.status().to_string();
-  const double gb = double(out_bytes) / 1e9;
-  std::printf("BENCH gpu_decode_wall_ms %.3f gpu_decode_GBps %.2f\n", best * 1e3, gb / best);
-  std::printf("BENCH gpu_upload_ms %.3f gpu_rans_ms %.3f gpu_reconstruct_ms %.3f gpu_kernels_GBps %.2f\n",
-              up_best * 1e3, rans_best * 1e3, rec_best * 1e3, gb / kernel_best);
-  std::printf("BENCH cpu_decode_ms %.3f cpu_decode_GBps %.2f cpu_threads %u\n", cpu_best * 1e3, gb / cpu_best, threads);
-  std::printf("BENCH h2d_pinned_GBps %.2f h2d_pageable_GBps %.2f copy_bytes %llu\n", bw->pinned_gbps,
-              bw->pageable_gbps, (unsigned long long)out_bytes);
-}
 
 std::vector<std::string> names() {
   std::vector<std::string> n;

@@ -12,6 +12,7 @@
 
 #include "kvstream/scheduler.hpp"
 #include "tests/codec/synthetic_kv.hpp"
+#include "tests/support/fake_clock.hpp"
 
 using namespace kvstream;
 using namespace kvstream::transport;
@@ -84,11 +85,14 @@ class SchedulerTest : public ::testing::Test {
   }
   pipeline::ScheduledFetch fetch_of(const std::string& ctx, KvCache& out, std::chrono::milliseconds deadline,
                                     int priority = 0) {
+    return fetch_at(ctx, out, deadline_in(deadline), priority);
+  }
+  pipeline::ScheduledFetch fetch_at(const std::string& ctx, KvCache& out, Deadline deadline, int priority = 0) {
     pipeline::ScheduledFetch f;
     f.request.context = ctx;
     f.request.destination = out.view();
     f.request.chunks = ranges_;
-    f.request.deadline = deadline_in(deadline);
+    f.request.deadline = deadline;
     f.priority = priority;
     f.chunk_tokens.assign(ranges_.size(), kChunk);
     return f;
@@ -104,11 +108,16 @@ class SchedulerTest : public ::testing::Test {
   std::map<std::pair<uint32_t, uint32_t>, std::vector<uint8_t>> stored_;
 };
 
+// On a fake clock an hour past the real one: the time left is exactly the deadline
+// given, and the stat of each admission (on the real clock, same deadline) has an hour.
 TEST_F(SchedulerTest, AdmissionPredictsBeforeCommitting) {
-  auto s = pipeline::Scheduler::create(*pipeline_, *client_, plan(1e9));
+  kvstream::testing::FakeClock clock(Clock::now() + 1h);
+  pipeline::SchedulerConfig cfg;
+  cfg.now = clock.fn();
+  auto s = pipeline::Scheduler::create(*pipeline_, *client_, plan(1e9), cfg);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
-  auto roomy = (*s)->predict(fetch_of("a", out, 10s));
+  auto roomy = (*s)->predict(fetch_at("a", out, clock.now() + 10s));
   ASSERT_TRUE(roomy.ok()) << roomy.status().to_string();
   EXPECT_TRUE(roomy->fits);
   EXPECT_EQ(roomy->plan.size(), ranges_.size());
@@ -117,13 +126,13 @@ TEST_F(SchedulerTest, AdmissionPredictsBeforeCommitting) {
   EXPECT_DOUBLE_EQ(roomy->mean_quality_loss, 0.0);  // roomy: everything at the best option
   // A deadline nothing meets (a 100 kbit/s link, text slower than the deadline too):
   // predicted to miss.
-  auto slow = pipeline::Scheduler::create(*pipeline_, *client_, plan(1e5));
+  auto slow = pipeline::Scheduler::create(*pipeline_, *client_, plan(1e5), cfg);
   ASSERT_TRUE(slow.ok());
-  auto tight = (*slow)->predict(fetch_of("a", out, 5ms));
+  auto tight = (*slow)->predict(fetch_at("a", out, clock.now() + 5ms));
   ASSERT_TRUE(tight.ok()) << tight.status().to_string();
   EXPECT_FALSE(tight->fits);
   // Unknown context: the stat's error.
-  EXPECT_EQ((*s)->predict(fetch_of("nope", out, 10s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*s)->predict(fetch_at("nope", out, clock.now() + 10s)).status().code(), StatusCode::not_found);
   EXPECT_EQ((*s)->running(), 0u);
   EXPECT_EQ((*s)->queued(), 0u);
 }
@@ -166,9 +175,16 @@ TEST_F(SchedulerTest, FetchesDeliverTheStoredLevels) {
   EXPECT_EQ(pipeline_->buffers_in_use(), 0u);
 }
 
+// On a fake clock: the doomed fetch's deadline passes when the test moves the clock,
+// while the first fetch still holds the only slot. The clock starts an hour past the
+// real now, so that what runs on the real clock with the same deadlines (the stat of
+// each admission, the running fetches) has an hour, a hang guard; a real 1 ms
+// deadline used to make the doomed one's admission itself time out now and then.
 TEST_F(SchedulerTest, PriorityOrdersTheQueueAndQueuedFetchesEnd) {
+  kvstream::testing::FakeClock clock(Clock::now() + 1h);
   pipeline::SchedulerConfig cfg;
   cfg.max_running = 1;
+  cfg.now = clock.fn();
   auto s = pipeline::Scheduler::create(*pipeline_, *client_, plan(1e9), cfg);
   ASSERT_TRUE(s.ok());
   KvCache outs[5];
@@ -176,7 +192,7 @@ TEST_F(SchedulerTest, PriorityOrdersTheQueueAndQueuedFetchesEnd) {
   std::mutex mu;
   std::vector<std::string> started;
   auto tracked = [&](const std::string& ctx, KvCache& out, std::chrono::milliseconds d, int prio) {
-    auto f = fetch_of(ctx, out, d, prio);
+    auto f = fetch_at(ctx, out, clock.now() + d, prio);
     const std::string name = fmt::format("{}{}", ctx, prio);
     f.on_chunk = [&, name](const pipeline::ChunkTimings& t) {
       std::lock_guard lk(mu);
@@ -185,25 +201,28 @@ TEST_F(SchedulerTest, PriorityOrdersTheQueueAndQueuedFetchesEnd) {
     return f;
   };
   // The first fetch holds the only slot until every other one is queued: its first
-  // chunk's callback waits for `release`.
-  std::promise<void> release;
+  // chunk's callback says it runs, then waits for `release`.
+  std::promise<void> release, running;
   auto released = release.get_future().share();
   auto f0 = tracked("a", outs[0], 20s, 0);
   f0.on_chunk = [&, released, inner = f0.on_chunk](const pipeline::ChunkTimings& t) {
     inner(t);
-    if (t.chunk == 0) released.wait();
+    if (t.chunk == 0) {
+      running.set_value();
+      released.wait();
+    }
   };
   auto first = (*s)->submit(std::move(f0));
   ASSERT_TRUE(first.ok());
-  for (int i = 0; i < 500 && !(*first)->started(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(running.get_future().wait_for(kvstream::testing::kHangGuard), std::future_status::ready);
   ASSERT_TRUE((*first)->started());
   auto low = (*s)->submit(tracked("b", outs[1], 20s, 0));
   auto high = (*s)->submit(tracked("c", outs[2], 20s, 5));
-  auto doomed = (*s)->submit(tracked("a", outs[3], 1ms, 9));  // passes its deadline queued (or at once)
+  auto doomed = (*s)->submit(tracked("a", outs[3], 1ms, 9));
   auto dropped = (*s)->submit(tracked("b", outs[4], 20s, -1));
-  ASSERT_TRUE(first.ok() && low.ok() && high.ok() && doomed.ok() && dropped.ok());
+  for (auto* t : {&low, &high, &doomed, &dropped}) ASSERT_TRUE(t->ok()) << t->status().to_string();
   (*dropped)->cancel();
-  std::this_thread::sleep_for(20ms);  // the doomed one's deadline passes while queued
+  clock.advance(1ms);  // the doomed one's deadline passes while queued (the others' are 20 s away)
   release.set_value();
   EXPECT_TRUE((*first)->wait().ok());
   EXPECT_TRUE((*low)->wait().ok());
@@ -222,9 +241,14 @@ TEST_F(SchedulerTest, PriorityOrdersTheQueueAndQueuedFetchesEnd) {
   EXPECT_EQ(pipeline_->buffers_in_use(), 0u);
 }
 
+// On a clock that stands still: the fetches ahead have spent none of their predicted
+// time when the third is predicted, however long the machine takes to get there, so
+// it must wait all of the shorter one's.
 TEST_F(SchedulerTest, FetchesAheadDelayAndShareTheLink) {
+  kvstream::testing::FakeClock clock(Clock::now());
   pipeline::SchedulerConfig cfg;
   cfg.max_running = 2;
+  cfg.now = clock.fn();
   // A slow link as the estimators see it (the loopback is far faster: the fetches
   // themselves finish quickly; only the predictions are slow).
   auto s = pipeline::Scheduler::create(*pipeline_, *client_, plan(2e6), cfg);
@@ -252,8 +276,11 @@ TEST_F(SchedulerTest, FetchesAheadDelayAndShareTheLink) {
   release.set_value();
   // The second shares the link with the first; the third waits for a slot.
   EXPECT_NEAR(tickets[1]->admission().link_bits_per_second, 1e6, 1e5);
-  EXPECT_GT(tickets[2]->admission().queue_seconds, 0.0);
-  EXPECT_GE(tickets[2]->admission().predicted_seconds, tickets[2]->admission().queue_seconds);
+  const double first_runs = tickets[0]->admission().predicted_seconds;
+  const double second_runs = tickets[1]->admission().predicted_seconds;
+  ASSERT_GT(first_runs, 0.0);
+  EXPECT_NEAR(tickets[2]->admission().queue_seconds, std::min(first_runs, second_runs), 1e-6);
+  EXPECT_GT(tickets[2]->admission().predicted_seconds, tickets[2]->admission().queue_seconds);
   for (auto& t : tickets) EXPECT_TRUE(t->wait().ok());
 }
 

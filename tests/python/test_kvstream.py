@@ -368,14 +368,16 @@ def test_fetch_holds_its_destination(store, stored, prompt):
 
 @pytest.fixture()
 def slow_store(node, tinyllama_profile, stored):
-    # ~60 KB at level 0 over a 200 kbit/s paced link: about 2.5 s.
-    with kvstream.KvStore.open(config(node, tinyllama_profile, **{"storage.paced_bits_per_second": 2e5})) as s:
+    # ~60 KB at level 0 over a 2 kbit/s paced link: about 4 minutes, so that a fetch
+    # on it is still running whenever the test looks, however slow the machine (its
+    # fetches are cancelled, never waited out).
+    with kvstream.KvStore.open(config(node, tinyllama_profile, **{"storage.paced_bits_per_second": 2e3})) as s:
         yield s
 
 
 def test_cancel_and_gil_released_while_waiting(slow_store, prompt):
     dest = np.zeros((5, 2, PROMPT_TOKENS, 32), np.float32)
-    fetch = slow_store.fetch(prompt, dest, level=0, timeout=120)
+    fetch = slow_store.fetch(prompt, dest, level=0, timeout=600)
     started = threading.Event()
     events: list[str] = []
     count = 0
@@ -404,7 +406,7 @@ def test_cancel_and_gil_released_while_waiting(slow_store, prompt):
     # A cancelled fetch's context manager exit and a later wait are quiet / consistent.
     with pytest.raises(kvstream.Cancelled):
         fetch.wait()
-    with slow_store.fetch(prompt, dest, level=0, timeout=120) as f:
+    with slow_store.fetch(prompt, dest, level=0, timeout=600) as f:
         pass  # leaving the block cancels it
     assert f.finished
 

@@ -274,7 +274,8 @@ TEST_F(Cluster, ConcurrentWritersLeaveReplicasAgreeing) {
 }
 
 TEST_F(Cluster, NodeKilledMidReadEveryChunkStillReadsBack) {
-  auto c = cluster::connect(config(addresses()), deadline_in(10s));
+  const auto addrs = addresses();
+  auto c = cluster::connect(config(addrs), deadline_in(10s));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const uint32_t chunks = 60;
   const auto stored = put_all(**c, "ctx-k", chunks);
@@ -282,10 +283,11 @@ TEST_F(Cluster, NodeKilledMidReadEveryChunkStillReadsBack) {
   std::vector<std::byte> buf(slot * chunks * 2);
   auto mr = (*c)->register_memory(buf.data(), buf.size());
   ASSERT_TRUE(mr.ok());
-  const auto deadline_each = 3s;
+  // Each read succeeds within its deadline (a read that ran out would fail): the
+  // deadline bounds the test, what is checked is that every read came back whole.
+  const auto deadline_each = 20s;
   // The first third one by one, the rest all in flight while node 1 dies.
   std::vector<std::future<Result<size_t>>> fs;
-  const auto t0 = Clock::now();
   size_t i = 0;
   for (auto& [key, bytes] : stored) {
     if (i < stored.size() / 3) {
@@ -301,7 +303,6 @@ TEST_F(Cluster, NodeKilledMidReadEveryChunkStillReadsBack) {
     auto r = f.get();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
   }
-  EXPECT_LT(Clock::now() - t0, deadline_each + 1s);
   i = 0;
   for (auto& [key, bytes] : stored) {
     ASSERT_EQ(std::memcmp(buf.data() + i * slot, bytes.data(), bytes.size()), 0) << key.first << "/" << key.second;
@@ -311,13 +312,28 @@ TEST_F(Cluster, NodeKilledMidReadEveryChunkStillReadsBack) {
   auto st = (*c)->stat("ctx-k", deadline_in(3s));
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   EXPECT_EQ(st->size(), chunks);
-  // ...but a put to a chunk that has the dead node as a replica cannot reach both.
-  int refused = 0;
-  for (uint32_t k = 0; k < 10; ++k)
-    refused += !(*c)->put("ctx-k2", k, 0, test_util::pattern(100, k), deadline_in(2s)).ok();
-  EXPECT_GT(refused, 0);
+  // ...but a put to a chunk that has the dead node as a replica cannot reach both,
+  // and only such a put fails. (Which chunks those are follows from the nodes' ports:
+  // taken from the ring, five of each.)
+  cluster::HashRing ring;
+  for (const auto& a : addrs) ASSERT_TRUE(ring.add(a).ok());
+  std::set<uint32_t> with_dead, without_dead, refused;
+  for (uint32_t k = 0; (with_dead.size() < 5 || without_dead.size() < 5) && k < 100000; ++k) {
+    const auto r = ring.replicas(cluster::HashRing::chunk_key("ctx-k2", k), 2);
+    auto& side = std::find(r.begin(), r.end(), addrs[1]) != r.end() ? with_dead : without_dead;
+    if (side.size() < 5) side.insert(k);
+  }
+  ASSERT_EQ(with_dead.size() + without_dead.size(), 10u);
+  for (const auto& side : {with_dead, without_dead})
+    for (uint32_t k : side)
+      if (!(*c)->put("ctx-k2", k, 0, test_util::pattern(100, k), deadline_in(10s)).ok()) refused.insert(k);
+  EXPECT_EQ(refused, with_dead);
 }
 
+// Node 0 stalls (its proxy stops forwarding). Every read still succeeds, and only one
+// of them was sent to node 0: the first that ranked it first waited out its share of
+// the deadline there and failed over; the node was avoided after that. What node 0
+// was sent is counted by the node itself once the proxy forwards again.
 TEST_F(Cluster, StalledNodeIsFailedOverWithinTheDeadline) {
   std::vector<std::string> via;
   for (auto& s : servers_) {
@@ -332,54 +348,70 @@ TEST_F(Cluster, StalledNodeIsFailedOverWithinTheDeadline) {
     stored = put_all(**writer, "ctx-s", chunks);
   }
   // A fresh reader has measured no node, so it starts with each chunk's primary:
-  // node 0 for about a third of them. Then node 0 stalls.
-  auto c = cluster::connect(config(via), deadline_in(10s));
+  // node 0 for about a third of them. Then node 0 stalls. It stays marked down for
+  // the whole test, however slow the machine.
+  auto cfg = config(via);
+  cfg.retry_down_after = std::chrono::hours(1);
+  auto c = cluster::connect(cfg, deadline_in(10s));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   std::vector<std::byte> buf(256 * 1024);
   auto mr = (*c)->register_memory(buf.data(), buf.size());
   ASSERT_TRUE(mr.ok());
+  const uint64_t before = servers_[0]->counters().requests;
   proxies_[0]->pause(true);
-  const auto deadline = 2s;
-  Clock::duration slowest{}, total{};
+  const auto deadline = 6s;  // the stalled attempt gets half; the failover the rest
   for (auto& [key, bytes] : stored) {
-    const auto t0 = Clock::now();
     auto r = (*c)->get("ctx-s", key.first, key.second, *mr, 0, buf.size(), deadline_in(deadline));
-    const auto took = Clock::now() - t0;
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     ASSERT_EQ(*r, bytes.size());
     ASSERT_EQ(std::memcmp(buf.data(), bytes.data(), bytes.size()), 0);
-    EXPECT_LT(took, deadline);
-    slowest = std::max(slowest, took);
-    total += took;
   }
-  // Only the first read that met the stall paid for it (about half the deadline);
-  // after it the node was avoided.
-  EXPECT_GT(slowest, 500ms);
-  EXPECT_LT(total, deadline + 1s);
-  // stat gives the stalled node half the time left, then answers without it.
-  const auto t0 = Clock::now();
+  // stat leaves out the node marked down and answers from the others.
   auto st = (*c)->stat("ctx-s", deadline_in(deadline));
   EXPECT_TRUE(st.ok()) << st.status().to_string();
-  EXPECT_LT(Clock::now() - t0, deadline);
   proxies_[0]->pause(false);
+  // remove asks every node, node 0 too, on the same connection as the reads: once it
+  // has answered, node 0 has counted everything sent to it before.
+  EXPECT_EQ((*c)->remove("ctx-none", deadline_in(30s)).code(), StatusCode::not_found);
+  EXPECT_EQ(servers_[0]->counters().requests - before, 2u) << "one stalled read and the remove";
 }
 
 // Parts go to every replica with the bytes and come back from the merged stat; range
 // reads return the slices, and keep doing so from the other replica once a node dies;
-// a put without parts clears them on every replica.
+// a put without parts clears them on every replica, and only a put whose replicas are
+// both alive succeeds.
 TEST_F(Cluster, PartsAndRangesWithFailover) {
   auto c = cluster::connect(config(addresses()), deadline_in(10s));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
+  // Where a chunk lives follows from the nodes' ports, which the kernel picks: chunks
+  // 0..11 all had node 1 as a replica in about 1 run in 125, and then no put could
+  // succeed once it died. The chunks are picked from the ring instead, four on each
+  // pair of nodes: node 1's death leaves four whole and eight with one replica.
   const uint32_t chunks = 12;
+  cluster::HashRing ring;
+  for (const auto& a : addresses()) ASSERT_TRUE(ring.add(a).ok());
+  const std::string dead = servers_[1]->address();
+  std::map<std::set<std::string>, int> on_pair;
+  std::vector<uint32_t> ids;
+  std::set<uint32_t> both_alive;
+  for (uint32_t k = 0; ids.size() < chunks && k < 100000; ++k) {
+    const auto r = ring.replicas(cluster::HashRing::chunk_key("ctx-p", k), 2);
+    if (on_pair[{r.begin(), r.end()}]++ >= 4) continue;
+    ids.push_back(k);
+    if (std::find(r.begin(), r.end(), dead) == r.end()) both_alive.insert(k);
+  }
+  ASSERT_EQ(ids.size(), chunks);
+  ASSERT_EQ(both_alive.size(), 4u);
   std::map<uint32_t, std::vector<std::byte>> stored;
   std::map<uint32_t, std::vector<ObjectPart>> tables;
-  for (uint32_t k = 0; k < chunks; ++k) {
+  for (uint32_t k : ids) {
     auto b = test_util::pattern(200000 + k * 1013, 50 + k);
     tables[k] = {{b.size() / 4, 4.0 + k}, {b.size() / 2, 2.0}, {b.size(), 1.0}};
     ASSERT_TRUE((*c)->put_parts("ctx-p", k, 1, b, tables[k], 0, deadline_in(10s)).ok());
     stored[k] = std::move(b);
   }
-  EXPECT_EQ((*c)->put_parts("ctx-p", 0, 0, stored[0], std::vector<ObjectPart>{{1, 0}}, 0, deadline_in(10s)).code(),
+  const uint32_t first = ids[0];
+  EXPECT_EQ((*c)->put_parts("ctx-p", first, 0, stored[first], std::vector<ObjectPart>{{1, 0}}, 0, deadline_in(10s)).code(),
             StatusCode::invalid_argument);
   auto st = (*c)->stat("ctx-p", deadline_in(5s));
   ASSERT_TRUE(st.ok()) << st.status().to_string();
@@ -400,18 +432,19 @@ TEST_F(Cluster, PartsAndRangesWithFailover) {
       }
   };
   check_ranges();
-  EXPECT_EQ((*c)->get_range("ctx-p", 0, 1, stored[0].size(), 1, *mr, 0, deadline_in(5s)).status().code(),
+  EXPECT_EQ((*c)->get_range("ctx-p", first, 1, stored[first].size(), 1, *mr, 0, deadline_in(5s)).status().code(),
             StatusCode::out_of_range);
-  EXPECT_EQ((*c)->get_range("ctx-p", 99, 1, 0, 1, *mr, 0, deadline_in(5s)).status().code(), StatusCode::not_found);
-  EXPECT_EQ((*c)->get_range("ctx-p", 0, 1, 0, 0, *mr, 0, deadline_in(5s)).status().code(),
+  EXPECT_EQ((*c)->get_range("ctx-p", 100001, 1, 0, 1, *mr, 0, deadline_in(5s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ((*c)->get_range("ctx-p", first, 1, 0, 0, *mr, 0, deadline_in(5s)).status().code(),
             StatusCode::invalid_argument);
   servers_[1].reset();
   check_ranges();
   // Chunks whose replicas are both alive take a put without parts; their parts go.
+  // The others cannot reach both replicas (write quorum: all).
   std::set<uint32_t> cleared;
   for (auto& [k, b] : stored)
-    if ((*c)->put("ctx-p", k, 1, b, deadline_in(3s)).ok()) cleared.insert(k);
-  EXPECT_FALSE(cleared.empty());
+    if ((*c)->put("ctx-p", k, 1, b, deadline_in(10s)).ok()) cleared.insert(k);
+  EXPECT_EQ(cleared, both_alive);
   st = (*c)->stat("ctx-p", deadline_in(5s));
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   for (const ChunkStat& s : *st)

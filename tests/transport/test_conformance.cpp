@@ -285,30 +285,31 @@ TEST_P(Conformance, RecvRespectsDeadline) {
   auto p = make_pair();
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   std::vector<std::byte> h;
-  const auto t0 = Clock::now();
-  auto r = p->server->recv_header(h, deadline_in(200ms), {});
-  const auto took = Clock::now() - t0;
+  // Nothing is sent: only the deadline can end the wait, and never before it (how
+  // long after depends on the machine and is not asserted; a hang is ctest's timeout).
+  const Deadline deadline = deadline_in(200ms);
+  auto r = p->server->recv_header(h, deadline, {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::timed_out) << r.status().to_string();
-  EXPECT_GE(took, 190ms);
-  EXPECT_LT(took, 1500ms);
+  EXPECT_GE(Clock::now(), deadline) << "timed out before the deadline";
 }
 
 TEST_P(Conformance, CancelStopsAWait) {
   auto p = make_pair();
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   CancelToken cancel;
+  // The pause only makes it likely that the cancel arrives while recv waits (a cancel
+  // before the wait must end it the same way); the deadline is an hour away, so only
+  // the cancel can have ended it.
   std::thread t([cancel] {
     std::this_thread::sleep_for(100ms);
     cancel.cancel();
   });
   std::vector<std::byte> h;
-  const auto t0 = Clock::now();
-  auto r = p->server->recv_header(h, deadline_in(30s), cancel);
+  auto r = p->server->recv_header(h, deadline_in(1h), cancel);
   t.join();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::cancelled) << r.status().to_string();
-  EXPECT_LT(Clock::now() - t0, 2s);
 }
 
 TEST_P(Conformance, DeadPeerIsAnErrorNotAHang) {
@@ -317,12 +318,10 @@ TEST_P(Conformance, DeadPeerIsAnErrorNotAHang) {
   p->client.reset();  // the peer goes away
   p->client_backend.reset();
   std::vector<std::byte> h;
-  const auto t0 = Clock::now();
   auto r = p->server->recv_header(h, deadline_in(5s), {});
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(r.status().code() == StatusCode::unavailable || r.status().code() == StatusCode::timed_out)
       << r.status().to_string();
-  EXPECT_LT(Clock::now() - t0, 6s);
 }
 
 TEST_P(Conformance, ConnectToNothingFailsByDeadline) {
@@ -330,10 +329,9 @@ TEST_P(Conformance, ConnectToNothingFailsByDeadline) {
   cfg.name = GetParam();
   auto b = create_backend(cfg);
   ASSERT_TRUE(b.ok());
-  const auto t0 = Clock::now();
+  // Refused, or given up at the deadline: an error either way, never a connection.
   auto c = (*b)->connect("127.0.0.1:1", deadline_in(2s), {});
   EXPECT_FALSE(c.ok());
-  EXPECT_LT(Clock::now() - t0, 3s);
 }
 
 TEST_P(Conformance, RegistrationIsCachedAndBounded) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kvstream/storage.hpp"
+#include "tests/support/hang_guard.hpp"
 #include "tests/support/raw_peer.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "storage/protocol.hpp"
@@ -27,15 +28,6 @@ class NodeLimits : public ::testing::Test {
   ServerConfig config() { return test_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}}); }
   Result<std::unique_ptr<Client>> client(const std::string& addr) {
     return test_util::connect_client(addr, "tenant-b", kSecretB);
-  }
-  // Waits (bounded) until `pred` holds; the node's threads act on their own time.
-  template <typename P>
-  static bool eventually(P pred) {
-    for (int i = 0; i < 1000; ++i) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return pred();
   }
   test_util::TempDir tmp_{"kvstream-limits"};
 };
@@ -61,7 +53,7 @@ TEST_F(NodeLimits, DeclaredHugePutsStayInsideTheBudget) {
     put.total = kMaxChunkBytes, put.checksum = 0;
     ASSERT_TRUE(attackers[i].send_message(encode(put), kSegmentBytes, kib));
   }
-  EXPECT_TRUE(eventually([&] { return (*server)->counters().budget_refusals >= 2; }));
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*server)->counters().budget_refusals >= 2; }));
   const auto c = (*server)->counters();
   EXPECT_LE(c.budget_peak_bytes, c.budget_limit_bytes);
   auto tenant = client(addr);
@@ -70,7 +62,7 @@ TEST_F(NodeLimits, DeclaredHugePutsStayInsideTheBudget) {
   const Status refused = (*tenant)->put("mine", 0, 0, body, deadline_in(10s));
   EXPECT_EQ(refused.code(), StatusCode::resource_exhausted) << refused.to_string();
   attackers.clear();  // their connections close; their segments come back
-  EXPECT_TRUE(eventually([&] { return (*tenant)->put("mine", 0, 0, body, deadline_in(10s)).ok(); }));
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*tenant)->put("mine", 0, 0, body, deadline_in(10s)).ok(); }));
   EXPECT_LE((*server)->counters().budget_peak_bytes, c.budget_limit_bytes);
 }
 
@@ -95,7 +87,7 @@ TEST_F(NodeLimits, UnauthenticatedFloodLeavesTenantsServed) {
   for (size_t i = 0; i < many_sources.size(); ++i)
     ASSERT_TRUE(many_sources[i].connect(addr, fmt::format("127.0.1.{}", i + 1)));
   // 4 + 40 for 16 places: 28 go, the first four of them 127.0.0.2's.
-  EXPECT_TRUE(eventually([&] { return (*server)->counters().evicted_unauthenticated >= 16 + 28; }));
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*server)->counters().evicted_unauthenticated >= 16 + 28; }));
   int of_first = 0;
   for (auto& p : one_source) of_first += p.closed_by_peer(50) ? 0 : 1;
   EXPECT_EQ(of_first, 0) << "the busiest source gives way first";

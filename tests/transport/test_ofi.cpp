@@ -1,6 +1,6 @@
 // libfabric-specific tests (the shared contract is in test_conformance.cpp): each
 // provider we expect on a single machine, cuda refusal, connections sharing one
-// listener endpoint, the "bye" on orderly close, and a throughput figure.
+// listener endpoint, the "bye" on orderly close, many large messages in order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -173,9 +173,11 @@ TEST_P(LibfabricProvider, AcceptPastItsDeadlineLosesNoConnection) {
   auto l = (*sb)->listen("127.0.0.1:0");
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   for (int round = 0; round < 3; ++round) {
-    auto client = std::async(std::launch::async, [&] { return (*cb)->connect((*l)->address(), deadline_in(10s), {}); });
+    // Accepts with a deadline already due, polled until one succeeds: the behaviour
+    // under test. The minute is only a hang guard.
+    auto client = std::async(std::launch::async, [&] { return (*cb)->connect((*l)->address(), deadline_in(60s), {}); });
     std::unique_ptr<Connection> server;
-    for (const auto give_up = deadline_in(10s); !server && Clock::now() < give_up;) {
+    for (const auto give_up = deadline_in(60s); !server && Clock::now() < give_up;) {
       auto a = (*l)->accept(Clock::now(), {});
       if (a.ok()) {
         server = std::move(a).value();
@@ -211,11 +213,10 @@ TEST_P(LibfabricProvider, OrderlyCloseIsSeenAtOnceAfterPendingMessages) {
   auto len = p->server->recv_header(got, deadline_in(5s), {});
   ASSERT_TRUE(len.ok()) << len.status().to_string();  // sent before the close: still delivered
   EXPECT_EQ(got.size(), 3u);
-  const auto t0 = Clock::now();
-  auto r = p->server->recv_header(got, deadline_in(5s), {});
+  // The close ends the wait (unavailable), not the deadline a minute away (timed_out).
+  auto r = p->server->recv_header(got, deadline_in(60s), {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
-  EXPECT_LT(Clock::now() - t0, 1s);
 }
 
 TEST_P(LibfabricProvider, TimedOutBodyCanBeRetried) {
@@ -265,9 +266,7 @@ TEST_P(LibfabricProvider, PostedSendsAreZeroCopyAndWaitBreaksOnTimeout) {
   // A peer that does not read: the wait times out and the connection is broken.
   seq = p->client->post_send(hdr, smr->span(0, n));
   ASSERT_TRUE(seq.ok()) << seq.status().to_string();
-  const auto t0 = Clock::now();
   EXPECT_EQ(p->client->wait_sends(*seq, deadline_in(200ms), {}).code(), StatusCode::timed_out);
-  EXPECT_LT(Clock::now() - t0, 2s);
   auto again = p->client->post_send(hdr, {});
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::unavailable);
@@ -440,20 +439,20 @@ TEST_P(LibfabricProvider, ReadFromAStalledOwnerEndsByItsDeadline) {
     // completes regardless: then the data must be right.
     EXPECT_EQ(dst, want);
   } else {
-    EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();
-    EXPECT_LT(took, 300ms + 250ms);
+    EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();  // how long it took is printed, not asserted
     const auto snapshot = dst;
     ::kill(pid, SIGCONT);
+    // The owner runs again: a read still in flight would land now. The pause gives it
+    // the chance; whatever its length, bytes landing would be a failure, never a pass.
     std::this_thread::sleep_for(300ms);
     EXPECT_TRUE(dst == snapshot) << "bytes landed in the buffer after read returned";
     EXPECT_EQ((*c)->read(dmr->span(0, 16), *remote, 0, deadline_in(1s), {}).code(), StatusCode::unavailable);
   }
 }
 
-// Many 1 MiB messages one way arrive whole and in order. The rate is printed for the
-// record, not asserted: under the sanitizers on 2 shared cores it says nothing about the
-// backend (perf/transport-anchors.sh measures it against fi_rma_bw).
-TEST_P(LibfabricProvider, ThroughputOneMiB) {
+// Many 1 MiB messages one way arrive whole and in order. (Their rate is measured by
+// kvstream-perf --backend libfabric, against fi_rma_bw in perf/transport-anchors.sh.)
+TEST_P(LibfabricProvider, ManyOneMiBMessagesArriveWholeAndInOrder) {
   auto p = make_ofi_pair(GetParam());
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   const size_t n = size_t(1) << 20;
@@ -462,7 +461,6 @@ TEST_P(LibfabricProvider, ThroughputOneMiB) {
   auto smr = p->client_backend->register_memory(s.data(), n, MemoryType::host);
   auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
   ASSERT_TRUE(smr.ok() && rmr.ok());
-  const auto t0 = Clock::now();
   std::thread rx([&] {
     std::vector<std::byte> h;
     for (int i = 0; i < count; ++i) {
@@ -481,10 +479,6 @@ TEST_P(LibfabricProvider, ThroughputOneMiB) {
     ASSERT_TRUE(p->client->send(h, smr->span(0, n), deadline_in(30s), {}).ok());
   }
   rx.join();
-  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double mibs = count / sec;
-  std::printf("[ libfabric %s ] %d x 1 MiB one way: %.0f MiB/s\n", GetParam().c_str(), count, mibs);
-  RecordProperty("MiB_per_s", int(mibs));
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LibfabricProvider, ::testing::Values("tcp;ofi_rxm", "shm"),

@@ -1,5 +1,6 @@
 // The paced client (include/kvstream/paced_client.hpp) over a fake inner client that
-// completes every get at once: completions are released at the paced times.
+// completes every get at once, on a fake clock: completions are released at the paced
+// times, checked by moving the clock to just before and just after each.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <thread>
 
 #include "kvstream/paced_client.hpp"
+#include "tests/support/fake_clock.hpp"
 
 namespace kvstream::storage {
 namespace {
@@ -82,7 +84,43 @@ class FakeClient final : public Client {
   }
 };
 
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// A paced client on a fake clock: the link's time moves only when the test moves it,
+// so each completion's release time is checked exactly, whatever the machine's load.
+struct Paced {
+  testing::FakeClock clock;
+  FakeClient* inner = nullptr;
+  std::unique_ptr<Client> client;
+
+  explicit Paced(double bits_per_second, uint64_t burst_bytes = 0, size_t bytes = 10000, bool pace_puts = false) {
+    auto fake = std::make_unique<FakeClient>();
+    fake->bytes = bytes;
+    inner = fake.get();
+    PacedClientConfig pc;
+    pc.bits_per_second = bits_per_second;
+    pc.burst_bytes = burst_bytes;
+    pc.pace_puts = pace_puts;
+    pc.now = clock.fn();
+    client = std::move(make_paced_client(std::move(fake), pc)).value();
+  }
+  // Deadlines are on the fake clock too.
+  transport::Deadline in(Clock::duration d) const { return clock.now() + d; }
+  // Moves the clock to `t` and returns once the timer has looked at it (something
+  // must be held): every completion due by `t` has been released by then.
+  [[nodiscard]] bool at(Clock::time_point t) {
+    clock.set(t);
+    return clock.wait_reads(2);
+  }
+};
+
+template <typename T>
+bool ready(std::future<T>& f) {
+  return f.wait_for(0s) == std::future_status::ready;
+}
+// Waits for a completion that is due (the timer releases it on its next look).
+template <typename T>
+bool arrives(std::future<T>& f) {
+  return f.wait_for(testing::kHangGuard) == std::future_status::ready;
+}
 
 TEST(PacedClient, RejectsBadSettings) {
   PacedClientConfig c;
@@ -96,79 +134,103 @@ TEST(PacedClient, RejectsBadSettings) {
 
 TEST(PacedClient, ReleasesCompletionsAtTheLinkRate) {
   // 1,000,000 bit/s: a 10,000-byte body takes 80 ms; three issued together end at
-  // 80, 160 and 240 ms.
-  auto fake = std::make_unique<FakeClient>();
-  fake->bytes = 10000;
-  auto c = make_paced_client(std::move(fake), 1e6);
-  ASSERT_NE(c, nullptr);
-  const auto t0 = Clock::now();
+  // 80, 160 and 240 ms: each is held until then and released then.
+  Paced p(1e6);
+  const auto t0 = p.clock.now();
   std::vector<std::future<Result<size_t>>> f;
-  for (int i = 0; i < 3; ++i) f.push_back(c->get_future("ctx", i, 0, {}, 0, 10000, deadline_in(10s)));
-  std::vector<double> ends;
-  for (auto& x : f) {
-    auto r = x.get();
+  for (int i = 0; i < 3; ++i) f.push_back(p.client->get_future("ctx", i, 0, {}, 0, 10000, p.in(1h)));
+  for (int i = 0; i < 3; ++i) {
+    const auto end = t0 + (i + 1) * 80ms;
+    ASSERT_TRUE(p.at(end - 1us));
+    for (int j = i; j < 3; ++j) EXPECT_FALSE(ready(f[j])) << "body " << j << " released before " << i * 80 + 80 << " ms";
+    p.clock.set(end + 1us);
+    ASSERT_TRUE(arrives(f[i]));
+    auto r = f[i].get();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(*r, 10000u);
-    ends.push_back(secs(Clock::now() - t0));
   }
-  EXPECT_GE(ends[0], 0.079);
-  EXPECT_GE(ends[1], 0.159);
-  EXPECT_GE(ends[2], 0.239);
-  EXPECT_LT(ends[2], 0.239 + 0.2);  // generous: a loaded CI machine
-  // Once the link is idle, a new body starts when requested: 80 ms again.
-  std::this_thread::sleep_for(100ms);
-  const auto t1 = Clock::now();
-  ASSERT_TRUE(c->get("ctx", 0, 0, {}, 0, 10000, deadline_in(10s)).ok());
-  EXPECT_GE(secs(Clock::now() - t1), 0.079);
-  EXPECT_LT(secs(Clock::now() - t1), 0.079 + 0.2);
+  // Once the link is idle, a new body starts when requested: 80 ms from then.
+  const auto t1 = t0 + 340ms;
+  p.clock.set(t1);
+  auto g = p.client->get_future("ctx", 0, 0, {}, 0, 10000, p.in(1h));
+  ASSERT_TRUE(p.at(t1 + 80ms - 1us));
+  EXPECT_FALSE(ready(g));
+  p.clock.set(t1 + 80ms + 1us);
+  ASSERT_TRUE(arrives(g));
+  EXPECT_TRUE(g.get().ok());
 }
 
 TEST(PacedClient, BurstPassesAtOnce) {
-  auto fake = std::make_unique<FakeClient>();
-  fake->bytes = 10000;
-  PacedClientConfig pc;
-  pc.bits_per_second = 1e6;
-  pc.burst_bytes = 10000;
-  auto c = make_paced_client(std::move(fake), pc);
-  ASSERT_TRUE(c.ok());
-  const auto t0 = Clock::now();
-  ASSERT_TRUE((*c)->get("ctx", 0, 0, {}, 0, 10000, deadline_in(10s)).ok());
-  EXPECT_LT(secs(Clock::now() - t0), 0.05);  // the full bucket covers it
-  ASSERT_TRUE((*c)->get("ctx", 0, 0, {}, 0, 10000, deadline_in(10s)).ok());
-  EXPECT_GE(secs(Clock::now() - t0), 0.079);  // the bucket is empty now
+  Paced p(1e6, 10000);
+  const auto t0 = p.clock.now();
+  auto first = p.client->get_future("ctx", 0, 0, {}, 0, 10000, p.in(1h));
+  EXPECT_TRUE(ready(first)) << "the full bucket covers it: released without the clock moving";
+  EXPECT_TRUE(first.get().ok());
+  auto second = p.client->get_future("ctx", 0, 0, {}, 0, 10000, p.in(1h));
+  ASSERT_TRUE(p.at(t0 + 80ms - 1us));
+  EXPECT_FALSE(ready(second)) << "the bucket is empty now";
+  p.clock.set(t0 + 80ms + 1us);
+  ASSERT_TRUE(arrives(second));
+  EXPECT_TRUE(second.get().ok());
 }
 
 TEST(PacedClient, HeldCompletionsHonourDeadlineAndCancel) {
-  auto fake = std::make_unique<FakeClient>();
-  fake->bytes = 125000;  // 1 s at 1 Mbit/s
-  auto c = make_paced_client(std::move(fake), 1e6);
-  auto t0 = Clock::now();
-  auto r = c->get("ctx", 0, 0, {}, 0, 125000, deadline_in(50ms));
-  EXPECT_EQ(r.status().code(), StatusCode::timed_out);
-  EXPECT_LT(secs(Clock::now() - t0), 0.5);
+  Paced p(1e6, 0, 125000);  // 1 s at 1 Mbit/s
+  const auto t0 = p.clock.now();
+  auto late = p.client->get_future("ctx", 0, 0, {}, 0, 125000, p.in(50ms));
+  ASSERT_TRUE(p.at(t0 + 50ms - 1us));
+  EXPECT_FALSE(ready(late));
+  p.clock.set(t0 + 50ms);  // the deadline, well before the paced end
+  ASSERT_TRUE(arrives(late));
+  EXPECT_EQ(late.get().status().code(), StatusCode::timed_out);
+  // Cancelled while held: ends without the clock moving at all.
   CancelToken cancel;
-  t0 = Clock::now();
-  auto f = c->get_future("ctx", 0, 0, {}, 0, 125000, deadline_in(10s), cancel);
-  std::this_thread::sleep_for(30ms);
+  auto f = p.client->get_future("ctx", 0, 0, {}, 0, 125000, p.in(1h), cancel);
+  ASSERT_TRUE(p.clock.wait_reads(2));
+  EXPECT_FALSE(ready(f));
   cancel.cancel();
+  ASSERT_TRUE(arrives(f));
   EXPECT_EQ(f.get().status().code(), StatusCode::cancelled);
-  EXPECT_LT(secs(Clock::now() - t0), 0.5);
+}
+
+// pace_puts: a put returns once the uplink would have carried its bytes, and a
+// deadline before that ends it.
+TEST(PacedClient, PutsArePacedWhenAsked) {
+  Paced p(1e6, 0, 10000, /*pace_puts=*/true);
+  const auto t0 = p.clock.now();
+  const std::vector<std::byte> body(10000);  // 80 ms
+  auto put = std::async(std::launch::async, [&] { return p.client->put("ctx", 0, 0, body, t0 + 1h); });
+  ASSERT_TRUE(p.clock.wait_reads(2));  // the put has read its start time (t0) and is waiting
+  ASSERT_TRUE(p.at(t0 + 80ms - 1us));
+  EXPECT_FALSE(ready(put));
+  p.clock.set(t0 + 80ms + 1us);
+  ASSERT_TRUE(arrives(put));
+  EXPECT_TRUE(put.get().ok());
+  const auto t1 = p.clock.now();  // the uplink is idle again: 80 ms from now
+  auto late = std::async(std::launch::async, [&] { return p.client->put("ctx", 0, 0, body, t1 + 50ms); });
+  ASSERT_TRUE(p.clock.wait_reads(2));
+  ASSERT_TRUE(p.at(t1 + 50ms - 1us));
+  EXPECT_FALSE(ready(late));
+  p.clock.set(t1 + 50ms);
+  ASSERT_TRUE(arrives(late));
+  EXPECT_EQ(late.get().code(), StatusCode::timed_out);
 }
 
 TEST(PacedClient, ErrorsAndControlCallsPassThrough) {
-  auto fake = std::make_unique<FakeClient>();
-  fake->error = make_status(StatusCode::not_found, "no such chunk");
-  auto c = make_paced_client(std::move(fake), 1.0);  // 1 bit/s: anything paced would hang
-  const auto t0 = Clock::now();
-  EXPECT_EQ(c->get("ctx", 0, 0, {}, 0, 10, deadline_in(10s)).status().code(), StatusCode::not_found);
-  auto st = c->stat("ctx", deadline_in(1s));
+  // 1 bit/s on a clock that never moves: anything held would never be released, so
+  // each result being there when its call returns shows nothing was paced.
+  Paced p(1.0, 0, 10);
+  p.inner->error = make_status(StatusCode::not_found, "no such chunk");
+  auto got = p.client->get_future("ctx", 0, 0, {}, 0, 10, p.in(1h));
+  ASSERT_TRUE(ready(got)) << "an inner error is passed on at once";
+  EXPECT_EQ(got.get().status().code(), StatusCode::not_found);
+  auto st = p.client->stat("ctx", p.in(1h));
   ASSERT_TRUE(st.ok());
   EXPECT_EQ((*st)[0].level_bytes, (std::vector<uint64_t>{7, 3}));
-  EXPECT_TRUE(c->list(deadline_in(1s)).ok());
-  EXPECT_TRUE(c->remove("ctx", deadline_in(1s)).ok());
+  EXPECT_TRUE(p.client->list(p.in(1h)).ok());
+  EXPECT_TRUE(p.client->remove("ctx", p.in(1h)).ok());
   std::vector<std::byte> body(1000);
-  EXPECT_TRUE(c->put("ctx", 0, 0, body, deadline_in(1s)).ok());  // puts are not paced by default
-  EXPECT_LT(secs(Clock::now() - t0), 0.5);
+  EXPECT_TRUE(p.client->put("ctx", 0, 0, body, p.in(1h)).ok());  // puts are not paced by default
 }
 
 // Range gets reach the inner client as asked and complete with their length; parts
@@ -201,13 +263,18 @@ TEST(PacedClient, RangesAndPartsPassThrough) {
 // a deadline well inside that ends it (held, not passed through); an inner error is
 // not held at all.
 TEST(PacedClient, RangesArePacedByTheirLength) {
-  auto fake = std::make_unique<FakeClient>();
-  auto* inner = fake.get();
-  auto c = make_paced_client(std::move(fake), 8.0);
-  ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->get_range("ctx", 0, 0, 0, 1, {}, 0, deadline_in(20ms)).status().code(), StatusCode::timed_out);
-  inner->error = make_status(StatusCode::out_of_range, "past the end");
-  EXPECT_EQ(c->get_range("ctx", 0, 0, 100, 1, {}, 0, deadline_in(10s)).status().code(), StatusCode::out_of_range);
+  Paced p(8.0);
+  const auto t0 = p.clock.now();
+  std::promise<Result<size_t>> held;
+  auto f = held.get_future();
+  p.client->get_range_async("ctx", 0, 0, 0, 1, {}, 0, p.in(20ms), {}, [&](Result<size_t> r) { held.set_value(r); });
+  ASSERT_TRUE(p.at(t0 + 20ms - 1us));
+  EXPECT_FALSE(ready(f));
+  p.clock.set(t0 + 20ms);
+  ASSERT_TRUE(arrives(f));
+  EXPECT_EQ(f.get().status().code(), StatusCode::timed_out);
+  p.inner->error = make_status(StatusCode::out_of_range, "past the end");
+  EXPECT_EQ(p.client->get_range("ctx", 0, 0, 100, 1, {}, 0, p.in(1h)).status().code(), StatusCode::out_of_range);
 }
 
 // The base class's defaults for a client that predates parts and ranges: a put
@@ -226,18 +293,18 @@ TEST(PacedClient, ClientsWithoutPartsOrRangesSaySo) {
   EXPECT_EQ(legacy.get_range("ctx", 0, 0, 0, 1, {}, 0, deadline_in(1s)).status().code(), StatusCode::unsupported);
 }
 
+// On a clock that never moves the completion could only be released by the
+// destruction itself.
 TEST(PacedClient, DestroyingReleasesHeldCompletions) {
-  auto fake = std::make_unique<FakeClient>();
-  fake->bytes = 125000;  // 1 s at 1 Mbit/s
-  auto c = make_paced_client(std::move(fake), 1e6);
-  std::promise<Result<size_t>> p;
-  auto f = p.get_future();
-  c->get_async("ctx", 0, 0, {}, 0, 125000, deadline_in(10s), {}, [&](Result<size_t> r) { p.set_value(r); });
-  const auto t0 = Clock::now();
-  c.reset();
-  ASSERT_EQ(f.wait_for(0s), std::future_status::ready);
+  Paced p(1e6, 0, 125000);  // 1 s at 1 Mbit/s
+  std::promise<Result<size_t>> held;
+  auto f = held.get_future();
+  p.client->get_async("ctx", 0, 0, {}, 0, 125000, p.in(1h), {}, [&](Result<size_t> r) { held.set_value(r); });
+  ASSERT_TRUE(p.clock.wait_reads(2));
+  EXPECT_FALSE(ready(f));
+  p.client.reset();
+  ASSERT_TRUE(ready(f));
   EXPECT_TRUE(f.get().ok());
-  EXPECT_LT(secs(Clock::now() - t0), 0.5);
 }
 
 }  // namespace

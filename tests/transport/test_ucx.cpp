@@ -1,9 +1,8 @@
 // UCX-specific tests: transports chosen by ucx_tls (tcp, shared memory), the cuda
-// error, bodies received late (staged) and early (zero copy), and an opt-in
-// throughput/latency measurement (KVSTREAM_UCX_BENCH=1).
+// error, bodies received late (staged) and early (zero copy). Throughput and latency
+// are kvstream-perf's (perf/kvstream_perf.cpp: --backend ucx --ucx-tls tcp).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -134,7 +133,7 @@ TEST(ucx, BadTlsIsAnError) {
 }
 
 // A wait_sends that times out (nobody reads 64 MiB) breaks the connection: later
-// posts fail with unavailable, and the wait returns promptly.
+// posts fail with unavailable.
 TEST(ucx, InterruptedWaitSendsBreaksTheConnection) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
   auto p = make_ucx_pair("tcp");
@@ -149,9 +148,7 @@ TEST(ucx, InterruptedWaitSendsBreaksTheConnection) {
     ASSERT_TRUE(seq.ok()) << seq.status().to_string();
     last = *seq;
   }
-  const auto t0 = Clock::now();
   Status s = p->client->wait_sends(last, deadline_in(100ms), {});
-  EXPECT_LT(Clock::now() - t0, 8s);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::timed_out) << s.to_string();
   auto again = p->client->post_send({}, {});
@@ -241,56 +238,6 @@ TEST(ucx, RecvBodyDeadlineThenRetry) {
   EXPECT_TRUE(h.empty());
   ASSERT_TRUE(p->server->recv_body(mr->span(0, 64), deadline_in(5s), {}).ok());
   EXPECT_EQ(buf[63], std::byte(5));
-}
-
-// Opt-in measurement: KVSTREAM_UCX_BENCH=1 [KVSTREAM_UCX_BENCH_TLS=tcp] prints MB/s for
-// 1 MiB messages and the small-message round trip, to set beside ucx_perftest.
-TEST(ucx, Bench) {
-  if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
-  if (!std::getenv("KVSTREAM_UCX_BENCH")) GTEST_SKIP() << "set KVSTREAM_UCX_BENCH=1 to measure";
-  const char* tls_env = std::getenv("KVSTREAM_UCX_BENCH_TLS");
-  const std::string tls = tls_env ? tls_env : "tcp";
-  auto p = make_ucx_pair(tls);
-  ASSERT_TRUE(p.ok()) << p.status().to_string();
-  const size_t n = size_t(1) << 20;
-  const int count = std::getenv("KVSTREAM_UCX_BENCH_N") ? std::atoi(std::getenv("KVSTREAM_UCX_BENCH_N")) : 2000;
-  std::vector<std::byte> sbuf(n), rbuf(n);
-  auto smr = p->client_backend->register_memory(sbuf.data(), n, MemoryType::host);
-  auto rmr = p->server_backend->register_memory(rbuf.data(), n, MemoryType::host);
-  ASSERT_TRUE(smr.ok() && rmr.ok());
-  std::byte hb[16]{};
-  auto t0 = Clock::now();
-  std::thread rx([&] {
-    std::vector<std::byte> h;
-    for (int i = 0; i < count; ++i) {
-      auto len = p->server->recv_header(h, deadline_in(30s), {});
-      ASSERT_TRUE(len.ok());
-      ASSERT_TRUE(p->server->recv_body(rmr->span(0, *len), deadline_in(30s), {}).ok());
-    }
-  });
-  for (int i = 0; i < count; ++i) ASSERT_TRUE(p->client->send(hb, smr->span(0, n), deadline_in(30s), {}).ok());
-  rx.join();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double mbs = double(n) * count / secs / (1 << 20);
-  // Ping-pong with a 16-byte header and no body.
-  const int rounds = 20000;
-  std::thread echo([&] {
-    std::vector<std::byte> h;
-    for (int i = 0; i < rounds; ++i) {
-      ASSERT_TRUE(p->server->recv_header(h, deadline_in(30s), {}).ok());
-      ASSERT_TRUE(p->server->send(h, {}, deadline_in(30s), {}).ok());
-    }
-  });
-  std::vector<std::byte> h;
-  auto t1 = Clock::now();
-  for (int i = 0; i < rounds; ++i) {
-    ASSERT_TRUE(p->client->send(hb, {}, deadline_in(30s), {}).ok());
-    ASSERT_TRUE(p->client->recv_header(h, deadline_in(30s), {}).ok());
-  }
-  echo.join();
-  const double rtt_us = std::chrono::duration<double, std::micro>(Clock::now() - t1).count() / rounds;
-  std::printf("ucx bench (%s, %s): 1 MiB x %d: %.1f MB/s; 16 B ping-pong: %.2f us round trip (%.2f us one way)\n",
-              tls.c_str(), p->client->describe().c_str(), count, mbs, rtt_us, rtt_us / 2);
 }
 
 }  // namespace

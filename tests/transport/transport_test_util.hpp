@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "kvstream/transport.hpp"
+#include "transport/backends.hpp"  // the backend factories some tests call directly (test_tcp)
 
 namespace kvstream::transport::test_util {
 

@@ -1,0 +1,129 @@
+// kvstream-gpu-bench: GPU decode throughput on one mistral-7b-sized chunk (32 layers x
+// 8 KV heads x 128, GQA, RoPE half, K coded before RoPE; synthetic but structured
+// data), against the CPU decoder on every core and the host-to-device copy. Prints
+// "BENCH key value" lines (perf/gpu/run.sh makes its table of them). Checks first
+// that the GPU's output equals the CPU's bit for bit on this chunk. Exit 0 when
+// measured, 2 without a usable GPU, 1 on an error or a mismatch.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "kvstream/codec.hpp"
+#include "kvstream/gpu.hpp"
+#include "kvstream/gpu_decoder.hpp"
+#include "kvstream/log.hpp"
+#include "tests/codec/synthetic_kv.hpp"
+
+using namespace kvstream;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double secs_since(clock_type::time_point a) { return std::chrono::duration<double>(clock_type::now() - a).count(); }
+
+int fail(const Status& s) {
+  fmt::print(stderr, "kvstream-gpu-bench: {}\n", s.to_string());
+  return 1;
+}
+
+KvCache synthetic(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first, const RopeParams& rope,
+                  uint64_t seed) {
+  KvCache c = KvCache::create(g, dt, tokens, first).value();
+  c.set_rope(rope);
+  test_util::fill_synthetic(c, rope, seed);
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"GPU chunk decode throughput on a mistral-7b-sized chunk"};
+  uint64_t tokens = 1536;
+  int reps = 20;
+  app.add_option("--tokens", tokens, "tokens in the chunk")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "timed GPU decodes (the best is reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  set_log_level(LogLevel::warn);
+  if (auto probe = gpu::probe_device(); !probe.ok()) {
+    fmt::print(stderr, "kvstream-gpu-bench: no usable GPU: {}\n", probe.status().to_string());
+    return 2;
+  }
+  const KvGeometry geom{32, 8, 128, 32, AttentionKind::gqa};
+  const RopeParams rope{true, 1000000.0f, 0, RopePairing::half};
+
+  auto t0 = clock_type::now();
+  const KvCache s1 = synthetic(geom, DType::f32, 96, 0, rope, 11), s2 = synthetic(geom, DType::f32, 64, 300, rope, 12);
+  codec::ProfileOptions opt;
+  opt.group_size = 10;
+  opt.code_k_before_rope = true;
+  opt.allow_transform = true;
+  opt.transform_min_gain = 0.2;
+  opt.max_transform_block = 128;
+  opt.max_tables_per_level = 16;
+  auto profile = codec::ProfileBuilder::build(std::vector<KvView>{s1.view(), s2.view()}, rope, opt);
+  if (!profile.ok()) return fail(profile.status());
+  std::printf("BENCH profile_build_s %.2f\n", secs_since(t0));
+  auto dec = gpu::GpuDecoder::create(*profile);
+  if (!dec.ok()) return fail(dec.status());
+  t0 = clock_type::now();
+  const KvCache src = synthetic(geom, DType::f16, tokens, 4096, rope, 99);
+  std::printf("BENCH data_s %.2f\n", secs_since(t0));
+  const uint32_t level = profile->levels() / 2;
+  std::vector<uint8_t> bytes;
+  if (Status s = codec::encode_chunk(*profile, src.view(), level, bytes); !s.ok()) return fail(s);
+  const uint64_t out_bytes = gpu::GpuDecoder::output_bytes(geom, tokens, DType::f16);
+  std::printf("BENCH tokens %llu level %u chunk_bytes %zu out_bytes_f16 %llu\n", (unsigned long long)tokens, level,
+              bytes.size(), (unsigned long long)out_bytes);
+
+  // Bit-exact on this chunk before anything is timed (test_gpu_decoder checks every
+  // level, type and geometry).
+  KvCache cpu = KvCache::create(geom, DType::f16, tokens, 4096).value();
+  KvCache dev = KvCache::create(geom, DType::f16, tokens, 4096).value();
+  std::memset(dev.bytes().data(), 0xA5, dev.bytes().size());
+  if (Status s = codec::decode_chunk(*profile, bytes, cpu.view()); !s.ok()) return fail(s);
+  if (Status s = (*dec)->decode_to_host(bytes, dev.view()); !s.ok()) return fail(s);
+  if (std::memcmp(cpu.bytes().data(), dev.bytes().data(), cpu.bytes().size()) != 0)
+    return fail(make_status(StatusCode::internal, "the GPU's decode of the chunk differs from the CPU's"));
+  std::printf("BENCH bit_exact 1\n");
+
+  auto out = gpu::DeviceBuffer::allocate(out_bytes);
+  if (!out.ok()) return fail(out.status());
+  if (Status s = (*dec)->decode(bytes, out->data(), out->size(), DType::f16); !s.ok()) return fail(s);  // warm-up
+  double best = 1e30, kernel_best = 1e30, up_best = 1e30, rans_best = 1e30, rec_best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    t0 = clock_type::now();
+    const Status st = (*dec)->decode(bytes, out->data(), out->size(), DType::f16);
+    const double s = secs_since(t0);
+    if (!st.ok()) return fail(st);
+    const gpu::DecodeTimings tm = (*dec)->last_timings();
+    best = std::min(best, s);
+    up_best = std::min(up_best, double(tm.upload_ms) * 1e-3);
+    rans_best = std::min(rans_best, double(tm.entropy_ms) * 1e-3);
+    rec_best = std::min(rec_best, double(tm.reconstruct_ms) * 1e-3);
+    kernel_best = std::min(kernel_best, double(tm.entropy_ms + tm.reconstruct_ms) * 1e-3);
+  }
+  // CPU reference: every core.
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  double cpu_best = 1e30;
+  for (int r = 0; r < 4; ++r) {  // the first is a warm-up
+    t0 = clock_type::now();
+    if (Status s = codec::decode_chunk_parallel(*profile, bytes, cpu.view(), threads); !s.ok()) return fail(s);
+    if (r > 0) cpu_best = std::min(cpu_best, secs_since(t0));
+  }
+  auto bw = gpu::measure_h2d_bandwidth(out_bytes, 5);
+  if (!bw.ok()) return fail(bw.status());
+  const double gb = double(out_bytes) / 1e9;
+  std::printf("BENCH gpu_decode_wall_ms %.3f gpu_decode_GBps %.2f\n", best * 1e3, gb / best);
+  std::printf("BENCH gpu_upload_ms %.3f gpu_rans_ms %.3f gpu_reconstruct_ms %.3f gpu_kernels_GBps %.2f\n",
+              up_best * 1e3, rans_best * 1e3, rec_best * 1e3, gb / kernel_best);
+  std::printf("BENCH cpu_decode_ms %.3f cpu_decode_GBps %.2f cpu_threads %u\n", cpu_best * 1e3, gb / cpu_best, threads);
+  std::printf("BENCH h2d_pinned_GBps %.2f h2d_pageable_GBps %.2f copy_bytes %llu\n", bw->pinned_gbps,
+              bw->pageable_gbps, (unsigned long long)out_bytes);
+  return 0;
+}
