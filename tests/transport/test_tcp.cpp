@@ -37,6 +37,10 @@ std::unique_ptr<Backend> backend(const kvstream::transport::TcpSettings& opt = {
   return b.ok() ? std::move(b).value() : nullptr;
 }
 
+/// How long a raw peer waits to see the backend close a connection: a hang guard, not
+/// a bound on how fast the close must come (a loaded machine may take seconds).
+constexpr std::chrono::milliseconds kCloseGuard{60000};
+
 /// A plain blocking socket playing a (possibly malformed) peer.
 struct RawPeer {
   int fd = -1;
@@ -128,7 +132,7 @@ void expect_corrupt_then_closed(RawSetup& s) {
   auto r = s.server->recv_header(h, deadline_in(5s), {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::corrupt_data) << r.status().to_string();
-  EXPECT_TRUE(s.peer.sees_close(2000ms));  // the backend closed the connection
+  EXPECT_TRUE(s.peer.sees_close(kCloseGuard));  // the backend closed the connection
   auto again = s.server->recv_header(h, deadline_in(1s), {});
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::unavailable) << again.status().to_string();
@@ -199,12 +203,11 @@ TEST(tcp, StalledHeaderTimesOutAndResumes) {
   s.peer.write_prefix(tcpb::kTcpMagic, 100, 0);
   s.peer.write_all(header.data(), 40);  // then stalls
   std::vector<std::byte> h;
-  const auto t0 = Clock::now();
-  auto r = s.server->recv_header(h, deadline_in(300ms), {});
+  const auto deadline = deadline_in(300ms);
+  auto r = s.server->recv_header(h, deadline, {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::timed_out) << r.status().to_string();
-  EXPECT_GE(Clock::now() - t0, 290ms);
-  EXPECT_LT(Clock::now() - t0, 1500ms);
+  EXPECT_GE(Clock::now(), deadline);  // timed_out only once the deadline passed
   // The partial prefix/header is kept: the same message completes on the next call.
   s.peer.write_all(header.data() + 40, 60);
   auto r2 = s.server->recv_header(h, deadline_in(5s), {});
@@ -227,16 +230,15 @@ TEST(tcp, StalledBodyTimesOutThenConnectionIsBroken) {
   std::vector<std::byte> dest(body.size());
   auto mr = s.b->register_memory(dest.data(), dest.size(), MemoryType::host);
   ASSERT_TRUE(mr.ok());
-  const auto t0 = Clock::now();
-  Status st = s.server->recv_body(mr->span(0, body.size()), deadline_in(300ms), {});
+  const auto deadline = deadline_in(300ms);
+  Status st = s.server->recv_body(mr->span(0, body.size()), deadline, {});
   EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();
-  EXPECT_GE(Clock::now() - t0, 290ms);
-  EXPECT_LT(Clock::now() - t0, 1500ms);
+  EXPECT_GE(Clock::now(), deadline);
   EXPECT_EQ(std::memcmp(dest.data(), body.data(), body.size() / 2), 0);
   // The stream position is lost: the connection is now closed.
   auto again = s.server->recv_header(h, deadline_in(1s), {});
   EXPECT_EQ(again.status().code(), StatusCode::unavailable) << again.status().to_string();
-  EXPECT_TRUE(s.peer.sees_close(2000ms));
+  EXPECT_TRUE(s.peer.sees_close(kCloseGuard));
 }
 
 TEST(tcp, CancelDuringBodyIsCancelledThenBroken) {
@@ -253,11 +255,10 @@ TEST(tcp, CancelDuringBodyIsCancelledThenBroken) {
   });
   std::vector<std::byte> dest(1000);
   auto mr = s.b->register_memory(dest.data(), dest.size(), MemoryType::host);
-  const auto t0 = Clock::now();
-  Status st = s.server->recv_body(mr->span(0, 1000), deadline_in(30s), cancel);
+  // The deadline is an hour away: only the cancel can end this wait.
+  Status st = s.server->recv_body(mr->span(0, 1000), deadline_in(std::chrono::hours(1)), cancel);
   t.join();
   EXPECT_EQ(st.code(), StatusCode::cancelled) << st.to_string();
-  EXPECT_LT(Clock::now() - t0, 1s);
   EXPECT_EQ(s.server->recv_body(mr->span(0, 1000), deadline_in(1s), {}).code(), StatusCode::unavailable);
 }
 
@@ -449,14 +450,13 @@ TEST(tcp, WaitSendsToStalledPeerTimesOutThenBroken) {
     ASSERT_TRUE(seq.ok()) << seq.status().to_string();
     last = *seq;
   }
-  const auto t0 = Clock::now();
-  Status st = s.server->wait_sends(last, deadline_in(300ms), {});
+  const auto deadline = deadline_in(300ms);
+  Status st = s.server->wait_sends(last, deadline, {});
   EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();
-  EXPECT_GE(Clock::now() - t0, 290ms);
-  EXPECT_LT(Clock::now() - t0, 1500ms);
+  EXPECT_GE(Clock::now(), deadline);
   EXPECT_EQ(s.server->post_send(h, mr->span(0, n)).status().code(), StatusCode::unavailable);
   EXPECT_EQ(s.server->wait_sends(last, deadline_in(1s), {}).code(), StatusCode::unavailable);
-  EXPECT_TRUE(s.peer.sees_close(5000ms));
+  EXPECT_TRUE(s.peer.sees_close(kCloseGuard));
 }
 
 TEST(tcp, CancelOfWaitSendsIsCancelledThenBroken) {
@@ -473,11 +473,11 @@ TEST(tcp, CancelOfWaitSendsIsCancelledThenBroken) {
     std::this_thread::sleep_for(100ms);
     cancel.cancel();
   });
-  const auto t0 = Clock::now();
-  Status st = s.server->send(h, mr->span(0, n), deadline_in(30s), cancel);
+  // The deadline is an hour away: only the cancel ends the wait, whether it comes
+  // before the wait starts or during it (a queued send is then half sent either way).
+  Status st = s.server->wait_sends(last, deadline_in(std::chrono::hours(1)), cancel);
   t.join();
   EXPECT_EQ(st.code(), StatusCode::cancelled) << st.to_string();
-  EXPECT_LT(Clock::now() - t0, 1500ms);
   EXPECT_EQ(s.server->wait_sends(last, deadline_in(1s), {}).code(), StatusCode::unavailable);
 }
 
@@ -489,8 +489,8 @@ TEST(tcp, DestroyingAConnectionWithPostedSendsReturnsPromptly) {
   auto mr = s.b->register_memory(buf.data(), n, MemoryType::host);
   const std::byte h[4] = {};
   for (int i = 0; i < 128; ++i) ASSERT_TRUE(s.server->post_send(h, mr->span(0, n)).ok());
-  const auto t0 = Clock::now();
-  s.server.reset();  // takes the sends back from the kernel before buf goes away
-  EXPECT_LT(Clock::now() - t0, 3s);
-  EXPECT_TRUE(s.peer.sees_close(5000ms));
+  // Takes the sends back from the kernel before buf goes away; a destructor that
+  // waited on the peer would hang here (ctest's timeout), not return.
+  s.server.reset();
+  EXPECT_TRUE(s.peer.sees_close(kCloseGuard));
 }
