@@ -26,7 +26,7 @@ for r in $(seq "$RUNS"); do
   fi
   summary=$(grep -E 'tests passed' "$log" | tail -1)
   echo "run $r: $verdict in $(( $(date +%s) - start )) s: $summary"
-  grep -E '^\s+[0-9]+ - ' "$log" | sed 's/^/    /'
+  grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$log" | sed 's/^/    /'
   rm -f "$log"
 done
 echo "$((RUNS - failed_runs)) of $RUNS runs passed with $cores busy loops on $cores cores"
