@@ -61,9 +61,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, int device) {
-  KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
-  (void)info;
-  KVS_CUDA_OK(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  KVS_RETURN_IF_ERROR(use_device(device));
   DeviceBuffer b;
   b.device_ = device;
   KVS_CUDA_OK(cudaMalloc(&b.p_, std::max<uint64_t>(bytes, 1)), fmt::format("cudaMalloc of {} bytes", bytes));

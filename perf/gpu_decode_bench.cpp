@@ -32,13 +32,7 @@ int fail(const Status& s) {
   return 1;
 }
 
-KvCache synthetic(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first, const RopeParams& rope,
-                  uint64_t seed) {
-  KvCache c = KvCache::create(g, dt, tokens, first).value();
-  c.set_rope(rope);
-  test_util::fill_synthetic(c, rope, seed);
-  return c;
-}
+using test_util::synthetic_cache;
 
 }  // namespace
 
@@ -58,7 +52,7 @@ int main(int argc, char** argv) {
   const RopeParams rope{true, 1000000.0f, 0, RopePairing::half};
 
   auto t0 = clock_type::now();
-  const KvCache s1 = synthetic(geom, DType::f32, 96, 0, rope, 11), s2 = synthetic(geom, DType::f32, 64, 300, rope, 12);
+  const KvCache s1 = synthetic_cache(geom, DType::f32, 96, 0, rope, 11), s2 = synthetic_cache(geom, DType::f32, 64, 300, rope, 12);
   codec::ProfileOptions opt;
   opt.group_size = 10;
   opt.code_k_before_rope = true;
@@ -72,7 +66,7 @@ int main(int argc, char** argv) {
   auto dec = gpu::GpuDecoder::create(*profile);
   if (!dec.ok()) return fail(dec.status());
   t0 = clock_type::now();
-  const KvCache src = synthetic(geom, DType::f16, tokens, 4096, rope, 99);
+  const KvCache src = synthetic_cache(geom, DType::f16, tokens, 4096, rope, 99);
   std::printf("BENCH data_s %.2f\n", secs_since(t0));
   const uint32_t level = profile->levels() / 2;
   std::vector<uint8_t> bytes;

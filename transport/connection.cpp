@@ -11,7 +11,8 @@ Status Connection::send(std::span<const std::byte> header, std::span<const std::
                                          describe(), header.size(), kMaxHeaderBytes));
   // Nothing of this message is queued yet: a deadline or cancel here leaves the
   // stream intact (earlier posted messages, if any, are left to their wait_sends).
-  KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, describe(), "send"));
+  // describe() formats a string: only a refused send pays for it.
+  if (cancel.cancelled() || Clock::now() >= deadline) return wait_verdict(deadline, &cancel, describe(), "send");
   // A small message usually completes inside the post; wait_sends then returns at once.
   KVS_ASSIGN_OR_RETURN(uint64_t seq, post_send(header, body));
   return wait_sends(seq, deadline, cancel);

@@ -61,4 +61,13 @@ inline void fill_synthetic(KvCache& cache, const RopeParams& rope, uint64_t seed
     }
 }
 
+/// A cache of `tokens` synthetic tokens from position `first`, K rotated by `rope`.
+inline KvCache synthetic_cache(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first, const RopeParams& rope,
+                               uint64_t seed) {
+  KvCache c = KvCache::create(g, dt, tokens, first).value();
+  c.set_rope(rope);
+  fill_synthetic(c, rope, seed);
+  return c;
+}
+
 }  // namespace kvstream::test_util

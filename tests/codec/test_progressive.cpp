@@ -40,13 +40,7 @@ const std::vector<Case>& cases() {
   return c;
 }
 
-KvCache make_cache(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first, const RopeParams& rope,
-                   uint64_t seed) {
-  KvCache c = KvCache::create(g, dt, tokens, first).value();
-  c.set_rope(rope);
-  test_util::fill_synthetic(c, rope, seed);
-  return c;
-}
+using test_util::synthetic_cache;
 
 // `recent`: the profile codes a context's last 16 tokens with 2 layers in the base.
 const Profile& profile_for(const Case& cs, bool recent = false) {
@@ -54,8 +48,8 @@ const Profile& profile_for(const Case& cs, bool recent = false) {
   const std::string key = std::string(cs.name) + (recent ? "/recent" : "");
   if (auto it = built.find(key); it != built.end()) return it->second;
   set_log_level(LogLevel::warn);
-  const KvCache a = make_cache(cs.geom, DType::f32, 96, 0, cs.rope, 11);
-  const KvCache b = make_cache(cs.geom, DType::f32, 64, 300, cs.rope, 12);
+  const KvCache a = synthetic_cache(cs.geom, DType::f32, 96, 0, cs.rope, 11);
+  const KvCache b = synthetic_cache(cs.geom, DType::f32, 64, 300, cs.rope, 12);
   const std::vector<KvView> views = {a.view(), b.view()};
   ProfileOptions opt;
   opt.progressive = true;
@@ -139,7 +133,7 @@ TEST_P(Progressive, EveryLevelIsAPrefixAndDecodesCloser) {
   const KvGeometry& g = cs().geom;
   for (DType dt : {DType::f32, DType::f16, DType::bf16})
     for (uint32_t tokens : {1u, 7u, 23u, 130u}) {
-      const KvCache src = make_cache(g, dt, tokens, 40, cs().rope, tokens * 3 + uint32_t(dt));
+      const KvCache src = synthetic_cache(g, dt, tokens, 40, cs().rope, tokens * 3 + uint32_t(dt));
       const std::vector<uint8_t> full = encode(p, src.view(), 0);
       double last_error = INFINITY;
       for (uint32_t L = p.levels(); L-- > 0;) {
@@ -169,7 +163,7 @@ TEST_P(Progressive, RefinementEqualsDecodingTheLongerPrefix) {
   const Profile& p = profile_for(cs());
   const KvGeometry& g = cs().geom;
   const uint32_t tokens = cs().geom.layers == 4 ? 600 : 37;
-  const KvCache src = make_cache(g, DType::f16, tokens, 1000, cs().rope, 5);
+  const KvCache src = synthetic_cache(g, DType::f16, tokens, 1000, cs().rope, 5);
   const std::vector<uint8_t> full = encode(p, src.view(), 0);
   auto prefixes = chunk_prefixes(full);
   ASSERT_TRUE(prefixes.ok()) << prefixes.status().to_string();
@@ -197,7 +191,7 @@ TEST_P(Progressive, RefinementEqualsDecodingTheLongerPrefix) {
 TEST_P(Progressive, ParallelDecodeMatchesSerial) {
   const Profile& p = profile_for(cs());
   const KvGeometry& g = cs().geom;
-  const KvCache src = make_cache(g, DType::bf16, 600, 3, cs().rope, 8);
+  const KvCache src = synthetic_cache(g, DType::bf16, 600, 3, cs().rope, 8);
   const std::vector<uint8_t> full = encode(p, src.view(), 0);
   const KvCache serial = decode(p, full, g, DType::f32, 600, 3);
   for (unsigned threads : {2u, 3u}) {
@@ -230,7 +224,7 @@ TEST_P(Progressive, RecentRowsDecodeLayersFinerAndTheOthersAsBefore) {
   for (uint32_t tokens : {1u, 16u, 41u, 130u})
     for (uint32_t recent : {1u, 5u, 16u}) {
       if (recent > tokens) continue;
-      const KvCache src = make_cache(g, DType::f16, tokens, 20, cs().rope, tokens * 7 + recent);
+      const KvCache src = synthetic_cache(g, DType::f16, tokens, 20, cs().rope, tokens * 7 + recent);
       const std::vector<uint8_t> full = encode(p, src.view(), 0, recent);
       const std::vector<uint8_t> plain = encode(p, src.view(), 0);
       for (uint32_t L = n; L-- > 0;) {
@@ -257,7 +251,7 @@ TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
   const KvGeometry& g = cs().geom;
   const uint32_t tokens = cs().geom.layers == 4 ? 600 : 37;
   for (uint32_t recent : {3u, tokens}) {
-    const KvCache src = make_cache(g, DType::f16, tokens, 1000, cs().rope, 6);
+    const KvCache src = synthetic_cache(g, DType::f16, tokens, 1000, cs().rope, 6);
     const std::vector<uint8_t> full = encode(p, src.view(), 0, std::min(recent, 16u));
     const std::vector<ChunkPrefix> prefixes = chunk_prefixes(full).value();
     const std::span<const uint8_t> all(full);
@@ -272,7 +266,7 @@ TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
       }
   }
   // The whole chunk recent: the recent layers' groups hold no rows and still decode.
-  const KvCache small = make_cache(g, DType::f32, 9, 0, cs().rope, 2);
+  const KvCache small = synthetic_cache(g, DType::f32, 9, 0, cs().rope, 2);
   const std::vector<uint8_t> all_recent = encode(p, small.view(), 0, 9);
   for (const ChunkPrefix& pf : chunk_prefixes(all_recent).value())
     decode(p, std::span(all_recent).first(pf.end), g, DType::f32, 9, 0);
@@ -297,7 +291,7 @@ struct Chunk {
 Chunk many_group_chunk(uint32_t recent = 0) {
   const Case& cs = cases().back();
   const Profile& p = profile_for(cs, recent > 0);
-  Chunk c{&p, make_cache(cs.geom, DType::f16, 600, 9, cs.rope, 77), {}, {}};
+  Chunk c{&p, synthetic_cache(cs.geom, DType::f16, 600, 9, cs.rope, 77), {}, {}};
   c.full = encode(p, c.src.view(), 0, recent);
   c.prefixes = chunk_prefixes(c.full).value();
   return c;
@@ -399,7 +393,7 @@ TEST(ProgressiveHeader, PrefixTableReadsFromTheHeaderAlone) {
 
 TEST(ProgressiveProfile, BuilderRejectsBadLayerOptions) {
   const Case& cs = cases()[0];
-  const KvCache a = make_cache(cs.geom, DType::f32, 32, 0, cs.rope, 1);
+  const KvCache a = synthetic_cache(cs.geom, DType::f32, 32, 0, cs.rope, 1);
   const std::vector<KvView> views = {a.view()};
   for (uint32_t layers : {0u, kMaxProgressiveLayers + 1}) {
     ProfileOptions opt;
@@ -440,7 +434,7 @@ TEST(ProgressiveProfile, RecentWindowSurvivesSerializationAndIsChecked) {
   EXPECT_EQ(version, 2u);
   EXPECT_EQ(profile_for(cases()[0]).recent_tokens(), 0u);
 
-  const KvCache a = make_cache(cases()[0].geom, DType::f32, 32, 0, cases()[0].rope, 1);
+  const KvCache a = synthetic_cache(cases()[0].geom, DType::f32, 32, 0, cases()[0].rope, 1);
   const std::vector<KvView> views = {a.view()};
   for (uint32_t layers : {0u, 5u, 9u}) {
     ProfileOptions opt;

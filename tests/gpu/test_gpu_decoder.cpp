@@ -36,13 +36,7 @@ using test_util::keyed_unit;
 using test_util::k_is_rotated;
 using test_util::splitmix;
 
-KvCache make_cache(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first, const RopeParams& rope,
-                   uint64_t seed) {
-  KvCache c = KvCache::create(g, dt, tokens, first).value();
-  c.set_rope(rope);
-  fill_synthetic(c, rope, seed);
-  return c;
-}
+using test_util::synthetic_cache;
 
 // Random symbols rather than structure: i.i.d. values with a heavy tail, which gives
 // many escapes and outliers.
@@ -93,8 +87,8 @@ const Profile& profile_of(const Case& cs) {
   if (it != built.end()) return it->second;
   set_log_level(LogLevel::warn);
   std::vector<KvCache> samples;
-  samples.push_back(make_cache(cs.geom, DType::f32, 96, 0, cs.rope, 11));
-  samples.push_back(make_cache(cs.geom, DType::f32, 64, 300, cs.rope, 12));
+  samples.push_back(synthetic_cache(cs.geom, DType::f32, 96, 0, cs.rope, 11));
+  samples.push_back(synthetic_cache(cs.geom, DType::f32, 64, 300, cs.rope, 12));
   std::vector<KvView> views;
   for (const KvCache& s : samples) views.push_back(s.view());
   ProfileOptions opt;
@@ -193,7 +187,7 @@ TEST(GpuDecoder, WithoutAGpuCreateIsAClearError) {
 // GPU decoder says so, with or without a GPU, instead of decoding garbage.
 TEST(GpuDecoder, ProgressiveProfilesAreRefusedClearly) {
   const Case& cs = cases()[0];
-  const KvCache a = make_cache(cs.geom, DType::f32, 64, 0, cs.rope, 11);
+  const KvCache a = synthetic_cache(cs.geom, DType::f32, 64, 0, cs.rope, 11);
   const std::vector<KvView> views = {a.view()};
   ProfileOptions opt;
   opt.progressive = true;
@@ -236,7 +230,7 @@ TEST_P(GpuCase, BitExactEveryLevelDtypeAndTokenCount) {
   const KvGeometry& g = cs().geom;
   for (uint64_t tokens : {1u, 7u, 45u, 100u}) {
     const uint64_t first = 3 * tokens + 17;
-    const KvCache src = make_cache(g, DType::f16, tokens, first, cs().rope, 1000 + tokens);
+    const KvCache src = synthetic_cache(g, DType::f16, tokens, first, cs().rope, 1000 + tokens);
     for (uint32_t level = 0; level < p.levels(); ++level) {
       const std::vector<uint8_t> bytes = encode(p, src.view(), level);
       for (DType dt : {DType::f32, DType::f16, DType::bf16})
@@ -251,7 +245,7 @@ TEST_P(GpuCase, BitExactWithOutliersAndExactValues) {
   REQUIRE_GPU(gpu, p);
   const KvGeometry& g = cs().geom;
   const uint32_t C = g.channels(), P = g.planes();
-  KvCache src = make_cache(g, DType::f32, 53, 9, cs().rope, 33);
+  KvCache src = synthetic_cache(g, DType::f32, 53, 9, cs().rope, 33);
   src.set(0, P - 1, 0, 3, 1e4f);             // in an anchor row
   src.set(0, P - 1, 13, C - 1, -1e4f);
   src.set(g.layers - 1, 0, 20, C / 2, 1e4f);
@@ -284,7 +278,7 @@ TEST_P(GpuCase, DeviceOutputAndRepeatedDecodes) {
   // growth, cached level tables, RoPE tables rebuilt per first position).
   for (int round = 0; round < 2; ++round)
     for (uint64_t tokens : {40u, 5u, 77u}) {
-      const KvCache src = make_cache(cs().geom, DType::bf16, tokens, 100 * tokens, cs().rope, tokens + 7);
+      const KvCache src = synthetic_cache(cs().geom, DType::bf16, tokens, 100 * tokens, cs().rope, tokens + 7);
       const uint32_t level = uint32_t(tokens % p.levels());
       const std::vector<uint8_t> bytes = encode(p, src.view(), level);
       expect_same(*gpu, p, bytes, DType::f16, tokens, 100 * tokens, fmt::format("round {} tokens {}", round, tokens));
@@ -295,7 +289,7 @@ TEST(GpuDecoderErrors, CorruptAndMismatchedInputIsRejectedLikeTheCpu) {
   const Case& cs = cases()[1];
   const Profile& p = profile_of(cs);
   REQUIRE_GPU(gpu, p);
-  const KvCache src = make_cache(cs.geom, DType::f16, 30, 0, cs.rope, 5);
+  const KvCache src = synthetic_cache(cs.geom, DType::f16, 30, 0, cs.rope, 5);
   const std::vector<uint8_t> bytes = encode(p, src.view(), 3);
   KvCache out = KvCache::create(cs.geom, DType::f16, 30, 0).value();
   // Truncated at a few offsets.
@@ -313,7 +307,7 @@ TEST(GpuDecoderErrors, CorruptAndMismatchedInputIsRejectedLikeTheCpu) {
   EXPECT_EQ(gpu->decode_to_host(bytes, short_out.view()).code(), StatusCode::invalid_argument);
   // Another profile.
   const Profile& other = profile_of(cases()[0]);
-  const KvCache src0 = make_cache(cases()[0].geom, DType::f16, 12, 0, {}, 1);
+  const KvCache src0 = synthetic_cache(cases()[0].geom, DType::f16, 12, 0, {}, 1);
   const std::vector<uint8_t> foreign = encode(other, src0.view(), 0);
   KvCache out0 = KvCache::create(cases()[0].geom, DType::f16, 12, 0).value();
   EXPECT_FALSE(gpu->decode_to_host(foreign, out0.view()).ok());

@@ -73,13 +73,12 @@ Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, cons
   const std::vector<sockaddr_storage>& addrs = *resolved;
   Status last;
   for (const sockaddr_storage& a : addrs) {
-    const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      last = make_status(StatusCode::io_error, "tcp connect to {}: socket: {}", address, errno_text(errno));
+    auto fd = open_socket(a, opt, "connect to", address);
+    if (!fd.ok()) {
+      last = fd.status();
       continue;
     }
-    configure_socket(fd, opt);
-    auto conn = std::make_unique<TcpConnection>(fd, format_address(a), opt);
+    auto conn = std::make_unique<TcpConnection>(*fd, format_address(a), opt);
     if (Status st = conn->init(depth); !st.ok()) return detail::log_error(st);
     last = conn->connect_to(a, deadline, cancel);
     if (last.ok()) return std::unique_ptr<Connection>(std::move(conn));

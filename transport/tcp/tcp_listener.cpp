@@ -85,14 +85,15 @@ Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const T
   const std::vector<sockaddr_storage>& addrs = *resolved;
   Status last;
   for (const sockaddr_storage& a : addrs) {
-    const int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      last = make_status(StatusCode::io_error, "tcp listen on {}: socket: {}", address, errno_text(errno));
+    // Accepted sockets inherit the buffer sizes open_socket sets.
+    auto opened = open_socket(a, opt, "listen on", address);
+    if (!opened.ok()) {
+      last = opened.status();
       continue;
     }
+    const int fd = *opened;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    configure_socket(fd, opt);  // accepted sockets inherit the buffer sizes
     if (bind(fd, reinterpret_cast<const sockaddr*>(&a), sockaddr_len(a)) != 0 || ::listen(fd, 512) != 0) {
       const int err = errno;
       last = make_status(err == EADDRINUSE || err == EACCES || err == EADDRNOTAVAIL ? StatusCode::unavailable

@@ -40,4 +40,12 @@ void configure_socket(int fd, const TcpSettings& opt) {
   }
 }
 
+Result<int> open_socket(const sockaddr_storage& addr, const TcpSettings& opt, std::string_view what,
+                        const std::string& address) {
+  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return make_status(StatusCode::io_error, "tcp {} {}: socket: {}", what, address, errno_text(errno));
+  configure_socket(fd, opt);
+  return fd;
+}
+
 }  // namespace kvstream::transport::tcp

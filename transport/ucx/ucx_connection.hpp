@@ -158,6 +158,8 @@ class UcxConnection final : public Connection {
   Status recv_unexpected_body(std::unique_lock<std::mutex>& lk, std::span<std::byte> dest, Deadline deadline,
                               const CancelToken& cancel);
   Status wait_for_body(std::unique_lock<std::mutex>& lk, const Op& op, Deadline deadline, const CancelToken& cancel);
+  Status body_wait(const Op& op, Deadline deadline, const CancelToken& cancel);
+  Status take_landed_body(Op& op, const std::byte* landed, std::span<std::byte> dest);
   void withdraw_receive(Op& op);
   void finish_body_locked();
 

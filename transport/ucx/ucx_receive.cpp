@@ -182,19 +182,25 @@ Status UcxConnection::take_inline_body_locked(std::span<std::byte> dest) {
   return {};
 }
 
+/// Waits (mu not held) until a body receive completes, the connection fails, or the
+/// deadline or cancel ends the wait.
+Status UcxConnection::body_wait(const Op& op, Deadline deadline, const CancelToken& cancel) {
+  return eng_->wait(
+      [&]() -> std::optional<Status> {
+        if (op.done) return Status{};
+        if (cs_->failed) return cs_->failure();
+        return std::nullopt;
+      },
+      deadline, &cancel, cs_->who, "recv_body");
+}
+
 /// Waits, with `lk` released, for a body receive that is already posted (ahead by
 /// the caller or by staging). On success `lk` is held again; on an error it is not,
 /// and the receive goes on: a retry picks it up.
 Status UcxConnection::wait_for_body(std::unique_lock<std::mutex>& lk, const Op& op, Deadline deadline,
                                     const CancelToken& cancel) {
   lk.unlock();
-  KVS_RETURN_IF_ERROR(eng_->wait(
-      [&]() -> std::optional<Status> {
-        if (op.done) return Status{};
-        if (cs_->failed) return cs_->failure();
-        return std::nullopt;
-      },
-      deadline, &cancel, cs_->who, "recv_body"));
+  KVS_RETURN_IF_ERROR(body_wait(op, deadline, cancel));
   lk.lock();
   return {};
 }
@@ -213,6 +219,15 @@ Status body_outcome(const Op& op, size_t size, const std::string& peer) {
 
 }  // namespace
 
+/// A completed receive of the pending body into `landed`: its outcome, and on success
+/// the body copied to `dest` unless it landed there or is discarded.
+Status UcxConnection::take_landed_body(Op& op, const std::byte* landed, std::span<std::byte> dest) {
+  op.release();
+  Status result = body_outcome(op, cs_->body_size, cs_->peer);
+  if (result.ok() && !dest.empty() && dest.data() != landed) std::memcpy(dest.data(), landed, cs_->body_size);
+  return result;
+}
+
 /// The body lands in memory the caller posted with post_recv; a body larger than the
 /// post completes it with UCS_ERR_MESSAGE_TRUNCATED.
 Status UcxConnection::recv_posted_body(std::unique_lock<std::mutex>& lk, std::span<std::byte> dest,
@@ -220,9 +235,7 @@ Status UcxConnection::recv_posted_body(std::unique_lock<std::mutex>& lk, std::sp
   const uint32_t seq = cs_->body_seq;
   ConnState::Posted* po = cs_->posted.find(seq)->second.get();
   KVS_RETURN_IF_ERROR(wait_for_body(lk, po->op, deadline, cancel));
-  po->op.release();
-  Status result = body_outcome(po->op, cs_->body_size, cs_->peer);
-  if (result.ok() && !dest.empty() && dest.data() != po->dest) std::memcpy(dest.data(), po->dest, cs_->body_size);
+  Status result = take_landed_body(po->op, po->dest, dest);
   cs_->posted.erase(seq);
   finish_body_locked();
   return result;
@@ -234,9 +247,7 @@ Status UcxConnection::recv_staged_body(std::unique_lock<std::mutex>& lk, std::sp
   const uint32_t seq = cs_->body_seq;
   ConnState::Staged* st = cs_->staged.find(seq)->second.get();
   KVS_RETURN_IF_ERROR(wait_for_body(lk, st->op, deadline, cancel));
-  st->op.release();
-  Status result = body_outcome(st->op, cs_->body_size, cs_->peer);
-  if (result.ok() && !dest.empty()) std::memcpy(dest.data(), st->buf.get(), cs_->body_size);
+  Status result = take_landed_body(st->op, st->buf.get(), dest);
   eng_->staged_bytes -= st->size;
   cs_->staged.erase(seq);
   finish_body_locked();
@@ -259,13 +270,7 @@ Status UcxConnection::recv_unexpected_body(std::unique_lock<std::mutex>& lk, std
   post_tag_recv(e.worker, target, size, make_tag(cs_->rx_id, kBodyKind, cs_->body_seq), op);
   cs_->body_claimed = true;
   lk.unlock();
-  Status s = e.wait(
-      [&]() -> std::optional<Status> {
-        if (op.done) return Status{};
-        if (cs_->failed) return cs_->failure();
-        return std::nullopt;
-      },
-      deadline, &cancel, cs_->who, "recv_body");
+  Status s = body_wait(op, deadline, cancel);
   if (!s.ok()) withdraw_receive(op);
   lk.lock();
   if (!op.done) {
@@ -290,11 +295,8 @@ Status UcxConnection::recv_unexpected_body(std::unique_lock<std::mutex>& lk, std
   }
   cs_->body_claimed = false;  // the body is still pending: a retry may receive it
   if (!s.ok()) return s;
-  if (op.status == UCS_OK)
-    return make_status(StatusCode::corrupt_data, "ucx: body from {} has {} bytes, header said {}", cs_->peer,
-                       op.length, size);
-  if (cs_->failed) return cs_->failure();
-  return make_status(StatusCode::unavailable, "ucx: body from {} failed: {}", cs_->peer, ucs_status_string(op.status));
+  if (op.status != UCS_OK && cs_->failed) return cs_->failure();
+  return body_outcome(op, size, cs_->peer);
 }
 
 /// Withdraws a receive nobody waits for any more: cancelled (an unmatched receive
