@@ -31,7 +31,7 @@ kvs_status fail(const Status& s) {
   g_last_error = s.to_string();
   return static_cast<kvs_status>(s.code());
 }
-kvs_status fail(StatusCode code, std::string message) { return fail(Status(code, std::move(message))); }
+kvs_status fail(StatusCode code, const std::string& message) { return fail(make_status(code, "{}", message)); }
 
 // Runs `fn` (returning Status), turning anything thrown into an error code.
 template <typename Fn>
@@ -43,9 +43,9 @@ kvs_status guarded(const char* what, Fn&& fn) noexcept {
   } catch (const std::bad_alloc&) {
     return fail(StatusCode::resource_exhausted, std::string(what) + ": out of memory");
   } catch (const std::exception& e) {
-    return fail(detail::log_error(Status(StatusCode::internal, std::string(what) + ": " + e.what())));
+    return fail(StatusCode::internal, fmt::format("{}: {}", what, e.what()));
   } catch (...) {
-    return fail(detail::log_error(Status(StatusCode::internal, std::string(what) + ": unknown exception")));
+    return fail(StatusCode::internal, fmt::format("{}: unknown exception", what));
   }
 }
 

@@ -120,10 +120,5 @@ spdlog::logger& logger() {
   return *instance;
 }
 
-Status log_error(Status s) {
-  if (!s.ok()) logger().warn("{}", s.to_string());
-  return s;
-}
-
 }  // namespace detail
 }  // namespace kvstream

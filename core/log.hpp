@@ -10,9 +10,13 @@ namespace kvstream::detail {
 /// The "kvstream" logger (created on first use, writes to stderr).
 spdlog::logger& logger();
 
-/// Logs `s` at warn level where an error is first seen, then returns it unchanged,
-/// so callers can `return log_error(make_status(...));`.
-Status log_error(Status s);
+
+/// An error already logged where it was first seen, reported again (each later call
+/// on a connection that broke): built like make_status, not logged a second time.
+template <typename... Args>
+Status repeated_status(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
+  return Status(code, fmt::format(f, std::forward<Args>(args)...));
+}
 
 }  // namespace kvstream::detail
 

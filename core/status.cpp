@@ -1,5 +1,7 @@
 #include "kvstream/status.hpp"
 
+#include "core/log.hpp"
+
 namespace kvstream {
 
 std::string_view status_code_name(StatusCode code) noexcept {
@@ -32,4 +34,27 @@ Status Status::with_context(std::string_view context) const {
   return Status(code_, fmt::format("{}: {}", context, message_));
 }
 
+namespace detail {
+
+void log_new_error(const Status& s) noexcept {
+  if (s.ok()) return;
+  spdlog::level::level_enum level = spdlog::level::debug;
+  switch (s.code()) {
+    case StatusCode::internal: level = spdlog::level::err; break;
+    case StatusCode::io_error:
+    case StatusCode::corrupt_data:
+    case StatusCode::unavailable:
+    case StatusCode::permission_denied:
+    case StatusCode::resource_exhausted: level = spdlog::level::warn; break;
+    default: break;
+  }
+  try {
+    spdlog::logger& l = logger();
+    if (l.should_log(level)) l.log(level, "{}", s.to_string());
+  } catch (...) {
+    // A log line that cannot be written must not turn an error into a crash.
+  }
+}
+
+}  // namespace detail
 }  // namespace kvstream

@@ -192,7 +192,7 @@ class Channel {
     if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity, range);
     if (abandoned || r.code != StatusCode::ok) {
       KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
-      complete(r.id, r.code == StatusCode::ok ? Status{} : Status(r.code, r.message), {});
+      complete(r.id, r.code == StatusCode::ok ? Status{} : make_status(r.code, "{}", r.message), {});
       return {};
     }
     // Small bodies (stat, list) go through a buffer of our own.
@@ -390,12 +390,12 @@ class ClientImpl final : public Client {
     // A node at its connection limit for the namespace says so; any other refusal is
     // reported as permission_denied with no detail (nothing about what exists).
     if (r.code == StatusCode::resource_exhausted)
-      return detail::log_error(make_status(StatusCode::resource_exhausted,
+      return make_status(StatusCode::resource_exhausted,
                                            "storage node {} refused a connection for '{}': {}", cfg.address,
-                                           cfg.name_space, r.message));
+                                           cfg.name_space, r.message);
     if (r.code != StatusCode::ok)
-      return detail::log_error(make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'",
-                                           cfg.address, cfg.name_space));
+      return make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'",
+                                           cfg.address, cfg.name_space);
     return {};
   }
 

@@ -33,7 +33,7 @@ Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& config) {
 #if KVSTREAM_HAVE_LIBFABRIC
   if (config.name == "libfabric") r = make_ofi_backend(config);
 #endif
-  if (!r.ok()) return detail::log_error(r.status());
+  if (!r.ok()) return r.status();
   const Capabilities& c = (*r)->capabilities();
   KVS_LOG_INFO("transport: backend {} over {}, {} memory, one-sided reads {}", c.backend, c.provider,
                memory_type_name(config.memory), c.one_sided_read ? "yes" : "no");

@@ -28,6 +28,10 @@ struct AdaptivePlan {
   /// chunk_level_quality_loss); empty: level_quality_loss for every chunk.
   std::vector<std::vector<double>> chunk_level_quality_loss;
   double recompute_tokens_per_second = 0;            ///< the runtime's prefill rate; 0: no text option
+  /// The clock decisions are made on (time left, backlogs). Empty (default):
+  /// transport::Clock::now. Tests inject one so that a plan does not depend on how
+  /// fast the machine runs; the pipeline's own timings stay on the real clock.
+  std::function<Clock::time_point()> now;
 };
 
 /// When a chunk's bytes really started flowing. Requests are pipelined (depth of them

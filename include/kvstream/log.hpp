@@ -1,6 +1,12 @@
 // Library-wide logging controls. kvstream logs through one logger ("kvstream",
 // spdlog inside) to stderr; a host can lower or raise its level, silence it, or take
 // every line itself by installing a sink (its own logger, a ring buffer, a test).
+//
+// Every error is logged once, where kvstream first makes it (make_status): `internal`
+// at error; io_error, corrupt_data, unavailable, permission_denied and
+// resource_exhausted at warn; the codes a caller causes or expects (invalid_argument,
+// out_of_range, not_found, already_exists, unsupported, timed_out, cancelled) at
+// debug. Errors passed up the stack are not logged again.
 #pragma once
 
 #include <functional>

@@ -62,10 +62,22 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-/// Builds an error status with a fmt-formatted message.
+namespace detail {
+/// Logs an error where kvstream first makes it, once: `internal` at error level; the
+/// codes an operator acts on (io_error, corrupt_data, unavailable, permission_denied,
+/// resource_exhausted) at warn; the rest, which the caller caused or expects (bad
+/// arguments, not found, unsupported, deadlines, cancels), at debug. Passing a status
+/// on (return, with_context) does not log it again.
+void log_new_error(const Status& s) noexcept;
+}  // namespace detail
+
+/// Builds an error status with a fmt-formatted message, and logs it (detail::
+/// log_new_error): this is where an error is first seen.
 template <typename... Args>
 Status make_status(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
-  return Status(code, fmt::format(f, std::forward<Args>(args)...));
+  Status s(code, fmt::format(f, std::forward<Args>(args)...));
+  detail::log_new_error(s);
+  return s;
 }
 
 /// A value of type T, or the Status that explains why there is none.

@@ -25,7 +25,8 @@ std::string_view trim(std::string_view s) {
 // IPv6 address, and a port 1..65535.
 Status check_address(std::string_view a) {
   const size_t colon = a.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == a.size()) return Status(StatusCode::invalid_argument, "not host:port");
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == a.size())
+    return make_status(StatusCode::invalid_argument, "not host:port");
   const std::string_view host = a.substr(0, colon), port = a.substr(colon + 1);
   const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
   for (char c : v6 ? host.substr(1, host.size() - 2) : host) {

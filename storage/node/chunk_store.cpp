@@ -31,7 +31,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& director
   if (directory.empty()) return make_status(StatusCode::invalid_argument, "storage directory is not set");
   std::error_code ec;
   fs::create_directories(directory, ec);
-  if (ec) return detail::log_error(make_status(StatusCode::io_error, "cannot create '{}': {}", directory, ec.message()));
+  if (ec) return make_status(StatusCode::io_error, "cannot create '{}': {}", directory, ec.message());
   auto s = std::unique_ptr<ChunkStore>(new ChunkStore(budget));
   KVS_ASSIGN_OR_RETURN(s->lock_, DirLock::acquire(directory));
   s->dir_ = directory;
@@ -48,7 +48,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& director
   }
   fs::create_directories(s->tmp_dir_, ec);
   if (!ec) fs::create_directories(s->quarantine_dir_, ec);
-  if (ec) return detail::log_error(make_status(StatusCode::io_error, "cannot prepare '{}': {}", directory, ec.message()));
+  if (ec) return make_status(StatusCode::io_error, "cannot prepare '{}': {}", directory, ec.message());
   s->scan();
   budget.set_reclaimer([p = s.get()](uint64_t n) { p->reclaim(n); });
   if (s->counters_.stale_temporaries || s->counters_.quarantined)

@@ -109,10 +109,10 @@ Result<ObjectFile> ObjectFile::open(const std::string& path, std::string_view na
   f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f.fd_ < 0) {
     if (errno == ENOENT) return make_status(StatusCode::not_found, "no object {}", name);
-    return detail::log_error(os_error("open", name, errno));
+    return os_error("open", name, errno);
   }
   struct stat st {};
-  if (::fstat(f.fd_, &st) != 0) return detail::log_error(os_error("stat", name, errno));
+  if (::fstat(f.fd_, &st) != 0) return os_error("stat", name, errno);
   f.dev_ = st.st_dev, f.ino_ = st.st_ino;
   // The header is at most kMaxObjectHeaderBytes; a short object's payload may follow
   // it in the same read (ignored here).
@@ -121,7 +121,7 @@ Result<ObjectFile> ObjectFile::open(const std::string& path, std::string_view na
   while (got < hb.size()) {
     const ssize_t n = ::pread(f.fd_, hb.data() + got, hb.size() - got, off_t(got));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return detail::log_error(os_error("read", name, errno));
+    if (n < 0) return os_error("read", name, errno);
     if (n == 0) break;
     got += size_t(n);
   }
@@ -141,7 +141,7 @@ Status ObjectFile::read(uint64_t offset, std::span<std::byte> dest) const {
     const ssize_t n =
         ::pread(fd_, dest.data() + done, dest.size() - done, off_t(header_.header_bytes() + offset + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return detail::log_error(os_error("read", name_, errno));
+    if (n < 0) return os_error("read", name_, errno);
     if (n == 0) return make_status(StatusCode::corrupt_data, "object {} ended early on disk", name_);
     done += size_t(n);
   }
@@ -192,11 +192,11 @@ Result<TempObject> TempObject::create(const std::string& dir, uint64_t length, s
     std::string p = fmt::format("{}/w{}-{}", dir, ::getpid(), counter.fetch_add(1));
     t.fd_ = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
     if (t.fd_ >= 0) t.path_ = std::move(p);
-    else if (errno != EEXIST) return detail::log_error(os_error("create", "(new)", errno));
+    else if (errno != EEXIST) return os_error("create", "(new)", errno);
   }
   if (t.fd_ < 0) return make_status(StatusCode::internal, "no unique temporary name");
   // Room for the header; it is written last, once the payload's checksum is known.
-  if (::ftruncate(t.fd_, off_t(t.header_bytes_)) != 0) return detail::log_error(os_error("create", "(new)", errno));
+  if (::ftruncate(t.fd_, off_t(t.header_bytes_)) != 0) return os_error("create", "(new)", errno);
   return t;
 }
 
@@ -209,7 +209,7 @@ Status TempObject::append(std::span<const std::byte> bytes) {
   while (done < bytes.size()) {
     const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, off_t(header_bytes_ + written_ + done));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return detail::log_error(os_error("write", "(new)", w < 0 ? errno : EIO));
+    if (w <= 0) return os_error("write", "(new)", w < 0 ? errno : EIO);
     done += size_t(w);
   }
   written_ += bytes.size();
@@ -227,9 +227,9 @@ Status TempObject::finish(std::string_view name, uint64_t expected_checksum, uin
   ssize_t w;
   do w = ::pwrite(fd_, h.data(), h.size(), 0);
   while (w < 0 && errno == EINTR);
-  if (w != ssize_t(h.size())) return detail::log_error(os_error("write", name, w < 0 ? errno : EIO));
-  if (::fsync(fd_) != 0) return detail::log_error(os_error("fsync", name, errno));
-  if (::close(std::exchange(fd_, -1)) != 0) return detail::log_error(os_error("close", name, errno));
+  if (w != ssize_t(h.size())) return os_error("write", name, w < 0 ? errno : EIO);
+  if (::fsync(fd_) != 0) return os_error("fsync", name, errno);
+  if (::close(std::exchange(fd_, -1)) != 0) return os_error("close", name, errno);
   finished_ = true;
   return {};
 }

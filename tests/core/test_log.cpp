@@ -49,12 +49,33 @@ TEST_F(LogSinkTest, LevelFiltersBeforeTheSink) {
   EXPECT_EQ(cap_.lines[0].second, "kept");
 }
 
-TEST_F(LogSinkTest, ErrorsReturnedThroughLogErrorAreLoggedOnce) {
-  auto s = kvstream::detail::log_error(kvstream::make_status(kvstream::StatusCode::not_found, "no chunk {}", 7));
-  EXPECT_EQ(s.code(), kvstream::StatusCode::not_found);
+// An error is logged where it is made, once, at a level that follows its code; handing
+// it on (copies, with_context, a Result) logs nothing more, and a repeat of a known
+// error is not logged.
+TEST_F(LogSinkTest, ErrorsAreLoggedOnceWhereTheyAreMade) {
+  kvstream::set_log_level(kvstream::LogLevel::debug);
+  auto made = [](kvstream::StatusCode c) { return kvstream::make_status(c, "chunk {}", 7); };
+  const kvstream::Status io = made(kvstream::StatusCode::io_error);
   ASSERT_EQ(cap_.lines.size(), 1u);
   EXPECT_EQ(cap_.lines[0].first, kvstream::LogLevel::warn);
-  EXPECT_NE(cap_.lines[0].second.find("no chunk 7"), std::string::npos);
+  EXPECT_EQ(cap_.lines[0].second, "io_error: chunk 7");
+  const kvstream::Status passed_on = io.with_context("while reading");
+  const kvstream::Result<int> r = passed_on;
+  EXPECT_EQ(r.status().message(), "while reading: chunk 7");
+  EXPECT_EQ(cap_.lines.size(), 1u);
+  (void)made(kvstream::StatusCode::internal);
+  (void)made(kvstream::StatusCode::not_found);
+  (void)made(kvstream::StatusCode::timed_out);
+  ASSERT_EQ(cap_.lines.size(), 4u);
+  EXPECT_EQ(cap_.lines[1].first, kvstream::LogLevel::error);
+  EXPECT_EQ(cap_.lines[2].first, kvstream::LogLevel::debug);
+  EXPECT_EQ(cap_.lines[3].first, kvstream::LogLevel::debug);
+  (void)kvstream::detail::repeated_status(kvstream::StatusCode::unavailable, "still broken");
+  EXPECT_EQ(cap_.lines.size(), 4u);
+  // At the default level, what the caller expects (a miss, a deadline) stays quiet.
+  kvstream::set_log_level(kvstream::LogLevel::info);
+  (void)made(kvstream::StatusCode::not_found);
+  EXPECT_EQ(cap_.lines.size(), 4u);
 }
 
 TEST_F(LogSinkTest, ASinkThatThrowsDoesNotEscape) {

@@ -16,7 +16,7 @@ using namespace std::chrono_literals;
 
 Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadline deadline,
                                           const CancelToken& cancel) {
-  if (!broken_.empty()) return make_status(StatusCode::unavailable, "libfabric: {}", broken_);
+  if (!broken_.empty()) return detail::repeated_status(StatusCode::unavailable, "libfabric: {}", broken_);
   if (body_pending_)
     return make_status(StatusCode::invalid_argument,
                        "libfabric: the previous message's body ({} bytes) must be read with recv_body first",
@@ -63,7 +63,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
 }
 
 Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) {
-  if (!broken_.empty()) return make_status(StatusCode::unavailable, "libfabric: {}", broken_);
+  if (!broken_.empty()) return detail::repeated_status(StatusCode::unavailable, "libfabric: {}", broken_);
   if (!body_pending_) {
     if (dest.empty() || body_size_ == 0) return {};
     return make_status(StatusCode::invalid_argument, "libfabric: no body announced (call recv_header first)");
@@ -148,7 +148,11 @@ Status OfiConnection::fail_body(const Status& st) {
     body_pending_ = false;
     return {};
   }
-  if (any_ok) broken_ = "a body was partly received before a timeout or cancel";
+  if (any_ok) {
+    // The caller sees only its timeout or cancel (st); the connection's end is news.
+    broken_ = "a body was partly received before a timeout or cancel";
+    KVS_LOG_WARN("libfabric: connection to {} unusable: {}", peer_name_, broken_);
+  }
   body_ops_.clear();  // nothing consumed: the caller may call recv_body again
   return st;
 }

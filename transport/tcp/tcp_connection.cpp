@@ -48,8 +48,8 @@ std::string TcpConnection::describe() const {
 Status TcpConnection::check_usable() {
   if (!broken_.load(std::memory_order_acquire)) return {};
   std::lock_guard lock(broken_mu_);
-  return make_status(StatusCode::unavailable, "tcp connection to {} is closed after an earlier error: {}", peer_,
-                     broken_why_);
+  return detail::repeated_status(StatusCode::unavailable, "tcp connection to {} is closed after an earlier error: {}",
+                                 peer_, broken_why_);
 }
 
 Status TcpConnection::fail(Status why) {
@@ -59,17 +59,13 @@ Status TcpConnection::fail(Status why) {
     broken_.store(true, std::memory_order_release);
   }
   shutdown(fd_, SHUT_RDWR);
-  if (why.code() == StatusCode::timed_out || why.code() == StatusCode::cancelled) {
-    KVS_LOG_DEBUG("{}", why.to_string());
-    return why;
-  }
-  return detail::log_error(std::move(why));
+  return why;
 }
 
 Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, const TcpSettings& opt, unsigned depth,
                                                 Deadline deadline, const CancelToken& cancel) {
   auto resolved = resolve_address("tcp", address, false);
-  if (!resolved.ok()) return detail::log_error(resolved.status());
+  if (!resolved.ok()) return resolved.status();
   const std::vector<sockaddr_storage>& addrs = *resolved;
   Status last;
   for (const sockaddr_storage& a : addrs) {
@@ -79,12 +75,12 @@ Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, cons
       continue;
     }
     auto conn = std::make_unique<TcpConnection>(*fd, format_address(a), opt);
-    if (Status st = conn->init(depth); !st.ok()) return detail::log_error(st);
+    if (Status st = conn->init(depth); !st.ok()) return st;
     last = conn->connect_to(a, deadline, cancel);
     if (last.ok()) return std::unique_ptr<Connection>(std::move(conn));
     if (last.code() == StatusCode::timed_out || last.code() == StatusCode::cancelled) break;
   }
-  return detail::log_error(last);
+  return last;
 }
 
 }  // namespace kvstream::transport::tcp

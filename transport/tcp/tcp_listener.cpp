@@ -54,13 +54,12 @@ class TcpListener final : public Listener {
         return st.with_context(fmt::format("tcp accept on {}", address_));
       }
       if (res < 0)
-        return detail::log_error(
-            make_status(code_for_errno(-res), "tcp accept on {}: {}", address_, errno_text(-res)));
+        return make_status(code_for_errno(-res), "tcp accept on {}: {}", address_, errno_text(-res));
       cfd = res;
     }
     configure_socket(cfd, opt_);
     auto conn = std::make_unique<TcpConnection>(cfd, format_address(peer), opt_);
-    if (Status st = conn->init(depth_); !st.ok()) return detail::log_error(st);
+    if (Status st = conn->init(depth_); !st.ok()) return st;
     return std::unique_ptr<Connection>(std::move(conn));
   }
 
@@ -81,7 +80,7 @@ class TcpListener final : public Listener {
 
 Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const TcpSettings& opt, unsigned depth) {
   auto resolved = resolve_address("tcp", address, true);
-  if (!resolved.ok()) return detail::log_error(resolved.status());
+  if (!resolved.ok()) return resolved.status();
   const std::vector<sockaddr_storage>& addrs = *resolved;
   Status last;
   for (const sockaddr_storage& a : addrs) {
@@ -106,11 +105,11 @@ Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const T
     socklen_t len = sizeof bound;
     getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
     auto l = std::make_unique<TcpListener>(fd, format_address(bound), opt, depth);
-    if (Status st = l->init(); !st.ok()) return detail::log_error(st);
+    if (Status st = l->init(); !st.ok()) return st;
     KVS_LOG_DEBUG("tcp: listening on {}", l->address());
     return std::unique_ptr<Listener>(std::move(l));
   }
-  return detail::log_error(last);
+  return last;
 }
 
 }  // namespace kvstream::transport::tcp

@@ -15,10 +15,10 @@ Result<size_t> TcpConnection::recv_header(std::vector<std::byte>& header, Deadli
   std::lock_guard lock(rx_mu_);
   KVS_RETURN_IF_ERROR(check_usable());
   if (body_pending_ && body_left_ > 0)
-    return detail::log_error(make_status(StatusCode::invalid_argument,
+    return make_status(StatusCode::invalid_argument,
                                          "tcp recv from {}: {} body bytes of the previous message were not read "
                                          "(call recv_body, with an empty span to discard)",
-                                         peer_, body_left_));
+                                         peer_, body_left_);
   body_pending_ = false;
   // Prefix and header accumulate in rx_buf_, so a deadline or cancel here loses
   // nothing: the next recv_header continues the same message.
@@ -46,16 +46,13 @@ Status TcpConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   std::lock_guard lock(rx_mu_);
   KVS_RETURN_IF_ERROR(check_usable());
   if (!body_pending_)
-    return detail::log_error(
-        make_status(StatusCode::invalid_argument, "tcp recv_body from {}: no message header was received", peer_));
+    return make_status(StatusCode::invalid_argument, "tcp recv_body from {}: no message header was received", peer_);
   if (!dest.empty() && dest.size() < body_left_)
-    return detail::log_error(make_status(StatusCode::invalid_argument,
-                                         "tcp recv_body from {}: destination of {} bytes is smaller than the {} "
-                                         "byte body",
-                                         peer_, dest.size(), body_left_));
+    return make_status(StatusCode::invalid_argument,
+                       "tcp recv_body from {}: destination of {} bytes is smaller than the {} byte body", peer_,
+                       dest.size(), body_left_);
   if (!dest.empty() && dest.data() == nullptr)
-    return detail::log_error(
-        make_status(StatusCode::invalid_argument, "tcp recv_body from {}: null destination", peer_));
+    return make_status(StatusCode::invalid_argument, "tcp recv_body from {}: null destination", peer_);
   if (body_left_ == 0) {
     body_pending_ = false;
     return {};

@@ -63,8 +63,8 @@ Status Ring::submit_and_wait(unsigned want, Deadline deadline) {
 Status next_completion(Ring& ring, Completion& out, Deadline deadline, const CancelToken* cancel) {
   for (;;) {
     if (ring.pop(out)) return {};
-    if (cancel && cancel->cancelled()) return Status(StatusCode::cancelled, "cancelled");
-    if (Clock::now() >= deadline) return Status(StatusCode::timed_out, "deadline passed");
+    if (cancel && cancel->cancelled()) return make_status(StatusCode::cancelled, "cancelled");
+    if (Clock::now() >= deadline) return make_status(StatusCode::timed_out, "deadline passed");
     KVS_RETURN_IF_ERROR(ring.submit_and_wait(1, deadline));
   }
 }

@@ -33,13 +33,13 @@ Status TcpConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
 
 Status TcpConnection::check_send_args(std::span<const std::byte> header, std::span<const std::byte> body) const {
   if (header.size() > kMaxHeaderBytes)
-    return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}",
-                                         peer_, header.size(), kMaxHeaderBytes));
+    return make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}",
+                                         peer_, header.size(), kMaxHeaderBytes);
   if (body.size() > kTcpMaxBodyBytes)
-    return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}",
-                                         peer_, body.size(), kTcpMaxBodyBytes));
+    return make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}",
+                                         peer_, body.size(), kTcpMaxBodyBytes);
   if (!body.empty() && body.data() == nullptr)
-    return detail::log_error(make_status(StatusCode::invalid_argument, "tcp send to {}: null body", peer_));
+    return make_status(StatusCode::invalid_argument, "tcp send to {}: null body", peer_);
   return {};
 }
 
@@ -70,9 +70,9 @@ Result<uint64_t> TcpConnection::post_locked(std::span<const std::byte> header, s
 
 Status TcpConnection::wait_locked(uint64_t seq, Deadline deadline, const CancelToken& cancel) {
   if (seq > tx_posted_)
-    return detail::log_error(make_status(StatusCode::invalid_argument,
+    return make_status(StatusCode::invalid_argument,
                                          "tcp wait_sends to {}: sequence {} was never posted (last is {})", peer_,
-                                         seq, tx_posted_));
+                                         seq, tx_posted_);
   if (seq <= tx_done_) return {};
   if (Status st = check_usable(); !st.ok()) {
     tx_abort();  // broken from the receive side: reap what is still in the kernel
@@ -83,9 +83,9 @@ Status TcpConnection::wait_locked(uint64_t seq, Deadline deadline, const CancelT
     if (tx_done_ >= seq) return {};
     Status why;
     if (cancel.cancelled()) {
-      why = Status(StatusCode::cancelled, "cancelled");
+      why = make_status(StatusCode::cancelled, "cancelled");
     } else if (Clock::now() >= deadline) {
-      why = Status(StatusCode::timed_out, "deadline passed");
+      why = make_status(StatusCode::timed_out, "deadline passed");
     }
     if (!why.ok()) return tx_abort_and_fail(std::move(why));
     // Sleep until at least the completions that `seq` still needs could be there.

@@ -26,8 +26,7 @@ bool ConnState::requests_done() const {
 
 void ep_error_cb(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* cs = static_cast<ConnState*>(arg);
-  if (cs->fail(fmt::format("peer {} failed: {}", cs->peer, ucs_status_string(status))))
-    KVS_LOG_DEBUG("ucx: {}", cs->fail_msg);
+  cs->fail(fmt::format("peer {} failed: {}", cs->peer, ucs_status_string(status)), spdlog::level::debug);
 }
 
 UcxConnection::~UcxConnection() { close_conn(*eng_, cs_); }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/log.hpp"
 #include "kvstream/transport.hpp"
 #include "transport/ucx/ucx_engine.hpp"
 #include "transport/ucx/ucx_request.hpp"
@@ -110,16 +111,20 @@ struct ConnState {
   std::vector<std::unique_ptr<Send>> send_pool;  // reaped Sends for reuse
 
   /// Marks the connection failed with `msg` unless it already was (the first cause
-  /// is the one reported). Returns whether this call failed it.
-  bool fail(std::string msg) {
+  /// is the one reported, and logged here at `level`: warn for our own findings, debug
+  /// for UCX's peer errors, which are mostly a peer that left). Returns whether this
+  /// call failed it.
+  bool fail(std::string msg, spdlog::level::level_enum level = spdlog::level::warn) {
     if (failed) return false;
     failed = true;
     fail_msg = std::move(msg);
+    detail::logger().log(level, "ucx: {}", fail_msg);
     return true;
   }
+  /// What every call on a failed connection returns (the cause was logged by fail()).
   [[nodiscard]] Status failure() const {
-    return make_status(StatusCode::unavailable, "ucx: {}",
-                       fail_msg.empty() ? "connection to " + peer + " failed" : fail_msg);
+    return detail::repeated_status(StatusCode::unavailable, "ucx: {}",
+                                   fail_msg.empty() ? "connection to " + peer + " failed" : fail_msg);
   }
   /// No request of this connection is pending (close waits for this).
   [[nodiscard]] bool requests_done() const;
