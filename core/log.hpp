@@ -10,7 +10,6 @@ namespace kvstream::detail {
 /// The "kvstream" logger (created on first use, writes to stderr).
 spdlog::logger& logger();
 
-
 /// An error already logged where it was first seen, reported again (each later call
 /// on a connection that broke): built like make_status, not logged a second time.
 template <typename... Args>

@@ -58,10 +58,9 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
     std::map<uint32_t, double> predicted_landing;          // fetched chunks not landed yet
   };
   auto book = std::make_shared<Booking>();
-  const std::function<Clock::time_point()> now = plan.now ? plan.now : std::function<Clock::time_point()>(&Clock::now);
   book->worker_free.assign(costs->decode_workers, 0.0);
   FetchCallbacks cb;
-  cb.decide = [plan, costs, deadline_s, book, now](uint32_t chunk, std::span<const uint64_t> sizes) {
+  cb.decide = [plan, costs, deadline_s, book](uint32_t chunk, std::span<const uint64_t> sizes) {
     std::lock_guard lk(book->mu);
     // The pipeline's sizes are those of the chunk it will fetch for this range (after
     // stored_contexts and stored_chunks): they win over the table given at creation,
@@ -75,7 +74,7 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
     }
     policy::ChooseState st;
     st.chunk = chunk;
-    st.now_s = policy::to_seconds(now());
+    st.now_s = policy::to_seconds(plan.now ? plan.now() : Clock::now());
     st.time_left_s = deadline_s - st.now_s;
     st.wire_backlog_s = std::max(0.0, book->wire_free - st.now_s);
     st.decode_backlog_s = std::max(0.0, book->decode_free - st.now_s);

@@ -390,12 +390,11 @@ class ClientImpl final : public Client {
     // A node at its connection limit for the namespace says so; any other refusal is
     // reported as permission_denied with no detail (nothing about what exists).
     if (r.code == StatusCode::resource_exhausted)
-      return make_status(StatusCode::resource_exhausted,
-                                           "storage node {} refused a connection for '{}': {}", cfg.address,
-                                           cfg.name_space, r.message);
+      return make_status(StatusCode::resource_exhausted, "storage node {} refused a connection for '{}': {}",
+                         cfg.address, cfg.name_space, r.message);
     if (r.code != StatusCode::ok)
-      return make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'",
-                                           cfg.address, cfg.name_space);
+      return make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'", cfg.address,
+                         cfg.name_space);
     return {};
   }
 

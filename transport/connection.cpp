@@ -7,8 +7,8 @@ namespace kvstream::transport {
 Status Connection::send(std::span<const std::byte> header, std::span<const std::byte> body, Deadline deadline,
                         const CancelToken& cancel) {
   if (header.size() > kMaxHeaderBytes)
-    return make_status(StatusCode::invalid_argument, "send to {}: header of {} bytes exceeds {}",
-                                         describe(), header.size(), kMaxHeaderBytes);
+    return make_status(StatusCode::invalid_argument, "send to {}: header of {} bytes exceeds {}", describe(),
+                       header.size(), kMaxHeaderBytes);
   // Nothing of this message is queued yet: a deadline or cancel here leaves the
   // stream intact (earlier posted messages, if any, are left to their wait_sends).
   // describe() formats a string: only a refused send pays for it.

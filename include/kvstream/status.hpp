@@ -63,11 +63,8 @@ class [[nodiscard]] Status {
 };
 
 namespace detail {
-/// Logs an error where kvstream first makes it, once: `internal` at error level; the
-/// codes an operator acts on (io_error, corrupt_data, unavailable, permission_denied,
-/// resource_exhausted) at warn; the rest, which the caller caused or expects (bad
-/// arguments, not found, unsupported, deadlines, cancels), at debug. Passing a status
-/// on (return, with_context) does not log it again.
+/// Logs an error where kvstream first makes it, once, at the level its code calls for
+/// (the rule is in kvstream/log.hpp). Passing a status on does not log it again.
 void log_new_error(const Status& s) noexcept;
 }  // namespace detail
 

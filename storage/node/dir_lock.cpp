@@ -27,16 +27,14 @@ Result<DirLock> DirLock::acquire(const std::string& dir) {
   const std::string path = dir + "/.lock";
   DirLock l;
   l.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-  if (l.fd_ < 0)
-    return make_status(StatusCode::io_error, "cannot open '{}': {}", path, std::strerror(errno));
+  if (l.fd_ < 0) return make_status(StatusCode::io_error, "cannot open '{}': {}", path, std::strerror(errno));
   if (::flock(l.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     char pid[32] = {};
     const ssize_t n = ::pread(l.fd_, pid, sizeof pid - 1, 0);
     if (e == EWOULDBLOCK)
-      return make_status(StatusCode::already_exists,
-                                           "storage directory '{}' is in use by another node (pid {})", dir,
-                                           n > 0 ? std::string(pid, size_t(n)) : std::string("unknown"));
+      return make_status(StatusCode::already_exists, "storage directory '{}' is in use by another node (pid {})", dir,
+                         n > 0 ? std::string(pid, size_t(n)) : std::string("unknown"));
     return make_status(StatusCode::io_error, "cannot lock '{}': {}", path, std::strerror(e));
   }
   const std::string me = std::to_string(::getpid());

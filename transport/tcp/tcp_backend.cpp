@@ -49,12 +49,11 @@ class TcpBackend final : public Backend {
 
   Result<MemoryRegion> register_memory(void* data, size_t size, MemoryType type) override {
     if (type != MemoryType::host)
-      return make_status(StatusCode::unsupported,
-                                           "tcp backend registers host memory only, not {} memory",
-                                           memory_type_name(type));
+      return make_status(StatusCode::unsupported, "tcp backend registers host memory only, not {} memory",
+                         memory_type_name(type));
     if (data == nullptr || size == 0)
-      return make_status(StatusCode::invalid_argument,
-                                           "tcp register_memory: empty range (data {}, size {})", data, size);
+      return make_status(StatusCode::invalid_argument, "tcp register_memory: empty range (data {}, size {})", data,
+                         size);
     if (auto hit = cache_.find(data, size, type)) return RegionAccess::wrap(hit);
     auto region = std::make_shared<TcpRegion>();
     region->data = static_cast<std::byte*>(data);

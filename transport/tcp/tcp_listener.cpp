@@ -53,8 +53,7 @@ class TcpListener final : public Listener {
         }
         return st.with_context(fmt::format("tcp accept on {}", address_));
       }
-      if (res < 0)
-        return make_status(code_for_errno(-res), "tcp accept on {}: {}", address_, errno_text(-res));
+      if (res < 0) return make_status(code_for_errno(-res), "tcp accept on {}: {}", address_, errno_text(-res));
       cfd = res;
     }
     configure_socket(cfd, opt_);

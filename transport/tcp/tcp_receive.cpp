@@ -16,9 +16,9 @@ Result<size_t> TcpConnection::recv_header(std::vector<std::byte>& header, Deadli
   KVS_RETURN_IF_ERROR(check_usable());
   if (body_pending_ && body_left_ > 0)
     return make_status(StatusCode::invalid_argument,
-                                         "tcp recv from {}: {} body bytes of the previous message were not read "
-                                         "(call recv_body, with an empty span to discard)",
-                                         peer_, body_left_);
+                       "tcp recv from {}: {} body bytes of the previous message were not read "
+                       "(call recv_body, with an empty span to discard)",
+                       peer_, body_left_);
   body_pending_ = false;
   // Prefix and header accumulate in rx_buf_, so a deadline or cancel here loses
   // nothing: the next recv_header continues the same message.

@@ -33,11 +33,11 @@ Status TcpConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
 
 Status TcpConnection::check_send_args(std::span<const std::byte> header, std::span<const std::byte> body) const {
   if (header.size() > kMaxHeaderBytes)
-    return make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}",
-                                         peer_, header.size(), kMaxHeaderBytes);
+    return make_status(StatusCode::invalid_argument, "tcp send to {}: header of {} bytes exceeds {}", peer_,
+                       header.size(), kMaxHeaderBytes);
   if (body.size() > kTcpMaxBodyBytes)
-    return make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}",
-                                         peer_, body.size(), kTcpMaxBodyBytes);
+    return make_status(StatusCode::invalid_argument, "tcp send to {}: body of {} bytes exceeds {}", peer_, body.size(),
+                       kTcpMaxBodyBytes);
   if (!body.empty() && body.data() == nullptr)
     return make_status(StatusCode::invalid_argument, "tcp send to {}: null body", peer_);
   return {};
@@ -70,9 +70,8 @@ Result<uint64_t> TcpConnection::post_locked(std::span<const std::byte> header, s
 
 Status TcpConnection::wait_locked(uint64_t seq, Deadline deadline, const CancelToken& cancel) {
   if (seq > tx_posted_)
-    return make_status(StatusCode::invalid_argument,
-                                         "tcp wait_sends to {}: sequence {} was never posted (last is {})", peer_,
-                                         seq, tx_posted_);
+    return make_status(StatusCode::invalid_argument, "tcp wait_sends to {}: sequence {} was never posted (last is {})",
+                       peer_, seq, tx_posted_);
   if (seq <= tx_done_) return {};
   if (Status st = check_usable(); !st.ok()) {
     tx_abort();  // broken from the receive side: reap what is still in the kernel
