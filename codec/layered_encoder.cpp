@@ -5,6 +5,7 @@
 // holds the exact KV, so it measures what every prefix will decode to (the distortion
 // table of the header).
 #include <algorithm>
+#include <limits>
 
 #include "codec/byte_io.hpp"
 #include "codec/chunk_plan.hpp"
@@ -189,7 +190,11 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
         const uint32_t k = full + (g < partial ? 1 : 0);
         s += sq[lp][k] + sq_recent[lp][std::max(k, J)];
       }
-    return float(s / elems);
+    // The header holds a finite float >= 0 (the decoder checks it): an error beyond
+    // float's range (a profile's extreme scales), or one that overflowed to NaN, is
+    // stored as the largest float, which no quality target accepts.
+    const double m = s / elems;
+    return m < double(std::numeric_limits<float>::max()) ? float(m) : std::numeric_limits<float>::max();
   };
   h.distortion.push_back(mean_error(0, 0));
   for (uint32_t k = 1; k < n; ++k)

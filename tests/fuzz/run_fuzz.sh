@@ -63,11 +63,15 @@ for t in $TARGETS; do
   mkdir -p "$corpus"
   log="$BUILD/logs/$t.log"
   echo "run_fuzz.sh: $t for ${SECS}s (log: $log)"
+  # Inputs that once crashed a target (tests/fuzz/regressions/<target>/) are read with
+  # the corpus, so each run replays them first.
+  regressions=()
+  [ -d "$ROOT/tests/fuzz/regressions/$t" ] && regressions=("$ROOT/tests/fuzz/regressions/$t")
   # -max_total_time bounds fuzzing; the outer timeout only guards against a hang
   # in corpus loading or a stuck run.
   timeout --kill-after=10 $((SECS + 120)) "$BUILD/$t" -max_total_time="$SECS" -timeout=20 -rss_limit_mb=2560 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t-" \
-    "$corpus" "$SEEDS/$t" > "$log" 2>&1
+    "$corpus" "$SEEDS/$t" "${regressions[@]}" > "$log" 2>&1
   rc=$?
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
