@@ -84,15 +84,14 @@ test-sanitize: deps
 	$(call san_pass,build-asan,$(ASAN_CONFIG),$(ASAN_RUN),,-E "fuzz_smoke|install_consumer")
 	$(call san_pass,build-tsan,$(TSAN_CONFIG),$(TSAN_RUN),,-E "fuzz_smoke|install_consumer|demo_quick")
 
-# test_transport alone under both sanitizers (part of `make test`). A test that fails
-# is run once more, and fails the pass only when it fails twice: two clean-clone runs
-# on 2 cores each lost one libfabric shm message under a sanitizer (a different test
-# each time; recv_header timed out), which no rerun reproduced. Every failure, retried
-# or not, is in ctest's output; the suite without sanitizers runs strict.
-SAN_RETRY := --repeat until-pass:2
+# test_transport alone under both sanitizers (part of `make test`), strict: a test that
+# fails fails the pass. (Until the third pass of issue 19 a failed test was run once
+# more: libfabric 1.17's shm lost a message now and then when a receive was posted
+# beside another thread's completion read; the endpoint now serializes its provider
+# calls, and the retry is gone.)
 test-sanitize-transport: deps
-	$(call san_pass,build-asan,$(ASAN_CONFIG),$(ASAN_RUN),--target test_transport,-L '^test_transport$$' $(SAN_RETRY))
-	$(call san_pass,build-tsan,$(TSAN_CONFIG),$(TSAN_RUN),--target test_transport,-L '^test_transport$$' $(SAN_RETRY))
+	$(call san_pass,build-asan,$(ASAN_CONFIG),$(ASAN_RUN),--target test_transport,-L '^test_transport$$')
+	$(call san_pass,build-tsan,$(TSAN_CONFIG),$(TSAN_RUN),--target test_transport,-L '^test_transport$$')
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz
