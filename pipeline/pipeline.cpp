@@ -240,8 +240,9 @@ class PipelineImpl final : public Pipeline {
   std::vector<GpuWorker> gpu_workers_;   // one per decode thread on the GPU path
   std::vector<std::thread> workers_;
 
-  // GPUDirect would register device memory with the client's backend, so it is only
-  // as possible as the backend says; none says so yet.
+  // GPUDirect would register device memory with the client's backend
+  // (Client::register_memory with MemoryType::cuda), so it is only as possible as the
+  // backend says; where one says so, the receive path is what is missing.
   Status check_gpudirect() const {
     if (cfg_.decode == DecodeOn::cpu)
       return make_status(StatusCode::invalid_argument,

@@ -267,7 +267,10 @@ class ClientImpl final : public Client {
   const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
 
   Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    return backend_->register_memory(data, size, transport::MemoryType::host);
+    return register_memory(data, size, transport::MemoryType::host);
+  }
+  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
+    return backend_->register_memory(data, size, type);
   }
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
@@ -428,6 +431,14 @@ class ClientImpl final : public Client {
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,
                                                 const CancelToken& cancel) {
   return ClientImpl::create(config, deadline, cancel);
+}
+
+Result<MemoryRegion> Client::register_memory(void* data, size_t size, transport::MemoryType type) {
+  if (type == transport::MemoryType::host) return register_memory(data, size);
+  return make_status(StatusCode::unsupported,
+                     "this storage client registers host memory only, not {} memory (it reports no transport "
+                     "capabilities that would allow it)",
+                     transport::memory_type_name(type));
 }
 
 Status Client::put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,

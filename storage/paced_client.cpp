@@ -146,8 +146,14 @@ class PacedClient final : public Client {
     timer_->stop();
   }
 
+  // The pacer only delays: memory and capabilities are the inner client's.
+  const transport::Capabilities* capabilities() const override { return inner_->capabilities(); }
+
   Result<transport::MemoryRegion> register_memory(void* data, size_t size) override {
     return inner_->register_memory(data, size);
+  }
+  Result<transport::MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
+    return inner_->register_memory(data, size, type);
   }
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,

@@ -11,8 +11,11 @@
 // worker's stream overlap the decode of chunk i-1 on another's, while chunk i+1.. are
 // on the wire. The runtime's KV memory may then be on the GPU (FetchRequest::device).
 // GPUDirect (chunks landing straight in device memory) needs a transport backend that
-// declares Capabilities::cuda_memory; none does yet (tcp, ucx, libfabric are host
-// memory only), so asking for it is an `unsupported` error.
+// declares Capabilities::cuda_memory (UCX built with CUDA transports does; tcp does
+// not, nor do the UCX and libfabric builds here). Every storage client reports its
+// backend's capabilities through its wrappers (paced, replicated; Redis reports host
+// memory only), and the check names the backend; the GPUDirect receive path itself is
+// not built yet, so even a backend that declares cuda memory gets `unsupported`.
 //
 // With a progressive profile (codec::Profile::progressive) each chunk is stored as
 // one object, level 0 of its stored chunk, whose parts (storage::ObjectPart) are the
@@ -85,8 +88,10 @@ struct PipelineConfig {
   DecodeOn decode = DecodeOn::cpu;    ///< where chunks decode; create() logs which path it took
   int gpu_device = 0;                 ///< the CUDA device of DecodeOn::gpu (and of automatic)
   /// Land encoded chunks straight in device memory (GPUDirect) instead of in pinned
-  /// host buffers. Needs the client's backend to declare Capabilities::cuda_memory:
-  /// no backend does yet, so create() fails `unsupported`, naming the backend.
+  /// host buffers. Needs the client's backend to declare Capabilities::cuda_memory
+  /// (storage::Client::capabilities); the receive path is not built yet, so create()
+  /// fails `unsupported`, naming the backend or, where it declares cuda memory, the
+  /// missing path.
   bool gpudirect = false;
   /// Transfers requested and not yet landed, at most (0: up to depth). The next chunk
   /// is decided only when it can go on the wire, so an adaptive decision uses the

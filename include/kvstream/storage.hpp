@@ -142,13 +142,25 @@ class Client {
   static Result<std::unique_ptr<Client>> connect(const ClientConfig& config, transport::Deadline deadline,
                                                  const transport::CancelToken& cancel = {});
 
-  /// Registers a buffer with the client's backend (chunks land in it directly).
+  /// Registers a buffer of host memory with the client's backend (chunks land in it
+  /// directly).
   virtual Result<transport::MemoryRegion> register_memory(void* data, size_t size) = 0;
 
-  /// The capabilities of the client's transport backend (its name, the memory types
-  /// bodies may land in), for callers that choose a path by them (the pipeline's
-  /// GPUDirect check); null when the client does not report them, which callers read
-  /// as "host memory only".
+  /// Registers a buffer of the given memory type. Device memory (MemoryType::cuda) is
+  /// where GPUDirect lands chunks: possible only where capabilities() declares
+  /// cuda_memory. Every client of this library passes the type to its backend (the
+  /// node's and the replicated client), forwards it (the paced client), or refuses
+  /// device memory (Redis: values pass through host memory). The default here
+  /// registers host memory through register_memory and answers `unsupported` for any
+  /// other type.
+  virtual Result<transport::MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type);
+
+  /// The capabilities of the client's transport (its backend and provider, the memory
+  /// types bodies may land in), for callers that choose a path by them (the
+  /// pipeline's GPUDirect check). Every client of this library reports them: the
+  /// node's and the replicated client their backend's, the paced client its inner
+  /// client's, the Redis client its own (host memory only). Null, the default here,
+  /// for a client that does not say, which callers read as "host memory only".
   [[nodiscard]] virtual const transport::Capabilities* capabilities() const { return nullptr; }
 
   /// Stores one level of one chunk (replacing it). Durable when this returns ok.

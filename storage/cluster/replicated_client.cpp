@@ -150,8 +150,15 @@ class ReplicatedClient final : public storage::Client {
     return std::unique_ptr<storage::Client>(std::move(c));
   }
 
+  // Every node's connection comes from the one backend, so a region registered here
+  // serves gets from any replica.
+  const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
+
   Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    return backend_->register_memory(data, size, transport::MemoryType::host);
+    return register_memory(data, size, transport::MemoryType::host);
+  }
+  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
+    return backend_->register_memory(data, size, type);
   }
 
   Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,

@@ -236,6 +236,27 @@ class RedisClient final : public storage::Client {
     return std::unique_ptr<storage::Client>(std::move(c));
   }
 
+  // Values travel through hiredis' buffers in host memory: a get is copied into the
+  // destination, so only host destinations are possible.
+  const transport::Capabilities* capabilities() const override {
+    static const transport::Capabilities caps{.backend = "redis",
+                                              .provider = "hiredis over tcp",
+                                              .host_memory = true,
+                                              .cuda_memory = false,
+                                              .one_sided_read = false,
+                                              .notifications = false,
+                                              .max_message_bytes = storage::kMaxChunkBytes};
+    return &caps;
+  }
+
+  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
+    if (type != transport::MemoryType::host)
+      return make_status(StatusCode::unsupported,
+                         "redis: values are copied through host memory, so a {} destination cannot be registered",
+                         transport::memory_type_name(type));
+    return register_memory(data, size);
+  }
+
   Result<MemoryRegion> register_memory(void* data, size_t size) override {
     if (data == nullptr || size == 0)
       return make_status(StatusCode::invalid_argument, "register_memory: empty range (data {}, size {})", data, size);

@@ -20,6 +20,7 @@
 #include "kvstream/gpu.hpp"
 #include "kvstream/gpu_decoder.hpp"
 #include "kvstream/gpu_resources.hpp"
+#include "kvstream/paced_client.hpp"
 #include "kvstream/pipeline.hpp"
 #include "kvstream/scheduler.hpp"
 #include "tests/support/fake_clock.hpp"
@@ -581,6 +582,60 @@ TEST_F(PipelineTest, GpuDirectIsUnsupportedNamingTheBackend) {
   auto pc = gpu_config(pipeline::DecodeOn::cpu);
   pc.gpudirect = true;
   EXPECT_EQ(pipeline::Pipeline::create(*client_, profile_, pc).status().code(), StatusCode::invalid_argument);
+}
+
+// The check reads the capabilities through the wrappers a runtime puts around the
+// node's client (issue 20): a paced link reports the tcp backend beneath it, and a
+// client whose transport declares cuda memory reaches the last refusal, which says
+// that the GPUDirect path itself is what is missing here.
+TEST_F(PipelineTest, GpuDirectSeesThroughWrappedClients) {
+  struct NoClose : storage::Client {  // borrows the fixture's client for the pacer
+    storage::Client& c;
+    explicit NoClose(storage::Client& inner) : c(inner) {}
+    const transport::Capabilities* capabilities() const override { return c.capabilities(); }
+    Result<transport::MemoryRegion> register_memory(void* d, size_t n) override { return c.register_memory(d, n); }
+    Status put(const std::string& x, uint32_t i, uint32_t l, std::span<const std::byte> b, transport::Deadline d,
+               const transport::CancelToken& k) override {
+      return c.put(x, i, l, b, d, k);
+    }
+    void get_async(const std::string& x, uint32_t i, uint32_t l, transport::MemoryRegion m, size_t o, size_t n,
+                   transport::Deadline d, const transport::CancelToken& k, storage::GetCallback cb) override {
+      c.get_async(x, i, l, std::move(m), o, n, d, k, std::move(cb));
+    }
+    Result<std::vector<storage::ChunkStat>> stat(const std::string& x, transport::Deadline d,
+                                                 const transport::CancelToken& k) override {
+      return c.stat(x, d, k);
+    }
+    Status remove(const std::string& x, transport::Deadline d, const transport::CancelToken& k) override {
+      return c.remove(x, d, k);
+    }
+    Result<std::vector<std::string>> list(transport::Deadline d, const transport::CancelToken& k) override {
+      return c.list(d, k);
+    }
+  };
+  storage::PacedClientConfig paced_cfg;
+  paced_cfg.bits_per_second = 1e9;
+  auto paced = storage::make_paced_client(std::make_unique<NoClose>(*client_), paced_cfg);
+  ASSERT_TRUE(paced.ok()) << paced.status().to_string();
+  auto pc = gpu_config(pipeline::DecodeOn::gpu);
+  pc.gpudirect = true;
+  auto p = pipeline::Pipeline::create(**paced, profile_, pc);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("'tcp'"), std::string::npos) << p.status().to_string();
+
+  struct CudaCapable : NoClose {
+    transport::Capabilities caps{.backend = "ucx", .provider = "cuda_copy,cuda_ipc", .cuda_memory = true};
+    using NoClose::NoClose;
+    const transport::Capabilities* capabilities() const override { return &caps; }
+  };
+  auto cuda_paced = storage::make_paced_client(std::make_unique<CudaCapable>(*client_), paced_cfg);
+  ASSERT_TRUE(cuda_paced.ok());
+  p = pipeline::Pipeline::create(**cuda_paced, profile_, pc);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("declares cuda_memory"), std::string::npos) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("not built"), std::string::npos) << p.status().to_string();
 }
 
 TEST_F(PipelineTest, DeviceDestinationNeedsAGpuPipeline) {

@@ -197,6 +197,20 @@ class Cluster : public ::testing::Test {
   static inline int counter_ = 0;
 };
 
+// One backend serves every node's connection: the replicated client reports its
+// capabilities and passes the memory type of a registration to it (tcp refuses cuda).
+TEST_F(Cluster, ReportsItsBackendsCapabilities) {
+  auto c = cluster::connect(config(addresses()), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const transport::Capabilities* caps = (*c)->capabilities();
+  ASSERT_NE(caps, nullptr);
+  EXPECT_EQ(caps->backend, "tcp");
+  EXPECT_FALSE(caps->cuda_memory);
+  std::vector<std::byte> buf(256);
+  EXPECT_TRUE((*c)->register_memory(buf.data(), buf.size(), transport::MemoryType::host).ok());
+  EXPECT_FALSE((*c)->register_memory(buf.data(), buf.size(), transport::MemoryType::cuda).ok());
+}
+
 TEST_F(Cluster, EveryChunkOnItsReplicasAndStatMerges) {
   auto c = cluster::connect(config(addresses()), deadline_in(10s));
   ASSERT_TRUE(c.ok()) << c.status().to_string();

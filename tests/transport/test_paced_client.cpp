@@ -53,6 +53,15 @@ class FakeClient final : public Client {
   };
   std::vector<Range>* ranges = nullptr;                  // where range gets are recorded, when set
   std::vector<std::vector<ObjectPart>>* puts = nullptr;  // the parts of each put, when set
+  // A transport that could land bodies in GPU memory, and the types registered.
+  transport::Capabilities caps{.backend = "fake", .provider = "test", .cuda_memory = true};
+  std::vector<transport::MemoryType> registered;
+  const transport::Capabilities* capabilities() const override { return &caps; }
+  Result<transport::MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
+    (void)data, (void)size;
+    registered.push_back(type);
+    return transport::MemoryRegion();
+  }
   void get_range_async(const std::string&, uint32_t, uint32_t, uint64_t offset, uint64_t length,
                        transport::MemoryRegion, size_t dest_offset, transport::Deadline, const CancelToken&,
                        GetCallback done) override {
@@ -65,7 +74,9 @@ class FakeClient final : public Client {
     if (puts) puts->emplace_back(parts.begin(), parts.end());
     return {};
   }
-  Result<transport::MemoryRegion> register_memory(void*, size_t) override { return transport::MemoryRegion(); }
+  Result<transport::MemoryRegion> register_memory(void* data, size_t size) override {
+    return register_memory(data, size, transport::MemoryType::host);
+  }
   Status put(const std::string&, uint32_t, uint32_t, std::span<const std::byte>, transport::Deadline,
              const CancelToken&) override {
     return {};
@@ -291,6 +302,34 @@ TEST(PacedClient, ClientsWithoutPartsOrRangesSaySo) {
             StatusCode::invalid_argument);
   EXPECT_EQ(legacy.puts, 1);
   EXPECT_EQ(legacy.get_range("ctx", 0, 0, 0, 1, {}, 0, deadline_in(1s)).status().code(), StatusCode::unsupported);
+}
+
+// The pipeline's GPUDirect check reads the capabilities of the client it is given,
+// which is often a paced one: the pacer reports its inner client's, and hands device
+// registrations to it.
+TEST(PacedClient, CapabilitiesAndMemoryTypesAreTheInnerClients) {
+  Paced p(1e9);
+  const transport::Capabilities* caps = p.client->capabilities();
+  ASSERT_EQ(caps, &p.inner->caps);
+  EXPECT_TRUE(caps->cuda_memory);
+  std::byte buf[64];
+  EXPECT_TRUE(p.client->register_memory(buf, sizeof buf, transport::MemoryType::cuda).ok());
+  EXPECT_TRUE(p.client->register_memory(buf, sizeof buf).ok());
+  EXPECT_EQ(p.inner->registered, (std::vector{transport::MemoryType::cuda, transport::MemoryType::host}));
+}
+
+// A client that reports nothing is read as host memory only, and refuses device
+// memory by default instead of registering it as host memory.
+TEST(PacedClient, ClientsWithoutCapabilitiesTakeHostMemoryOnly) {
+  LegacyClient legacy;
+  Client& client = legacy;  // it overrides only the host registration, which hides the other
+  EXPECT_EQ(client.capabilities(), nullptr);
+  std::byte buf[64];
+  EXPECT_TRUE(client.register_memory(buf, sizeof buf, transport::MemoryType::host).ok());
+  auto cuda = client.register_memory(buf, sizeof buf, transport::MemoryType::cuda);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().code(), StatusCode::unsupported);
+  EXPECT_NE(cuda.status().message().find("cuda"), std::string::npos) << cuda.status().to_string();
 }
 
 // On a clock that never moves the completion could only be released by the

@@ -98,6 +98,23 @@ TEST_F(Redis, PutGetStatListRemove) {
   EXPECT_EQ(*(*c)->list(deadline_in(5s)), std::vector<std::string>{"ctx-2"});
 }
 
+// Values pass through hiredis' host buffers: the client says so, and refuses device
+// memory loudly instead of registering it as host memory.
+TEST_F(Redis, ReportsHostMemoryOnly) {
+  auto c = client();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const transport::Capabilities* caps = (*c)->capabilities();
+  ASSERT_NE(caps, nullptr);
+  EXPECT_EQ(caps->backend, "redis");
+  EXPECT_TRUE(caps->host_memory);
+  EXPECT_FALSE(caps->cuda_memory);
+  std::vector<std::byte> buf(256);
+  EXPECT_TRUE((*c)->register_memory(buf.data(), buf.size(), transport::MemoryType::host).ok());
+  auto cuda = (*c)->register_memory(buf.data(), buf.size(), transport::MemoryType::cuda);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().code(), StatusCode::unsupported) << cuda.status().to_string();
+}
+
 TEST_F(Redis, SameBytesAsTheNativeNode) {
   if (available_backends().empty()) GTEST_SKIP() << "no transport backend built in";
   const fs::path node_dir = dir_ / "native";
