@@ -80,11 +80,7 @@ Result<std::vector<unsigned char>> Endpoint::name() {
 
 Result<fi_addr_t> Endpoint::insert(const void* addr) {
   fi_addr_t fa = FI_ADDR_UNSPEC;
-  int r;
-  {
-    std::lock_guard fl(fi_mu_);
-    r = fi_av_insert(av_, addr, 1, &fa, 0, nullptr);
-  }
+  const int r = locked([&] { return fi_av_insert(av_, addr, 1, &fa, 0, nullptr); });
   if (r != 1) return make_status(StatusCode::unavailable, "libfabric: fi_av_insert failed: {}", fi_err(r));
   return fa;
 }
@@ -120,7 +116,7 @@ template <typename Attempt>
 Status Endpoint::retry_post(Attempt attempt, std::string_view call, std::string_view what, Deadline deadline,
                             const CancelToken& cancel) {
   for (Backoff backoff;;) {
-    const ssize_t r = attempt();
+    const ssize_t r = locked(attempt);
     if (r == 0) return {};
     if (r != -FI_EAGAIN) return make_status(StatusCode::unavailable, "libfabric: {}: {}", call, fi_err(int(r)));
     KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, "libfabric", what));
@@ -133,11 +129,7 @@ Status Endpoint::post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len,
   if (!ep_) return closed_error();
   track(op);
   for (Backoff backoff;;) {
-    ssize_t r;
-    {
-      std::lock_guard fl(fi_mu_);
-      r = fi_trecv(ep_, buf, len, desc, FI_ADDR_UNSPEC, tag, ignore, &op->ctx);
-    }
+    const ssize_t r = locked([&] { return fi_trecv(ep_, buf, len, desc, FI_ADDR_UNSPEC, tag, ignore, &op->ctx); });
     if (r == 0) return {};
     if (r != -FI_EAGAIN || Clock::now() >= deadline) {
       untrack(op.get());
@@ -156,10 +148,7 @@ Status Endpoint::post_send(const std::shared_ptr<Op>& op, const void* buf, size_
     active_sends_.fetch_add(1);
     wake();
   }
-  Status s = retry_post([&] {
-    std::lock_guard fl(fi_mu_);
-    return fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx);
-  }, "fi_tsend",
+  Status s = retry_post([&] { return fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx); }, "fi_tsend",
                         "send (provider queue full)", deadline, cancel);
   if (!s.ok() && untrack(op.get()) && op->counted) active_sends_.fetch_sub(1);
   return s;
@@ -169,10 +158,7 @@ Status Endpoint::post_read(const std::shared_ptr<Op>& op, void* buf, size_t len,
                            uint64_t addr, uint64_t key, Deadline deadline, const CancelToken& cancel) {
   if (!ep_) return closed_error();
   track(op);
-  Status s = retry_post([&] {
-    std::lock_guard fl(fi_mu_);
-    return fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx);
-  }, "fi_read",
+  Status s = retry_post([&] { return fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx); }, "fi_read",
                         "read (provider queue full)", deadline, cancel);
   if (!s.ok()) untrack(op.get());
   return s;
@@ -184,11 +170,7 @@ ssize_t Endpoint::try_send(const std::shared_ptr<Op>& op, const void* buf, size_
   track(op);
   op->counted = true;
   active_sends_.fetch_add(1);
-  ssize_t r;
-  {
-    std::lock_guard fl(fi_mu_);
-    r = fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx);
-  }
+  const ssize_t r = locked([&] { return fi_tsend(ep_, buf, len, desc, dest, tag, &op->ctx); });
   if (r == 0) {
     wake();
     return 0;
@@ -200,23 +182,17 @@ ssize_t Endpoint::try_send(const std::shared_ptr<Op>& op, const void* buf, size_
 
 ssize_t Endpoint::try_inject(const void* buf, size_t len, fi_addr_t dest, uint64_t tag) {
   if (!ep_) return -FI_ESHUTDOWN;
-  std::lock_guard fl(fi_mu_);
-  return fi_tinject(ep_, buf, len, dest, tag);
+  return locked([&] { return fi_tinject(ep_, buf, len, dest, tag); });
 }
 
 void Endpoint::cancel(Op& op) {
-  if (!ep_ || op.done.load(std::memory_order_acquire)) return;
-  std::lock_guard fl(fi_mu_);
-  fi_cancel(&ep_->fid, &op.ctx);
+  if (ep_ && !op.done.load(std::memory_order_acquire)) locked([&] { return fi_cancel(&ep_->fid, &op.ctx); });
 }
 
 bool Endpoint::cancel_and_drain(Op& op, std::chrono::milliseconds limit) {
   if (op.done.load(std::memory_order_acquire)) return true;
   if (!ep_) return false;  // closed: the provider dropped it (our buffer, never reused)
-  {
-    std::lock_guard fl(fi_mu_);
-    fi_cancel(&ep_->fid, &op.ctx);
-  }
+  locked([&] { return fi_cancel(&ep_->fid, &op.ctx); });
   return wait([&] { return op.done.load(std::memory_order_acquire); }, deadline_in(limit), nullptr, "cancel").ok();
 }
 

@@ -126,6 +126,13 @@ class Endpoint {
   Status retry_post(Attempt attempt, std::string_view call, std::string_view what, Deadline deadline,
                     const CancelToken& cancel);
 
+  /// Makes one call into the provider under fi_mu_ (see the class comment).
+  template <typename Call>
+  auto locked(Call&& call) {
+    std::lock_guard lock(fi_mu_);
+    return call();
+  }
+
   void track(const std::shared_ptr<Op>& op);
   bool untrack(Op* op);
   void complete(void* context, int err, size_t len, uint64_t tag);
