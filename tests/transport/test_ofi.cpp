@@ -175,40 +175,7 @@ TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
 // timing, so this does not catch the old behaviour every run; the storage tests under
 // TSan on a loaded machine did, about 1 run in 16.)
 TEST_P(LibfabricProvider, AcceptPastItsDeadlineLosesNoConnection) {
-  auto sb = create_backend(ofi_config(GetParam()));
-  auto cb = create_backend(ofi_config(GetParam()));
-  ASSERT_TRUE(sb.ok() && cb.ok());
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok()) << l.status().to_string();
-  for (int round = 0; round < 3; ++round) {
-    // Accepts with a deadline already due, polled until one succeeds: the behaviour
-    // under test. The minute is only a hang guard.
-    auto client = std::async(std::launch::async, [&] { return (*cb)->connect((*l)->address(), deadline_in(60s), {}); });
-    std::unique_ptr<Connection> server;
-    for (const auto give_up = deadline_in(60s); !server && Clock::now() < give_up;) {
-      auto a = (*l)->accept(Clock::now(), {});
-      if (a.ok()) {
-        server = std::move(a).value();
-      } else {
-        ASSERT_EQ(a.status().code(), StatusCode::timed_out) << a.status().to_string();
-        std::this_thread::sleep_for(1ms);
-      }
-    }
-    ASSERT_TRUE(server) << "round " << round << ": no connection accepted";
-    auto c = client.get();
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    // The connection is the client's, and works both ways.
-    const std::byte h[2] = {std::byte(round), std::byte(7)};
-    std::vector<std::byte> got;
-    ASSERT_TRUE((*c)->send(h, {}, deadline_in(5s), {}).ok());
-    auto len = server->recv_header(got, deadline_in(5s), {});
-    ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
-    EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
-    ASSERT_TRUE(server->send(h, {}, deadline_in(5s), {}).ok());
-    len = (*c)->recv_header(got, deadline_in(5s), {});
-    ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
-    EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
-  }
+  test_util::accept_past_its_deadline_loses_no_connection(ofi_config(GetParam()));
 }
 
 TEST_P(LibfabricProvider, OrderlyCloseIsSeenAtOnceAfterPendingMessages) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "kvstream/transport.hpp"
 #include "transport/backends.hpp"  // the backend factories some tests call directly (test_tcp)
@@ -155,5 +156,46 @@ class TcpProxy {
     ::close(a), ::close(b);
   }
 };
+
+/// Accepts with a deadline already due, polled until one succeeds, while a client
+/// connects (three rounds): a connection the client is already making must not be
+/// dropped because an accept round ended during its setup (a storage node accepts in
+/// 200 ms rounds, and a loaded machine's setup can outlast one). The accepted
+/// connection is the client's and works both ways. Fatal failures end the caller.
+inline void accept_past_its_deadline_loses_no_connection(const BackendConfig& cfg) {
+  using namespace std::chrono_literals;
+  auto sb = create_backend(cfg);
+  auto cb = create_backend(cfg);
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  for (int round = 0; round < 3; ++round) {
+    // The minute is only a hang guard.
+    auto client = std::async(std::launch::async, [&] { return (*cb)->connect((*l)->address(), deadline_in(60s), {}); });
+    std::unique_ptr<Connection> server;
+    for (const auto give_up = deadline_in(60s); !server && Clock::now() < give_up;) {
+      auto a = (*l)->accept(Clock::now(), {});
+      if (a.ok()) {
+        server = std::move(a).value();
+      } else {
+        ASSERT_EQ(a.status().code(), StatusCode::timed_out) << a.status().to_string();
+        std::this_thread::sleep_for(1ms);
+      }
+    }
+    ASSERT_TRUE(server) << "round " << round << ": no connection accepted";
+    auto c = client.get();
+    ASSERT_TRUE(c.ok()) << "round " << round << ": " << c.status().to_string();
+    const std::byte h[2] = {std::byte(round), std::byte(7)};
+    std::vector<std::byte> got;
+    ASSERT_TRUE((*c)->send(h, {}, deadline_in(5s), {}).ok());
+    auto len = server->recv_header(got, deadline_in(5s), {});
+    ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
+    EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
+    ASSERT_TRUE(server->send(h, {}, deadline_in(5s), {}).ok());
+    len = (*c)->recv_header(got, deadline_in(5s), {});
+    ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
+    EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
+  }
+}
 
 }  // namespace kvstream::transport::test_util

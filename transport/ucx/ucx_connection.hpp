@@ -176,9 +176,22 @@ class UcxConnection final : public Connection {
 };
 
 /// Creates the endpoint (from a sockaddr or a connection request), posts the header
-/// receives, sends the hello and waits for the peer's (ucx_handshake.cpp).
+/// receives, sends the hello and waits for the peer's (ucx_handshake.cpp). Any failure,
+/// the deadline and a cancel included, closes the half-made connection.
 Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
                                               std::string peer, Deadline deadline, const CancelToken* cancel);
+
+/// establish in two steps, for a listener whose accept() may end (deadline, cancel)
+/// while a connection it took is still being set up: begin_establish creates the
+/// endpoint and sends the hello; finish_establish waits for the peer's hello. A
+/// timed_out or cancelled finish leaves the state open, to be finished by a later
+/// call; any other failure closes it.
+Result<std::shared_ptr<ConnState>> begin_establish(Engine& eng, ucp_ep_params_t params, std::string peer);
+Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engine>& eng,
+                                                     const std::shared_ptr<ConnState>& cs, Deadline deadline,
+                                                     const CancelToken* cancel);
+/// Closes a half-made connection (a listener dropping a setup that never finished).
+void abandon_establish(Engine& eng, const std::shared_ptr<ConnState>& cs, std::string_view why);
 
 /// Closes the endpoint, cancels receives and waits (bounded) for every request; a
 /// state whose requests did not finish goes to the graveyard (ucx_connection.cpp).

@@ -114,16 +114,36 @@ Status set_hello_handler(Engine& e) {
   return {};
 }
 
-Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
-                                              std::string peer, Deadline deadline, const CancelToken* cancel) {
-  Engine& e = *eng;
+Result<std::shared_ptr<ConnState>> begin_establish(Engine& e, ucp_ep_params_t params, std::string peer) {
   auto cs = std::make_shared<ConnState>();
   cs->peer = std::move(peer);
   cs->who = "ucx " + cs->peer;
+  std::lock_guard lk(e.mu);
+  KVS_RETURN_IF_ERROR(start_locked(e, *cs, params));
+  return cs;
+}
+
+void abandon_establish(Engine& e, const std::shared_ptr<ConnState>& cs, std::string_view why) {
   {
     std::lock_guard lk(e.mu);
-    KVS_RETURN_IF_ERROR(start_locked(e, *cs, params));
+    cs->fail(std::string(why));  // force close: the peer may be absent
   }
+  close_conn(e, cs);
+}
+
+Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
+                                              std::string peer, Deadline deadline, const CancelToken* cancel) {
+  KVS_ASSIGN_OR_RETURN(auto cs, begin_establish(*eng, params, std::move(peer)));
+  auto conn = finish_establish(eng, cs, deadline, cancel);
+  if (!conn.ok() && (conn.status().code() == StatusCode::timed_out || conn.status().code() == StatusCode::cancelled))
+    abandon_establish(*eng, cs, conn.status().message());
+  return conn;
+}
+
+Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engine>& eng,
+                                                     const std::shared_ptr<ConnState>& cs, Deadline deadline,
+                                                     const CancelToken* cancel) {
+  Engine& e = *eng;
   Status s = e.wait(
       [&]() -> std::optional<Status> {
         if (cs->failed) return cs->failure();
@@ -135,11 +155,9 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
       },
       deadline, cancel, cs->who, "connection setup");
   if (!s.ok()) {
-    {
-      std::lock_guard lk(e.mu);
-      cs->fail(s.message());  // force close: the peer may be absent
-    }
-    close_conn(e, cs);
+    // A deadline or cancel leaves the setup to the caller (establish closes it, a
+    // listener keeps it for its next accept); a failure closes it here.
+    if (s.code() != StatusCode::timed_out && s.code() != StatusCode::cancelled) abandon_establish(e, cs, s.message());
     return s;
   }
   {

@@ -1,5 +1,10 @@
 // Connection requests queue in the listener (UCX calls the handler inside progress,
-// with the engine mutex held); accept waits for one and runs the handshake on it.
+// with the engine mutex held); accept waits for one and runs the handshake on it. A
+// deadline or cancel that ends accept() while a taken request's handshake is still
+// running leaves that handshake pending: the next accept() finishes it first, so a
+// connection the client is already making is not reset because one accept round
+// ended (the storage node accepts in 200 ms rounds; on a loaded machine a setup can
+// outlast one). A setup not finished within kSetupLimit is dropped.
 #include "transport/ucx/ucx_listener.hpp"
 
 #include <deque>
@@ -25,6 +30,7 @@ class UcxListener final : public Listener {
       : eng_(std::move(eng)), ls_(std::move(ls)), addr_(std::move(addr)), who_("ucx " + addr_) {}
 
   ~UcxListener() override {
+    if (setup_) abandon_establish(*eng_, setup_, "the listener closed during connection setup");
     std::lock_guard lk(eng_->mu);
     for (auto* r : ls_->pending) ucp_listener_reject(ls_->h, r);
     ls_->pending.clear();
@@ -32,6 +38,30 @@ class UcxListener final : public Listener {
   }
 
   Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
+    if (!setup_) KVS_RETURN_IF_ERROR(take_request(deadline, cancel));
+    const Deadline until = std::min(deadline, setup_give_up_);
+    auto conn = finish_establish(eng_, setup_, until, &cancel);
+    if (conn.ok() || (conn.status().code() != StatusCode::timed_out && conn.status().code() != StatusCode::cancelled)) {
+      setup_.reset();  // made, or failed and closed by finish_establish
+      return conn;
+    }
+    if (Clock::now() >= setup_give_up_) {
+      auto st = make_status(StatusCode::unavailable, "ucx: connection setup with {} did not finish in {} s",
+                            setup_->peer, kSetupLimit.count());
+      abandon_establish(*eng_, setup_, st.message());
+      setup_.reset();
+      return st;
+    }
+    return conn.status();  // the caller's deadline or cancel: the setup stays pending
+  }
+
+  [[nodiscard]] std::string address() const override { return addr_; }
+
+ private:
+  static constexpr std::chrono::seconds kSetupLimit{10};
+
+  // Waits for a connection request and starts its handshake (setup_).
+  Status take_request(Deadline deadline, const CancelToken& cancel) {
     Engine& e = *eng_;
     KVS_RETURN_IF_ERROR(e.wait(
         [&]() -> std::optional<Status> {
@@ -52,13 +82,14 @@ class UcxListener final : public Listener {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     params.conn_request = req;
-    return establish(eng_, params, peer, deadline, &cancel);
+    KVS_ASSIGN_OR_RETURN(setup_, begin_establish(e, params, peer));
+    setup_give_up_ = Clock::now() + kSetupLimit;
+    return {};
   }
 
-  [[nodiscard]] std::string address() const override { return addr_; }
-
- private:
   std::shared_ptr<Engine> eng_;
+  std::shared_ptr<ConnState> setup_;  // a taken request whose handshake an accept deadline interrupted
+  Clock::time_point setup_give_up_{};
   std::unique_ptr<ListenState> ls_;
   std::string addr_;
   std::string who_;
