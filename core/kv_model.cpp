@@ -60,7 +60,28 @@ Result<KvView> KvView::strided(void* base, DType dtype, const KvGeometry& g, uin
   v.first_position_ = first_position;
   v.strides_ = strides;
   v.channel_stride_ = strides.channel;
+  v.head_stride_ = int64_t(g.head_dim) * strides.channel;
   return v;
+}
+
+PagedLayout PagedLayout::blocks(PagedOrder order, const KvGeometry& g, uint32_t block_size, uint64_t num_blocks,
+                                std::vector<void*> keys, std::vector<void*> values, std::vector<uint32_t> block_table) {
+  PagedLayout pl;
+  pl.layer_base = std::move(keys);
+  pl.value_base = std::move(values);
+  pl.block_size = block_size;
+  pl.num_blocks = num_blocks;
+  pl.block_table = std::move(block_table);
+  pl.channel_stride = 1;
+  pl.block_stride = int64_t(block_size) * g.channels();
+  if (order == PagedOrder::nhd) {
+    pl.slot_stride = g.channels();
+    pl.head_stride = g.head_dim;
+  } else {
+    pl.slot_stride = g.head_dim;
+    pl.head_stride = int64_t(block_size) * g.head_dim;
+  }
+  return pl;
 }
 
 Result<KvView> KvView::paged(PagedLayout layout, DType dtype, const KvGeometry& g, uint64_t tokens,
@@ -72,6 +93,15 @@ Result<KvView> KvView::paged(PagedLayout layout, DType dtype, const KvGeometry& 
                        layout.layer_base.size(), g.layers);
   for (void* p : layout.layer_base)
     if (p == nullptr) return make_status(StatusCode::invalid_argument, "paged KV view: null layer pointer");
+  if (!layout.value_base.empty()) {
+    if (g.planes() != 2)
+      return make_status(StatusCode::invalid_argument, "paged KV view: V plane pointers for a cache with one plane (MLA)");
+    if (layout.value_base.size() != g.layers)
+      return make_status(StatusCode::invalid_argument, "paged KV view: {} V plane pointers for {} layers",
+                         layout.value_base.size(), g.layers);
+    for (void* p : layout.value_base)
+      if (p == nullptr) return make_status(StatusCode::invalid_argument, "paged KV view: null V plane pointer");
+  }
   const uint64_t needed = (tokens + layout.block_size - 1) / layout.block_size;
   if (layout.block_table.size() < needed)
     return make_status(StatusCode::out_of_range, "paged KV view: block table has {} blocks, {} tokens need {}",
@@ -87,6 +117,7 @@ Result<KvView> KvView::paged(PagedLayout layout, DType dtype, const KvGeometry& 
   v.tokens_ = tokens;
   v.first_position_ = first_position;
   v.channel_stride_ = layout.channel_stride;
+  v.head_stride_ = layout.head_stride != 0 ? layout.head_stride : int64_t(g.head_dim) * layout.channel_stride;
   v.paged_ = true;
   v.pages_ = std::move(layout);
   return v;
@@ -101,9 +132,10 @@ std::byte* KvView::row(uint32_t layer, uint32_t plane, uint64_t t) const noexcep
   }
   const uint64_t block = pages_.block_table[tok / pages_.block_size];
   const uint64_t slot = tok % pages_.block_size;
-  const int64_t off = int64_t(plane) * pages_.plane_stride + int64_t(block) * pages_.block_stride +
-                      int64_t(slot) * pages_.slot_stride;
-  return static_cast<std::byte*>(pages_.layer_base[layer]) + off * int64_t(es);
+  const int64_t off = int64_t(block) * pages_.block_stride + int64_t(slot) * pages_.slot_stride;
+  if (plane == 1 && !pages_.value_base.empty())  // V in a tensor of its own
+    return static_cast<std::byte*>(pages_.value_base[layer]) + off * int64_t(es);
+  return static_cast<std::byte*>(pages_.layer_base[layer]) + (off + int64_t(plane) * pages_.plane_stride) * int64_t(es);
 }
 
 Result<KvView> KvView::slice(TokenRange r) const {
@@ -116,29 +148,39 @@ Result<KvView> KvView::slice(TokenRange r) const {
   return v;
 }
 
+// Rows whose heads lie apart (HND blocks) but whose heads are dense are converted one
+// head at a time; anything else element by element.
 void KvView::load_row(uint32_t layer, uint32_t plane, uint64_t t, float* out) const noexcept {
   const std::byte* p = row(layer, plane, t);
-  const uint32_t n = geom_.channels();
-  if (channel_stride_ == 1) {
+  const uint32_t n = geom_.channels(), hd = geom_.head_dim;
+  if (rows_dense()) {
     convert_elements(p, dtype_, out, DType::f32, n);
-    return;
+  } else if (channel_stride_ == 1) {
+    const int64_t es = int64_t(dtype_size(dtype_));
+    for (uint32_t h = 0; h < geom_.kv_heads; ++h)
+      convert_elements(p + int64_t(h) * head_stride_ * es, dtype_, out + size_t(h) * hd, DType::f32, hd);
+  } else {
+    for (uint32_t c = 0; c < n; ++c) out[c] = load_element(p, dtype_, size_t(channel_offset(c)));
   }
-  for (uint32_t c = 0; c < n; ++c) out[c] = load_element(p, dtype_, size_t(int64_t(c) * channel_stride_));
 }
 
 void KvView::store_row(uint32_t layer, uint32_t plane, uint64_t t, const float* in) const noexcept {
   std::byte* p = row(layer, plane, t);
-  const uint32_t n = geom_.channels();
-  if (channel_stride_ == 1) {
+  const uint32_t n = geom_.channels(), hd = geom_.head_dim;
+  if (rows_dense()) {
     convert_elements(in, DType::f32, p, dtype_, n);
-    return;
+  } else if (channel_stride_ == 1) {
+    const int64_t es = int64_t(dtype_size(dtype_));
+    for (uint32_t h = 0; h < geom_.kv_heads; ++h)
+      convert_elements(in + size_t(h) * hd, DType::f32, p + int64_t(h) * head_stride_ * es, dtype_, hd);
+  } else {
+    for (uint32_t c = 0; c < n; ++c) store_element(p, dtype_, size_t(channel_offset(c)), in[c]);
   }
-  for (uint32_t c = 0; c < n; ++c) store_element(p, dtype_, size_t(int64_t(c) * channel_stride_), in[c]);
 }
 
 void KvView::store_rows(uint32_t layer, uint32_t plane, uint64_t t, uint64_t n, const float* in) const noexcept {
   const uint32_t C = geom_.channels();
-  if (!paged_ && channel_stride_ == 1 && strides_.token == int64_t(C)) {
+  if (!paged_ && rows_dense() && strides_.token == int64_t(C)) {
     convert_elements(in, DType::f32, row(layer, plane, t), dtype_, size_t(n) * C);
     return;
   }

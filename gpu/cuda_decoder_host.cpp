@@ -504,7 +504,7 @@ Status GpuDecoder::decode_to_host(std::span<const uint8_t> chunk, const KvView& 
         if (out.rows_dense()) {
           std::memcpy(dst, src, row_bytes);
         } else {
-          for (uint32_t c = 0; c < C; ++c) std::memcpy(dst + int64_t(c) * out.channel_stride() * int64_t(es), src + c * es, es);
+          for (uint32_t c = 0; c < C; ++c) std::memcpy(dst + out.channel_offset(c) * int64_t(es), src + c * es, es);
         }
       }
   return {};

@@ -78,19 +78,36 @@ struct KvStrides {
 /// Strides of the packed layout [layer][plane][token][channel] for `tokens` tokens.
 KvStrides packed_strides(const KvGeometry& g, uint64_t tokens) noexcept;
 
+/// Where a paged block keeps a token's heads: NHD `[block_size][kv_heads][head_dim]`
+/// (vLLM's flash-attention layout: a token's channels adjacent) or HND
+/// `[kv_heads][block_size][head_dim]` (FlashInfer's and the paged-attention kernels'
+/// "HND": one head's slots adjacent).
+enum class PagedOrder : uint8_t { nhd = 0, hnd = 1 };
+
 /// Description of a paged cache: each layer has its own base pointer; inside a layer
-/// the planes, blocks, slots and channels are strided. vLLM's flash-attention layout
-/// per layer, `[2][num_blocks][block_size][kv_heads][head_dim]`, is
+/// the planes, blocks, slots, heads and channels are strided. vLLM's flash-attention
+/// layout per layer, `[2][num_blocks][block_size][kv_heads][head_dim]`, is
 /// plane = num_blocks*block_size*C, block = block_size*C, slot = C, channel = 1.
+/// Caches that keep K and V in separate tensors give the V planes' bases in
+/// `value_base`; blocks(...) fills the whole description for vLLM's block layouts.
 struct PagedLayout {
-  std::vector<void*> layer_base;   ///< one pointer per layer
+  std::vector<void*> layer_base;   ///< one pointer per layer (its K plane's when value_base is set)
+  std::vector<void*> value_base;   ///< empty, or one pointer per layer for its V plane (then plane_stride is unused)
   uint32_t block_size = 0;         ///< tokens per block
-  int64_t plane_stride = 0;        ///< elements
+  int64_t plane_stride = 0;        ///< elements between the K and V planes of a layer (one base per layer)
   int64_t block_stride = 0;        ///< elements between physical blocks
   int64_t slot_stride = 0;         ///< elements between tokens within a block
+  int64_t head_stride = 0;         ///< elements between a token's heads; 0: head_dim * channel_stride (adjacent, NHD)
   int64_t channel_stride = 1;      ///< elements
   uint64_t num_blocks = 0;         ///< physical blocks available (bounds the block table)
   std::vector<uint32_t> block_table;  ///< logical block -> physical block, for this sequence
+
+  /// The dense block layouts of vLLM with K and V in separate tensors per layer, each
+  /// `[num_blocks][block_size][kv_heads][head_dim]` (NHD) or
+  /// `[num_blocks][kv_heads][block_size][head_dim]` (HND): `keys` and `values` hold
+  /// one pointer per layer (`values` empty for MLA's single plane).
+  static PagedLayout blocks(PagedOrder order, const KvGeometry& g, uint32_t block_size, uint64_t num_blocks,
+                            std::vector<void*> keys, std::vector<void*> values, std::vector<uint32_t> block_table);
 };
 
 /// A non-owning view of `tokens()` tokens of a KV cache in someone else's memory.
@@ -123,10 +140,17 @@ class KvView {
 
   /// Address of channel 0 of token `t` (view-relative) in `layer`, `plane`. No bounds check.
   [[nodiscard]] std::byte* row(uint32_t layer, uint32_t plane, uint64_t t) const noexcept;
-  /// Distance in elements between consecutive channels of a row.
+  /// Distance in elements between consecutive channels of a head.
   [[nodiscard]] int64_t channel_stride() const noexcept { return channel_stride_; }
-  /// True when each row's channels are adjacent (channel stride 1).
-  [[nodiscard]] bool rows_dense() const noexcept { return channel_stride_ == 1; }
+  /// Offset in elements of channel `c` of a row from the row's address (row()): heads
+  /// may lie apart (HND paged blocks).
+  [[nodiscard]] int64_t channel_offset(uint32_t c) const noexcept {
+    return int64_t(c / geom_.head_dim) * head_stride_ + int64_t(c % geom_.head_dim) * channel_stride_;
+  }
+  /// True when each row's channels are adjacent (channel stride 1, heads adjacent).
+  [[nodiscard]] bool rows_dense() const noexcept {
+    return channel_stride_ == 1 && head_stride_ == int64_t(geom_.head_dim);
+  }
 
   /// The sub-view of view-relative tokens [r.begin, r.end).
   [[nodiscard]] Result<KvView> slice(TokenRange r) const;
@@ -147,6 +171,7 @@ class KvView {
   uint64_t first_position_ = 0;
   uint64_t token_offset_ = 0;  // where token 0 of this view sits in the underlying layout
   int64_t channel_stride_ = 1;
+  int64_t head_stride_ = 0;  // elements between the heads of a row
   bool paged_ = false;
   KvStrides strides_{};
   PagedLayout pages_{};

@@ -20,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -155,11 +156,31 @@ std::string lower(std::string s) {
 }
 
 // A paged buffer in vLLM's per-layer layout [plane][block][slot][channel], with a
-// scrambled block table.
+// scrambled block table; or, with `separate_kv`, K and V in tensors of their own per
+// layer, [block][slot][head][dim] (NHD) or [block][head][slot][dim] (HND).
 struct Paged {
   std::vector<std::vector<std::byte>> layers;
   KvView view;
-  Paged(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first_position, uint32_t block_size, uint64_t seed) {
+  Paged(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first_position, uint32_t block_size, uint64_t seed,
+        std::optional<PagedOrder> separate_kv = std::nullopt) {
+    if (separate_kv) {
+      const uint64_t needed = (tokens + block_size - 1) / block_size, num_blocks = needed + 2;
+      std::vector<uint32_t> perm(num_blocks);
+      std::iota(perm.begin(), perm.end(), 0u);
+      std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
+      std::vector<void*> bases[2];
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t p = 0; p < g.planes(); ++p) {
+          layers.emplace_back(size_t(num_blocks) * block_size * g.channels() * dtype_size(dt), std::byte{0x5a});
+          bases[p].push_back(layers.back().data());
+        }
+      auto v = KvView::paged(PagedLayout::blocks(*separate_kv, g, block_size, num_blocks, bases[0], bases[1],
+                                                 {perm.begin(), perm.begin() + needed}),
+                             dt, g, tokens, first_position);
+      EXPECT_TRUE(v.ok()) << v.status().to_string();
+      if (v.ok()) view = std::move(v).value();
+      return;
+    }
     const uint64_t needed = (tokens + block_size - 1) / block_size;
     const uint64_t num_blocks = needed + 3;
     const int64_t C = g.channels();
@@ -304,17 +325,23 @@ TEST_P(CodecCase, RoundTripEveryLevelDtypeAndLayout) {
           ASSERT_TRUE(copy_kv(ref.view(), want.view()).ok());
           EXPECT_TRUE(same_bytes(out, want)) << "output " << dtype_name(odt) << " != rounded f32 output";
         }
-        // Paged output (block size 16, scrambled) equals the packed output bit for bit.
+        // Paged output (block size 16, scrambled; one tensor per layer, or K and V
+        // apart in NHD and HND blocks) equals the packed output bit for bit.
         if (level % 3 == 0 || level == L - 1) {
-          for (DType odt : {DType::f32, DType::bf16}) {
-            Paged pg(g, odt, 100, first, 16, level + 7);
-            chunked_round_trip(b.profile, src.view(), pg.view, 37, level);
-            KvCache packed = KvCache::create(g, odt, 100, first).value();
-            chunked_round_trip(b.profile, src.view(), packed.view(), 37, level);
-            KvCache gathered = KvCache::create(g, odt, 100, first).value();
-            ASSERT_TRUE(copy_kv(pg.view, gathered.view()).ok());
-            EXPECT_TRUE(same_bytes(gathered, packed)) << "paged " << dtype_name(odt) << " output != packed";
-          }
+          const std::optional<PagedOrder> kinds[] = {std::nullopt, PagedOrder::nhd, PagedOrder::hnd};
+          for (DType odt : {DType::f32, DType::bf16})
+            for (const auto& kind : kinds) {
+              if (kind && g.planes() != 2) continue;  // MLA has no V plane
+              Paged pg(g, odt, 100, first, 16, level + 7, kind);
+              chunked_round_trip(b.profile, src.view(), pg.view, 37, level);
+              KvCache packed = KvCache::create(g, odt, 100, first).value();
+              chunked_round_trip(b.profile, src.view(), packed.view(), 37, level);
+              KvCache gathered = KvCache::create(g, odt, 100, first).value();
+              ASSERT_TRUE(copy_kv(pg.view, gathered.view()).ok());
+              EXPECT_TRUE(same_bytes(gathered, packed))
+                  << "paged " << dtype_name(odt) << (kind ? (*kind == PagedOrder::hnd ? " HND" : " NHD") : "")
+                  << " output != packed";
+            }
         }
       }
       // Coarser levels make larger errors.
@@ -479,6 +506,12 @@ TEST_P(CodecCase, ParallelDecodeAndScratchMatchSerialBitForBit) {
       KvCache want = KvCache::create(g, DType::f16, tokens, 500).value();
       ASSERT_TRUE(copy_kv(serial.view(), want.view()).ok());
       EXPECT_TRUE(same_bytes(gathered, want)) << "parallel paged f16";
+      if (g.planes() == 2) {  // K and V apart, HND blocks: rows of heads that lie apart
+        Paged hnd(g, DType::f16, tokens, 500, 4, level, PagedOrder::hnd);
+        ASSERT_TRUE(decode_chunk_parallel(b.profile, bytes, hnd.view, 3).ok());
+        ASSERT_TRUE(copy_kv(hnd.view, gathered.view()).ok());
+        EXPECT_TRUE(same_bytes(gathered, want)) << "parallel paged HND f16";
+      }
     }
   }
 }

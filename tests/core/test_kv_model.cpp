@@ -94,6 +94,61 @@ TEST(KvView, PagedMatchesPackedBothWays) {
   EXPECT_EQ(row[0], bf16_to_f32(f32_to_bf16(value_of(2, 0, 9, 0))));
 }
 
+// vLLM's layouts with K and V in tensors of their own, per layer
+// [num_blocks][block][kv_heads][head_dim] (NHD) or [num_blocks][kv_heads][block][head_dim]
+// (HND, where a token's heads lie block*head_dim apart): the same scatter and gather,
+// and each element where the layout puts it.
+TEST(KvView, PagedBlocksWithSeparateKAndVInBothOrders) {
+  const KvGeometry g = gqa();
+  const uint64_t tokens = 37;
+  const uint32_t block = 8, num_blocks = 12, H = g.kv_heads, D = g.head_dim;
+  const int64_t C = g.channels();
+  const std::vector<uint32_t> table = {7, 2, 11, 0, 5};
+  auto src = KvCache::create(g, DType::f32, tokens);
+  ASSERT_TRUE(src.ok());
+  fill(src->view());
+  for (PagedOrder order : {PagedOrder::nhd, PagedOrder::hnd}) {
+    SCOPED_TRACE(order == PagedOrder::nhd ? "NHD" : "HND");
+    std::vector<std::vector<uint16_t>> k(g.layers, std::vector<uint16_t>(num_blocks * block * C, 0xffff));
+    auto v = k;
+    std::vector<void*> kp, vp;
+    for (uint32_t l = 0; l < g.layers; ++l) kp.push_back(k[l].data()), vp.push_back(v[l].data());
+    auto paged = KvView::paged(PagedLayout::blocks(order, g, block, num_blocks, kp, vp, table), DType::f16, g, tokens);
+    ASSERT_TRUE(paged.ok()) << paged.status().to_string();
+    EXPECT_EQ(paged->rows_dense(), order == PagedOrder::nhd);
+    ASSERT_TRUE(copy_kv(src->view(), *paged).ok());
+    auto back = KvCache::create(g, DType::f32, tokens);
+    ASSERT_TRUE(copy_kv(*paged, back->view()).ok());
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (uint32_t p = 0; p < 2; ++p)
+        for (uint64_t t = 0; t < tokens; ++t)
+          for (uint32_t c = 0; c < C; ++c)
+            ASSERT_EQ(back->at(l, p, t, c), f16_to_f32(f32_to_f16(value_of(l, p, t, c))));
+    // Token 9 is in physical block 2, slot 1; channel 13 is head 1, dim 5.
+    const size_t at = order == PagedOrder::nhd ? size_t(2 * block * C + 1 * C + 1 * D + 5)
+                                               : size_t(2 * block * C + 1 * block * D + 1 * D + 5);
+    EXPECT_EQ(v[1][at], f32_to_f16(value_of(1, 1, 9, 13)));
+    EXPECT_EQ(k[2][at], f32_to_f16(value_of(2, 0, 9, 13)));
+    EXPECT_EQ(k[0][3 * block * C], 0xffff);  // block 3 is not in the table
+    (void)H;
+  }
+}
+
+TEST(KvView, PagedRejectsBadValuePointers) {
+  const KvGeometry g = gqa();
+  std::vector<float> mem(4096);
+  std::vector<void*> three(3, mem.data()), two(2, mem.data());
+  auto pl = PagedLayout::blocks(PagedOrder::hnd, g, 4, 2, three, two, {0, 1});
+  EXPECT_EQ(KvView::paged(pl, DType::f32, g, 8).status().code(), StatusCode::invalid_argument);  // 2 for 3 layers
+  pl.value_base = {mem.data(), nullptr, mem.data()};
+  EXPECT_EQ(KvView::paged(pl, DType::f32, g, 8).status().code(), StatusCode::invalid_argument);  // null
+  const KvGeometry mla{2, 1, 16, 4, AttentionKind::mla};
+  auto one_plane = PagedLayout::blocks(PagedOrder::nhd, mla, 4, 2, two, two, {0, 1});
+  EXPECT_EQ(KvView::paged(one_plane, DType::f32, mla, 8).status().code(), StatusCode::invalid_argument);
+  one_plane.value_base.clear();
+  EXPECT_TRUE(KvView::paged(one_plane, DType::f32, mla, 8).ok());
+}
+
 TEST(KvView, PagedRejectsBadTables) {
   const KvGeometry g = gqa();
   std::vector<float> mem(1000);
