@@ -163,41 +163,33 @@ struct Paged {
   KvView view;
   Paged(const KvGeometry& g, DType dt, uint64_t tokens, uint64_t first_position, uint32_t block_size, uint64_t seed,
         std::optional<PagedOrder> separate_kv = std::nullopt) {
-    if (separate_kv) {
-      const uint64_t needed = (tokens + block_size - 1) / block_size, num_blocks = needed + 2;
-      std::vector<uint32_t> perm(num_blocks);
-      std::iota(perm.begin(), perm.end(), 0u);
-      std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
-      std::vector<void*> bases[2];
-      for (uint32_t l = 0; l < g.layers; ++l)
-        for (uint32_t p = 0; p < g.planes(); ++p) {
-          layers.emplace_back(size_t(num_blocks) * block_size * g.channels() * dtype_size(dt), std::byte{0x5a});
-          bases[p].push_back(layers.back().data());
-        }
-      auto v = KvView::paged(PagedLayout::blocks(*separate_kv, g, block_size, num_blocks, bases[0], bases[1],
-                                                 {perm.begin(), perm.begin() + needed}),
-                             dt, g, tokens, first_position);
-      EXPECT_TRUE(v.ok()) << v.status().to_string();
-      if (v.ok()) view = std::move(v).value();
-      return;
-    }
-    const uint64_t needed = (tokens + block_size - 1) / block_size;
-    const uint64_t num_blocks = needed + 3;
+    const uint64_t needed = (tokens + block_size - 1) / block_size, num_blocks = needed + 3;
     const int64_t C = g.channels();
-    PagedLayout pl;
-    pl.block_size = block_size;
-    pl.slot_stride = C;
-    pl.block_stride = int64_t(block_size) * C;
-    pl.plane_stride = int64_t(num_blocks) * block_size * C;
-    pl.channel_stride = 1;
-    pl.num_blocks = num_blocks;
     std::vector<uint32_t> perm(num_blocks);
     std::iota(perm.begin(), perm.end(), 0u);
     std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed));
-    pl.block_table.assign(perm.begin(), perm.begin() + needed);
-    for (uint32_t l = 0; l < g.layers; ++l) {
-      layers.emplace_back(size_t(pl.plane_stride) * g.planes() * dtype_size(dt), std::byte{0x5a});
-      pl.layer_base.push_back(layers.back().data());
+    std::vector<uint32_t> table(perm.begin(), perm.begin() + needed);
+    PagedLayout pl;
+    if (separate_kv) {
+      std::vector<void*> bases[2];
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t p = 0; p < g.planes(); ++p) {
+          layers.emplace_back(size_t(num_blocks) * block_size * C * dtype_size(dt), std::byte{0x5a});
+          bases[p].push_back(layers.back().data());
+        }
+      pl = PagedLayout::blocks(*separate_kv, g, block_size, num_blocks, bases[0], bases[1], std::move(table));
+    } else {
+      pl.block_size = block_size;
+      pl.slot_stride = C;
+      pl.block_stride = int64_t(block_size) * C;
+      pl.plane_stride = int64_t(num_blocks) * block_size * C;
+      pl.channel_stride = 1;
+      pl.num_blocks = num_blocks;
+      pl.block_table = std::move(table);
+      for (uint32_t l = 0; l < g.layers; ++l) {
+        layers.emplace_back(size_t(pl.plane_stride) * g.planes() * dtype_size(dt), std::byte{0x5a});
+        pl.layer_base.push_back(layers.back().data());
+      }
     }
     auto v = KvView::paged(std::move(pl), dt, g, tokens, first_position);
     EXPECT_TRUE(v.ok()) << v.status().to_string();
