@@ -80,7 +80,8 @@ Result<FetchCallbacks> adaptive_callbacks(const AdaptivePlan& plan, std::vector<
     st.decode_backlog_s = std::max(0.0, book->decode_free - st.now_s);
     for (double w : book->worker_free) st.decode_worker_backlog_s.push_back(std::max(0.0, w - st.now_s));
     st.recompute_backlog_s = std::max(0.0, book->text_free - st.now_s);
-    Result<policy::Choice> choice = make_status(StatusCode::internal, "no choice");
+    // A placeholder the chooser overwrites: built without make_status, which would log it.
+    Result<policy::Choice> choice = Status(StatusCode::internal, "no choice");
     double wire_s = 0;
     const Status s = plan.estimators->with(plan.peer, [&](policy::Estimator& e) {
       choice = plan.chooser->choose(*costs, st, e);

@@ -310,7 +310,8 @@ class SchedulerImpl final : public Scheduler {
     plan.chunk_level_quality_loss = t->fetch_.chunk_level_quality_loss;
     lk.unlock();
     // The sizes are read again: they may have changed since admission.
-    Result<std::shared_ptr<Fetch>> f = make_status(StatusCode::internal, "not started");
+    // A placeholder every branch below overwrites: not logged (make_status would).
+    Result<std::shared_ptr<Fetch>> f = Status(StatusCode::internal, "not started");
     if (auto costs = costs_for(t->fetch_); !costs.ok()) {
       f = costs.status();
     } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_), t->fetch_.on_chunk);

@@ -116,6 +116,20 @@ int main(int argc, char** argv) {
       }
   }
 
+  struct Request {
+    std::string context;
+    std::chrono::milliseconds budget;
+    int priority;
+  };
+  const std::vector<Request> requests = {
+      {"story-1", 300ms, 0}, {"story-2", 300ms, 5}, {"story-3", 2ms, 1}, {"story-1", 300ms, 9}};
+  // The runtime's KV memory and what the chunk callbacks use: declared before the
+  // scheduler so that they outlive every fetch (the scheduler's destructor cancels
+  // and waits for them, even on an early return below).
+  std::mutex print_mu;
+  std::vector<KvCache> outs;
+  for (size_t i = 0; i < requests.size(); ++i) outs.push_back(KvCache::create(kGeom, DType::f16, kTokens).value());
+
   // --- The runtime side: a pipeline and kvstream's scheduler under our own. -----
   auto pipe = pipeline::Pipeline::create(**client, *profile, {});
   if (!pipe.ok()) return fail(pipe.status());
@@ -133,16 +147,6 @@ int main(int argc, char** argv) {
   auto sched = pipeline::Scheduler::create(**pipe, **client, plan, scfg);
   if (!sched.ok()) return fail(sched.status());
 
-  struct Request {
-    std::string context;
-    std::chrono::milliseconds budget;
-    int priority;
-  };
-  const std::vector<Request> requests = {
-      {"story-1", 300ms, 0}, {"story-2", 300ms, 5}, {"story-3", 2ms, 1}, {"story-1", 300ms, 9}};
-  std::vector<KvCache> outs;
-  for (size_t i = 0; i < requests.size(); ++i) outs.push_back(KvCache::create(kGeom, DType::f16, kTokens).value());
-  std::mutex print_mu;
   std::vector<std::pair<size_t, std::shared_ptr<pipeline::Ticket>>> submitted;
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& rq = requests[i];
@@ -162,6 +166,13 @@ int main(int argc, char** argv) {
     };
     // Admission: fetch, or recompute from text?
     auto adm = (*sched)->predict(f);
+    if (!adm.ok() && adm.status().code() == StatusCode::timed_out) {
+      // The budget ran out before the stored sizes came back (a 2 ms budget on a
+      // busy machine): too late to fetch anything.
+      fmt::print("request {} ({}, budget {} ms): {} -> prefill from text\n", i, rq.context, rq.budget.count(),
+                 adm.status().to_string());
+      continue;
+    }
     if (!adm.ok()) return fail(adm.status());
     fmt::print("request {} ({}, budget {} ms, priority {}): predicted {:.1f} ms, wait {:.1f} ms, loss {:.2f}%, "
                "{} of {} chunks as text, link share {:.2f} Gbit/s -> ",
@@ -176,6 +187,10 @@ int main(int argc, char** argv) {
     }
     fmt::print("fetch\n");
     auto t = (*sched)->submit(std::move(f));
+    if (!t.ok() && t.status().code() == StatusCode::timed_out) {
+      fmt::print("request {}: {} before it was queued -> prefill from text\n", i, t.status().to_string());
+      continue;
+    }
     if (!t.ok()) return fail(t.status());
     submitted.emplace_back(i, *t);
   }

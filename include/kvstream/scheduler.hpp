@@ -96,11 +96,15 @@ class Scheduler {
   /// Predicts the fetch without starting it: the stored sizes (one stat call), the
   /// peer's current throughput estimate shared with the fetches ahead of it, and the
   /// chooser's plan on that link (the link simulator with the estimate held constant:
-  /// an honest forecast only while the link holds steady). Errors: the stat's errors;
+  /// an honest forecast only while the link holds steady). The stat runs under the
+  /// fetch's own deadline and cancel token. Errors: the stat's errors (timed_out when
+  /// the budget ran out before the sizes came back: too late to fetch, recompute);
   /// unavailable when the peer has no estimate yet (give the estimators a prior).
   [[nodiscard]] virtual Result<Admission> predict(const ScheduledFetch& fetch) const = 0;
-  /// Queues the fetch (predicting it as predict() does). Errors: those of predict,
-  /// cancelled when the scheduler is shutting down.
+  /// Queues the fetch (predicting it as predict() does). Its destination must stay
+  /// valid until the ticket ended (wait() returned) or the scheduler is destroyed
+  /// (which cancels and waits for every fetch). Errors: those of predict, cancelled
+  /// when the scheduler is shutting down.
   virtual Result<std::shared_ptr<Ticket>> submit(ScheduledFetch fetch) = 0;
   /// Fetches running and waiting now.
   [[nodiscard]] virtual uint32_t running() const = 0;
