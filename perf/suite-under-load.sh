@@ -4,6 +4,9 @@
 # machine (fake clocks, event order), so any failure here is a bug to chase.
 #
 #   perf/suite-under-load.sh [build-dir] [runs]      (default: build 20)
+#
+# A failed run's whole ctest log is kept (its path is printed), so the failure can be
+# read afterwards; passed runs' logs are deleted.
 set -uo pipefail
 BUILD=${1:-build}
 RUNS=${2:-20}
@@ -27,7 +30,7 @@ for r in $(seq "$RUNS"); do
   summary=$(grep -E 'tests passed' "$log" | tail -1)
   echo "run $r: $verdict in $(( $(date +%s) - start )) s: $summary"
   grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$log" | sed 's/^/    /'
-  rm -f "$log"
+  if [ "$verdict" = passed ]; then rm -f "$log"; else echo "    log kept: $log"; fi
 done
 echo "$((RUNS - failed_runs)) of $RUNS runs passed with $cores busy loops on $cores cores"
 [ "$failed_runs" = 0 ]
