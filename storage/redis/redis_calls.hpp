@@ -1,0 +1,66 @@
+// What both Redis clients (single server and cluster) do the same way around their
+// commands: argument checks, host-memory registration, completing a get into the
+// caller's buffer, and reading transaction and set replies. Internal.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstream/storage.hpp"
+#include "storage/redis/redis_conn.hpp"
+#include "storage/redis/redis_job_queue.hpp"
+
+namespace kvstream::redis::detail {
+
+/// Host memory only, no one-sided reads: values are copied out of hiredis' replies.
+const transport::Capabilities& redis_capabilities(bool cluster);
+/// Any host buffer (nothing to register with a server); other memory: unsupported.
+Result<transport::MemoryRegion> register_host_memory(void* data, size_t size, transport::MemoryType type);
+
+Status validate_put(const std::string& context, uint32_t level, std::span<const std::byte> bytes,
+                    std::span<const storage::ObjectPart> parts);
+Status validate_get(const std::string& context, uint32_t level, const transport::MemoryRegion& dest, size_t offset,
+                    size_t capacity);
+Status validate_get_range(const std::string& context, uint32_t level, uint64_t offset, uint64_t length,
+                          const transport::MemoryRegion& dest, size_t dest_offset);
+
+/// The value key's block-sum key.
+std::string blocks_key(const std::string& chunk_key);
+
+/// Every reply of a MULTI ... EXEC batch is not an error and EXEC returned `n`
+/// results, none an error. Errors: unavailable (refused, or the transaction aborted).
+Status check_exec(const std::vector<Reply>& rs, size_t n, std::string_view what);
+/// The members of a set reply, sorted.
+Result<std::vector<std::string>> string_set(const redisReply* r, std::string_view what);
+
+/// Completes a get: copies `payload` into dest[offset, ...) and reports its size when
+/// this call still owns the job (else the caller's buffer is no longer ours), or
+/// reports the error. Releases `dest` either way.
+template <typename Worker>
+void deliver(Job<Worker>& j, const storage::GetCallback& done, Result<std::span<const std::byte>> payload,
+             transport::MemoryRegion& dest, size_t offset, size_t capacity);
+
+/// Copies a checked payload into dest[offset, ...).
+size_t copy_out(std::span<const std::byte> payload, transport::MemoryRegion& dest, size_t offset);
+
+template <typename Worker>
+void deliver(Job<Worker>& j, const storage::GetCallback& done, Result<std::span<const std::byte>> payload,
+             transport::MemoryRegion& dest, size_t offset, size_t capacity) {
+  Result<size_t> out = payload.status();
+  if (payload.ok() && payload->size() > capacity)
+    out = make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", payload->size(), capacity);
+  else if (payload.ok() && j.claim()) {
+    out = copy_out(*payload, dest, offset);
+    dest = {};
+    done(std::move(out));
+    return;
+  } else if (payload.ok()) {
+    dest = {};
+    return;  // completed already (deadline, cancel): the buffer is no longer ours
+  }
+  dest = {};
+  if (j.claim()) done(std::move(out));
+}
+
+}  // namespace kvstream::redis::detail
