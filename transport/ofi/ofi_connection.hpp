@@ -99,6 +99,8 @@ class OfiConnection final : public Connection {
   bool body_pending_ = false;
   uint64_t body_size_ = 0;
   std::string broken_;
+  std::mutex staging_mu_;
+  std::shared_ptr<Staging> staging_;  // staged reads' buffer (Core::staged_reads), under staging_mu_
 };
 
 }  // namespace kvstream::transport::ofi

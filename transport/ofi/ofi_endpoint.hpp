@@ -37,7 +37,17 @@ struct Op {
   fid_mr* mr = nullptr;              // registration of buf where FI_MR_LOCAL is required
   bool counted = false;              // a send that keeps the progress thread busy until it completes
   std::function<void(Op&)> on_complete;  // runs in whichever thread reaps the completion
+  std::shared_ptr<void> keep;            // memory the provider may still write (a staged read's buffer)
   ~Op();
+};
+
+/// A registered buffer that staged reads land in (Core::staged_reads), reused by a
+/// connection's reads while no interrupted read still holds it.
+struct Staging {
+  std::unique_ptr<std::byte[]> buf;
+  size_t size = 0;
+  fid_mr* mr = nullptr;
+  ~Staging();
 };
 
 /// The endpoint and its progress thread, which polls the completion queue while
@@ -68,6 +78,11 @@ class Endpoint {
   std::shared_ptr<Op> new_op(size_t buf_size = 0);
   /// Registers op->buf when the provider needs local descriptors; returns the descriptor.
   Result<void*> local_desc(Op& op);
+  /// At destruction, with staged reads: waits up to 200 ms for operations in flight;
+  /// false (and the endpoint is left open, logged) when some never end.
+  bool park_if_reads_linger();
+  /// A staging buffer of at least `size` bytes, registered where FI_MR_LOCAL asks.
+  Result<std::shared_ptr<Staging>> new_staging(size_t size);
 
   /// Posts a tagged receive (retrying while the provider says EAGAIN, until the deadline).
   Status post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag, uint64_t ignore,

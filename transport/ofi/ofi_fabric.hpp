@@ -43,6 +43,11 @@ struct Core {
   std::string provider;
   bool mr_local = false, mr_prov_key = false, mr_virt_addr = false, rma = false, hmem = false;
   size_t segment = kMaxSegmentBytes;
+  /// Reads land in internal buffers and are copied out (ofi_rma.cpp): for ofi_rxm,
+  /// whose fi_close of an endpoint with an RMA read in flight crashed in libfabric
+  /// 1.17 (SIGSEGV in about 1 of 15 reads interrupted by their deadline), so an
+  /// interrupted read must not close the endpoint under it.
+  bool staged_reads = false;
   size_t inject = 0;
   std::atomic<uint64_t> next_key{1};
 
