@@ -29,9 +29,11 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
     c.connections_per_node = s.connections;
     c.connect_timeout = s.connect_timeout;
     KVS_ASSIGN_OR_RETURN(client, cluster::connect(c, deadline));
-  } else if (s.kind == "redis") {
+  } else if (s.kind == "redis" || s.kind == "redis-cluster") {
     redis::RedisConfig c;
     c.address = s.address;
+    c.cluster = s.kind == "redis-cluster";
+    c.seeds = s.nodes;  // more cluster nodes to learn the topology from
     c.password = s.secret;
     c.name_space = s.name_space;
     c.connections = s.connections;

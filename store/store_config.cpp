@@ -15,9 +15,9 @@ namespace {
 const settings::Table<StoreConfig>& table() {
   using C = StoreConfig;
   static const settings::Table<StoreConfig> t({
-      KVS_SETTING(C, "storage.kind", "node (one kvstream-server), cluster (replicated nodes) or redis", storage.kind),
-      KVS_SETTING(C, "storage.address", "host:port of the node, or of Redis", storage.address),
-      KVS_SETTING(C, "storage.nodes", "cluster: host:port of every node, comma-separated", storage.nodes),
+      KVS_SETTING(C, "storage.kind", "node (one kvstream-server), cluster (replicated nodes), redis or redis-cluster", storage.kind),
+      KVS_SETTING(C, "storage.address", "host:port of the node, of Redis, or of one Redis Cluster node", storage.address),
+      KVS_SETTING(C, "storage.nodes", "cluster: host:port of every node, comma-separated (redis-cluster: more nodes to learn the topology from)", storage.nodes),
       KVS_SETTING(C, "storage.replication", "cluster: nodes holding each chunk", storage.replication),
       KVS_SETTING(C, "storage.backend", "transport to the nodes: tcp, ucx or libfabric", storage.backend),
       KVS_SETTING(C, "storage.namespace", "namespace (tenant) on the nodes; key prefix on Redis", storage.name_space),
@@ -81,8 +81,9 @@ Status StoreConfig::validate() const {
   auto bad_value = [](std::string_view what, auto v, std::string_view want) {
     return make_status(StatusCode::invalid_argument, "setting {} = {}: {}", what, v, want);
   };
-  if (storage.kind != "node" && storage.kind != "cluster" && storage.kind != "redis")
-    return bad_value("storage.kind", storage.kind, "must be node, cluster or redis");
+  if (storage.kind != "node" && storage.kind != "cluster" && storage.kind != "redis" &&
+      storage.kind != "redis-cluster")
+    return bad_value("storage.kind", storage.kind, "must be node, cluster, redis or redis-cluster");
   if (storage.kind == "cluster" && storage.nodes.empty())
     return bad_value("storage.nodes", "\"\"", "a cluster needs at least one node");
   if (storage.connections == 0) return bad_value("storage.connections", 0, "must be at least 1");

@@ -24,6 +24,22 @@
 // (GETRANGE) and their sums, verifies each block and copies out the range (at most
 // two blocks' worth more than the range crosses the wire); a value stored without
 // block sums (by a client before range reads) is read whole and verified instead.
+//
+// Redis Cluster (RedisConfig::cluster) spreads a context's chunks over the shards:
+// every key of one chunk carries the hash tag {<namespace>:<context>:<chunk>}, so all
+// its levels (and their tables) share a slot and one MULTI/EXEC still writes them:
+//   kvs:{<ns>:<ctx>:<chunk>}:<level>           the chunk, as above
+//   kvs:{<ns>:<ctx>:<chunk>}:<level>:blocks    its block sums, as above
+//   kvs:{<ns>:<ctx>:<chunk>}:sizes, :parts     the chunk's size and parts tables
+//                                              (fields "chunk:level", as above)
+//   kvs:{<ns>:<ctx>}:chunks                    set of the context's chunk numbers
+//   kvs:{<ns>}:contexts                        set of context ids (list)
+// A put adds the context and the chunk to their sets first, then writes the chunk's
+// keys in one transaction, each step waiting for `put_replicas` replicas (WAIT): a
+// put that returned ok is listed by stat and survives a failover. The client routes
+// by the slot map (CLUSTER SHARDS, else CLUSTER SLOTS), follows MOVED (and refreshes
+// the map) and ASK, retries TRYAGAIN and CLUSTERDOWN within the call's deadline, and
+// reads from a replica when the primary is down or slower than `replica_after`.
 // docs/storage-backends.md says when to use it.
 #pragma once
 
@@ -31,6 +47,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvstream/status.hpp"
 #include "kvstream/storage.hpp"
@@ -47,6 +64,17 @@ struct RedisConfig {
   std::string name_space = "default";         ///< key prefix, validated like storage namespaces
   uint32_t connections = 2;                   ///< connections, each served by one thread (1..64)
   std::chrono::milliseconds connect_timeout{2000};  ///< bound on (re)connecting, within each call's deadline
+  /// Redis Cluster (or Valkey in cluster mode): `address` and `seeds` are nodes to learn
+  /// the topology from, and keys follow the cluster layout above. false: one server.
+  bool cluster = false;
+  std::vector<std::string> seeds;  ///< cluster: more nodes to ask for the topology
+  /// Cluster: a read its primary has not answered within this long goes to a replica
+  /// (as does one whose primary cannot be reached).
+  std::chrono::milliseconds replica_after{250};
+  /// Cluster: a put is acknowledged once this many replicas of its shard hold it
+  /// (WAIT), so that a failover cannot lose it. 0 for a cluster without replicas, where
+  /// a failover can lose the writes of its last moments.
+  uint32_t put_replicas = 1;
 };
 
 /// True when kvstream was built with hiredis (KVSTREAM_WITH_REDIS).

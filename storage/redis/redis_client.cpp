@@ -10,6 +10,7 @@
 #include "core/log.hpp"
 #include "storage/protocol.hpp"
 #include "storage/redis/redis_calls.hpp"
+#include "storage/redis/redis_cluster_client.hpp"
 #include "storage/redis/redis_conn.hpp"
 #include "storage/redis/redis_job_queue.hpp"
 #include "storage/redis/redis_value.hpp"
@@ -226,6 +227,7 @@ bool available() noexcept { return true; }
 
 Result<std::unique_ptr<storage::Client>> connect(const RedisConfig& config, Deadline deadline,
                                                  const CancelToken& cancel) {
+  if (config.cluster) return connect_cluster(config, deadline, cancel);
   return RedisClient::create(config, deadline, cancel);
 }
 

@@ -37,7 +37,7 @@ Status reply_error(const redisReply* r, std::string_view what) {
 }
 
 Result<std::vector<Reply>> Conn::run(const std::vector<Command>& cmds, Deadline deadline) {
-  if (Clock::now() >= deadline) return make_status(StatusCode::timed_out, "redis call past its deadline");
+  if (Clock::now() >= deadline) return error(StatusCode::timed_out, "redis call past its deadline");
   KVS_RETURN_IF_ERROR(ensure(deadline));
   redisSetTimeout(ctx_, timeval_until(deadline));
   for (const auto& argv : cmds) {
@@ -68,9 +68,9 @@ Status Conn::ensure(Deadline deadline) {
     KVS_RETURN_IF_ERROR(transport::parse_host_port(s_.address, host, port));
     ctx_ = redisConnectWithTimeout(host.c_str(), port, tv);
   }
-  if (ctx_ == nullptr) return make_status(StatusCode::resource_exhausted, "redis: cannot allocate a context");
+  if (ctx_ == nullptr) return error(StatusCode::resource_exhausted, "redis: cannot allocate a context");
   if (ctx_->err) {
-    Status s = make_status(Clock::now() >= until ? StatusCode::timed_out : StatusCode::unavailable,
+    Status s = error(Clock::now() >= until ? StatusCode::timed_out : StatusCode::unavailable,
                            "redis {}: connect: {}", s_.address, ctx_->errstr);
     close();
     return s;
@@ -94,7 +94,7 @@ Status Conn::ensure(Deadline deadline) {
       close();
       const bool auth =
           argv[0] == "AUTH" || msg.find("NOAUTH") != std::string::npos || msg.find("WRONGPASS") != std::string::npos;
-      return make_status(auth ? StatusCode::permission_denied : StatusCode::unavailable, "redis {}: {}: {}",
+      return error(auth ? StatusCode::permission_denied : StatusCode::unavailable, "redis {}: {}: {}",
                          s_.address, argv[0], auth ? "authentication refused" : msg);
     }
   }
@@ -109,7 +109,7 @@ void Conn::close() {
 Status Conn::broken(Deadline deadline, std::string_view what) {
   const bool late = Clock::now() >= deadline ||
                     (ctx_ && ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK));
-  Status s = make_status(late ? StatusCode::timed_out : StatusCode::unavailable, "redis {}: {}: {}", s_.address, what,
+  Status s = error(late ? StatusCode::timed_out : StatusCode::unavailable, "redis {}: {}: {}", s_.address, what,
                          ctx_ && ctx_->errstr[0] ? ctx_->errstr : "connection lost");
   close();  // its framing can no longer be trusted
   return s;

@@ -35,6 +35,9 @@ struct ConnSettings {
   uint32_t database = 0;
   std::chrono::milliseconds connect_timeout{2000};
   bool read_only = false;  ///< send READONLY after connecting (reads from a cluster replica)
+  /// Log errors where they happen. The cluster client turns it off: it retries other
+  /// nodes through a failover and logs the call's outcome once instead.
+  bool log_errors = true;
 };
 
 /// One hiredis connection, owned by one thread. Reopened lazily by the next call
@@ -61,6 +64,11 @@ class Conn {
   redisContext* ctx_ = nullptr;
 
   Status broken(transport::Deadline deadline, std::string_view what);
+  template <typename... Args>
+  Status error(StatusCode code, fmt::format_string<Args...> f, Args&&... args) const {
+    return s_.log_errors ? make_status(code, "{}", fmt::format(f, std::forward<Args>(args)...))
+                         : Status(code, fmt::format(f, std::forward<Args>(args)...));
+  }
 };
 
 }  // namespace kvstream::redis::detail

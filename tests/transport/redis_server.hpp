@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,8 +34,11 @@ class RedisServer {
     return {};
   }
 
-  /// Starts one under <tmp>/<tag>-<pid>-<n>; started() says whether it came up.
-  explicit RedisServer(const std::string& tag) {
+  /// Starts one under <tmp>/<tag>-<pid>-<n> (with `extra_args` on its command line);
+  /// started() says whether it came up. `cluster`: a cluster node, its bus on a second
+  /// free port (port + 10000, redis' default, can pass 65535).
+  explicit RedisServer(const std::string& tag, std::vector<std::string> extra_args = {}, bool cluster = false)
+      : extra_args_(std::move(extra_args)), cluster_(cluster) {
     static int counter = 0;
     dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", tag, ::getpid(), counter++);
     std::filesystem::remove_all(dir_);
@@ -60,6 +64,32 @@ class RedisServer {
   [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
   [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
 
+  /// Stops it at once (SIGKILL), as a crash would.
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  /// Whether it answers PING (a plain socket: a cluster node is no storage client).
+  [[nodiscard]] bool answers_ping(std::chrono::milliseconds timeout) const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    timeval tv{0, suseconds_t(std::chrono::microseconds(timeout).count())};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port_);
+    char buf[16] = {};
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::write(fd, "PING\r\n", 6) == 6 &&
+                    ::read(fd, buf, sizeof buf - 1) >= 5 && std::string_view(buf).substr(0, 5) == "+PONG";
+    ::close(fd);
+    return ok;
+  }
+
   /// A storage client of namespace `ns` on this server.
   Result<std::unique_ptr<storage::Client>> client(std::chrono::milliseconds timeout = std::chrono::seconds(5),
                                                   const std::string& ns = "tenant-a") const {
@@ -70,6 +100,8 @@ class RedisServer {
   }
 
  private:
+  std::vector<std::string> extra_args_;
+  bool cluster_ = false;
   std::filesystem::path dir_;
   uint16_t port_ = 0;
   pid_t pid_ = -1;
@@ -97,6 +129,10 @@ class RedisServer {
     std::vector<std::string> args = {prog,     "--port",       port, "--bind",      "127.0.0.1", "--dir",     dir,
                                      "--save", "",             "--appendonly", "no", "--daemonize", "no", "--logfile",
                                      log};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    if (cluster_)
+      args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file", (dir_ / "nodes.conf").string(),
+                               "--cluster-port", std::to_string(free_port())});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -106,7 +142,7 @@ class RedisServer {
     for (int i = 0; i < 100; ++i) {
       int st = 0;
       if (::waitpid(pid, &st, WNOHANG) == pid) return;  // exited: port taken
-      if (client(std::chrono::milliseconds(200)).ok()) {
+      if (answers_ping(std::chrono::milliseconds(200))) {
         pid_ = pid;
         return;
       }
