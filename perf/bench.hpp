@@ -46,6 +46,9 @@ struct StorageBenchOptions {
   uint32_t chunks = 64;
   uint64_t chunk_bytes = 1 << 20;
   std::string json;
+  /// Fetch through a Redis Cluster (one of its nodes) instead of a storage node the
+  /// bench starts; each client connects with `connections` hiredis connections.
+  std::string redis_cluster;
 };
 int run_storage_bench(const StorageBenchOptions& o);
 

@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   st->add_option("--chunks", so.chunks, "distinct chunks stored")->capture_default_str();
   st->add_option("--chunk-bytes", so.chunk_bytes, "bytes per chunk")->capture_default_str();
   st->add_option("--json", so.json, "write the figures as JSON");
+  st->add_option("--redis-cluster", so.redis_cluster,
+                 "host:port of a Redis Cluster node: the clients fetch from the cluster instead of a storage node");
   kvstream::bench::PipelineBenchOptions po;
   auto* pl = app.add_subcommand("pipeline", "transfer alone, decode alone and the pipelined fetch of one context");
   pl->add_option("--data", po.data, "tinyllama data directory");

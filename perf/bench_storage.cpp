@@ -1,5 +1,6 @@
-// kvstream-bench storage: a storage node on loopback under many concurrent clients,
-// each fetching random chunks; reports errors and chunk latency percentiles.
+// kvstream-bench storage: a storage node on loopback (or a Redis Cluster, with
+// --redis-cluster) under many concurrent clients, each fetching random chunks; reports
+// errors and chunk latency percentiles.
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvstream/redis_storage.hpp"
 #include "kvstream/storage.hpp"
 #include "perf/bench.hpp"
 
@@ -47,8 +49,16 @@ int run_storage_bench(const StorageBenchOptions& o) {
   cc.backend.name = o.backend;
   cc.name_space = "bench";
   cc.secret = "bench-secret-0123456789";
+  redis::RedisConfig rc;
+  rc.cluster = true;
+  rc.address = o.redis_cluster;
+  rc.name_space = "bench";
+  auto connect = [&]() -> Result<std::unique_ptr<storage::Client>> {
+    return o.redis_cluster.empty() ? storage::Client::connect(cc, deadline_in(10s)) : redis::connect(rc, deadline_in(10s));
+  };
+  const std::string target = o.redis_cluster.empty() ? o.backend : "redis-cluster " + o.redis_cluster;
   {
-    auto loader = storage::Client::connect(cc, deadline_in(10s));
+    auto loader = connect();
     if (!loader.ok()) return fmt::print(stderr, "kvstream-bench storage: {}\n", loader.status().to_string()), 1;
     std::vector<std::byte> chunk(o.chunk_bytes);
     for (uint32_t i = 0; i < o.chunks; ++i) {
@@ -63,7 +73,7 @@ int run_storage_bench(const StorageBenchOptions& o) {
   const auto end = Clock::now() + std::chrono::duration<double>(o.seconds);
   for (uint32_t t = 0; t < o.clients; ++t)
     threads.emplace_back([&, t] {
-      auto c = storage::Client::connect(cc, deadline_in(10s));
+      auto c = connect();
       if (!c.ok()) {
         ++errors;
         return;
@@ -100,13 +110,13 @@ int run_storage_bench(const StorageBenchOptions& o) {
   fs::remove_all(dir);
   const double gbps = double(ok.load()) * double(o.chunk_bytes) * 8 / o.seconds / 1e9;
   fmt::print("backend {}: {} clients x {:.0f} s, chunks of {} bytes: {} fetches, {} errors, {} wrong; {:.2f} Gbit/s\n",
-             o.backend, o.clients, o.seconds, o.chunk_bytes, ok.load(), errors.load(), wrong.load(), gbps);
+             target, o.clients, o.seconds, o.chunk_bytes, ok.load(), errors.load(), wrong.load(), gbps);
   fmt::print("chunk latency us: p50 {:.0f}  p99 {:.0f}  p999 {:.0f}  max {:.0f}; server cache hits {}\n", pct(0.5),
              pct(0.99), pct(0.999), all.empty() ? 0.0 : all.back(), counters.cache_hits);
   fmt::print("resident memory: {:.1f} MiB after {:.0f} s, {:.1f} MiB at the end\n", double(rss_warm) / 1048576,
              o.seconds / 10, double(rss_end) / 1048576);
   if (!o.json.empty()) {
-    nlohmann::json j = {{"backend", o.backend}, {"clients", o.clients}, {"seconds", o.seconds},
+    nlohmann::json j = {{"backend", target}, {"clients", o.clients}, {"seconds", o.seconds},
                         {"chunk_bytes", o.chunk_bytes}, {"fetches", ok.load()}, {"errors", errors.load()},
                         {"wrong", wrong.load()}, {"lat_us_p50", pct(0.5)}, {"lat_us_p99", pct(0.99)},
                         {"lat_us_p999", pct(0.999)}, {"gbit_per_s", gbps}, {"rss_warm_bytes", rss_warm},
