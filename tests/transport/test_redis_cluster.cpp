@@ -285,7 +285,7 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
       else ++written;
     }
   });
-  const std::string out = cluster->reshard(primaries[0], primaries[1], 3000);
+  const std::string out = cluster->reshard(primaries[0], primaries[1], 1000);
   stop = true;
   for (auto& t : load) t.join();
   EXPECT_EQ(wrong.load(), 0u);
@@ -308,7 +308,7 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
   }
   EXPECT_EQ(lost, 0u);
   EXPECT_EQ(bad, 0u);
-  fprintf(stderr, "resharding 3000 slots under load: %u reads, %u puts, %u errors, %u wrong, %u lost\n", reads.load(),
+  fprintf(stderr, "resharding 1000 slots under load: %u reads, %u puts, %u errors, %u wrong, %u lost\n", reads.load(),
           written.load(), errors.load(), wrong.load() + bad, lost);
   RecordProperty("reads_during_resharding", int(reads.load()));
   RecordProperty("puts_during_resharding", int(written.load()));
