@@ -13,20 +13,16 @@ struct HostRegion final : transport::MemoryRegion::Impl {};
 }  // namespace
 
 const transport::Capabilities& redis_capabilities(bool cluster) {
-  static const transport::Capabilities single{.backend = "redis",
-                                              .provider = "hiredis over tcp",
-                                              .host_memory = true,
-                                              .cuda_memory = false,
-                                              .one_sided_read = false,
-                                              .notifications = false,
-                                              .max_message_bytes = storage::kMaxChunkBytes};
-  static const transport::Capabilities many{.backend = "redis-cluster",
-                                            .provider = "hiredis over tcp",
-                                            .host_memory = true,
-                                            .cuda_memory = false,
-                                            .one_sided_read = false,
-                                            .notifications = false,
-                                            .max_message_bytes = storage::kMaxChunkBytes};
+  static const auto make = [](const char* backend) {
+    return transport::Capabilities{.backend = backend,
+                                   .provider = "hiredis over tcp",
+                                   .host_memory = true,
+                                   .cuda_memory = false,
+                                   .one_sided_read = false,
+                                   .notifications = false,
+                                   .max_message_bytes = storage::kMaxChunkBytes};
+  };
+  static const transport::Capabilities single = make("redis"), many = make("redis-cluster");
   return cluster ? many : single;
 }
 

@@ -10,6 +10,7 @@
 #include "kvstream/storage.hpp"
 #include "storage/redis/redis_conn.hpp"
 #include "storage/redis/redis_job_queue.hpp"
+#include "storage/redis/redis_value.hpp"
 
 namespace kvstream::redis::detail {
 
@@ -61,6 +62,43 @@ void deliver(Job<Worker>& j, const storage::GetCallback& done, Result<std::span<
   }
   dest = {};
   if (j.claim()) done(std::move(out));
+}
+
+/// Queues a verified get of `key` into dest[offset, offset + capacity): on a worker,
+/// `runner_for(worker, job, key)` gives the Runner that reaches the key's server.
+template <typename Worker, typename RunnerFor>
+void queue_get(JobQueue<Worker>& q, std::string key, transport::MemoryRegion dest, size_t offset, size_t capacity,
+               transport::Deadline deadline, const transport::CancelToken& cancel, storage::GetCallback done,
+               RunnerFor runner_for) {
+  auto job = std::make_shared<Job<Worker>>();
+  job->deadline = deadline, job->cancel = cancel;
+  auto shared_done = std::make_shared<storage::GetCallback>(std::move(done));
+  job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
+  job->run = [shared_done, key = std::move(key), dest = std::move(dest), offset, capacity, runner_for](
+                 Worker& w, Job<Worker>& j) mutable {
+    auto rs = runner_for(w, j, key)({{"GET", key}});
+    Result<std::span<const std::byte>> payload = rs.ok() ? verified_payload(key, (*rs)[0].get()) : rs.status();
+    deliver(j, *shared_done, std::move(payload), dest, offset, capacity);
+  };
+  q.enqueue(std::move(job));
+}
+
+/// Queues a range read (read_range) of `key` into dest[dest_offset, +length).
+template <typename Worker, typename RunnerFor>
+void queue_get_range(JobQueue<Worker>& q, std::string key, uint64_t offset, uint64_t length,
+                     transport::MemoryRegion dest, size_t dest_offset, transport::Deadline deadline,
+                     const transport::CancelToken& cancel, storage::GetCallback done, RunnerFor runner_for) {
+  auto job = std::make_shared<Job<Worker>>();
+  job->deadline = deadline, job->cancel = cancel;
+  auto shared_done = std::make_shared<storage::GetCallback>(std::move(done));
+  job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
+  job->run = [shared_done, key = std::move(key), dest = std::move(dest), offset, length, dest_offset, runner_for](
+                 Worker& w, Job<Worker>& j) mutable {
+    Result<RangeRead> got = read_range(runner_for(w, j, key), key, blocks_key(key), offset, length);
+    deliver(j, *shared_done, got.ok() ? Result<std::span<const std::byte>>(got->bytes) : got.status(), dest,
+            dest_offset, length);
+  };
+  q.enqueue(std::move(job));
 }
 
 }  // namespace kvstream::redis::detail

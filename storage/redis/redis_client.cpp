@@ -117,17 +117,8 @@ class RedisClient final : public storage::Client {
   void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
                  size_t capacity, Deadline deadline, const CancelToken& cancel, GetCallback done) override {
     if (Status s = validate_get(context, level, dest, offset, capacity); !s.ok()) return done(s);
-    auto job = std::make_shared<QueueJob>();
-    job->deadline = deadline, job->cancel = cancel;
-    auto shared_done = std::make_shared<GetCallback>(std::move(done));
-    job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
-    job->run = [shared_done, key = chunk_key(context, chunk, level), dest = std::move(dest), offset,
-                capacity](Conn& conn, QueueJob& j) mutable {
-      auto rs = conn.run({{"GET", key}}, j.deadline);
-      Result<std::span<const std::byte>> payload = rs.ok() ? verified_payload(key, (*rs)[0].get()) : rs.status();
-      deliver(j, *shared_done, std::move(payload), dest, offset, capacity);
-    };
-    queue_->enqueue(std::move(job));
+    queue_get(*queue_, chunk_key(context, chunk, level), std::move(dest), offset, capacity, deadline, cancel,
+              std::move(done), on_conn);
   }
 
   // A range read (redis_value.hpp's read_range): at most two blocks' worth more than
@@ -136,19 +127,8 @@ class RedisClient final : public storage::Client {
                        MemoryRegion dest, size_t dest_offset, Deadline deadline, const CancelToken& cancel,
                        GetCallback done) override {
     if (Status s = validate_get_range(context, level, offset, length, dest, dest_offset); !s.ok()) return done(s);
-    auto job = std::make_shared<QueueJob>();
-    job->deadline = deadline, job->cancel = cancel;
-    auto shared_done = std::make_shared<GetCallback>(std::move(done));
-    job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
-    const std::string key = chunk_key(context, chunk, level);
-    job->run = [shared_done, key, blocks_key = blocks_key(key), dest = std::move(dest), offset, length, dest_offset](
-                   Conn& conn, QueueJob& j) mutable {
-      Result<RangeRead> got = read_range([&](const std::vector<Command>& c) { return conn.run(c, j.deadline); }, key,
-                                         blocks_key, offset, length);
-      deliver(j, *shared_done, got.ok() ? Result<std::span<const std::byte>>(got->bytes) : got.status(), dest,
-              dest_offset, length);
-    };
-    queue_->enqueue(std::move(job));
+    queue_get_range(*queue_, chunk_key(context, chunk, level), offset, length, std::move(dest), dest_offset, deadline,
+                    cancel, std::move(done), on_conn);
   }
 
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
@@ -212,6 +192,11 @@ class RedisClient final : public storage::Client {
 
   const RedisConfig cfg_;
   std::unique_ptr<Queue> queue_;  // last: its threads stop before the rest goes
+
+  // One server: every key is on the worker's connection.
+  static Runner on_conn(Conn& conn, QueueJob& j, const std::string&) {
+    return [&conn, &j](const std::vector<Command>& c) { return conn.run(c, j.deadline); };
+  }
 
   std::string chunk_key(const std::string& ctx, uint32_t chunk, uint32_t level) const {
     return fmt::format("kvs:{}:{}:{}:{}", cfg_.name_space, ctx, chunk, level);

@@ -313,38 +313,16 @@ class ClusterClient final : public storage::Client {
   void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
                  size_t capacity, Deadline deadline, const CancelToken& cancel, GetCallback done) override {
     if (Status s = validate_get(context, level, dest, offset, capacity); !s.ok()) return done(s);
-    auto job = std::make_shared<QueueJob>();
-    job->deadline = deadline, job->cancel = cancel;
-    auto shared_done = std::make_shared<GetCallback>(std::move(done));
-    job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
-    job->run = [shared_done, key = value_key(context, chunk, level), dest = std::move(dest), offset, capacity](
-                   ClusterWorker& w, QueueJob& j) mutable {
-      auto rs = run_slot(w, j, key_slot(key), {{"GET", key}}, Access::read);
-      Result<std::span<const std::byte>> payload = rs.ok() ? verified_payload(key, (*rs)[0].get()) : rs.status();
-      deliver(j, *shared_done, std::move(payload), dest, offset, capacity);
-    };
-    queue_->enqueue(std::move(job));
+    queue_get(*queue_, value_key(context, chunk, level), std::move(dest), offset, capacity, deadline, cancel,
+              std::move(done), on_slot);
   }
 
   void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
                        MemoryRegion dest, size_t dest_offset, Deadline deadline, const CancelToken& cancel,
                        GetCallback done) override {
     if (Status s = validate_get_range(context, level, offset, length, dest, dest_offset); !s.ok()) return done(s);
-    auto job = std::make_shared<QueueJob>();
-    job->deadline = deadline, job->cancel = cancel;
-    auto shared_done = std::make_shared<GetCallback>(std::move(done));
-    job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
-    const std::string key = value_key(context, chunk, level);
-    job->run = [shared_done, key, dest = std::move(dest), offset, length, dest_offset](ClusterWorker& w,
-                                                                                        QueueJob& j) mutable {
-      const uint16_t slot = key_slot(key);
-      Result<RangeRead> got = read_range(
-          [&](const std::vector<Command>& c) { return run_slot(w, j, slot, c, Access::read); }, key, blocks_key(key),
-          offset, length);
-      deliver(j, *shared_done, got.ok() ? Result<std::span<const std::byte>>(got->bytes) : got.status(), dest,
-              dest_offset, length);
-    };
-    queue_->enqueue(std::move(job));
+    queue_get_range(*queue_, value_key(context, chunk, level), offset, length, std::move(dest), dest_offset, deadline,
+                    cancel, std::move(done), on_slot);
   }
 
   // The context's chunk set, then each chunk's size and parts tables (one
@@ -423,6 +401,11 @@ class ClusterClient final : public storage::Client {
 
   std::unique_ptr<ClusterState> state_;
   std::unique_ptr<Queue> queue_;  // last: its threads stop before the state goes
+
+  // Reads of `key` where its slot lives (replicas when the primary fails them).
+  static Runner on_slot(ClusterWorker& w, QueueJob& j, const std::string& key) {
+    return [&w, &j, slot = key_slot(key)](const std::vector<Command>& c) { return run_slot(w, j, slot, c, Access::read); };
+  }
 
   const std::string& ns() const { return state_->cfg.name_space; }
   std::string chunk_tag(const std::string& ctx, uint32_t chunk) const {
