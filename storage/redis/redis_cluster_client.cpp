@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "core/log.hpp"
@@ -105,7 +106,7 @@ using QueueJob = Queue::JobT;
 // without slots, until the shard ids converge; SHARDS is the fallback for servers
 // that drop SLOTS. Not logged: a failed refresh is not the call's error (the call's
 // own deadline or redirection count is). Errors: unavailable, timed_out.
-Status refresh(ClusterWorker& w, Deadline deadline, uint64_t seen) {
+Status refresh(ClusterWorker& w, Deadline deadline, uint64_t seen, const std::string& failed = {}) {
   ClusterState& s = w.state();
   std::lock_guard lk(s.refresh_mu);
   if (s.map.version() != seen || Clock::now() - s.last_refresh < 50ms) return {};
@@ -113,11 +114,13 @@ Status refresh(ClusterWorker& w, Deadline deadline, uint64_t seen) {
   std::vector<std::string> ask = s.map.addresses();
   for (const auto& a : s.cfg.seeds) ask.push_back(a);
   ask.push_back(s.cfg.address);
+  // The node that just failed us is asked last: a stalled one would hold each try.
+  std::stable_partition(ask.begin(), ask.end(), [&](const std::string& a) { return a != failed; });
   Status last(StatusCode::unavailable, "no redis cluster node to ask for the topology");
   for (const auto& a : ask) {
     if (Clock::now() >= deadline) return Status(StatusCode::timed_out, "redis cluster topology: past the deadline");
     Conn& c = w.conn(a, false);
-    const Deadline d = std::min(deadline, Clock::now() + std::max(s.cfg.connect_timeout, 500ms));
+    const Deadline d = std::min(deadline, Clock::now() + std::min<Clock::duration>(s.cfg.connect_timeout, 500ms));
     auto rs = c.run({{"CLUSTER", "SLOTS"}}, d);
     if (!rs.ok()) {
       last = rs.status();
@@ -195,12 +198,20 @@ Result<std::vector<Reply>> run_slot(ClusterWorker& w, const QueueJob& j, uint16_
       if (code == StatusCode::permission_denied || code == StatusCode::invalid_argument)
         return make_status(code, "redis cluster: {}", rs.status().message());  // no node will answer otherwise
       last = rs.status();
-      (void)refresh(w, j.deadline, seen);  // a failover may have moved the slot; replicas may have come up
-      if (access == Access::read)
-        for (const auto& r : s.map.route(slot).replicas) {
-          auto from_replica = w.conn(r, true).run(cmds, j.deadline);
-          if (from_replica.ok() && find_redirect(*from_replica).kind == Redirect::none) return from_replica;
+      auto from_replicas = [&](const std::vector<std::string>& replicas) -> std::optional<std::vector<Reply>> {
+        for (const auto& r : replicas) {
+          auto got = w.conn(r, true).run(cmds, j.deadline);
+          if (got.ok() && find_redirect(*got).kind == Redirect::none) return std::move(got).value();
         }
+        return std::nullopt;
+      };
+      if (access == Access::read)
+        if (auto got = from_replicas(route.replicas)) return std::move(*got);
+      // A failover may have moved the slot, or replicas the map did not list come up.
+      (void)refresh(w, j.deadline, seen, ask.empty() ? route.primary : ask);
+      if (access == Access::read)
+        if (const auto now_replicas = s.map.route(slot).replicas; now_replicas != route.replicas)
+          if (auto got = from_replicas(now_replicas)) return std::move(*got);
       ask.clear();
       pause(backoff, j.deadline);
       continue;
