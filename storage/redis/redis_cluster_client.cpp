@@ -168,12 +168,14 @@ Result<std::vector<Reply>> run_slot(ClusterWorker& w, const QueueJob& j, uint16_
   std::string ask;
   Status last;
   Clock::duration backoff = 2ms;
-  for (int hops = 0;; ++hops) {
+  int redirects = 0;  // MOVED and ASK: a loop of them is a broken cluster, not a wait
+  for (int tries = 0;; ++tries) {
     if (!j.open()) return Status(StatusCode::cancelled, "call already completed");  // nobody waits for it
     if (Clock::now() >= j.deadline)
       return make_status(StatusCode::timed_out, "redis cluster: slot {} past the deadline{}{}", slot,
                          last.ok() ? "" : " (last: ", last.ok() ? "" : last.to_string() + ")");
-    if (hops > 64) return make_status(StatusCode::unavailable, "redis cluster: slot {}: redirected {} times", slot, hops);
+    if (redirects > 64)
+      return make_status(StatusCode::unavailable, "redis cluster: slot {}: redirected {} times", slot, redirects);
     const uint64_t seen = s.map.version();
     SlotMap::Route route = s.map.route(slot);
     if (route.primary.empty() && ask.empty()) {
@@ -190,7 +192,7 @@ Result<std::vector<Reply>> run_slot(ClusterWorker& w, const QueueJob& j, uint16_
     // A read gives its primary replica_after to answer, the first time or while the
     // slot has replicas to turn to (with none, waiting longer is the only way).
     Deadline d = j.deadline;
-    if (access == Access::read && ask.empty() && (hops == 0 || !route.replicas.empty()))
+    if (access == Access::read && ask.empty() && (tries == 0 || !route.replicas.empty()))
       d = std::min(d, Clock::now() + s.cfg.replica_after);
     auto rs = w.conn(ask.empty() ? route.primary : ask, false).run(batch, d);
     if (!rs.ok()) {
@@ -222,11 +224,13 @@ Result<std::vector<Reply>> run_slot(ClusterWorker& w, const QueueJob& j, uint16_
         if (!ask.empty()) rs->erase(rs->begin());
         return rs;
       case Redirect::moved:
+        ++redirects;
         s.map.moved(r.slot, r.address);
         (void)refresh(w, j.deadline, seen);
         ask.clear();
         continue;
       case Redirect::ask:
+        ++redirects;
         ask = r.address;
         continue;
       case Redirect::retry:
