@@ -43,7 +43,8 @@
 //    FI_READ: tcp;ofi_rxm and shm here, verbs/efa elsewhere): MemoryRegion::expose
 //    packs fi_mr_key and the domain's addressing mode (virtual address or offset);
 //    Connection::read posts fi_read segments straight into the caller's registered
-//    buffer. libfabric cannot cancel an RMA read, so an interrupted one is given
+//    buffer (on ofi_rxm into a staging buffer, copied out: Core::staged_reads).
+//    libfabric cannot cancel an RMA read, so an interrupted direct one is given
 //    20 ms to finish and then a client's endpoint (one per connection) is closed
 //    under it: nothing lands in the caller's buffer after read returns. An accepted
 //    connection shares the listener's endpoint and can only log that case.

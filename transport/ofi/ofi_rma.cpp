@@ -1,11 +1,13 @@
 // Registrations, remote keys and one-sided reads (where the provider grants FI_RMA and
 // FI_READ: tcp;ofi_rxm and shm here, verbs/efa elsewhere). MemoryRegion::expose packs
 // fi_mr_key and the domain's addressing mode; Connection::read posts fi_read segments
-// straight into the caller's registered buffer. libfabric cannot cancel an RMA read,
-// so an interrupted one is given 20 ms to finish and then a client's endpoint (one
-// per connection) is closed under it: nothing lands in the caller's buffer after read
-// returns. An accepted connection shares the listener's endpoint and can only log that
-// case.
+// straight into the caller's registered buffer, except on ofi_rxm (Core::staged_reads),
+// where they land in the connection's staging buffer and are copied out. libfabric
+// cannot cancel an RMA read: a direct one that is interrupted is given 20 ms to finish
+// and then a client's endpoint (one per connection) is closed under it, so nothing
+// lands in the caller's buffer after read returns (an accepted connection shares the
+// listener's endpoint and can only log that case); a staged one leaves the endpoint
+// open, its late data landing in the staging buffer its operations keep alive.
 #include "transport/ofi/ofi_rma.hpp"
 
 #include <rdma/fi_domain.h>
@@ -118,11 +120,10 @@ Status OfiConnection::read(std::span<std::byte> dest, const RemoteRegion& src, u
   // With FI_MR_VIRT_ADDR the target address is the owner's virtual address, else the
   // offset into the registration.
   const uint64_t base = (core.mr_virt_addr ? src.address : 0) + offset;
-  // Staged: each segment lands in a buffer of its own operation and is copied out once
-  // all have, so an interrupted read leaves the endpoint open (no fi_close under it)
-  // and can never write into `dest` after we return.
-  // (Each segment whole: split into 4 MiB pieces, ofi_rxm read 16 MiB at 0.07 GB/s
-  // instead of 1 GB/s.)
+  // Staged: the segments land in the connection's staging buffer and are copied out
+  // once all have, so an interrupted read leaves the endpoint open (no fi_close under
+  // it) and can never write into `dest` after we return. (Segments stay whole: split
+  // into 4 MiB pieces, ofi_rxm read 16 MiB at 0.07 GB/s instead of 1 GB/s.)
   const bool staged = core.staged_reads;
   const size_t seg = core.segment;
   const size_t nseg = (dest.size() + seg - 1) / seg;
