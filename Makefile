@@ -12,7 +12,7 @@ BUILD_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O3 -g1 -DNDEBUG"
 # What the build, the tests and the benchmarks need from Debian 12.
 DEB_PACKAGES := cmake ninja-build g++ clang pkg-config \
   libfmt-dev libspdlog-dev libgtest-dev libzstd-dev libxxhash-dev libcli11-dev nlohmann-json3-dev \
-  libucx-dev libfabric-dev liburing-dev libssl-dev libhiredis-dev redis-server \
+  libucx-dev libfabric-dev liburing-dev libssl-dev libhiredis-dev redis-server libcurl4-openssl-dev etcd-server \
   python3-dev python3-pybind11 pybind11-dev python3-numpy python3-torch python3-pytest
 
 .PHONY: all deps configure build test demo clean test-sanitize test-sanitize-transport

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstream/membership.hpp"
 #include "kvstream/status.hpp"
 #include "kvstream/storage.hpp"
 #include "kvstream/transport.hpp"
@@ -68,6 +69,12 @@ struct ClusterConfig {
   /// Storage nodes, "host:port". When empty, `membership_file` is read instead.
   std::vector<std::string> nodes;
   std::string membership_file;             ///< one "host:port" per line, '#' comments
+  /// Membership from etcd instead (when etcd.endpoints is set; nodes and
+  /// membership_file stay empty): the nodes registered there, followed as they join
+  /// and leave. After a change, a chunk is read from its new owners and then from
+  /// its owners under the last ClusterView::kPastPlacements (3) member sets, which
+  /// hold it until the nodes' rebalance has copied it (include/kvstream/membership.hpp).
+  EtcdConfig etcd;
   uint32_t replication = 2;                ///< R: distinct nodes holding each chunk (capped at the node count)
   /// Replicas that must acknowledge a put: 0 = all R (default). A put that reaches
   /// fewer fails, and the replicas that did take it keep it (a later put replaces it).

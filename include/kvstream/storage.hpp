@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kvstream/membership.hpp"
 #include "kvstream/status.hpp"
 #include "kvstream/transport.hpp"
 
@@ -97,6 +98,10 @@ struct ServerConfig {
   /// Warnings a peer can cause at will (refused connections, failed logins) are
   /// logged at most once per interval, with counts.
   std::chrono::milliseconds log_interval{10000};
+  /// Membership in etcd and the rebalance after each change (off by default;
+  /// include/kvstream/membership.hpp). The node serves its namespaces' chunks to the
+  /// new owners with the secrets above.
+  cluster::RebalanceConfig membership;
 };
 
 /// A running storage node. Stops (and joins its threads) on destruction.

@@ -7,10 +7,13 @@
 #include <set>
 #include <thread>
 
+#include <fmt/ranges.h>
+
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
 #include "transport/common/registration.hpp"
-#include "storage/cluster/node_health.hpp"
+#include "storage/cluster/cluster_view.hpp"
+#include "storage/cluster/membership_watch.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::cluster {
@@ -29,18 +32,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-struct Node {
-  std::string address;
-  NodeHealth health;
-  std::mutex mu;
-  std::shared_ptr<storage::Client> client;  // null while not connected
-  Clock::time_point retry_at{};             // reconnect not before
-  // Registrations of callers' regions with this node's backend, by the caller's
-  // region (kept while the caller's region lives).
-  std::map<const void*, std::pair<std::weak_ptr<MemoryRegion::Impl>, MemoryRegion>> regions;
-
-  Node(std::string a, double weight) : address(std::move(a)), health(weight) {}
-};
+using Node = ClusterNode;
 
 // One get, carried from replica to replica.
 struct GetOp {
@@ -53,7 +45,7 @@ struct GetOp {
   Deadline deadline;
   CancelToken cancel;
   GetCallback done;
-  std::vector<uint32_t> order;  // node indexes, best first
+  std::vector<Node*> order;  // replicas, best first
   size_t next = 0;
   std::string errors;  // "node: error; ..." of the attempts that failed
   Status last_error;
@@ -68,6 +60,7 @@ bool final_error(StatusCode c) {
 class ReplicatedClient final : public storage::Client {
  public:
   ~ReplicatedClient() override {
+    watch_.reset();  // no membership change from here on
     {
       std::lock_guard lock(maint_mu_);
       closing_ = true;
@@ -76,7 +69,7 @@ class ReplicatedClient final : public storage::Client {
     maint_cv_.notify_all();
     if (maintenance_.joinable()) maintenance_.join();
     // Pending gets complete now ("client closed"); their callbacks see closing_.
-    for (auto& n : nodes_) {
+    for (auto& n : all_nodes_) {
       std::shared_ptr<storage::Client> c;
       {
         std::lock_guard lock(n->mu);
@@ -98,9 +91,16 @@ class ReplicatedClient final : public storage::Client {
 
   static Result<std::unique_ptr<storage::Client>> create(ClusterConfig cfg, Deadline deadline,
                                                          const CancelToken& cancel) {
-    if (cfg.nodes.empty()) {
+    std::unique_ptr<EtcdClient> etcd;
+    if (!cfg.etcd.endpoints.empty()) {
+      if (!cfg.nodes.empty() || !cfg.membership_file.empty())
+        return make_status(StatusCode::invalid_argument,
+                           "cluster: membership comes from etcd or from a list, not both (nodes or membership_file set)");
+      KVS_ASSIGN_OR_RETURN(EtcdClient e, EtcdClient::create(cfg.etcd));
+      etcd = std::make_unique<EtcdClient>(std::move(e));
+    } else if (cfg.nodes.empty()) {
       if (cfg.membership_file.empty())
-        return make_status(StatusCode::invalid_argument, "cluster: neither nodes nor a membership file given");
+        return make_status(StatusCode::invalid_argument, "cluster: neither nodes, a membership file nor etcd given");
       KVS_ASSIGN_OR_RETURN(cfg.nodes, load_membership(cfg.membership_file));
     } else {
       std::string joined;
@@ -116,17 +116,27 @@ class ReplicatedClient final : public storage::Client {
     KVS_RETURN_IF_ERROR(storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace"));
     auto c = std::unique_ptr<ReplicatedClient>(new ReplicatedClient(cfg));
     KVS_ASSIGN_OR_RETURN(c->backend_, transport::create_backend(cfg.backend));
-    for (const auto& a : cfg.nodes) {
-      KVS_RETURN_IF_ERROR(c->ring_.add(a));
-      c->nodes_.push_back(std::make_unique<Node>(a, cfg.ewma_weight));
+    if (etcd) {
+      // The members now; later changes arrive on the watch's thread.
+      KVS_ASSIGN_OR_RETURN(c->watch_, MembershipWatch::start(
+                                          std::move(*etcd),
+                                          [p = c.get()](const std::vector<std::string>& m, int64_t) { p->apply(m); },
+                                          deadline, cancel));
+      cfg.nodes = c->watch_->members();
+      if (cfg.nodes.empty())
+        return make_status(StatusCode::unavailable, "cluster: no storage node is registered in etcd under '{}nodes/'",
+                           cfg.etcd.prefix);
     }
-    c->replication_ = std::min<uint32_t>(cfg.replication, uint32_t(cfg.nodes.size()));
-    c->write_quorum_ = cfg.write_quorum == 0 ? c->replication_ : std::min(cfg.write_quorum, c->replication_);
+    {
+      std::lock_guard lock(c->apply_mu_);
+      c->set_view_locked(cfg.nodes);
+    }
+    const auto first = c->view();
     // Connect to every node in parallel, each bounded by connect_timeout.
     std::vector<std::future<Status>> pending;
-    for (size_t i = 0; i < c->nodes_.size(); ++i)
-      pending.push_back(std::async(std::launch::async, [p = c.get(), i, deadline, cancel] {
-        return p->connect_node(i, std::min(deadline, Clock::now() + p->cfg_.connect_timeout), cancel);
+    for (Node* n : first->now->nodes)
+      pending.push_back(std::async(std::launch::async, [p = c.get(), n, deadline, cancel] {
+        return p->connect_node(*n, std::min(deadline, Clock::now() + p->cfg_.connect_timeout), cancel);
       }));
     size_t up = 0;
     std::string errors;
@@ -137,14 +147,14 @@ class ReplicatedClient final : public storage::Client {
         ++up;
         continue;
       }
-      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", c->nodes_[i]->address, s.to_string());
+      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", first->now->nodes[i]->address, s.to_string());
       if (s.code() == StatusCode::permission_denied && refused.ok()) refused = s;
     }
     if (cancel.cancelled()) return make_status(StatusCode::cancelled, "cluster connect cancelled");
     if (!refused.ok()) return refused;
     if (up == 0) return make_status(StatusCode::unavailable, "cluster: no storage node answered ({})", errors);
     if (!errors.empty())
-      KVS_LOG_WARN("cluster: {} of {} nodes up; retrying the others in the background: {}", up, c->nodes_.size(),
+      KVS_LOG_WARN("cluster: {} of {} nodes up; retrying the others in the background: {}", up, pending.size(),
                    errors);
     c->maintenance_ = std::thread([p = c.get()] { p->maintain(); });
     return std::unique_ptr<storage::Client>(std::move(c));
@@ -177,7 +187,8 @@ class ReplicatedClient final : public storage::Client {
                    const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
     KVS_RETURN_IF_ERROR(storage::validate_parts(parts, bytes.size()));
-    const auto replicas = ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_);
+    const auto v = view();
+    const auto replicas = v->now->replicas(HashRing::chunk_key(context, chunk), v->replication);
     // One write version for every replica: concurrent writers of this object reach
     // the replicas in different orders, and each replica keeps the newest version,
     // so they agree.
@@ -186,9 +197,9 @@ class ReplicatedClient final : public storage::Client {
     std::vector<std::future<Status>> others;
     for (size_t i = 1; i < replicas.size(); ++i)
       others.push_back(std::async(std::launch::async, [&, n = replicas[i]] {
-        return put_one(n, context, chunk, level, bytes, parts, version, deadline, cancel);
+        return put_one(*n, context, chunk, level, bytes, parts, version, deadline, cancel);
       }));
-    std::vector<Status> results{put_one(replicas[0], context, chunk, level, bytes, parts, version, deadline, cancel)};
+    std::vector<Status> results{put_one(*replicas[0], context, chunk, level, bytes, parts, version, deadline, cancel)};
     for (auto& f : others) results.push_back(f.get());
     uint32_t acks = 0;
     std::string errors;
@@ -204,12 +215,12 @@ class ReplicatedClient final : public storage::Client {
           results[i].code() == StatusCode::already_exists)
         return results[i];
       if (first.ok()) first = results[i];
-      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes_[replicas[i]]->address, results[i].to_string());
+      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", replicas[i]->address, results[i].to_string());
     }
-    if (acks >= write_quorum_) return {};
+    if (acks >= v->write_quorum) return {};
     return Status(first.code() == StatusCode::timed_out ? StatusCode::timed_out : StatusCode::unavailable,
                   fmt::format("chunk {} level {} of '{}' reached {} of {} replicas, {} needed ({})", chunk, level,
-                              context, acks, replicas.size(), write_quorum_, errors));
+                              context, acks, replicas.size(), v->write_quorum, errors));
   }
 
   void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
@@ -222,7 +233,7 @@ class ReplicatedClient final : public storage::Client {
     op->context = context, op->chunk = chunk, op->level = level;
     op->dest = std::move(dest), op->offset = offset, op->capacity = capacity;
     op->deadline = deadline, op->cancel = cancel, op->done = std::move(done);
-    op->order = rank(ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_), capacity);
+    op->order = candidates(HashRing::chunk_key(context, chunk), capacity);
     attempt(std::move(op));
   }
 
@@ -240,7 +251,7 @@ class ReplicatedClient final : public storage::Client {
     op->dest = std::move(dest), op->offset = dest_offset, op->capacity = size_t(length);
     op->range = true, op->range_offset = offset;
     op->deadline = deadline, op->cancel = cancel, op->done = std::move(done);
-    op->order = rank(ring_.replica_indexes(HashRing::chunk_key(context, chunk), replication_), length);
+    op->order = candidates(HashRing::chunk_key(context, chunk), length);
     attempt(std::move(op));
   }
 
@@ -299,13 +310,16 @@ class ReplicatedClient final : public storage::Client {
   }
 
  private:
-  explicit ReplicatedClient(ClusterConfig cfg) : cfg_(std::move(cfg)), ring_(cfg_.virtual_nodes) {}
+  explicit ReplicatedClient(ClusterConfig cfg) : cfg_(std::move(cfg)) {}
 
   ClusterConfig cfg_;
-  HashRing ring_;
-  uint32_t replication_ = 1, write_quorum_ = 1;
   std::unique_ptr<transport::Backend> backend_;  // registers callers' buffers
-  std::vector<std::unique_ptr<Node>> nodes_;
+  // Every node ever a member (never shrinks: views and calls hold their pointers).
+  std::vector<std::unique_ptr<Node>> all_nodes_;  // guarded by apply_mu_
+  std::mutex apply_mu_;                           // one membership change at a time
+  mutable std::mutex view_mu_;
+  std::shared_ptr<const ClusterView> view_;
+  std::unique_ptr<MembershipWatch> watch_;  // etcd membership; null for a static list
   CancelToken stop_;
   std::mutex maint_mu_;
   std::condition_variable maint_cv_;
@@ -318,8 +332,94 @@ class ReplicatedClient final : public storage::Client {
     return closing_;
   }
 
-  Status connect_node(size_t i, Deadline deadline, const CancelToken& cancel) {
-    Node& n = *nodes_[i];
+  std::shared_ptr<const ClusterView> view() const {
+    std::lock_guard lock(view_mu_);
+    return view_;
+  }
+
+  // The node of `address`, made on first sight (apply_mu_ held).
+  Node& node_locked(const std::string& address) {
+    for (auto& n : all_nodes_)
+      if (n->address == address) return *n;
+    return *all_nodes_.emplace_back(std::make_unique<Node>(address, cfg_.ewma_weight));
+  }
+
+  // A new view for `members`: the ring over them now, the previous placements kept
+  // for reads of chunks not yet copied to their new owners.
+  void set_view_locked(const std::vector<std::string>& members) {
+    auto placement = std::make_shared<Placement>(cfg_.virtual_nodes);
+    for (const auto& a : members)
+      if (placement->ring.add(a).ok()) placement->nodes.push_back(&node_locked(a));
+    auto v = std::make_shared<ClusterView>();
+    v->now = std::move(placement);
+    if (auto old = view()) {
+      v->past.push_back(old->now);
+      for (const auto& p : old->past)
+        if (v->past.size() < ClusterView::kPastPlacements) v->past.push_back(p);
+    }
+    v->replication = std::min<uint32_t>(cfg_.replication, uint32_t(v->now->nodes.size()));
+    v->write_quorum = cfg_.write_quorum == 0 ? v->replication : std::min(cfg_.write_quorum, v->replication);
+    std::lock_guard lock(view_mu_);
+    view_ = std::move(v);
+  }
+
+  // A membership change from etcd (on the watch's thread): new nodes are connected
+  // before the view that places chunks on them is used, nodes that left are let go.
+  void apply(const std::vector<std::string>& members) {
+    if (members.empty()) {
+      KVS_LOG_WARN("cluster: etcd lists no storage node; keeping the last member set until one registers");
+      return;
+    }
+    std::lock_guard lock(apply_mu_);
+    const auto old = view();
+    std::vector<std::string> joined, left;
+    for (const auto& a : members)
+      if (std::none_of(old->now->nodes.begin(), old->now->nodes.end(), [&](Node* n) { return n->address == a; }))
+        joined.push_back(a);
+    for (Node* n : old->now->nodes)
+      if (!std::binary_search(members.begin(), members.end(), n->address)) left.push_back(n->address);
+    std::vector<std::future<Status>> connects;
+    for (const auto& a : joined) {
+      Node* n = &node_locked(a);
+      if (client_of(*n)) continue;
+      connects.push_back(std::async(std::launch::async, [this, n] {
+        return connect_node(*n, Clock::now() + cfg_.connect_timeout, stop_);
+      }));
+    }
+    for (auto& f : connects) (void)f.get();  // a node that did not answer is retried in the background
+    set_view_locked(members);
+    for (const auto& a : left) let_go(node_locked(a));
+    KVS_LOG_INFO("cluster: membership now {} nodes ({} joined: {}; {} left: {})", members.size(), joined.size(),
+                 fmt::join(joined, ", "), left.size(), fmt::join(left, ", "));
+  }
+
+  // A node that left: its connection is closed (on the maintenance thread).
+  void let_go(Node& n) {
+    std::shared_ptr<storage::Client> old;
+    {
+      std::lock_guard lock(n.mu);
+      old = std::move(n.client);
+      n.regions.clear();
+    }
+    if (!old) return;
+    std::lock_guard lock(maint_mu_);
+    graveyard_.push_back(std::move(old));
+    maint_cv_.notify_all();
+  }
+
+  // Who to ask for a chunk: its owners now, best first; then, for a chunk not yet
+  // copied to new owners after a membership change, its owners under the previous
+  // placements that are still members.
+  std::vector<Node*> candidates(const std::string& key, uint64_t bytes) {
+    const auto v = view();
+    std::vector<Node*> out = rank(v->now->replicas(key, v->replication), bytes);
+    for (const auto& p : v->past)
+      for (Node* n : p->replicas(key, v->replication))
+        if (v->now->has(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    return out;
+  }
+
+  Status connect_node(Node& n, Deadline deadline, const CancelToken& cancel) {
     storage::ClientConfig cc;
     cc.address = n.address;
     cc.backend = cfg_.backend;
@@ -376,14 +476,14 @@ class ReplicatedClient final : public storage::Client {
       free_now.clear();
       const auto now = Clock::now();
       std::vector<std::future<Status>> reconnects;
-      for (size_t i = 0; i < nodes_.size(); ++i) {
-        Node& n = *nodes_[i];
+      for (Node* np : view()->now->nodes) {
+        Node& n = *np;
         {
           std::lock_guard nl(n.mu);
           if (n.client || now < n.retry_at) continue;
         }
-        reconnects.push_back(std::async(std::launch::async, [this, i] {
-          return connect_node(i, Clock::now() + cfg_.connect_timeout, stop_);
+        reconnects.push_back(std::async(std::launch::async, [this, np] {
+          return connect_node(*np, Clock::now() + cfg_.connect_timeout, stop_);
         }));
       }
       for (auto& f : reconnects) (void)f.get();
@@ -411,16 +511,16 @@ class ReplicatedClient final : public storage::Client {
 
   // Replicas ordered best first: nodes not marked down before those that are; then by
   // expected time for `bytes`; ties keep ring order (primary first).
-  std::vector<uint32_t> rank(std::vector<uint32_t> replicas, uint64_t bytes) {
+  std::vector<Node*> rank(std::vector<Node*> replicas, uint64_t bytes) {
     const auto now = Clock::now();
-    std::vector<std::tuple<bool, double, size_t, uint32_t>> keyed;
+    std::vector<std::tuple<bool, double, size_t, Node*>> keyed;
     for (size_t i = 0; i < replicas.size(); ++i) {
-      Node& n = *nodes_[replicas[i]];
+      Node& n = *replicas[i];
       const bool connected = client_of(n) != nullptr;
       keyed.emplace_back(!connected || n.health.down(now), n.health.expected_seconds(bytes), i, replicas[i]);
     }
     std::sort(keyed.begin(), keyed.end());
-    std::vector<uint32_t> out;
+    std::vector<Node*> out;
     for (auto& k : keyed) out.push_back(std::get<3>(k));
     return out;
   }
@@ -459,9 +559,8 @@ class ReplicatedClient final : public storage::Client {
       }
       // Replicas left that can be asked (connected): the time is shared among them.
       size_t left = 0;
-      for (size_t i = op->next; i < op->order.size(); ++i) left += client_of(*nodes_[op->order[i]]) != nullptr;
-      const uint32_t idx = op->order[op->next++];
-      Node& n = *nodes_[idx];
+      for (size_t i = op->next; i < op->order.size(); ++i) left += client_of(*op->order[i]) != nullptr;
+      Node& n = *op->order[op->next++];
       auto c = client_of(n);
       if (!c) {
         note_failure(*op, n, make_status(StatusCode::unavailable, "not connected"));
@@ -475,8 +574,8 @@ class ReplicatedClient final : public storage::Client {
       const Deadline until = attempt_deadline(op->deadline, left);
       const auto t0 = Clock::now();
       n.health.started(op->capacity);
-      auto then = [this, op, idx, cp = c.get(), t0, until](Result<size_t> r) mutable {
-        on_attempt(std::move(op), idx, cp, t0, until, std::move(r));
+      auto then = [this, op, np = &n, cp = c.get(), t0, until](Result<size_t> r) mutable {
+        on_attempt(std::move(op), *np, cp, t0, until, std::move(r));
       };
       if (op->range)
         c->get_range_async(op->context, op->chunk, op->level, op->range_offset, op->capacity, std::move(region).value(),
@@ -498,9 +597,8 @@ class ReplicatedClient final : public storage::Client {
 
   // Runs on the node client's receiver thread, which must never hold the last
   // reference to that client (so the lambda above keeps only its address).
-  void on_attempt(std::shared_ptr<GetOp> op, uint32_t idx, storage::Client* c, Clock::time_point t0,
+  void on_attempt(std::shared_ptr<GetOp> op, Node& n, storage::Client* c, Clock::time_point t0,
                   Deadline until, Result<size_t> r) {
-    Node& n = *nodes_[idx];
     const auto now = Clock::now();
     if (r.ok()) {
       n.health.succeeded(op->capacity, seconds_between(t0, now), *r);
@@ -523,10 +621,9 @@ class ReplicatedClient final : public storage::Client {
     attempt(std::move(op));
   }
 
-  Status put_one(uint32_t idx, const std::string& context, uint32_t chunk, uint32_t level,
+  Status put_one(Node& n, const std::string& context, uint32_t chunk, uint32_t level,
                  std::span<const std::byte> bytes, std::span<const storage::ObjectPart> parts, uint64_t version,
                  Deadline deadline, const CancelToken& cancel) {
-    Node& n = *nodes_[idx];
     auto c = client_of(n);
     if (!c) return make_status(StatusCode::unavailable, "not connected");
     const auto t0 = Clock::now();
@@ -554,11 +651,12 @@ class ReplicatedClient final : public storage::Client {
   Answers<T> ask_all(Deadline deadline, const CancelToken& cancel, bool tolerant, F&& fn) {
     Answers<T> out;
     if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
-    const Deadline each = tolerant && nodes_.size() > 1 ? attempt_deadline(deadline, 2) : deadline;
+    const auto v = view();
+    const auto& nodes = v->now->nodes;
+    const Deadline each = tolerant && nodes.size() > 1 ? attempt_deadline(deadline, 2) : deadline;
     const auto now = Clock::now();
     std::vector<std::future<Result<T>>> futures;
-    for (auto& np : nodes_) {
-      Node* n = np.get();
+    for (Node* n : nodes) {
       futures.push_back(std::async(std::launch::async, [&, n]() -> Result<T> {
         auto c = client_of(*n);
         if (!c) return make_status(StatusCode::unavailable, "not connected");
@@ -586,18 +684,18 @@ class ReplicatedClient final : public storage::Client {
       } else if (r.status().code() != StatusCode::not_found) {
         ++failed;
         if (first.ok()) first = r.status();
-        errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes_[i]->address, r.status().to_string());
+        errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes[i]->address, r.status().to_string());
       }
     }
     if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
-    const size_t allowed = tolerant ? replication_ - 1 : 0;
+    const size_t allowed = tolerant ? v->replication - 1 : 0;
     if (failed > allowed) {
       const StatusCode code = Clock::now() >= deadline ? StatusCode::timed_out
                               : final_error(first.code()) || first.code() == StatusCode::permission_denied
                                   ? first.code()
                                   : StatusCode::unavailable;
       out.status = Status(code, fmt::format("{} of {} storage nodes failed ({} tolerated with replication {}): {}",
-                                            failed, nodes_.size(), allowed, replication_, errors));
+                                            failed, nodes.size(), allowed, v->replication, errors));
     }
     return out;
   }

@@ -292,6 +292,25 @@ Result<std::vector<std::byte>> ChunkStore::read_all(const ObjectKey& k) {
   return out;
 }
 
+Result<ChunkStore::StoredObject> ChunkStore::read_stored(const ObjectKey& k) {
+  KVS_RETURN_IF_ERROR(check_key(k));
+  Result<ObjectFile> f = [&] {
+    std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+    return ObjectFile::open(object_path(k), k.name());
+  }();
+  KVS_RETURN_IF_ERROR(f.status());
+  StoredObject out;
+  out.version = f->header().version;
+  out.parts = f->header().parts;
+  out.bytes.resize(f->size());
+  KVS_RETURN_IF_ERROR(f->read(0, out.bytes));
+  if (XXH3_64bits(out.bytes.data(), out.bytes.size()) != f->header().checksum) {
+    report_corrupt(k, *f);
+    return make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", k.name());
+  }
+  return out;
+}
+
 void ChunkStore::report_corrupt(const ObjectKey& k, const ObjectFile& file) {
   std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
   const std::string path = object_path(k);

@@ -107,6 +107,16 @@ class ChunkStore {
   Result<ObjectRead> get(const ObjectKey& key);
   /// Reads the whole object into memory, checksum verified (tests and tools).
   Result<std::vector<std::byte>> read_all(const ObjectKey& key);
+  /// One stored write as it was made: its bytes, write version and parts table, all
+  /// from one version of the file (the rebalance copies objects to new owners with
+  /// their version, so a newer write elsewhere still wins). Checksum verified.
+  struct StoredObject {
+    std::vector<std::byte> bytes;
+    uint64_t version = 0;
+    std::vector<ObjectPart> parts;
+  };
+  /// Errors: not_found, corrupt_data (moved aside), io_error.
+  Result<StoredObject> read_stored(const ObjectKey& key);
   /// A streamed read of `file` failed its checksum: the object is moved aside (if
   /// the name still holds that version) and leaves the index.
   void report_corrupt(const ObjectKey& key, const ObjectFile& file);

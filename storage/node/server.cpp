@@ -15,6 +15,7 @@
 
 #include "core/log.hpp"
 #include "core/rate_limited_log.hpp"
+#include "storage/cluster/rebalancer.hpp"
 #include "storage/node/chunk_store.hpp"
 #include "storage/node/preauth_pool.hpp"
 #include "storage/node/segment_pool.hpp"
@@ -61,6 +62,11 @@ class ServerImpl final : public Server {
     KVS_ASSIGN_OR_RETURN(s->listener_, s->backend_->listen(cfg.address));
     s->address_ = s->listener_->address();
     s->acceptor_ = std::thread([p = s.get()] { p->accept_loop(); });
+    if (!cfg.membership.etcd.endpoints.empty()) {
+      const std::string self = cfg.membership.advertise.empty() ? s->address_ : cfg.membership.advertise;
+      KVS_ASSIGN_OR_RETURN(s->rebalancer_, cluster::Rebalancer::start(cfg.membership, self, *s->store_, cfg.secrets,
+                                                                      cfg.backend));
+    }
     KVS_LOG_INFO("storage node on {} ({}), {} namespaces, store '{}', memory budget {} MiB", s->address_,
                  s->backend_->capabilities().backend, cfg.secrets.size(), cfg.directory, s->budget_.limit() >> 20);
     return std::unique_ptr<Server>(std::move(s));
@@ -70,6 +76,7 @@ class ServerImpl final : public Server {
 
   void stop() override {
     if (stopped_.exchange(true)) return;
+    rebalancer_.reset();  // leaves the membership before the node stops serving
     stop_.cancel();
     if (acceptor_.joinable()) acceptor_.join();
     std::list<Worker> workers;
@@ -99,6 +106,7 @@ class ServerImpl final : public Server {
   // it, so it goes after them.
   std::unique_ptr<transport::Backend> backend_;
   std::unique_ptr<ChunkStore> store_;
+  std::unique_ptr<cluster::Rebalancer> rebalancer_;  // etcd membership (holds store_)
   std::unique_ptr<SegmentPool> segments_;
   std::unique_ptr<transport::Listener> listener_;
   std::string address_;

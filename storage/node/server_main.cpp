@@ -59,7 +59,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--auth-timeout-ms", auth_ms, "time a connection has to authenticate")->capture_default_str();
   app.add_option("--idle-timeout-ms", idle_ms, "a silent client is disconnected after this")->capture_default_str();
+  auto& m = cfg.membership;
+  uint64_t lease_s = uint64_t(m.etcd.lease_ttl.count()), rebalance_mb = m.bytes_per_second >> 20;
+  app.add_option("--etcd", m.etcd.endpoints,
+                 "etcd client URL (repeatable): register in etcd and rebalance chunks when nodes join or leave");
+  app.add_option("--etcd-prefix", m.etcd.prefix, "key prefix of this cluster in etcd")->capture_default_str();
+  app.add_option("--advertise", m.advertise, "host:port other nodes and clients reach this node at (default: --listen)");
+  app.add_option("--replication", m.replication, "R: nodes holding each chunk (as the clients')")->capture_default_str();
+  app.add_option("--lease-ttl-s", lease_s, "etcd lease: a node silent this long leaves the membership")
+      ->capture_default_str();
+  app.add_option("--rebalance-mb-per-s", rebalance_mb, "bound on this node's copy rate after a change (0: none)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  m.etcd.lease_ttl = std::chrono::seconds(lease_s);
+  m.bytes_per_second = rebalance_mb << 20;
   for (const auto& s : sets)
     if (auto st = shared->set(s); !st.ok())
       return fmt::print(stderr, "kvstream-server: --set {}: {}\n", s, st.to_string()), 1;

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "kvstream/redis_storage.hpp"
+#include "tests/transport/free_port.hpp"
 
 extern char** environ;
 
@@ -110,17 +111,6 @@ class RedisServer {
     for (const char* d : {"/usr/bin/", "/usr/local/bin/", "/usr/sbin/"})
       if (std::filesystem::exists(std::string(d) + "redis-server")) return std::string(d) + "redis-server";
     return {};
-  }
-  static uint16_t free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
   }
   void start() {
     port_ = free_port();

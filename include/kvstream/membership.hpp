@@ -1,0 +1,83 @@
+// Storage-node membership kept in etcd (v3 API through its JSON gateway): nodes
+// register themselves under a lease they keep alive, replicated clients and nodes
+// watch the set, and after every change the nodes copy chunks to their new owners
+// (docs/storage-backends.md, "etcd membership").
+//
+// Keys under EtcdConfig::prefix:
+//   <prefix>nodes/<host:port>      a live node (value: its address), under its lease
+//   <prefix>migration/<host:port>  the node's last rebalance (JSON, MigrationReport),
+//                                  under the same lease
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvstream/status.hpp"
+#include "kvstream/transport.hpp"
+
+namespace kvstream::cluster {
+
+/// Where membership lives (one struct; defaults documented per field). Membership is
+/// off while `endpoints` is empty.
+struct EtcdConfig {
+  /// etcd client URLs ("http://127.0.0.1:2379"), tried in order until one answers.
+  std::vector<std::string> endpoints;
+  /// Key prefix of this cluster (several clusters may share one etcd).
+  std::string prefix = "/kvstream/";
+  /// A node's lease: a node that has not renewed it for this long (crashed, cut off)
+  /// leaves the membership. Renewed every third of it.
+  std::chrono::seconds lease_ttl{5};
+  /// Bound on one etcd request (a watch is a stream and has none; it is cancelled
+  /// instead).
+  std::chrono::milliseconds request_timeout{2000};
+};
+
+/// A storage node's part in etcd membership (ServerConfig::membership; off while
+/// etcd.endpoints is empty). The node registers `advertise` under a lease and follows
+/// the member set. After every change it copies each chunk it holds and is the sender
+/// of to the chunk's new owners: the sender is the first of the chunk's owners under
+/// the last member set the node finished rebalancing for that is still a member, and
+/// the new owners are those under the new set that were not owners before. Copies
+/// keep their write version, so a newer write that reached an owner first wins.
+struct RebalanceConfig {
+  EtcdConfig etcd;
+  /// The address clients and other nodes reach this node at; default: the address it
+  /// listens on (which must then be a concrete host, not a wildcard).
+  std::string advertise;
+  /// R and the ring's points per node: as the clients' ClusterConfig, so nodes and
+  /// clients place every chunk on the same nodes.
+  uint32_t replication = 2;
+  uint32_t virtual_nodes = 256;
+  /// Bound on the copy rate of one node (bytes of chunks per second; 0: none), so a
+  /// rebalance leaves room for the traffic of serving.
+  uint64_t bytes_per_second = uint64_t(64) << 20;
+  /// Changes that arrive within this of each other are rebalanced as one.
+  std::chrono::milliseconds settle{300};
+};
+
+/// What a node reports about its last rebalance (the copy of chunks to their new owners
+/// after a membership change), read back by migration_reports.
+struct MigrationReport {
+  std::string node;                  ///< the reporting node
+  std::vector<std::string> members;  ///< the membership the rebalance placed chunks for (sorted)
+  bool done = false;                 ///< every chunk this node had to copy was copied
+  uint64_t objects_copied = 0;       ///< objects (levels of chunks) this node sent to new owners
+  uint64_t bytes_copied = 0;
+  uint64_t objects_present = 0;      ///< sent, but the owner already held that write (or a newer one)
+  uint64_t objects_failed = 0;       ///< not copied (owner unreachable); retried at the next pass
+  double seconds = 0;                ///< from the membership change to done (or to now)
+};
+
+/// The members registered now (sorted). Errors: unavailable (no endpoint answered),
+/// timed_out, cancelled, invalid_argument (config).
+Result<std::vector<std::string>> current_members(const EtcdConfig& config, transport::Deadline deadline,
+                                                 const transport::CancelToken& cancel = {});
+
+/// Every live node's last MigrationReport. Errors: as current_members, and
+/// corrupt_data for a report that does not parse.
+Result<std::vector<MigrationReport>> migration_reports(const EtcdConfig& config, transport::Deadline deadline,
+                                                       const transport::CancelToken& cancel = {});
+
+}  // namespace kvstream::cluster

@@ -1,0 +1,217 @@
+// The node's membership agent and its rebalance passes (rebalancer.hpp).
+#include "storage/cluster/rebalancer.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/log.hpp"
+#include "kvstream/cluster.hpp"
+
+namespace kvstream::cluster {
+
+using namespace std::chrono_literals;
+using transport::Clock;
+
+static_assert(RebalanceConfig{}.virtual_nodes == HashRing::kDefaultVirtualNodes,
+              "nodes and clients must default to the same ring");
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+HashRing ring_of(const std::vector<std::string>& members, uint32_t vnodes) {
+  HashRing ring(vnodes);
+  for (const auto& a : members) (void)ring.add(a);
+  return ring;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& config, std::string self,
+                                                      storage::ChunkStore& store,
+                                                      std::map<std::string, std::string> secrets,
+                                                      transport::BackendConfig backend) {
+  if (config.replication == 0) return make_status(StatusCode::invalid_argument, "rebalance: replication must be >= 1");
+  if (self.empty() || self.rfind("0.0.0.0:", 0) == 0 || self.rfind("[::]:", 0) == 0)
+    return make_status(StatusCode::invalid_argument,
+                       "rebalance: the node listens on '{}', which other nodes cannot reach: set "
+                       "membership.advertise to its reachable host:port",
+                       self);
+  KVS_ASSIGN_OR_RETURN(EtcdClient etcd, EtcdClient::create(config.etcd));
+  auto r = std::unique_ptr<Rebalancer>(
+      new Rebalancer(config, std::move(self), store, std::move(secrets), std::move(backend)));
+  const auto deadline = Clock::now() + config.etcd.request_timeout * 2;
+  KVS_ASSIGN_OR_RETURN(r->registration_, NodeRegistration::start(etcd, r->self_, deadline));
+  // Registered first, so the set read next includes this node.
+  KVS_ASSIGN_OR_RETURN(r->watch_,
+                       MembershipWatch::start(
+                           std::move(etcd), [p = r.get()](const std::vector<std::string>& m, int64_t) { p->on_change(m); },
+                           deadline));
+  r->target_ = r->watch_->members();
+  r->worker_ = std::thread([p = r.get()] { p->run(); });
+  return r;
+}
+
+Rebalancer::~Rebalancer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  stop_.cancel();
+  cv_.notify_all();
+  watch_.reset();
+  if (worker_.joinable()) worker_.join();
+  registration_.reset();  // leaves the membership now
+}
+
+void Rebalancer::on_change(const std::vector<std::string>& members) {
+  std::lock_guard lock(mu_);
+  target_ = members;
+  ++generation_;
+  changed_at_ = Clock::now();
+  cv_.notify_all();
+}
+
+void Rebalancer::report(const std::vector<std::string>& target, bool done, const Tally& t, double seconds) {
+  const nlohmann::json j = {{"node", self_},
+                            {"members", target},
+                            {"done", done},
+                            {"objects_copied", t.objects_copied},
+                            {"bytes_copied", t.bytes_copied},
+                            {"objects_present", t.objects_present},
+                            {"objects_failed", t.objects_failed},
+                            {"seconds", seconds}};
+  // A report that does not reach etcd is replaced by the next one.
+  (void)registration_->publish("migration", j.dump(), Clock::now() + cfg_.etcd.request_timeout);
+}
+
+void Rebalancer::run() {
+  std::unique_lock lock(mu_);
+  // The set this node has rebalanced for: at start, the one it joined.
+  std::vector<std::string> settled = target_;
+  uint64_t settled_generation = generation_;
+  lock.unlock();
+  report(settled, true, {}, 0);
+  lock.lock();
+  bool retry = false;  // the last pass left objects uncopied
+  while (!stopping_) {
+    if (retry)
+      cv_.wait_for(lock, 1s, [&] { return stopping_; });
+    else
+      cv_.wait(lock, [&] { return stopping_ || generation_ != settled_generation; });
+    if (stopping_) break;
+    // Changes that come together (several nodes starting, a node replaced) make one pass.
+    cv_.wait_for(lock, cfg_.settle, [&] { return stopping_; });
+    if (stopping_) break;
+    const uint64_t gen = generation_;
+    const std::vector<std::string> target = target_;
+    const auto changed_at = changed_at_;
+    pace_start_ = Clock::now(), paced_bytes_ = 0;
+    lock.unlock();
+    Tally tally;
+    report(target, false, tally, seconds_since(changed_at));
+    const bool complete = pass(settled, target, tally, gen);
+    const double secs = seconds_since(changed_at);
+    lock.lock();
+    if (!complete) {  // a newer change (or stop): the next pass starts from `settled` again
+      retry = false;
+      continue;
+    }
+    retry = tally.objects_failed > 0;
+    if (!retry) settled = target, settled_generation = gen;
+    lock.unlock();
+    report(target, !retry, tally, secs);
+    KVS_LOG_INFO("rebalance of node {} for {} members {} in {:.2f} s: {} objects ({} bytes) copied, {} already "
+                 "there, {} failed{}",
+                 self_, target.size(), retry ? "incomplete" : "done", secs, tally.objects_copied, tally.bytes_copied,
+                 tally.objects_present, tally.objects_failed, retry ? "; retrying" : "");
+    lock.lock();
+  }
+}
+
+bool Rebalancer::pace(uint64_t bytes, uint64_t gen) {
+  std::unique_lock lock(mu_);
+  paced_bytes_ += bytes;
+  const auto due = cfg_.bytes_per_second == 0
+                       ? Clock::now()
+                       : pace_start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                           double(paced_bytes_) / double(cfg_.bytes_per_second)));
+  cv_.wait_until(lock, due, [&] { return stopping_ || generation_ != gen; });
+  return !stopping_ && generation_ == gen;
+}
+
+bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector<std::string>& target, Tally& tally,
+                      uint64_t gen) {
+  const HashRing before = ring_of(settled, cfg_.virtual_nodes), after = ring_of(target, cfg_.virtual_nodes);
+  const std::set<std::string> members(target.begin(), target.end());
+  // Connections to the new owners, per tenant; a node that does not answer is not
+  // asked again in this pass (its objects count as failed and the pass is retried).
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<storage::Client>> clients;
+  std::set<std::pair<std::string, std::string>> unreachable;
+  auto client_for = [&](const std::string& ns, const std::string& node) -> storage::Client* {
+    const auto key = std::make_pair(ns, node);
+    if (auto it = clients.find(key); it != clients.end()) return it->second.get();
+    if (unreachable.count(key)) return nullptr;
+    storage::ClientConfig cc;
+    cc.address = node, cc.backend = backend_, cc.name_space = ns, cc.secret = secrets_.at(ns);
+    auto c = storage::Client::connect(cc, Clock::now() + 2s, stop_);
+    if (!c.ok()) {
+      KVS_LOG_WARN("rebalance: node {} cannot reach {} for '{}' ({}); its objects wait for the next pass", self_, node,
+                   ns, c.status().to_string());
+      unreachable.insert(key);
+      return nullptr;
+    }
+    return (clients[key] = std::move(c).value()).get();
+  };
+  for (const auto& [ns, secret] : secrets_) {
+    for (const auto& ctx : store_.list(ns)) {
+      auto stats = store_.stat(ns, ctx);
+      if (!stats.ok()) continue;  // removed meanwhile
+      for (const auto& cs : *stats) {
+        const std::string key = HashRing::chunk_key(ctx, cs.chunk);
+        const auto old_owners = before.replicas(key, cfg_.replication);
+        // The sender: the first old owner still a member (so exactly one node sends).
+        const auto sender = std::find_if(old_owners.begin(), old_owners.end(),
+                                         [&](const std::string& o) { return members.count(o) > 0; });
+        if (sender == old_owners.end() || *sender != self_) continue;
+        std::vector<std::string> to;
+        for (const auto& n : after.replicas(key, cfg_.replication))
+          if (n != self_ && std::find(old_owners.begin(), old_owners.end(), n) == old_owners.end()) to.push_back(n);
+        for (uint32_t level = 0; level < cs.level_bytes.size() && !to.empty(); ++level) {
+          if (cs.level_bytes[level] == 0) continue;
+          auto obj = store_.read_stored({ns, ctx, cs.chunk, level});
+          if (!obj.ok()) {
+            if (obj.status().code() != StatusCode::not_found) tally.objects_failed += to.size();
+            continue;
+          }
+          // An object stored without a version (an old format) goes as the oldest
+          // write, so any write the owner has wins over it.
+          const uint64_t version = std::max<uint64_t>(obj->version, 1);
+          for (const auto& node : to) {
+            storage::Client* c = client_for(ns, node);
+            const Status s = c ? c->put_parts(ctx, cs.chunk, level, obj->bytes, obj->parts, version,
+                                              Clock::now() + 30s, stop_)
+                               : Status(StatusCode::unavailable, "unreachable");
+            if (s.ok()) {
+              ++tally.objects_copied;
+              tally.bytes_copied += obj->bytes.size();
+            } else if (s.code() == StatusCode::already_exists) {
+              ++tally.objects_present;
+            } else {
+              ++tally.objects_failed;
+              if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out)
+                clients.erase({ns, node}), unreachable.insert({ns, node});
+            }
+            if (!pace(s.ok() ? obj->bytes.size() : 0, gen)) return false;
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace kvstream::cluster

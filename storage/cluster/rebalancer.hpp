@@ -1,0 +1,78 @@
+// A storage node's membership agent: it registers the node in etcd, follows the member
+// set, and after each change copies the chunks this node is the sender of to their new
+// owners, at a bounded rate, reporting progress under <prefix>migration/<node>
+// (include/kvstream/membership.hpp describes who sends what).
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvstream/membership.hpp"
+#include "kvstream/storage.hpp"
+#include "storage/cluster/membership_watch.hpp"
+#include "storage/cluster/node_registration.hpp"
+#include "storage/node/chunk_store.hpp"
+
+namespace kvstream::cluster {
+
+class Rebalancer {
+ public:
+  /// Registers `self` and starts following membership. `store` must outlive the
+  /// rebalancer; `secrets` are the node's namespaces (it writes to other nodes as each
+  /// tenant); `backend` is the transport of the cluster's nodes. Errors: invalid_argument
+  /// (config), and those of etcd.
+  static Result<std::unique_ptr<Rebalancer>> start(const RebalanceConfig& config, std::string self,
+                                                   storage::ChunkStore& store,
+                                                   std::map<std::string, std::string> secrets,
+                                                   transport::BackendConfig backend);
+  /// Stops copying, stops the watch and leaves the membership (revokes the lease).
+  ~Rebalancer();
+
+ private:
+  Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store,
+             std::map<std::string, std::string> secrets, transport::BackendConfig backend)
+      : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), secrets_(std::move(secrets)),
+        backend_(std::move(backend)) {}
+
+  struct Tally {
+    uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
+  };
+  void on_change(const std::vector<std::string>& members);
+  void run();
+  // One pass from `settled` to `target` for change `gen`; false when a newer change
+  // (or stop) cut it short.
+  bool pass(const std::vector<std::string>& settled, const std::vector<std::string>& target, Tally& tally,
+            uint64_t gen);
+  void report(const std::vector<std::string>& target, bool done, const Tally& tally, double seconds);
+  // Waits out the rate bound after `bytes` more; false when stopping or when a change
+  // newer than `gen` arrived.
+  bool pace(uint64_t bytes, uint64_t gen);
+
+  RebalanceConfig cfg_;
+  const std::string self_;
+  storage::ChunkStore& store_;
+  const std::map<std::string, std::string> secrets_;
+  const transport::BackendConfig backend_;
+  transport::CancelToken stop_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::vector<std::string> target_;  // the newest member set
+  uint64_t generation_ = 0;          // bumped at each change
+  transport::Clock::time_point changed_at_{};
+  // The rate bound's account of the current pass.
+  transport::Clock::time_point pace_start_{};
+  uint64_t paced_bytes_ = 0;
+
+  std::unique_ptr<NodeRegistration> registration_;
+  std::unique_ptr<MembershipWatch> watch_;
+  std::thread worker_;
+};
+
+}  // namespace kvstream::cluster

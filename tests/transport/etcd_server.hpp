@@ -1,0 +1,97 @@
+// An etcd for tests: one member on two free loopback ports (clients, peers) in its own
+// temporary directory, stopped by PID (and the directory removed) on destruction.
+// Tests skip when etcd is not installed (Debian package etcd-server).
+#pragma once
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvstream/membership.hpp"
+#include "tests/transport/free_port.hpp"
+
+extern char** environ;
+
+namespace kvstream::transport::test_util {
+
+class EtcdServer {
+ public:
+  static std::string program() {
+    for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"})
+      if (std::filesystem::exists(p)) return p;
+    return {};
+  }
+
+  explicit EtcdServer(const std::string& tag) {
+    static int counter = 0;
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", tag, ::getpid(), counter++);
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) start();
+  }
+  ~EtcdServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  EtcdServer(const EtcdServer&) = delete;
+  EtcdServer& operator=(const EtcdServer&) = delete;
+
+  [[nodiscard]] bool started() const { return pid_ > 0; }
+  [[nodiscard]] std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+  /// Membership settings on this etcd under `prefix`.
+  [[nodiscard]] cluster::EtcdConfig config(const std::string& prefix = "/kvs-test/") const {
+    cluster::EtcdConfig c;
+    c.endpoints = {url()};
+    c.prefix = prefix;
+    return c;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  uint16_t port_ = 0;
+  pid_t pid_ = -1;
+
+  void start() {
+    port_ = free_port();
+    const std::string peer = fmt::format("http://127.0.0.1:{}", free_port()), client = url();
+    const std::vector<std::string> args = {program(),
+                                           "--name", "t",
+                                           "--data-dir", (dir_ / "data").string(),
+                                           "--listen-client-urls", client,
+                                           "--advertise-client-urls", client,
+                                           "--listen-peer-urls", peer,
+                                           "--initial-advertise-peer-urls", peer,
+                                           "--initial-cluster", "t=" + peer,
+                                           "--logger", "zap", "--log-outputs", (dir_ / "etcd.log").string()};
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return;
+    // Ready when it answers a read (a new member elects itself within about a second).
+    for (int i = 0; i < 100; ++i) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) return;  // exited: a port was taken
+      if (cluster::current_members(config(), deadline_in(std::chrono::milliseconds(500))).ok()) {
+        pid_ = pid;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+}  // namespace kvstream::transport::test_util

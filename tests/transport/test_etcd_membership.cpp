@@ -1,0 +1,296 @@
+// etcd membership (issue 21): storage nodes (kvstream-server processes) register in an
+// etcd the test starts, the replicated client follows the member set, and after a join
+// or a crash the nodes copy chunks to their new owners until every chunk has R
+// replicas again. Placement is checked against the ring exactly; the moved share is
+// reported (perf/etcd-rebalance.sh measures it over many joins).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "kvstream/cluster.hpp"
+#include "kvstream/membership.hpp"
+#include "kvstream/storage.hpp"
+#include "storage/cluster/etcd_client.hpp"
+#include "tests/support/node_process.hpp"
+#include "tests/transport/etcd_server.hpp"
+
+using namespace kvstream;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using test_util::EtcdServer;
+
+namespace {
+
+const std::string kNs = "tenant-a", kSecret = "0123456789abcdef-etcd", kCtx = "ctx-etcd";
+constexpr uint32_t kReplication = 2;
+
+std::vector<std::byte> payload(uint32_t chunk, size_t bytes) {
+  std::vector<std::byte> v(bytes);
+  uint64_t x = 0x9e3779b97f4a7c15ull * (chunk + 1);
+  for (auto& b : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = std::byte(x);
+  }
+  return v;
+}
+
+// etcd, and kvstream-server processes registered in it.
+class EtcdCluster {
+ public:
+  EtcdCluster() {
+    dir_ = fs::temp_directory_path() / fmt::format("kvs-etcd-nodes-{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "secrets.json") << fmt::format("{{\"{}\": \"{}\"}}", kNs, kSecret);
+  }
+  ~EtcdCluster() {
+    nodes_.clear();  // SIGKILL each (what is left of them)
+    fs::remove_all(dir_);
+  }
+
+  EtcdServer etcd{"kvs-etcd"};
+
+  // Starts a node (its copy rate bound in MiB/s, 0: none); its address, "" on failure.
+  std::string start_node(uint64_t rate_mb = 0) {
+    auto p = std::make_unique<kvstream::testing::NodeProcess>();
+    const std::string store = (dir_ / fmt::format("n{}", nodes_.size())).string();
+    const bool ok = p->start(KVSTREAM_SERVER_BIN,
+                             {"--listen", "127.0.0.1:0", "--dir", store, "--secrets", (dir_ / "secrets.json").string(),
+                              "--etcd", etcd.url(), "--etcd-prefix", "/kvs-test/", "--replication",
+                              std::to_string(kReplication), "--lease-ttl-s", "2", "--rebalance-mb-per-s",
+                              std::to_string(rate_mb)},
+                             "warn");
+    if (!ok) return {};
+    const std::string a = p->address();
+    nodes_.push_back(std::move(p));
+    return a;
+  }
+  void kill(const std::string& address) {
+    for (auto& n : nodes_)
+      if (n->address() == address) n->kill();
+  }
+
+  cluster::ClusterConfig client_config() const {
+    cluster::ClusterConfig c;
+    c.etcd = etcd.config();
+    c.replication = kReplication;
+    c.name_space = kNs;
+    c.secret = kSecret;
+    return c;
+  }
+
+ private:
+  fs::path dir_;
+  std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes_;
+};
+
+// Waits until the registered set is `members` and every one of them reports its
+// rebalance for exactly that set done; the reports, or empty at the deadline.
+std::vector<cluster::MigrationReport> wait_settled(const cluster::EtcdConfig& etcd, std::vector<std::string> members,
+                                                   Deadline deadline) {
+  std::sort(members.begin(), members.end());
+  while (Clock::now() < deadline) {
+    auto now = cluster::current_members(etcd, deadline_in(2000ms));
+    auto reports = cluster::migration_reports(etcd, deadline_in(2000ms));
+    if (now.ok() && reports.ok() && *now == members && reports->size() == members.size() &&
+        std::all_of(reports->begin(), reports->end(),
+                    [&](const cluster::MigrationReport& r) { return r.done && r.members == members; }))
+      return std::move(reports).value();
+    std::this_thread::sleep_for(100ms);
+  }
+  return {};
+}
+
+// What one node holds of kCtx: chunk -> bytes (level 0).
+std::map<uint32_t, uint64_t> holdings(const std::string& address) {
+  storage::ClientConfig cc;
+  cc.address = address, cc.name_space = kNs, cc.secret = kSecret;
+  auto c = storage::Client::connect(cc, deadline_in(5000ms));
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  std::map<uint32_t, uint64_t> out;
+  if (!c.ok()) return out;
+  auto st = (*c)->stat(kCtx, deadline_in(5000ms));
+  if (!st.ok()) return out;  // not_found: holds nothing
+  for (const auto& s : *st)
+    if (!s.level_bytes.empty() && s.level_bytes[0] > 0) out[s.chunk] = s.level_bytes[0];
+  return out;
+}
+
+// Every chunk reads back whole and equal through `client`; the count that did.
+int read_all(storage::Client& client, uint32_t chunks, size_t bytes) {
+  std::vector<std::byte> buf(bytes);
+  auto region = client.register_memory(buf.data(), buf.size());
+  if (!region.ok()) return -1;
+  int good = 0;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    auto r = client.get(kCtx, c, 0, *region, 0, buf.size(), deadline_in(5000ms));
+    if (r.ok() && *r == bytes && buf == payload(c, bytes)) ++good;
+  }
+  return good;
+}
+
+std::vector<std::string> owners(const std::vector<std::string>& members, uint32_t chunk) {
+  cluster::HashRing ring;
+  for (const auto& m : members) (void)ring.add(m);
+  return ring.replicas(cluster::HashRing::chunk_key(kCtx, chunk), kReplication);
+}
+
+class EtcdMembership : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (EtcdServer::program().empty()) GTEST_SKIP() << "etcd is not installed (Debian package etcd-server)";
+  }
+};
+
+TEST_F(EtcdMembership, ClientFollowsNodesThatRegisterAndLeave) {
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const std::string a = cl.start_node(), b = cl.start_node();
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  auto members = cluster::current_members(cl.etcd.config(), deadline_in(2000ms));
+  ASSERT_TRUE(members.ok()) << members.status().to_string();
+  EXPECT_EQ(*members, (std::vector<std::string>{std::min(a, b), std::max(a, b)}));
+
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const auto bytes = payload(7, 4096);
+  ASSERT_TRUE((*client)->put(kCtx, 7, 0, bytes, deadline_in(5000ms)).ok());
+  EXPECT_EQ(read_all(**client, 8, 4096) >= 1, true);
+
+  // A third node joins: the client places chunks on it (after it has seen it).
+  const std::string c = cl.start_node();
+  ASSERT_FALSE(c.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), {a, b, c}, deadline_in(30000ms)).empty());
+  bool placed_on_c = false;
+  for (uint32_t k = 100; k < 140 && !placed_on_c; ++k) {
+    const auto o = owners({a, b, c}, k);
+    if (std::find(o.begin(), o.end(), c) == o.end()) continue;
+    // The client learns of c through its watch; a put before then goes to the old owners.
+    for (int attempt = 0; attempt < 50 && !placed_on_c; ++attempt) {
+      ASSERT_TRUE((*client)->put(kCtx, k, 0, payload(k, 4096), deadline_in(5000ms)).ok());
+      placed_on_c = holdings(c).count(k) > 0;
+      if (!placed_on_c) std::this_thread::sleep_for(20ms);
+    }
+  }
+  EXPECT_TRUE(placed_on_c) << "the client never placed a chunk on the node that joined";
+
+  // Membership of a node that crashed ends with its lease.
+  cl.kill(b);
+  for (int i = 0; i < 100; ++i) {
+    members = cluster::current_members(cl.etcd.config(), deadline_in(2000ms));
+    if (members.ok() && members->size() == 2) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(members.ok());
+  EXPECT_EQ(*members, (std::vector<std::string>{std::min(a, c), std::max(a, c)}));
+}
+
+// Issue 21's figures: a fourth node joining three takes the chunks the ring gives it
+// and nothing moves between the old nodes; a node killed: every chunk back to R
+// replicas; 0 chunks lost, 0 wrong, reads served throughout.
+TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
+  constexpr uint32_t kChunks = 240;
+  constexpr size_t kBytes = 16 * 1024;
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  std::vector<std::string> three;
+  for (int i = 0; i < 3; ++i) three.push_back(cl.start_node(/*rate_mb=*/1));
+  for (const auto& a : three) ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(30000ms)).empty());
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  for (uint32_t c = 0; c < kChunks; ++c)
+    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+  std::map<std::string, std::map<uint32_t, uint64_t>> before;
+  uint64_t stored = 0;
+  for (const auto& a : three) {
+    before[a] = holdings(a);
+    stored += before[a].size() * kBytes;
+  }
+  ASSERT_EQ(stored, uint64_t(kChunks) * kReplication * kBytes);
+
+  // Join: copying runs at 1 MiB/s, so the reads below overlap it (and fall back to
+  // the old owners for chunks not copied yet).
+  const std::string d = cl.start_node(1);
+  ASSERT_FALSE(d.empty());
+  std::vector<std::string> four = three;
+  four.push_back(d);
+  EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks)) << "a read failed during the rebalance";
+  const auto reports = wait_settled(cl.etcd.config(), four, deadline_in(60000ms));
+  ASSERT_FALSE(reports.empty()) << "the rebalance after the join did not finish";
+  uint64_t copied = 0;
+  for (const auto& r : reports) copied += r.bytes_copied;
+  const auto on_d = holdings(d);
+  uint64_t expected_on_d = 0;
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    const auto o = owners(four, c);
+    const bool owns = std::find(o.begin(), o.end(), d) != o.end();
+    expected_on_d += owns;
+    EXPECT_EQ(on_d.count(c) > 0, owns) << "chunk " << c;
+  }
+  EXPECT_EQ(on_d.size(), expected_on_d);
+  EXPECT_EQ(copied, on_d.size() * kBytes) << "bytes went somewhere other than the new node";
+  for (const auto& a : three) EXPECT_EQ(holdings(a), before[a]) << "something moved to old node " << a;
+  const double share = double(copied) / double(stored);
+  ::testing::Test::RecordProperty("join_moved_share", fmt::format("{:.3f}", share));
+  std::printf("join: %llu of %llu stored bytes moved to the new node (%.3f; a quarter is 0.25)\n",
+              static_cast<unsigned long long>(copied), static_cast<unsigned long long>(stored), share);
+  EXPECT_GT(share, 0.15);
+  EXPECT_LT(share, 0.35);
+
+  // Crash: the killed node's chunks get a second replica again from the survivors.
+  const std::string victim = three[1];
+  const auto t0 = Clock::now();
+  cl.kill(victim);
+  std::vector<std::string> survivors;
+  for (const auto& a : four)
+    if (a != victim) survivors.push_back(a);
+  EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks)) << "a read failed after the crash";
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), survivors, deadline_in(60000ms)).empty())
+      << "the rebalance after the crash did not finish";
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::map<std::string, std::map<uint32_t, uint64_t>> after;
+  for (const auto& a : survivors) after[a] = holdings(a);
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    int replicas = 0;
+    for (const auto& a : survivors) replicas += after[a].count(c) > 0;
+    EXPECT_GE(replicas, int(kReplication)) << "chunk " << c;
+    for (const auto& o : owners(survivors, c)) EXPECT_TRUE(after[o].count(c)) << "chunk " << c << " owner " << o;
+  }
+  EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks));
+  ::testing::Test::RecordProperty("crash_back_to_r_seconds", fmt::format("{:.2f}", secs));
+  std::printf("crash: every chunk back to %u replicas %.2f s after the kill (lease TTL 2 s)\n", kReplication, secs);
+}
+
+TEST(EtcdClient, RejectsBadConfigAndReportsADeadEndpoint) {
+  cluster::EtcdConfig cfg;
+  EXPECT_EQ(cluster::EtcdClient::create(cfg).status().code(), StatusCode::invalid_argument);  // no endpoint
+  cfg.endpoints = {"127.0.0.1:2379"};
+  EXPECT_EQ(cluster::EtcdClient::create(cfg).status().code(), StatusCode::invalid_argument);  // not a URL
+  cfg.endpoints = {"http://127.0.0.1:1"};
+  cfg.lease_ttl = 1s;
+  EXPECT_EQ(cluster::EtcdClient::create(cfg).status().code(), StatusCode::invalid_argument);  // below etcd's minimum
+  cfg.lease_ttl = 5s;
+  auto r = cluster::current_members(cfg, deadline_in(2000ms));
+  EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
+  CancelToken cancel;
+  cancel.cancel();
+  EXPECT_EQ(cluster::current_members(cfg, deadline_in(2000ms), cancel).status().code(), StatusCode::cancelled);
+  cluster::ClusterConfig cc;
+  cc.etcd = cfg;
+  cc.nodes = {"127.0.0.1:7471"};
+  EXPECT_EQ(cluster::connect(cc, deadline_in(1000ms)).status().code(), StatusCode::invalid_argument);  // both
+}
+
+TEST(EtcdClient, PrefixEndIncrementsTheLastByte) {
+  EXPECT_EQ(cluster::etcd_prefix_end("/a/"), "/a0");
+  EXPECT_EQ(cluster::etcd_prefix_end(std::string("a\xff", 2)), "b");
+}
+
+}  // namespace
