@@ -1,9 +1,14 @@
 // Deterministic simulation of chunk placement on the consistent-hash ring
-// (include/kvstream/cluster.hpp): load balance over N nodes with replication R, and
-// the share of placements that move when a node is added or removed. Output is in
-// docs/storage-backends.md. Usage: kvstream-cluster-sim [nodes] [replication] [chunks]
+// (include/kvstream/cluster.hpp): load balance over N nodes with replication R, the
+// share of placements that move when a node is added or removed, the chunks left
+// without a live replica when nodes fail together (before the rebalance restores R),
+// and the share a fourth node takes when it joins three (over many address sets).
+// Output is in docs/storage-backends.md.
+// Usage: kvstream-cluster-sim [nodes] [replication] [chunks] [--availability] [--joins N]
 #include <algorithm>
 #include <cstdio>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +32,62 @@ std::vector<std::vector<uint32_t>> place(const HashRing& ring, int chunks, uint3
   return out;
 }
 
+// Chunks with every replica among `down` nodes: unreadable until a node comes back
+// (the rebalance after a failure restores R from the survivors, so only failures
+// closer together than a rebalance pass count).
+void print_availability(int nodes, int chunks) {
+  fmt::print("\nChunks with no live replica, {} nodes, {} chunks, nodes down at once (20 random draws each):\n\n",
+             nodes, chunks);
+  fmt::print("| R | 1 down | 2 down | 3 down |\n| --- | --- | --- | --- |\n");
+  HashRing ring;
+  for (int i = 0; i < nodes; ++i) (void)ring.add(node(i));
+  std::mt19937_64 rng(20261203);
+  for (uint32_t r : {2u, 3u}) {
+    const auto placed = place(ring, chunks, r);
+    fmt::print("| {} |", r);
+    for (int down = 1; down <= 3; ++down) {
+      uint64_t lost = 0, worst = 0;
+      for (int draw = 0; draw < 20; ++draw) {
+        std::set<uint32_t> dead;
+        while (int(dead.size()) < down) dead.insert(uint32_t(rng() % uint64_t(nodes)));
+        uint64_t n = 0;
+        for (const auto& p : placed)
+          n += std::all_of(p.begin(), p.end(), [&](uint32_t x) { return dead.count(x) > 0; });
+        lost += n, worst = std::max(worst, n);
+      }
+      fmt::print(" {:.5f}% (mean), worst {} of {} |", 100.0 * double(lost) / 20 / chunks, worst, chunks);
+    }
+    fmt::print("\n");
+  }
+}
+
+// A 4th node joining 3 (R = 2): the share of stored placements it takes (all that
+// move), over `sets` random address sets; the ideal is a quarter.
+void print_joins(int sets, int chunks) {
+  std::mt19937_64 rng(20261204);
+  std::vector<double> shares;
+  for (int s = 0; s < sets; ++s) {
+    auto addr = [&] { return fmt::format("10.{}.{}.{}:{}", rng() % 250, rng() % 250, rng() % 250 + 1, 1024 + rng() % 60000); };
+    HashRing three;
+    for (int i = 0; i < 3; ++i) (void)three.add(addr());
+    HashRing four = three;
+    const std::string added = addr();
+    (void)four.add(added);
+    uint64_t taken = 0;
+    for (int i = 0; i < chunks; ++i)
+      for (const auto& n : four.replicas(HashRing::chunk_key(fmt::format("ctx-{:04}", i % 1000), uint32_t(i / 1000)), 2))
+        taken += n == added;
+    shares.push_back(double(taken) / (2.0 * chunks));
+  }
+  std::sort(shares.begin(), shares.end());
+  double sum = 0;
+  int within = 0;
+  for (double x : shares) sum += x, within += std::abs(x - 0.25) <= 0.025;
+  fmt::print("\nA 4th node joining 3 (R = 2, {} chunks), {} random address sets: share of stored bytes it takes: "
+             "mean {:.4f}, min {:.4f}, median {:.4f}, max {:.4f}; within 10% of a quarter in {} of {}\n",
+             chunks, sets, sum / sets, shares.front(), shares[shares.size() / 2], shares.back(), within, sets);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,6 +105,14 @@ int main(int argc, char** argv) {
   app.add_option("chunks", chunks, "chunks placed (1000 contexts of chunks/1000 chunks each)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  bool availability = false;
+  int joins = 0;
+  app.add_flag("--availability", availability,
+               "also: chunks with no live replica when 1, 2 or 3 random nodes are down at once, R = 2 and 3 "
+               "(256 points per node, 20 draws each)");
+  app.add_option("--joins", joins, "also: the share of stored bytes a 4th node takes joining 3, over this many "
+                                   "random address sets (R = 2, 256 points per node)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (r > uint32_t(nodes))
     return app.exit(CLI::ValidationError("replication", fmt::format("{} is more than the {} nodes", r, nodes)));
@@ -88,5 +157,7 @@ int main(int argc, char** argv) {
     fmt::print("| {} | {:.3f} | {:.3f} | {:.4f} | {:.4f} | {} |\n", vnodes, double(*mx) / mean, double(*mn) / mean, add,
                rem, between);
   }
+  if (availability) print_availability(nodes, chunks);
+  if (joins > 0) print_joins(joins, chunks);
   return 0;
 }

@@ -22,6 +22,8 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
   } else if (s.kind == "cluster") {
     cluster::ClusterConfig c;
     c.nodes = s.nodes;
+    c.etcd.endpoints = s.etcd;
+    c.etcd.prefix = s.etcd_prefix;
     c.replication = s.replication;
     c.backend.name = s.backend;
     c.name_space = s.name_space;
@@ -51,6 +53,7 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
 }
 
 std::string storage_peer(const StorageSettings& s) {
+  if (s.kind == "cluster" && !s.etcd.empty()) return fmt::format("cluster:etcd:{}", fmt::join(s.etcd, ","));
   if (s.kind == "cluster") return fmt::format("cluster:{}", fmt::join(s.nodes, ","));
   return fmt::format("{}:{}", s.kind, s.address);
 }

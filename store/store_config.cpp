@@ -18,6 +18,8 @@ const settings::Table<StoreConfig>& table() {
       KVS_SETTING(C, "storage.kind", "node (one kvstream-server), cluster (replicated nodes), redis or redis-cluster", storage.kind),
       KVS_SETTING(C, "storage.address", "host:port of the node, of Redis, or of one Redis Cluster node", storage.address),
       KVS_SETTING(C, "storage.nodes", "cluster: host:port of every node, comma-separated (redis-cluster: more nodes to learn the topology from)", storage.nodes),
+      KVS_SETTING(C, "storage.etcd", "cluster: etcd client URLs, comma-separated: the nodes registered there, followed as they join and leave (instead of storage.nodes)", storage.etcd),
+      KVS_SETTING(C, "storage.etcd_prefix", "cluster with etcd: the cluster's key prefix in etcd", storage.etcd_prefix),
       KVS_SETTING(C, "storage.replication", "cluster: nodes holding each chunk", storage.replication),
       KVS_SETTING(C, "storage.backend", "transport to the nodes: tcp, ucx or libfabric", storage.backend),
       KVS_SETTING(C, "storage.namespace", "namespace (tenant) on the nodes; key prefix on Redis", storage.name_space),
@@ -84,8 +86,11 @@ Status StoreConfig::validate() const {
   if (storage.kind != "node" && storage.kind != "cluster" && storage.kind != "redis" &&
       storage.kind != "redis-cluster")
     return bad_value("storage.kind", storage.kind, "must be node, cluster, redis or redis-cluster");
-  if (storage.kind == "cluster" && storage.nodes.empty())
-    return bad_value("storage.nodes", "\"\"", "a cluster needs at least one node");
+  if (storage.kind == "cluster" && storage.nodes.empty() && storage.etcd.empty())
+    return bad_value("storage.nodes", "\"\"", "a cluster needs at least one node, or storage.etcd");
+  if (storage.kind == "cluster" && !storage.nodes.empty() && !storage.etcd.empty())
+    return bad_value("storage.etcd", fmt::format("{}", fmt::join(storage.etcd, ",")),
+                     "membership comes from storage.nodes or from etcd, not both");
   if (storage.connections == 0) return bad_value("storage.connections", 0, "must be at least 1");
   if (storage.paced_bits_per_second < 0)
     return bad_value("storage.paced_bits_per_second", storage.paced_bits_per_second, "must be >= 0");

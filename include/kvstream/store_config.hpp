@@ -21,6 +21,8 @@ struct StorageSettings {
   std::string kind = "node";                 ///< node | cluster | redis | redis-cluster
   std::string address = "127.0.0.1:7471";    ///< node or redis: host:port (redis-cluster: one node)
   std::vector<std::string> nodes;            ///< cluster: host:port of every node (redis-cluster: more seeds)
+  std::vector<std::string> etcd;             ///< cluster: etcd client URLs; membership from etcd instead of `nodes`
+  std::string etcd_prefix = "/kvstream/";    ///< cluster with etcd: the cluster's key prefix there
   uint32_t replication = 2;                  ///< cluster: replicas per chunk
   std::string backend = "tcp";               ///< node and cluster: tcp, ucx or libfabric
   std::string name_space = "default";        ///< namespace (tenant) on the node, key prefix on Redis
