@@ -5,6 +5,7 @@
 // on one consistent view however membership changes under it.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,12 @@
 #include "storage/cluster/node_health.hpp"
 
 namespace kvstream::cluster {
+
+/// Checks a ClusterConfig and settles its static members: `nodes` parsed, or read
+/// from `membership_file` (left empty when etcd gives them). Errors: invalid_argument
+/// (both etcd and a list, neither, a bad list, replication 0, a quorum above R, an
+/// EWMA weight outside (0, 1], a bad namespace), and load_membership's.
+Status check_cluster_config(ClusterConfig& cfg);
 
 /// One storage node as the client sees it. Nodes live as long as the client (a node
 /// that leaves keeps its object, without a connection), so a pointer to one stays
@@ -54,6 +61,32 @@ struct ClusterView {
   std::shared_ptr<const Placement> now;
   std::vector<std::shared_ptr<const Placement>> past;  // newest first
   uint32_t replication = 1, write_quorum = 1;
+
+  /// The view after `old` (null: the first) when chunks go by `now`: `old`'s
+  /// placements become the past ones. R is capped at the node count; a write quorum
+  /// of 0 means all R.
+  static std::shared_ptr<const ClusterView> after(const ClusterView* old, std::shared_ptr<const Placement> now,
+                                                  uint32_t replication, uint32_t write_quorum) {
+    auto v = std::make_shared<ClusterView>();
+    v->now = std::move(now);
+    if (old) {
+      v->past.push_back(old->now);
+      for (const auto& p : old->past)
+        if (v->past.size() < kPastPlacements) v->past.push_back(p);
+    }
+    v->replication = std::min<uint32_t>(replication, uint32_t(v->now->nodes.size()));
+    v->write_quorum = write_quorum == 0 ? v->replication : std::min(write_quorum, v->replication);
+    return v;
+  }
+
+  /// Owners of `key` under the past placements that are still members and not in
+  /// `out` yet, appended to `out` (newest placement first): where a chunk not yet
+  /// copied to its new owners still is.
+  void append_past_owners(std::string_view key, std::vector<ClusterNode*>& out) const {
+    for (const auto& p : past)
+      for (ClusterNode* n : p->replicas(key, replication))
+        if (now->has(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  }
 };
 
 }  // namespace kvstream::cluster

@@ -1,4 +1,5 @@
-// Node membership from a static list or a small file: one "host:port" per line.
+// Node membership from a static list or a small file (one "host:port" per line), and
+// the checks of a ClusterConfig that settle where its members come from.
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <sstream>
 
 #include "kvstream/cluster.hpp"
+#include "kvstream/storage.hpp"
 
 namespace kvstream::cluster {
 
@@ -81,6 +83,29 @@ Result<std::vector<std::string>> load_membership(const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) return make_status(StatusCode::io_error, "membership file '{}': read failed", path);
   return parse_membership(ss.str(), path);
+}
+
+Status check_cluster_config(ClusterConfig& cfg) {
+  if (!cfg.etcd.endpoints.empty()) {
+    if (!cfg.nodes.empty() || !cfg.membership_file.empty())
+      return make_status(StatusCode::invalid_argument,
+                         "cluster: membership comes from etcd or from a list, not both (nodes or membership_file set)");
+  } else if (cfg.nodes.empty()) {
+    if (cfg.membership_file.empty())
+      return make_status(StatusCode::invalid_argument, "cluster: neither nodes, a membership file nor etcd given");
+    KVS_ASSIGN_OR_RETURN(cfg.nodes, load_membership(cfg.membership_file));
+  } else {
+    std::string joined;
+    for (const auto& n : cfg.nodes) joined += n + "\n";
+    KVS_ASSIGN_OR_RETURN(cfg.nodes, parse_membership(joined, "cluster node list"));
+  }
+  if (cfg.replication == 0) return make_status(StatusCode::invalid_argument, "cluster: replication must be >= 1");
+  if (cfg.write_quorum > cfg.replication)
+    return make_status(StatusCode::invalid_argument, "cluster: write quorum {} above replication {}", cfg.write_quorum,
+                       cfg.replication);
+  if (!(cfg.ewma_weight > 0 && cfg.ewma_weight <= 1))
+    return make_status(StatusCode::invalid_argument, "cluster: EWMA weight {} outside (0, 1]", cfg.ewma_weight);
+  return storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace");
 }
 
 }  // namespace kvstream::cluster

@@ -91,44 +91,29 @@ class ReplicatedClient final : public storage::Client {
 
   static Result<std::unique_ptr<storage::Client>> create(ClusterConfig cfg, Deadline deadline,
                                                          const CancelToken& cancel) {
+    KVS_RETURN_IF_ERROR(check_cluster_config(cfg));
     std::unique_ptr<EtcdClient> etcd;
     if (!cfg.etcd.endpoints.empty()) {
-      if (!cfg.nodes.empty() || !cfg.membership_file.empty())
-        return make_status(StatusCode::invalid_argument,
-                           "cluster: membership comes from etcd or from a list, not both (nodes or membership_file set)");
       KVS_ASSIGN_OR_RETURN(EtcdClient e, EtcdClient::create(cfg.etcd));
       etcd = std::make_unique<EtcdClient>(std::move(e));
-    } else if (cfg.nodes.empty()) {
-      if (cfg.membership_file.empty())
-        return make_status(StatusCode::invalid_argument, "cluster: neither nodes, a membership file nor etcd given");
-      KVS_ASSIGN_OR_RETURN(cfg.nodes, load_membership(cfg.membership_file));
-    } else {
-      std::string joined;
-      for (const auto& n : cfg.nodes) joined += n + "\n";
-      KVS_ASSIGN_OR_RETURN(cfg.nodes, parse_membership(joined, "cluster node list"));
     }
-    if (cfg.replication == 0) return make_status(StatusCode::invalid_argument, "cluster: replication must be >= 1");
-    if (cfg.write_quorum > cfg.replication)
-      return make_status(StatusCode::invalid_argument, "cluster: write quorum {} above replication {}",
-                         cfg.write_quorum, cfg.replication);
-    if (!(cfg.ewma_weight > 0 && cfg.ewma_weight <= 1))
-      return make_status(StatusCode::invalid_argument, "cluster: EWMA weight {} outside (0, 1]", cfg.ewma_weight);
-    KVS_RETURN_IF_ERROR(storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace"));
     auto c = std::unique_ptr<ReplicatedClient>(new ReplicatedClient(cfg));
     KVS_ASSIGN_OR_RETURN(c->backend_, transport::create_backend(cfg.backend));
-    if (etcd) {
-      // The members now; later changes arrive on the watch's thread.
-      KVS_ASSIGN_OR_RETURN(c->watch_, MembershipWatch::start(
-                                          std::move(*etcd),
-                                          [p = c.get()](const std::vector<std::string>& m, int64_t) { p->apply(m); },
-                                          deadline, cancel));
-      cfg.nodes = c->watch_->members();
-      if (cfg.nodes.empty())
-        return make_status(StatusCode::unavailable, "cluster: no storage node is registered in etcd under '{}nodes/'",
-                           cfg.etcd.prefix);
-    }
     {
+      // Held until the first view is in place: a change the watch reports meanwhile
+      // waits for it (and is then applied against it).
       std::lock_guard lock(c->apply_mu_);
+      if (etcd) {
+        // The members now; later changes arrive on the watch's thread.
+        KVS_ASSIGN_OR_RETURN(c->watch_, MembershipWatch::start(
+                                            std::move(*etcd),
+                                            [p = c.get()](const std::vector<std::string>& m, int64_t) { p->apply(m); },
+                                            deadline, cancel));
+        cfg.nodes = c->watch_->members();
+        if (cfg.nodes.empty())
+          return make_status(StatusCode::unavailable,
+                             "cluster: no storage node is registered in etcd under '{}nodes/'", cfg.etcd.prefix);
+      }
       c->set_view_locked(cfg.nodes);
     }
     const auto first = c->view();
@@ -350,15 +335,7 @@ class ReplicatedClient final : public storage::Client {
     auto placement = std::make_shared<Placement>(cfg_.virtual_nodes);
     for (const auto& a : members)
       if (placement->ring.add(a).ok()) placement->nodes.push_back(&node_locked(a));
-    auto v = std::make_shared<ClusterView>();
-    v->now = std::move(placement);
-    if (auto old = view()) {
-      v->past.push_back(old->now);
-      for (const auto& p : old->past)
-        if (v->past.size() < ClusterView::kPastPlacements) v->past.push_back(p);
-    }
-    v->replication = std::min<uint32_t>(cfg_.replication, uint32_t(v->now->nodes.size()));
-    v->write_quorum = cfg_.write_quorum == 0 ? v->replication : std::min(cfg_.write_quorum, v->replication);
+    auto v = ClusterView::after(view().get(), std::move(placement), cfg_.replication, cfg_.write_quorum);
     std::lock_guard lock(view_mu_);
     view_ = std::move(v);
   }
@@ -372,6 +349,7 @@ class ReplicatedClient final : public storage::Client {
     }
     std::lock_guard lock(apply_mu_);
     const auto old = view();
+    if (!old) return;  // create() failed before its first view; the client is going away
     std::vector<std::string> joined, left;
     for (const auto& a : members)
       if (std::none_of(old->now->nodes.begin(), old->now->nodes.end(), [&](Node* n) { return n->address == a; }))
@@ -401,9 +379,14 @@ class ReplicatedClient final : public storage::Client {
       old = std::move(n.client);
       n.regions.clear();
     }
-    if (!old) return;
+    if (old) bury(std::move(old));
+  }
+
+  // A connection no longer used: destroyed on the maintenance thread once its last
+  // user is done, never on one of its own threads.
+  void bury(std::shared_ptr<storage::Client> c) {
     std::lock_guard lock(maint_mu_);
-    graveyard_.push_back(std::move(old));
+    graveyard_.push_back(std::move(c));
     maint_cv_.notify_all();
   }
 
@@ -413,9 +396,7 @@ class ReplicatedClient final : public storage::Client {
   std::vector<Node*> candidates(const std::string& key, uint64_t bytes) {
     const auto v = view();
     std::vector<Node*> out = rank(v->now->replicas(key, v->replication), bytes);
-    for (const auto& p : v->past)
-      for (Node* n : p->replicas(key, v->replication))
-        if (v->now->has(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    v->append_past_owners(key, out);
     return out;
   }
 
@@ -438,8 +419,7 @@ class ReplicatedClient final : public storage::Client {
     return {};
   }
 
-  // Drops a node's connection (dead or broken) if it is still `c`; it is destroyed on
-  // the maintenance thread, never on one of its own threads.
+  // Drops a node's connection (dead or broken) if it is still `c`.
   void retire(Node& n, const storage::Client* c, const Status& why) {
     std::shared_ptr<storage::Client> old;
     {
@@ -451,9 +431,7 @@ class ReplicatedClient final : public storage::Client {
     }
     n.health.mark_down(Clock::now() + cfg_.retry_down_after);
     KVS_LOG_WARN("cluster: node {} is down ({}); reconnecting in the background", n.address, why.to_string());
-    std::lock_guard lock(maint_mu_);
-    graveyard_.push_back(std::move(old));
-    maint_cv_.notify_all();
+    bury(std::move(old));
   }
 
   // Reconnects nodes that are down and frees retired connections.
