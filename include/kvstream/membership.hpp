@@ -49,7 +49,7 @@ struct RebalanceConfig {
   /// R and the ring's points per node: as the clients' ClusterConfig, so nodes and
   /// clients place every chunk on the same nodes.
   uint32_t replication = 2;
-  uint32_t virtual_nodes = 256;
+  uint32_t virtual_nodes = 1024;
   /// Bound on the copy rate of one node (bytes of chunks per second; 0: none), so a
   /// rebalance leaves room for the traffic of serving.
   uint64_t bytes_per_second = uint64_t(64) << 20;

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--etcd-prefix", m.etcd.prefix, "key prefix of this cluster in etcd")->capture_default_str();
   app.add_option("--advertise", m.advertise, "host:port other nodes and clients reach this node at (default: --listen)");
   app.add_option("--replication", m.replication, "R: nodes holding each chunk (as the clients')")->capture_default_str();
+  app.add_option("--virtual-nodes", m.virtual_nodes, "ring points per node (as the clients')")->capture_default_str();
   app.add_option("--lease-ttl-s", lease_s, "etcd lease: a node silent this long leaves the membership")
       ->capture_default_str();
   app.add_option("--rebalance-mb-per-s", rebalance_mb, "bound on this node's copy rate after a change (0: none)")
