@@ -48,6 +48,20 @@ class EtcdServer {
   EtcdServer& operator=(const EtcdServer&) = delete;
 
   [[nodiscard]] bool started() const { return pid_ > 0; }
+
+  /// Stops it at once (SIGKILL), as a crash would; restart() brings it back on the same
+  /// ports with the same data.
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  bool restart() {
+    kill();
+    spawn();
+    return started();
+  }
   [[nodiscard]] std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
   /// Membership settings on this etcd under `prefix`.
   [[nodiscard]] cluster::EtcdConfig config(const std::string& prefix = "/kvs-test/") const {
@@ -62,9 +76,15 @@ class EtcdServer {
   uint16_t port_ = 0;
   pid_t pid_ = -1;
 
+  uint16_t peer_port_ = 0;
+
   void start() {
     port_ = free_port();
-    const std::string peer = fmt::format("http://127.0.0.1:{}", free_port()), client = url();
+    peer_port_ = free_port();
+    spawn();
+  }
+  void spawn() {
+    const std::string peer = fmt::format("http://127.0.0.1:{}", peer_port_), client = url();
     const std::vector<std::string> args = {program(),
                                            "--name", "t",
                                            "--data-dir", (dir_ / "data").string(),

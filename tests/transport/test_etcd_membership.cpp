@@ -190,6 +190,42 @@ TEST_F(EtcdMembership, ClientFollowsNodesThatRegisterAndLeave) {
   EXPECT_EQ(*members, (std::vector<std::string>{std::min(a, c), std::max(a, c)}));
 }
 
+// etcd down: clients and nodes keep the member set they have (fetches go on); etcd
+// back: the watch resumes and a node that registers afterwards is seen.
+TEST_F(EtcdMembership, SurvivesAnEtcdRestart) {
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const std::string a = cl.start_node(), b = cl.start_node();
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), {a, b}, deadline_in(30000ms)).empty());
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  for (uint32_t k = 0; k < 20; ++k) ASSERT_TRUE((*client)->put(kCtx, k, 0, payload(k, 4096), deadline_in(5000ms)).ok());
+
+  cl.etcd.kill();
+  EXPECT_EQ(read_all(**client, 20, 4096), 20) << "reads need the nodes, not etcd";
+  EXPECT_TRUE((*client)->put(kCtx, 20, 0, payload(20, 4096), deadline_in(5000ms)).ok());
+  ASSERT_TRUE(cl.etcd.restart());
+  // The nodes renew their leases again (or register anew); a third node joins and
+  // the client, whose watch broke, learns of it.
+  const std::string c = cl.start_node();
+  ASSERT_FALSE(c.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), {a, b, c}, deadline_in(30000ms)).empty());
+  bool placed_on_c = false;
+  for (uint32_t k = 100; k < 140 && !placed_on_c; ++k) {
+    const auto o = owners({a, b, c}, k);
+    if (std::find(o.begin(), o.end(), c) == o.end()) continue;
+    for (int attempt = 0; attempt < 100 && !placed_on_c; ++attempt) {
+      ASSERT_TRUE((*client)->put(kCtx, k, 0, payload(k, 4096), deadline_in(5000ms)).ok());
+      placed_on_c = holdings(c).count(k) > 0;
+      if (!placed_on_c) std::this_thread::sleep_for(50ms);
+    }
+  }
+  EXPECT_TRUE(placed_on_c) << "the client's watch did not resume after etcd came back";
+  EXPECT_EQ(read_all(**client, 21, 4096), 21);
+}
+
 // Issue 21's figures: a fourth node joining three takes the chunks the ring gives it
 // and nothing moves between the old nodes; a node killed: every chunk back to R
 // replicas; 0 chunks lost, 0 wrong, reads served throughout.
