@@ -26,6 +26,13 @@ const transport::Capabilities& redis_capabilities(bool cluster) {
   return cluster ? many : single;
 }
 
+Status RedisClientBase::check_common(const RedisConfig& cfg) {
+  KVS_RETURN_IF_ERROR(storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace"));
+  if (cfg.connections == 0 || cfg.connections > 64)
+    return make_status(StatusCode::invalid_argument, "{} redis connections (1..64)", cfg.connections);
+  return {};
+}
+
 Result<transport::MemoryRegion> register_host_memory(void* data, size_t size, transport::MemoryType type) {
   if (type != transport::MemoryType::host)
     return make_status(StatusCode::unsupported,

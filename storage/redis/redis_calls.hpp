@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kvstream/redis_storage.hpp"
 #include "kvstream/storage.hpp"
 #include "storage/redis/redis_conn.hpp"
 #include "storage/redis/redis_job_queue.hpp"
@@ -18,6 +19,33 @@ namespace kvstream::redis::detail {
 const transport::Capabilities& redis_capabilities(bool cluster);
 /// Any host buffer (nothing to register with a server); other memory: unsupported.
 Result<transport::MemoryRegion> register_host_memory(void* data, size_t size, transport::MemoryType type);
+
+/// What both Redis clients answer alike: their capabilities, host-memory
+/// registration (values travel through hiredis' buffers in host memory and a get is
+/// copied into the destination, so only host destinations are possible), and put as
+/// a put without parts.
+class RedisClientBase : public storage::Client {
+ public:
+  explicit RedisClientBase(bool cluster) : cluster_(cluster) {}
+  const transport::Capabilities* capabilities() const override { return &redis_capabilities(cluster_); }
+  Result<transport::MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
+    return register_host_memory(data, size, type);
+  }
+  Result<transport::MemoryRegion> register_memory(void* data, size_t size) override {
+    return register_host_memory(data, size, transport::MemoryType::host);
+  }
+  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
+             transport::Deadline deadline, const transport::CancelToken& cancel) override {
+    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
+  }
+  using storage::Client::put_parts;
+
+  /// The checks both clients make of a RedisConfig (namespace, connections 1..64).
+  static Status check_common(const RedisConfig& cfg);
+
+ private:
+  bool cluster_;
+};
 
 Status validate_put(const std::string& context, uint32_t level, std::span<const std::byte> bytes,
                     std::span<const storage::ObjectPart> parts);

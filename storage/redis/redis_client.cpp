@@ -32,13 +32,11 @@ namespace {
 using Queue = JobQueue<Conn>;
 using QueueJob = Queue::JobT;
 
-class RedisClient final : public storage::Client {
+class RedisClient final : public RedisClientBase {
  public:
   static Result<std::unique_ptr<storage::Client>> create(const RedisConfig& cfg, Deadline deadline,
                                                          const CancelToken& cancel) {
-    KVS_RETURN_IF_ERROR(storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace"));
-    if (cfg.connections == 0 || cfg.connections > 64)
-      return make_status(StatusCode::invalid_argument, "{} redis connections (1..64)", cfg.connections);
+    KVS_RETURN_IF_ERROR(check_common(cfg));
     if (cfg.address.rfind("unix:", 0) != 0) {
       std::string host;
       uint16_t port = 0;
@@ -62,22 +60,6 @@ class RedisClient final : public storage::Client {
     KVS_LOG_INFO("redis storage client on {} (namespace '{}', {} connections)", cfg.address, cfg.name_space,
                  cfg.connections);
     return std::unique_ptr<storage::Client>(std::move(c));
-  }
-
-  // Values travel through hiredis' buffers in host memory: a get is copied into the
-  // destination, so only host destinations are possible.
-  const transport::Capabilities* capabilities() const override { return &redis_capabilities(false); }
-
-  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
-    return register_host_memory(data, size, type);
-  }
-  Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    return register_host_memory(data, size, transport::MemoryType::host);
-  }
-
-  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
-             Deadline deadline, const CancelToken& cancel) override {
-    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
   }
 
   // The value, its block sums, its size and its parts (or their removal) in one
@@ -185,7 +167,7 @@ class RedisClient final : public storage::Client {
   }
 
  private:
-  explicit RedisClient(RedisConfig cfg) : cfg_(std::move(cfg)) {
+  explicit RedisClient(RedisConfig cfg) : RedisClientBase(false), cfg_(std::move(cfg)) {
     ConnSettings cs{cfg_.address, cfg_.password, cfg_.database, cfg_.connect_timeout, false};
     queue_ = std::make_unique<Queue>(cfg_.connections, [cs] { return std::make_unique<Conn>(cs); });
   }

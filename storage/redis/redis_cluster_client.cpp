@@ -243,13 +243,11 @@ Result<std::vector<Reply>> run_slot(ClusterWorker& w, const QueueJob& j, uint16_
   }
 }
 
-class ClusterClient final : public storage::Client {
+class ClusterClient final : public RedisClientBase {
  public:
   static Result<std::unique_ptr<storage::Client>> create(const RedisConfig& cfg, Deadline deadline,
                                                          const CancelToken& cancel) {
-    KVS_RETURN_IF_ERROR(storage::validate_id(cfg.name_space, storage::kMaxNamespaceBytes, "namespace"));
-    if (cfg.connections == 0 || cfg.connections > 64)
-      return make_status(StatusCode::invalid_argument, "{} redis connections (1..64)", cfg.connections);
+    KVS_RETURN_IF_ERROR(check_common(cfg));
     if (cfg.database != 0)
       return make_status(StatusCode::invalid_argument, "redis cluster has one database; database {} was asked for",
                          cfg.database);
@@ -275,19 +273,6 @@ class ClusterClient final : public storage::Client {
                  cfg.address, cfg.name_space, c->state_->map.covered(), c->state_->map.addresses().size(),
                  cfg.connections, cfg.put_replicas);
     return std::unique_ptr<storage::Client>(std::move(c));
-  }
-
-  const transport::Capabilities* capabilities() const override { return &redis_capabilities(true); }
-  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
-    return register_host_memory(data, size, type);
-  }
-  Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    return register_host_memory(data, size, transport::MemoryType::host);
-  }
-
-  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
-             Deadline deadline, const CancelToken& cancel) override {
-    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
   }
 
   // The context's entry in the namespace's list and the chunk's in the context's set
@@ -409,7 +394,7 @@ class ClusterClient final : public storage::Client {
   }
 
  private:
-  explicit ClusterClient(const RedisConfig& cfg) : state_(std::make_unique<ClusterState>()) {
+  explicit ClusterClient(const RedisConfig& cfg) : RedisClientBase(true), state_(std::make_unique<ClusterState>()) {
     state_->cfg = cfg;
     queue_ = std::make_unique<Queue>(cfg.connections, [s = state_.get()] { return std::make_unique<ClusterWorker>(*s); });
   }
