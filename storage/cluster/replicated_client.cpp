@@ -60,12 +60,12 @@ bool final_error(StatusCode c) {
 class ReplicatedClient final : public storage::Client {
  public:
   ~ReplicatedClient() override {
+    stop_.cancel();  // ends a connect that a membership change is waiting for
     watch_.reset();  // no membership change from here on
     {
       std::lock_guard lock(maint_mu_);
       closing_ = true;
     }
-    stop_.cancel();
     maint_cv_.notify_all();
     if (maintenance_.joinable()) maintenance_.join();
     // Pending gets complete now ("client closed"); their callbacks see closing_.
