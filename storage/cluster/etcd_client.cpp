@@ -1,7 +1,9 @@
 // etcd v3 through its JSON gateway with libcurl (storage/cluster/etcd_client.hpp).
 #include "storage/cluster/etcd_client.hpp"
 
+#if KVSTREAM_HAVE_ETCD
 #include <curl/curl.h>
+#endif
 #include <openssl/evp.h>
 
 #include <charconv>
@@ -15,6 +17,20 @@ using json = nlohmann::json;
 using transport::CancelToken;
 using transport::Clock;
 using transport::Deadline;
+
+std::string etcd_prefix_end(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = char(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+#if KVSTREAM_HAVE_ETCD
 
 namespace {
 
@@ -154,18 +170,6 @@ Result<long> post(const std::string& url, const std::string& body, std::chrono::
 }
 
 }  // namespace
-
-std::string etcd_prefix_end(std::string_view prefix) {
-  std::string end(prefix);
-  while (!end.empty()) {
-    if (static_cast<unsigned char>(end.back()) < 0xff) {
-      end.back() = char(static_cast<unsigned char>(end.back()) + 1);
-      return end;
-    }
-    end.pop_back();
-  }
-  return std::string(1, '\0');  // every key
-}
 
 Result<EtcdClient> EtcdClient::create(const EtcdConfig& config) {
   if (config.endpoints.empty()) return make_status(StatusCode::invalid_argument, "etcd: no endpoint given");
@@ -336,6 +340,35 @@ Status EtcdClient::watch_prefix(const std::string& prefix, int64_t start_revisio
   if (*code != 200) return make_status(StatusCode::unavailable, "etcd watch: HTTP {}: {}", *code, t.body);
   return verdict;
 }
+
+#else  // !KVSTREAM_HAVE_ETCD
+
+namespace {
+Status not_built() {
+  return make_status(StatusCode::unsupported,
+                     "etcd membership: kvstream was built without libcurl (libcurl4-openssl-dev, KVSTREAM_WITH_ETCD)");
+}
+}  // namespace
+
+Result<EtcdClient> EtcdClient::create(const EtcdConfig&) { return not_built(); }
+Result<nlohmann::json> EtcdClient::call(const char*, const nlohmann::json&, Deadline, const CancelToken&) {
+  return not_built();
+}
+Result<int64_t> EtcdClient::grant(std::chrono::seconds, Deadline, const CancelToken&) { return not_built(); }
+Result<int64_t> EtcdClient::keep_alive(int64_t, Deadline, const CancelToken&) { return not_built(); }
+Status EtcdClient::revoke(int64_t, Deadline, const CancelToken&) { return not_built(); }
+Status EtcdClient::put(const std::string&, const std::string&, int64_t, Deadline, const CancelToken&) {
+  return not_built();
+}
+Result<EtcdClient::Range> EtcdClient::range_prefix(const std::string&, Deadline, const CancelToken&) {
+  return not_built();
+}
+Status EtcdClient::watch_prefix(const std::string&, int64_t, const CancelToken&,
+                                const std::function<void(const std::vector<EtcdEvent>&, int64_t)>&) {
+  return not_built();
+}
+
+#endif  // KVSTREAM_HAVE_ETCD
 
 // ---- The public queries -----------------------------------------------------
 
