@@ -148,6 +148,23 @@ bool etcd_built() {
 }
 const char* const kNotBuilt = "kvstream was built without etcd membership (libcurl4-openssl-dev, KVSTREAM_WITH_ETCD)";
 
+// Whether `client` puts a chunk that `node` owns among `members` on it. The client
+// learns of a node through its watch; a put before then goes to the old owners, so
+// the put is repeated (up to 5 s) until the node holds it.
+bool places_on(storage::Client& client, const std::vector<std::string>& members, const std::string& node) {
+  for (uint32_t k = 100; k < 140; ++k) {
+    const auto o = owners(members, k);
+    if (std::find(o.begin(), o.end(), node) == o.end()) continue;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      if (!client.put(kCtx, k, 0, payload(k, 4096), deadline_in(5000ms)).ok()) return false;
+      if (holdings(node).count(k) > 0) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+  return false;
+}
+
 class EtcdMembership : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -175,18 +192,7 @@ TEST_F(EtcdMembership, ClientFollowsNodesThatRegisterAndLeave) {
   const std::string c = cl.start_node();
   ASSERT_FALSE(c.empty());
   ASSERT_FALSE(wait_settled(cl.etcd.config(), {a, b, c}, deadline_in(30000ms)).empty());
-  bool placed_on_c = false;
-  for (uint32_t k = 100; k < 140 && !placed_on_c; ++k) {
-    const auto o = owners({a, b, c}, k);
-    if (std::find(o.begin(), o.end(), c) == o.end()) continue;
-    // The client learns of c through its watch; a put before then goes to the old owners.
-    for (int attempt = 0; attempt < 50 && !placed_on_c; ++attempt) {
-      ASSERT_TRUE((*client)->put(kCtx, k, 0, payload(k, 4096), deadline_in(5000ms)).ok());
-      placed_on_c = holdings(c).count(k) > 0;
-      if (!placed_on_c) std::this_thread::sleep_for(20ms);
-    }
-  }
-  EXPECT_TRUE(placed_on_c) << "the client never placed a chunk on the node that joined";
+  EXPECT_TRUE(places_on(**client, {a, b, c}, c)) << "the client never placed a chunk on the node that joined";
 
   // Membership of a node that crashed ends with its lease.
   cl.kill(b);
@@ -221,17 +227,7 @@ TEST_F(EtcdMembership, SurvivesAnEtcdRestart) {
   const std::string c = cl.start_node();
   ASSERT_FALSE(c.empty());
   ASSERT_FALSE(wait_settled(cl.etcd.config(), {a, b, c}, deadline_in(30000ms)).empty());
-  bool placed_on_c = false;
-  for (uint32_t k = 100; k < 140 && !placed_on_c; ++k) {
-    const auto o = owners({a, b, c}, k);
-    if (std::find(o.begin(), o.end(), c) == o.end()) continue;
-    for (int attempt = 0; attempt < 100 && !placed_on_c; ++attempt) {
-      ASSERT_TRUE((*client)->put(kCtx, k, 0, payload(k, 4096), deadline_in(5000ms)).ok());
-      placed_on_c = holdings(c).count(k) > 0;
-      if (!placed_on_c) std::this_thread::sleep_for(50ms);
-    }
-  }
-  EXPECT_TRUE(placed_on_c) << "the client's watch did not resume after etcd came back";
+  EXPECT_TRUE(places_on(**client, {a, b, c}, c)) << "the client's watch did not resume after etcd came back";
   EXPECT_EQ(read_all(**client, 21, 4096), 21);
 }
 
