@@ -31,7 +31,7 @@ HashRing ring_of(const std::vector<std::string>& members, uint32_t vnodes) {
 }  // namespace
 
 Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& config, std::string self,
-                                                      storage::ChunkStore& store,
+                                                      storage::ChunkStore& store, storage::MemoryBudget& budget,
                                                       std::map<std::string, std::string> secrets,
                                                       transport::BackendConfig backend) {
   if (config.replication == 0) return make_status(StatusCode::invalid_argument, "rebalance: replication must be >= 1");
@@ -42,7 +42,7 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
                        self);
   KVS_ASSIGN_OR_RETURN(EtcdClient etcd, EtcdClient::create(config.etcd));
   auto r = std::unique_ptr<Rebalancer>(
-      new Rebalancer(config, std::move(self), store, std::move(secrets), std::move(backend)));
+      new Rebalancer(config, std::move(self), store, budget, std::move(secrets), std::move(backend)));
   const auto deadline = Clock::now() + config.etcd.request_timeout * 2;
   KVS_ASSIGN_OR_RETURN(r->registration_, NodeRegistration::start(etcd, r->self_, deadline));
   // Registered first, so the set read next includes this node.
@@ -182,6 +182,13 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
           if (n != self_ && std::find(old_owners.begin(), old_owners.end(), n) == old_owners.end()) to.push_back(n);
         for (uint32_t level = 0; level < cs.level_bytes.size() && !to.empty(); ++level) {
           if (cs.level_bytes[level] == 0) continue;
+          // The copy is held in memory under the node's budget, beside the requests it
+          // serves; without room now it waits for the next pass.
+          auto held = budget_.acquire(cs.level_bytes[level]);
+          if (!held.ok()) {
+            tally.objects_failed += to.size();
+            continue;
+          }
           auto obj = store_.read_stored({ns, ctx, cs.chunk, level});
           if (!obj.ok()) {
             if (obj.status().code() != StatusCode::not_found) tally.objects_failed += to.size();

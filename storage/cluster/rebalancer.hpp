@@ -22,21 +22,22 @@ namespace kvstream::cluster {
 
 class Rebalancer {
  public:
-  /// Registers `self` and starts following membership. `store` must outlive the
+  /// Registers `self` and starts following membership. `store` and `budget` (the
+  /// node's memory budget: an object being copied is held under it) must outlive the
   /// rebalancer; `secrets` are the node's namespaces (it writes to other nodes as each
-  /// tenant); `backend` is the transport of the cluster's nodes. Errors: invalid_argument
-  /// (config), and those of etcd.
+  /// tenant); `backend` is the transport of the cluster's nodes. Errors:
+  /// invalid_argument (config), and those of etcd.
   static Result<std::unique_ptr<Rebalancer>> start(const RebalanceConfig& config, std::string self,
-                                                   storage::ChunkStore& store,
+                                                   storage::ChunkStore& store, storage::MemoryBudget& budget,
                                                    std::map<std::string, std::string> secrets,
                                                    transport::BackendConfig backend);
   /// Stops copying, stops the watch and leaves the membership (revokes the lease).
   ~Rebalancer();
 
  private:
-  Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store,
+  Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
              std::map<std::string, std::string> secrets, transport::BackendConfig backend)
-      : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), secrets_(std::move(secrets)),
+      : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), budget_(budget), secrets_(std::move(secrets)),
         backend_(std::move(backend)) {}
 
   struct Tally {
@@ -56,6 +57,7 @@ class Rebalancer {
   RebalanceConfig cfg_;
   const std::string self_;
   storage::ChunkStore& store_;
+  storage::MemoryBudget& budget_;
   const std::map<std::string, std::string> secrets_;
   const transport::BackendConfig backend_;
   transport::CancelToken stop_;

@@ -64,8 +64,8 @@ class ServerImpl final : public Server {
     s->acceptor_ = std::thread([p = s.get()] { p->accept_loop(); });
     if (!cfg.membership.etcd.endpoints.empty()) {
       const std::string self = cfg.membership.advertise.empty() ? s->address_ : cfg.membership.advertise;
-      KVS_ASSIGN_OR_RETURN(s->rebalancer_, cluster::Rebalancer::start(cfg.membership, self, *s->store_, cfg.secrets,
-                                                                      cfg.backend));
+      KVS_ASSIGN_OR_RETURN(s->rebalancer_, cluster::Rebalancer::start(cfg.membership, self, *s->store_, s->budget_,
+                                                                      cfg.secrets, cfg.backend));
     }
     KVS_LOG_INFO("storage node on {} ({}), {} namespaces, store '{}', memory budget {} MiB", s->address_,
                  s->backend_->capabilities().backend, cfg.secrets.size(), cfg.directory, s->budget_.limit() >> 20);
