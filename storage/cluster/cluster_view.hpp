@@ -51,7 +51,7 @@ struct Placement {
     return out;
   }
   [[nodiscard]] bool has(const ClusterNode* n) const {
-    return std::find(nodes.begin(), nodes.end(), n) != nodes.end();
+    return std::find(nodes.begin(), nodes.end(), n) != nodes.end();  // only after a change, for a missing chunk
   }
 };
 

@@ -47,6 +47,12 @@ struct GetOp {
   GetCallback done;
   std::vector<Node*> order;  // replicas, best first
   size_t next = 0;
+  // The view the get started with; its past owners are asked only when the owners
+  // now did not answer with the chunk (after a membership change), so a get on a
+  // settled cluster computes no past placement.
+  std::shared_ptr<const ClusterView> view;
+  std::string key;
+  bool asked_past = false;
   std::string errors;  // "node: error; ..." of the attempts that failed
   Status last_error;
   bool only_not_found = true;
@@ -218,7 +224,7 @@ class ReplicatedClient final : public storage::Client {
     op->context = context, op->chunk = chunk, op->level = level;
     op->dest = std::move(dest), op->offset = offset, op->capacity = capacity;
     op->deadline = deadline, op->cancel = cancel, op->done = std::move(done);
-    op->order = candidates(HashRing::chunk_key(context, chunk), capacity);
+    start_order(*op, HashRing::chunk_key(context, chunk), capacity);
     attempt(std::move(op));
   }
 
@@ -236,7 +242,7 @@ class ReplicatedClient final : public storage::Client {
     op->dest = std::move(dest), op->offset = dest_offset, op->capacity = size_t(length);
     op->range = true, op->range_offset = offset;
     op->deadline = deadline, op->cancel = cancel, op->done = std::move(done);
-    op->order = candidates(HashRing::chunk_key(context, chunk), length);
+    start_order(*op, HashRing::chunk_key(context, chunk), length);
     attempt(std::move(op));
   }
 
@@ -390,14 +396,13 @@ class ReplicatedClient final : public storage::Client {
     maint_cv_.notify_all();
   }
 
-  // Who to ask for a chunk: its owners now, best first; then, for a chunk not yet
-  // copied to new owners after a membership change, its owners under the previous
-  // placements that are still members.
-  std::vector<Node*> candidates(const std::string& key, uint64_t bytes) {
-    const auto v = view();
-    std::vector<Node*> out = rank(v->now->replicas(key, v->replication), bytes);
-    v->append_past_owners(key, out);
-    return out;
+  // Who to ask for a chunk first: its owners now, best first (attempt() adds, when
+  // they are exhausted, the owners under the previous placements that are still
+  // members: where a chunk not yet copied after a membership change still is).
+  void start_order(GetOp& op, std::string key, uint64_t bytes) {
+    op.view = view();
+    op.key = std::move(key);
+    op.order = rank(op.view->now->replicas(op.key, op.view->replication), bytes);
   }
 
   Status connect_node(Node& n, Deadline deadline, const CancelToken& cancel) {
@@ -527,6 +532,11 @@ class ReplicatedClient final : public storage::Client {
         return finish(op, make_status(StatusCode::timed_out, "chunk {} level {} of '{}': deadline passed{}{}",
                                       op->chunk, op->level, op->context, op->errors.empty() ? "" : " after ",
                                       op->errors));
+      if (op->next >= op->order.size() && !op->asked_past) {
+        op->asked_past = true;
+        op->view->append_past_owners(op->key, op->order);
+        continue;
+      }
       if (op->next >= op->order.size()) {
         if (op->only_not_found)
           return finish(op, make_status(StatusCode::not_found, "chunk {} level {} of '{}' is on none of its {} replicas",

@@ -281,15 +281,8 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
 }
 
 Result<std::vector<std::byte>> ChunkStore::read_all(const ObjectKey& k) {
-  KVS_ASSIGN_OR_RETURN(auto r, get(k));
-  if (r.bytes) return r.bytes->data;
-  std::vector<std::byte> out(r.size);
-  KVS_RETURN_IF_ERROR(r.file.read(0, out));
-  if (XXH3_64bits(out.data(), out.size()) != r.checksum) {
-    report_corrupt(k, r.file);
-    return make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", k.name());
-  }
-  return out;
+  KVS_ASSIGN_OR_RETURN(auto stored, read_stored(k));
+  return std::move(stored.bytes);
 }
 
 Result<ChunkStore::StoredObject> ChunkStore::read_stored(const ObjectKey& k) {
