@@ -1,0 +1,70 @@
+// TLS 1.3 through OpenSSL: a context built from TlsSettings (certificates, trust,
+// kTLS), the handshake on a socket under a deadline, and the names a verified peer
+// certificate carries. The tcp backend and the Redis client use it; each drives the
+// record layer its own way once the handshake is done.
+#pragma once
+
+#include <openssl/ssl.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvstream/security.hpp"
+#include "kvstream/status.hpp"
+
+namespace kvstream::security {
+
+enum class TlsRole { client, server };
+
+struct SslFree {
+  void operator()(SSL* s) const { SSL_free(s); }
+};
+using SslPtr = std::unique_ptr<SSL, SslFree>;
+
+/// An SSL_CTX for one role, TLS 1.3 only, no session tickets (nothing arrives after
+/// the handshake that the kernel's record layer could not take).
+class TlsContext {
+ public:
+  /// Loads the certificate, key and trust `s` names. Errors: invalid_argument
+  /// (TLS not enabled, a server without certificate or key, a key that does not
+  /// match its certificate, an unreadable or malformed file), internal.
+  static Result<std::shared_ptr<const TlsContext>> create(const TlsSettings& s, TlsRole role);
+  ~TlsContext();
+  TlsContext(const TlsContext&) = delete;
+  TlsContext& operator=(const TlsContext&) = delete;
+
+  /// A session for one connection. Client: `host` (or settings().server_name) is
+  /// sent as SNI and is what the server's certificate must name (DNS or IP).
+  Result<SslPtr> new_session(std::string_view host) const;
+
+  [[nodiscard]] const TlsSettings& settings() const { return settings_; }
+  [[nodiscard]] TlsRole role() const { return role_; }
+
+ private:
+  TlsContext(const TlsSettings& s, TlsRole role) : settings_(s), role_(role) {}
+  TlsSettings settings_;
+  TlsRole role_;
+  SSL_CTX* ctx_ = nullptr;
+};
+
+/// Runs the handshake of `ssl` (its fd already set) on a connected socket, which
+/// it makes non-blocking for the duration and blocking again after, waiting with
+/// poll() in slices so `cancelled` is seen promptly. Errors: permission_denied (the
+/// peer's certificate failed verification, or it refused ours), unavailable (the
+/// peer closed), timed_out, cancelled, corrupt_data (not TLS), io_error; the message
+/// names `peer` and OpenSSL's reason.
+Status run_handshake(SSL* ssl, int fd, std::chrono::steady_clock::time_point deadline,
+                     const std::function<bool()>& cancelled, std::string_view peer);
+
+/// Subject CN, DNS and URI names of the peer's certificate when it was verified;
+/// empty when there is none.
+std::vector<std::string> verified_peer_names(const SSL* ssl);
+
+/// OpenSSL's error queue as one line (emptied), for messages.
+std::string openssl_errors();
+
+}  // namespace kvstream::security
