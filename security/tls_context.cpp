@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "security/tls_keys.hpp"
 
 namespace kvstream::security {
 namespace {
@@ -54,7 +55,12 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::create(const TlsSettings& 
   SSL_CTX_set_num_tickets(ctx, 0);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   SSL_CTX_set_mode(ctx, SSL_MODE_AUTO_RETRY);
-  if (s.kernel_tls) SSL_CTX_set_options(ctx, SSL_OP_ENABLE_KTLS);
+  // AES-GCM only: the suites the kernel's record layer and tls_record.hpp both take.
+  if (SSL_CTX_set_ciphersuites(ctx, "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256") != 1)
+    return make_status(StatusCode::internal, "tls: cipher suites: {}", openssl_errors());
+  // The record layer runs outside OpenSSL after the handshake (kernel or
+  // tls_record.hpp), each direction on its own key: OpenSSL's own kTLS stays off.
+  capture_traffic_secrets(ctx);
   if (!s.cert_file.empty()) {
     if (SSL_CTX_use_certificate_chain_file(ctx, s.cert_file.c_str()) != 1) return file_error("certificate", s.cert_file);
     if (SSL_CTX_use_PrivateKey_file(ctx, s.key_file.c_str(), SSL_FILETYPE_PEM) != 1)

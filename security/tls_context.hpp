@@ -1,7 +1,8 @@
 // TLS 1.3 through OpenSSL: a context built from TlsSettings (certificates, trust,
-// kTLS), the handshake on a socket under a deadline, and the names a verified peer
-// certificate carries. The tcp backend and the Redis client use it; each drives the
-// record layer its own way once the handshake is done.
+// AES-GCM suites only), the handshake on a socket under a deadline, and the names a
+// verified peer certificate carries. The tcp backend and the Redis client use it;
+// each drives the record layer its own way once the handshake is done (the tcp
+// backend outside OpenSSL: tls_keys.hpp, tls_record.hpp).
 #pragma once
 
 #include <openssl/ssl.h>
