@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace kvstream::test_util {
+namespace kvstream::testing {
 
 /// PEM files under one directory. `error` is empty when all were written.
 struct TestCerts {
@@ -142,4 +142,4 @@ inline TestCerts make_test_certs(const std::string& dir, const std::string& clie
   return t;
 }
 
-}  // namespace kvstream::test_util
+}  // namespace kvstream::testing
