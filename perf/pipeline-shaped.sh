@@ -14,7 +14,7 @@ kvs_netns_pair kvs-pa kvs-pb kvs-pva kvs-pvb 169.254.78
 ip netns exec kvs-pa tc qdisc add dev kvs-pva root tbf rate "$RATE" burst 1mb latency 50ms
 ip netns exec kvs-pb tc qdisc add dev kvs-pvb root tbf rate "$RATE" burst 1mb latency 50ms
 echo '{"bench": "bench-secret-0123456789"}' > "$tmp/secrets.json"
-ip netns exec kvs-pa "$BUILD/bin/kvstream-server" --listen 169.254.78.1:7471 --dir "$tmp/store" \
+ip netns exec kvs-pa "$BUILD/bin/kvstream-server" --clear-text --listen 169.254.78.1:7471 --dir "$tmp/store" \
   --secrets "$tmp/secrets.json" >/dev/null 2>&1 &
 sleep 0.5
 echo "== pipeline over veth, tbf $RATE"

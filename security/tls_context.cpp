@@ -111,6 +111,47 @@ Result<SslPtr> TlsContext::new_session(std::string_view host) const {
   return ssl;
 }
 
+// Not logged here: a peer causes these at will; run_handshake (the client) logs its
+// own, the tcp listener counts and rate-limits the ones its peers cause.
+HandshakeStep step_handshake(SSL* ssl, std::string_view peer) {
+  HandshakeStep out;
+  ERR_clear_error();
+  errno = 0;
+  const int rc = SSL_do_handshake(ssl);
+  if (rc == 1) {
+    out.done = true;
+    return out;
+  }
+  const int err = SSL_get_error(ssl, rc);
+  if (err == SSL_ERROR_WANT_READ) {
+    out.wait_events = POLLIN;
+    return out;
+  }
+  if (err == SSL_ERROR_WANT_WRITE) {
+    out.wait_events = POLLOUT;
+    return out;
+  }
+  const long verify = SSL_get_verify_result(ssl);
+  const unsigned long first = ERR_peek_error();
+  const int sys_errno = errno;
+  if (verify != X509_V_OK) {
+    out.error = detail::repeated_status(StatusCode::permission_denied, "tls handshake with {}: certificate refused: {}", peer,
+                            X509_verify_cert_error_string(verify));
+  } else if (err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && first == 0) ||
+             ERR_GET_REASON(first) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+    ERR_clear_error();
+    out.error = detail::repeated_status(StatusCode::unavailable, "tls handshake with {}: the peer closed the connection{}", peer,
+                            sys_errno != 0 ? fmt::format(" ({})", std::strerror(sys_errno)) : "");
+  } else {
+    const std::string why = openssl_errors();
+    // Alerts the peer sent about our certificate, or its absence.
+    const bool refused = why.find("certificate") != std::string::npos || why.find("alert") != std::string::npos;
+    out.error = detail::repeated_status(refused ? StatusCode::permission_denied : StatusCode::corrupt_data,
+                            "tls handshake with {} failed: {}", peer, why);
+  }
+  return out;
+}
+
 Status run_handshake(SSL* ssl, int fd, std::chrono::steady_clock::time_point deadline,
                      const std::function<bool()>& cancelled, std::string_view peer) {
   const int flags = fcntl(fd, F_GETFL);
@@ -120,27 +161,12 @@ Status run_handshake(SSL* ssl, int fd, std::chrono::steady_clock::time_point dea
     int fd, flags;
     ~Restore() { fcntl(fd, F_SETFL, flags); }
   } restore{fd, flags};
-  ERR_clear_error();
   for (;;) {
-    const int rc = SSL_do_handshake(ssl);
-    if (rc == 1) return {};
-    const int err = SSL_get_error(ssl, rc);
-    short events = 0;
-    if (err == SSL_ERROR_WANT_READ) events = POLLIN;
-    else if (err == SSL_ERROR_WANT_WRITE) events = POLLOUT;
-    if (events == 0) {
-      const long verify = SSL_get_verify_result(ssl);
-      if (verify != X509_V_OK)
-        return make_status(StatusCode::permission_denied, "tls handshake with {}: certificate refused: {}", peer,
-                           X509_verify_cert_error_string(verify));
-      const std::string why = openssl_errors();
-      if (err == SSL_ERROR_SYSCALL || err == SSL_ERROR_ZERO_RETURN)
-        return make_status(StatusCode::unavailable, "tls handshake with {}: the peer closed the connection ({})", peer,
-                           errno != 0 ? std::strerror(errno) : "end of stream");
-      // Alerts the peer sent about our certificate, or its absence.
-      const bool refused = why.find("certificate") != std::string::npos || why.find("alert") != std::string::npos;
-      return make_status(refused ? StatusCode::permission_denied : StatusCode::corrupt_data,
-                         "tls handshake with {} failed: {}", peer, why);
+    const HandshakeStep step = step_handshake(ssl, peer);
+    if (step.done) return {};
+    if (!step.error.ok()) {
+      detail::log_new_error(step.error);
+      return step.error;
     }
     for (;;) {
       if (cancelled && cancelled()) return make_status(StatusCode::cancelled, "tls handshake with {}: cancelled", peer);
@@ -149,13 +175,22 @@ Status run_handshake(SSL* ssl, int fd, std::chrono::steady_clock::time_point dea
         return make_status(StatusCode::timed_out, "tls handshake with {}: deadline passed", peer);
       const int ms = int(std::clamp<long long>(
           std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1, 1, 50));
-      pollfd p{fd, events, 0};
+      pollfd p{fd, step.wait_events, 0};
       const int n = poll(&p, 1, ms);
       if (n < 0 && errno != EINTR)
         return make_status(StatusCode::io_error, "tls handshake with {}: poll: {}", peer, std::strerror(errno));
       if (n > 0) break;
     }
   }
+}
+
+Result<TlsEstablished> finish_handshake(SSL* ssl, TlsRole role) {
+  TlsEstablished e;
+  e.peer_names = verified_peer_names(ssl);
+  const SSL_CIPHER* c = SSL_get_current_cipher(ssl);
+  e.suite = c ? SSL_CIPHER_get_name(c) : "?";
+  KVS_ASSIGN_OR_RETURN(e.keys, take_traffic_keys(ssl, role == TlsRole::server));
+  return e;
 }
 
 std::vector<std::string> verified_peer_names(const SSL* ssl) {

@@ -16,6 +16,7 @@
 
 #include "kvstream/security.hpp"
 #include "kvstream/status.hpp"
+#include "security/tls_keys.hpp"
 
 namespace kvstream::security {
 
@@ -52,14 +53,34 @@ class TlsContext {
   SSL_CTX* ctx_ = nullptr;
 };
 
-/// Runs the handshake of `ssl` (its fd already set) on a connected socket, which
-/// it makes non-blocking for the duration and blocking again after, waiting with
-/// poll() in slices so `cancelled` is seen promptly. Errors: permission_denied (the
-/// peer's certificate failed verification, or it refused ours), unavailable (the
-/// peer closed), timed_out, cancelled, corrupt_data (not TLS), io_error; the message
-/// names `peer` and OpenSSL's reason.
+/// One step of a non-blocking handshake: done, waiting for the socket to be readable
+/// or writable, or failed (`error`: permission_denied when a certificate was refused
+/// by either side, unavailable when the peer closed, corrupt_data when it does not
+/// speak TLS 1.3, io_error; the message names `peer` and OpenSSL's reason).
+struct HandshakeStep {
+  bool done = false;
+  short wait_events = 0;  ///< POLLIN or POLLOUT while neither done nor failed
+  Status error;
+};
+HandshakeStep step_handshake(SSL* ssl, std::string_view peer);
+
+/// Runs the handshake of `ssl` (its fd already set) on a connected socket to its end,
+/// making the socket non-blocking for the duration and blocking again after, waiting
+/// with poll() in slices so `cancelled` is seen promptly. Errors: step_handshake's,
+/// timed_out, cancelled.
 Status run_handshake(SSL* ssl, int fd, std::chrono::steady_clock::time_point deadline,
                      const std::function<bool()>& cancelled, std::string_view peer);
+
+/// What a completed handshake leaves for a record layer outside OpenSSL.
+struct TlsEstablished {
+  TrafficKeys keys;
+  std::vector<std::string> peer_names;  ///< verified_peer_names()
+  std::string suite;                    ///< e.g. "TLS_AES_256_GCM_SHA384"
+};
+/// Takes the traffic keys and the peer's names from `ssl`, whose handshake is done
+/// (the SSL object is of no further use: it must not send anything). Errors: those
+/// of take_traffic_keys.
+Result<TlsEstablished> finish_handshake(SSL* ssl, TlsRole role);
 
 /// Subject CN, DNS and URI names of the peer's certificate when it was verified;
 /// empty when there is none.

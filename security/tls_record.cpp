@@ -125,7 +125,17 @@ Result<size_t> RecordOpener::open(std::span<const std::byte> record, std::span<s
   while (end > 0 && out[end - 1] == std::byte(0)) --end;
   if (end == 0) return make_status(StatusCode::corrupt_data, "a TLS record without a content type");
   const auto type = uint8_t(out[end - 1]);
-  if (type == kAlert) return make_status(StatusCode::unavailable, "the peer closed its TLS stream (alert)");
+  if (type == kAlert) {
+    // (level, description): what the peer says when it closes. After the handshake a
+    // server still refuses a client's certificate this way (TLS 1.3 lets the client
+    // finish first).
+    const int description = end >= 3 ? int(uint8_t(out[end - 2])) : -1;
+    if (description == 0) return make_status(StatusCode::unavailable, "the peer closed its TLS stream (close_notify)");
+    const bool certificate = (description >= 42 && description <= 49) || description == 116;
+    return make_status(certificate ? StatusCode::permission_denied : StatusCode::unavailable,
+                       "the peer ended the TLS stream with alert {}{}", description,
+                       certificate ? " (it refused this side's certificate, or its absence)" : "");
+  }
   if (type == kHandshake)
     return make_status(StatusCode::unsupported,
                        "the peer sent a TLS handshake message after the handshake (KeyUpdate or a ticket), which "

@@ -24,6 +24,11 @@ namespace kvstream::transport {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+/// Whether every address "host:port" resolves to is a loopback address (so a clear
+/// listener there is reachable from this machine only); false when it does not
+/// resolve.
+bool is_loopback_address(const std::string& address);
+
 /// A deadline `ms` milliseconds from now.
 inline Deadline deadline_in(std::chrono::milliseconds ms) { return Clock::now() + ms; }
 
@@ -164,6 +169,10 @@ class Connection {
     (void)dest, (void)src, (void)offset, (void)deadline, (void)cancel;
     return make_status(StatusCode::unsupported, "{}: one-sided reads are not available on this backend", describe());
   }
+
+  /// The names (subject CN, DNS and URI alternative names) of the certificate the
+  /// peer presented and this side verified (mutual TLS); empty without one.
+  [[nodiscard]] virtual std::vector<std::string> peer_certificate_names() const { return {}; }
 
   /// The peer's "host:port" as this backend sees it (a listener's per-source limits
   /// use it); empty where the backend cannot tell.

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstream/security.hpp"
 #include "kvstream/settings.hpp"
 #include "kvstream/status.hpp"
 
@@ -30,6 +31,9 @@ struct TcpSettings {
   /// SO_SNDBUF / SO_RCVBUF; 0 leaves Linux's autotuning alone (it grows past what a
   /// fixed size capped at wmem_max/rmem_max gives).
   uint32_t socket_buffer_bytes = 0;
+  /// TLS 1.3 on every connection of this backend (kernel TLS where the kernel has
+  /// it, else user-space through OpenSSL): docs/security.md. Off: clear text.
+  TlsSettings tls;
 };
 
 /// The UCX backend.

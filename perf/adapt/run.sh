@@ -31,7 +31,7 @@ shape add 1000000000
 ip netns exec kvs-ab tc qdisc add dev kvs-avb root tbf rate 10gbit burst 1mb latency 100ms
 
 echo '{"bench": "bench-secret-0123456789"}' > "$tmp/secrets.json"
-ip netns exec kvs-aa "$BUILD/bin/kvstream-server" --listen 169.254.79.1:7471 --dir "$tmp/store" \
+ip netns exec kvs-aa "$BUILD/bin/kvstream-server" --clear-text --listen 169.254.79.1:7471 --dir "$tmp/store" \
   --secrets "$tmp/secrets.json" --cache-mb 2048 >/dev/null 2>&1 &
 sleep 0.5
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
+#include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
 using namespace kvstream;
@@ -17,16 +18,15 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using test_util::BackendPair;
-using test_util::pattern;
+using transport::test_util::BackendPair;
+using transport::test_util::pattern;
 using Pair = BackendPair;
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   Result<Pair> make_pair() {
-    BackendConfig cfg;
-    cfg.name = GetParam();
-    return test_util::make_backend_pair(cfg);
+    BackendConfig cfg = transport::test_util::config_for(GetParam());
+    return transport::test_util::make_backend_pair(cfg);
   }
 };
 
@@ -34,26 +34,23 @@ class Conformance : public ::testing::TestWithParam<std::string> {
 // next accept (found by the suite on a loaded machine: "connection setup: deadline
 // passed" on the node, "Connection reset by remote peer" on the client).
 TEST_P(Conformance, AcceptPastItsDeadlineLosesNoConnection) {
-  BackendConfig cfg;
-  cfg.name = GetParam();
-  test_util::accept_past_its_deadline_loses_no_connection(cfg);
+  BackendConfig cfg = transport::test_util::config_for(GetParam());
+  transport::test_util::accept_past_its_deadline_loses_no_connection(cfg);
 }
 
 TEST_P(Conformance, CapabilitiesAreDeclared) {
-  BackendConfig cfg;
-  cfg.name = GetParam();
+  BackendConfig cfg = transport::test_util::config_for(GetParam());
   auto b = create_backend(cfg);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const Capabilities& c = (*b)->capabilities();
-  EXPECT_EQ(c.backend, GetParam());
+  EXPECT_EQ(c.backend, cfg.name);
   EXPECT_FALSE(c.provider.empty());
   EXPECT_TRUE(c.host_memory);
   EXPECT_GE(c.max_message_bytes, uint64_t(64) << 20);
 }
 
 TEST_P(Conformance, CudaMemoryWithoutSupportIsAClearError) {
-  BackendConfig cfg;
-  cfg.name = GetParam();
+  BackendConfig cfg = transport::test_util::config_for(GetParam());
   cfg.memory = MemoryType::cuda;
   auto b = create_backend(cfg);
   if (b.ok()) {
@@ -334,8 +331,7 @@ TEST_P(Conformance, DeadPeerIsAnErrorNotAHang) {
 }
 
 TEST_P(Conformance, ConnectToNothingFailsByDeadline) {
-  BackendConfig cfg;
-  cfg.name = GetParam();
+  BackendConfig cfg = transport::test_util::config_for(GetParam());
   auto b = create_backend(cfg);
   ASSERT_TRUE(b.ok());
   // Refused, or given up at the deadline: an error either way, never a connection.
@@ -344,8 +340,7 @@ TEST_P(Conformance, ConnectToNothingFailsByDeadline) {
 }
 
 TEST_P(Conformance, RegistrationIsCachedAndBounded) {
-  BackendConfig cfg;
-  cfg.name = GetParam();
+  BackendConfig cfg = transport::test_util::config_for(GetParam());
   auto b = create_backend(cfg);
   ASSERT_TRUE(b.ok());
   std::vector<std::byte> buf(1 << 20);
@@ -359,8 +354,7 @@ TEST_P(Conformance, RegistrationIsCachedAndBounded) {
 }
 
 TEST_P(Conformance, BadAddressesAreRejected) {
-  BackendConfig cfg;
-  cfg.name = GetParam();
+  BackendConfig cfg = transport::test_util::config_for(GetParam());
   auto b = create_backend(cfg);
   ASSERT_TRUE(b.ok());
   EXPECT_FALSE((*b)->listen("127.0.0.1").ok());
@@ -370,6 +364,8 @@ TEST_P(Conformance, BadAddressesAreRejected) {
 
 std::vector<std::string> backends() {
   auto v = available_backends();
+  // tcp again with TLS 1.3: the same contract must hold through the record layer.
+  if (std::find(v.begin(), v.end(), "tcp") != v.end()) v.push_back(transport::test_util::kTlsTcp);
   if (v.empty()) v.push_back("none");  // keeps the suite instantiated; every test then fails clearly
   return v;
 }

@@ -1,5 +1,7 @@
 #include "transport/common/address.hpp"
 
+#include "kvstream/transport.hpp"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -53,6 +55,27 @@ Result<std::vector<sockaddr_storage>> resolve_address(std::string_view backend, 
 
 socklen_t sockaddr_len(const sockaddr_storage& ss) {
   return ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+bool is_loopback(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+bool is_loopback_address(const std::string& address) {
+  auto resolved = resolve_address("tcp", address, true);
+  if (!resolved.ok() || resolved->empty()) return false;
+  for (const auto& a : *resolved)
+    if (!is_loopback(a)) return false;
+  return true;
 }
 
 std::string format_address(const sockaddr* sa) {

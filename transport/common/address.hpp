@@ -26,6 +26,9 @@ Result<std::vector<sockaddr_storage>> resolve_address(std::string_view backend, 
 /// The length of the address held in `ss` (IPv4 or IPv6).
 socklen_t sockaddr_len(const sockaddr_storage& ss);
 
+/// Whether `ss` is a loopback address (127/8, ::1, or IPv4-mapped 127/8).
+bool is_loopback(const sockaddr_storage& ss);
+
 /// "1.2.3.4:5" or "[::1]:5"; "?" for other families.
 std::string format_address(const sockaddr* sa);
 inline std::string format_address(const sockaddr_storage& ss) { return format_address(reinterpret_cast<const sockaddr*>(&ss)); }

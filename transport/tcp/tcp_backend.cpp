@@ -26,9 +26,11 @@ struct TcpRegion final : MemoryRegion::Impl {};
 /// Opens listeners and connections with the settings the probe allowed.
 class TcpBackend final : public Backend {
  public:
-  TcpBackend(const BackendConfig& config, const TcpSettings& opt) : opt_(opt), depth_(config.tcp.queue_depth) {
+  TcpBackend(const BackendConfig& config, const TcpSettings& opt,
+             std::shared_ptr<const security::TlsContext> client_tls)
+      : opt_(opt), depth_(config.tcp.queue_depth), client_tls_(std::move(client_tls)) {
     caps_.backend = "tcp";
-    caps_.provider = "io_uring";
+    caps_.provider = opt.tls.enabled ? "io_uring, TLS 1.3" : "io_uring";
     caps_.host_memory = true;
     caps_.cuda_memory = false;
     caps_.one_sided_read = false;
@@ -39,12 +41,17 @@ class TcpBackend final : public Backend {
   [[nodiscard]] const Capabilities& capabilities() const override { return caps_; }
 
   Result<std::unique_ptr<Listener>> listen(const std::string& address) override {
-    return listen_tcp(address, opt_, depth_);
+    std::shared_ptr<const security::TlsContext> tls;
+    if (opt_.tls.enabled) {
+      // Made per listener: only a listening side needs a certificate.
+      KVS_ASSIGN_OR_RETURN(tls, security::TlsContext::create(opt_.tls, security::TlsRole::server));
+    }
+    return listen_tcp(address, opt_, depth_, std::move(tls));
   }
 
   Result<std::unique_ptr<Connection>> connect(const std::string& address, Deadline deadline,
                                               const CancelToken& cancel) override {
-    return connect_tcp(address, opt_, depth_, deadline, cancel);
+    return connect_tcp(address, opt_, depth_, client_tls_, deadline, cancel);
   }
 
   Result<MemoryRegion> register_memory(void* data, size_t size, MemoryType type) override {
@@ -67,6 +74,7 @@ class TcpBackend final : public Backend {
   Capabilities caps_;
   TcpSettings opt_;
   unsigned depth_;
+  std::shared_ptr<const security::TlsContext> client_tls_;  ///< null in clear text
   RegistrationCache cache_;
 };
 
@@ -100,7 +108,16 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendConfig& config) {
       opt.send_zc = false;
     }
   }
-  return std::unique_ptr<Backend>(std::make_unique<TcpBackend>(config, opt));
+  std::shared_ptr<const security::TlsContext> client_tls;
+  if (opt.tls.enabled) {
+    // The client's context is made here, so bad paths or trust fail at creation.
+    KVS_ASSIGN_OR_RETURN(client_tls, security::TlsContext::create(opt.tls, security::TlsRole::client));
+    if (opt.send_zc) {
+      KVS_LOG_INFO("tcp: send_zc is ignored with TLS (records are encrypted before they are sent)");
+      opt.send_zc = false;
+    }
+  }
+  return std::unique_ptr<Backend>(std::make_unique<TcpBackend>(config, opt, std::move(client_tls)));
 }
 
 }  // namespace tcp

@@ -42,6 +42,7 @@ Status TcpConnection::connect_to(const sockaddr_storage& addr, Deadline deadline
 }
 
 std::string TcpConnection::describe() const {
+  if (tls_) return fmt::format("tcp {} (io_uring, {})", peer_, tls_path_);
   return fmt::format("tcp {} (io_uring{})", peer_, opt_.send_zc ? ", send_zc" : "");
 }
 
@@ -62,8 +63,28 @@ Status TcpConnection::fail(Status why) {
   return why;
 }
 
+namespace {
+
+// The client's handshake on a connected socket, then the record layer.
+Result<std::unique_ptr<Connection>> handshake_tls(std::unique_ptr<TcpConnection> conn,
+                                                  const security::TlsContext& tls, const std::string& host,
+                                                  Deadline deadline, const CancelToken& cancel) {
+  KVS_ASSIGN_OR_RETURN(auto ssl, tls.new_session(host));
+  if (SSL_set_fd(ssl.get(), conn->fd()) != 1)
+    return make_status(StatusCode::internal, "tls: SSL_set_fd: {}", security::openssl_errors());
+  KVS_RETURN_IF_ERROR(security::run_handshake(ssl.get(), conn->fd(), deadline,
+                                              [&cancel] { return cancel.cancelled(); }, conn->peer_address()));
+  KVS_ASSIGN_OR_RETURN(auto established, security::finish_handshake(ssl.get(), security::TlsRole::client));
+  ssl.reset();  // never sends: close_notify would be a record the layer below does not know of
+  KVS_RETURN_IF_ERROR(conn->use_tls(std::move(established), tls.settings().kernel_tls));
+  return std::unique_ptr<Connection>(std::move(conn));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, const TcpSettings& opt, unsigned depth,
-                                                Deadline deadline, const CancelToken& cancel) {
+                                                std::shared_ptr<const security::TlsContext> tls, Deadline deadline,
+                                                const CancelToken& cancel) {
   auto resolved = resolve_address("tcp", address, false);
   if (!resolved.ok()) return resolved.status();
   const std::vector<sockaddr_storage>& addrs = *resolved;
@@ -77,6 +98,13 @@ Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, cons
     auto conn = std::make_unique<TcpConnection>(*fd, format_address(a), opt);
     if (Status st = conn->init(depth); !st.ok()) return st;
     last = conn->connect_to(a, deadline, cancel);
+    if (last.ok() && tls) {
+      // A refused certificate is final: the name's other addresses reach the same server.
+      std::string host;
+      uint16_t port = 0;
+      (void)parse_host_port(address, host, port);  // resolve_address accepted it
+      return handshake_tls(std::move(conn), *tls, host, deadline, cancel);
+    }
     if (last.ok()) return std::unique_ptr<Connection>(std::move(conn));
     if (last.code() == StatusCode::timed_out || last.code() == StatusCode::cancelled) break;
   }

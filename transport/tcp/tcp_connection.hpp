@@ -4,8 +4,9 @@
 // Each connection owns two rings (one for sends, one for receives) so that one
 // thread may send while another receives without the two stealing each other's
 // completions; a mutex per direction serialises callers of the same direction.
-// The send side is tcp_send.cpp, the receive side tcp_receive.cpp; this header's
-// .cpp has what both share (setup, connect, the broken state).
+// The send side is tcp_send.cpp, the receive side tcp_receive.cpp, TLS (the
+// handshake, then the record layer in the kernel or in user space) tcp_tls.cpp;
+// this header's .cpp has what all share (setup, connect, the broken state).
 #pragma once
 
 #include <sys/socket.h>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "kvstream/transport.hpp"
+#include "security/tls_context.hpp"
+#include "security/tls_record.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 #include "transport/tcp/tcp_ring.hpp"
 
@@ -45,12 +48,19 @@ class TcpConnection final : public Connection {
   /// Connects the (not yet connected) socket to `addr` through the send ring.
   Status connect_to(const sockaddr_storage& addr, Deadline deadline, const CancelToken& cancel);
 
+  /// Turns TLS on for a connection whose handshake is done (connect_tcp, the
+  /// listener's TlsAcceptor): each direction's records are made by the kernel where
+  /// `kernel_tls` and the kernel allow, here otherwise. Errors: internal.
+  Status use_tls(security::TlsEstablished tls, bool kernel_tls);
+  [[nodiscard]] std::vector<std::string> peer_certificate_names() const override { return peer_names_; }
+
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
   Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
   Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override;
   Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override;
 
   [[nodiscard]] std::string peer_address() const override { return peer_; }
+  [[nodiscard]] int fd() const { return fd_; }
   [[nodiscard]] std::string describe() const override;
 
  private:
@@ -66,6 +76,7 @@ class TcpConnection final : public Connection {
     uint64_t op = 0;  ///< id of its SENDMSG in the kernel, 0 when none
     int notifs = 0;   ///< zero-copy notifications still to come
     bool zc = false;
+    std::vector<std::byte> sealed;  ///< the message as TLS records (user-space TLS)
   };
 
   // ---- both directions (tcp_connection.cpp) ----
@@ -76,6 +87,15 @@ class TcpConnection final : public Connection {
   /// the other direction's call ends) and returns `why` (logged unless it is a
   /// deadline or cancel, which the caller asked for).
   Status fail(Status why);
+
+  // ---- TLS (tcp_tls.cpp) ----
+
+  /// Puts the message's framing + header and body into m.sealed as TLS records.
+  Status seal_message(TxMsg& m, std::span<const std::byte> head, std::span<const std::byte> body);
+  /// Reads at most `n` (> 0) bytes of plaintext into `to` through the user-space
+  /// record layer (under rx_mu_). A deadline or cancel leaves what arrived buffered
+  /// (the next call continues); other errors break the connection.
+  Result<size_t> tls_read(std::byte* to, size_t n, Deadline deadline, const CancelToken& cancel);
 
   // ---- the send pipeline, all under tx_mu_ (tcp_send.cpp) ----
 
@@ -108,6 +128,19 @@ class TcpConnection final : public Connection {
   const std::string who_;  ///< "tcp <peer>": names this connection in wait verdicts
   const TcpSettings opt_;
 
+  // TLS: set by use_tls() before the connection is handed out.
+  bool tls_ = false;
+  bool tx_user_tls_ = false, rx_user_tls_ = false;      ///< a direction's records made here
+  bool tx_kernel_tls_ = false, rx_kernel_tls_ = false;  ///< a direction's records made by the kernel
+  std::string tls_path_;                                ///< for describe()
+  std::vector<std::string> peer_names_;
+  security::RecordSealer sealer_;  // under tx_mu_
+  security::RecordOpener opener_;  // under rx_mu_
+  std::vector<std::byte> tls_in_;  ///< received records not yet opened [tls_in_begin_, tls_in_end_)
+  size_t tls_in_begin_ = 0, tls_in_end_ = 0;
+  std::vector<std::byte> tls_plain_;  ///< an opened record's data the caller had no room for
+  size_t tls_plain_begin_ = 0, tls_plain_end_ = 0;
+
   std::atomic<bool> broken_{false};
   std::mutex broken_mu_;
   std::string broken_why_;
@@ -134,7 +167,11 @@ class TcpConnection final : public Connection {
 /// turn until one accepts (a deadline or cancel stops the tries). Errors:
 /// invalid_argument (bad address), unavailable (refused, unreachable), timed_out,
 /// cancelled, io_error.
+/// With `tls`, the TLS handshake follows the connect, by the same deadline (the
+/// server's certificate must name the address's host, or TlsSettings::server_name):
+/// permission_denied when a certificate is refused.
 Result<std::unique_ptr<Connection>> connect_tcp(const std::string& address, const TcpSettings& opt, unsigned depth,
-                                                Deadline deadline, const CancelToken& cancel);
+                                                std::shared_ptr<const security::TlsContext> tls, Deadline deadline,
+                                                const CancelToken& cancel);
 
 }  // namespace kvstream::transport::tcp

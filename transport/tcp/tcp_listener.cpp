@@ -13,22 +13,32 @@
 #include "transport/tcp/tcp_connection.hpp"
 #include "transport/tcp/tcp_ring.hpp"
 #include "transport/tcp/tcp_socket.hpp"
+#include "transport/tcp/tls_acceptor.hpp"
 
 namespace kvstream::transport::tcp {
 namespace {
 
 class TcpListener final : public Listener {
  public:
-  TcpListener(int fd, std::string address, const TcpSettings& opt, unsigned depth)
-      : fd_(fd), address_(std::move(address)), opt_(opt), depth_(depth) {}
+  TcpListener(int fd, std::string address, const TcpSettings& opt, unsigned depth,
+              std::shared_ptr<const security::TlsContext> tls)
+      : fd_(fd), address_(std::move(address)), opt_(opt), depth_(depth), tls_(std::move(tls)) {}
   ~TcpListener() override {
+    acceptor_.reset();  // its thread polls fd_
     if (pending_fd_ >= 0) close(pending_fd_);
     close(fd_);
   }
 
-  Status init() { return ring_.init(4); }
+  Status init() {
+    if (tls_) {
+      acceptor_ = std::make_unique<TlsAcceptor>(fd_, tls_, opt_, address_);
+      return acceptor_->start();
+    }
+    return ring_.init(4);
+  }
 
   Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
+    if (acceptor_) return accept_tls(deadline, cancel);
     std::lock_guard lock(mu_);
     int cfd = -1;
     sockaddr_storage peer{};
@@ -62,6 +72,15 @@ class TcpListener final : public Listener {
     return std::unique_ptr<Connection>(std::move(conn));
   }
 
+  // A connection whose handshake the acceptor's thread completed.
+  Result<std::unique_ptr<Connection>> accept_tls(Deadline deadline, const CancelToken& cancel) {
+    KVS_ASSIGN_OR_RETURN(auto ready, acceptor_->next(deadline, cancel));
+    auto conn = std::make_unique<TcpConnection>(ready.fd, format_address(ready.peer), opt_);
+    KVS_RETURN_IF_ERROR(conn->init(depth_));
+    KVS_RETURN_IF_ERROR(conn->use_tls(std::move(ready.tls), tls_->settings().kernel_tls));
+    return std::unique_ptr<Connection>(std::move(conn));
+  }
+
   [[nodiscard]] std::string address() const override { return address_; }
 
  private:
@@ -69,6 +88,8 @@ class TcpListener final : public Listener {
   const std::string address_;
   const TcpSettings opt_;
   const unsigned depth_;
+  const std::shared_ptr<const security::TlsContext> tls_;
+  std::unique_ptr<TlsAcceptor> acceptor_;  ///< with TLS: accepts and runs handshakes
   std::mutex mu_;
   Ring ring_;
   int pending_fd_ = -1;
@@ -77,7 +98,8 @@ class TcpListener final : public Listener {
 
 }  // namespace
 
-Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const TcpSettings& opt, unsigned depth) {
+Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const TcpSettings& opt, unsigned depth,
+                                             std::shared_ptr<const security::TlsContext> tls) {
   auto resolved = resolve_address("tcp", address, true);
   if (!resolved.ok()) return resolved.status();
   const std::vector<sockaddr_storage>& addrs = *resolved;
@@ -103,9 +125,16 @@ Result<std::unique_ptr<Listener>> listen_tcp(const std::string& address, const T
     sockaddr_storage bound{};
     socklen_t len = sizeof bound;
     getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-    auto l = std::make_unique<TcpListener>(fd, format_address(bound), opt, depth);
+    auto l = std::make_unique<TcpListener>(fd, format_address(bound), opt, depth, tls);
     if (Status st = l->init(); !st.ok()) return st;
-    KVS_LOG_DEBUG("tcp: listening on {}", l->address());
+    if (tls) {
+      KVS_LOG_DEBUG("tcp: listening on {} (TLS 1.3)", l->address());
+    } else if (is_loopback(bound)) {
+      KVS_LOG_DEBUG("tcp: listening on {} in clear text (loopback)", l->address());
+    } else {
+      KVS_LOG_WARN("tcp: listening on {} in clear text: anyone on the path sees every chunk (set tcp.tls.*)",
+                   l->address());
+    }
     return std::unique_ptr<Listener>(std::move(l));
   }
   return last;

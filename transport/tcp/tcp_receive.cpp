@@ -70,6 +70,17 @@ Status TcpConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   }
   if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
   // The rest goes straight into dest (or through rx_buf_ when discarding).
+  while (rx_user_tls_ && off < total) {
+    std::byte* to = discard ? rx_buf_.data() : dest.data() + off;
+    const uint64_t want = discard ? std::min<uint64_t>(total - off, rx_buf_.size()) : total - off;
+    auto got = tls_read(to, size_t(want), deadline, cancel);
+    if (!got.ok()) {
+      if (broken_.load(std::memory_order_acquire)) return got.status();
+      return fail(got.status().with_context(
+          fmt::format("tcp recv_body from {} ({} of {} body bytes received)", peer_, off, total)));
+    }
+    off += *got;
+  }
   while (off < total) {
     std::byte* to = discard ? rx_buf_.data() : dest.data() + off;
     const uint64_t want = discard ? std::min<uint64_t>(total - off, rx_buf_.size())
@@ -104,6 +115,12 @@ Status TcpConnection::fill(size_t need, Deadline deadline, const CancelToken& ca
       rx_begin_ = 0;
     }
     KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, who_, "recv_header"));
+    if (rx_user_tls_) {
+      auto got = tls_read(rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, deadline, cancel);
+      if (!got.ok()) return got.status();
+      rx_end_ += *got;
+      continue;
+    }
     io_uring_sqe* s = rx_.sqe();
     const uint64_t id = rx_.next_id();
     io_uring_prep_recv(s, fd_, rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, 0);

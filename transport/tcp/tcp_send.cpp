@@ -60,7 +60,21 @@ Result<uint64_t> TcpConnection::post_locked(std::span<const std::byte> header, s
   m->total = m->left = kTcpPrefixBytes + header.size() + body.size();
   m->op = 0;
   m->notifs = 0;
-  m->zc = opt_.send_zc && body.size() >= opt_.send_zc_min_bytes;
+  // Zero-copy only in clear: a kTLS socket encrypts from the pages it is given.
+  m->zc = opt_.send_zc && !tls_ && body.size() >= opt_.send_zc_min_bytes;
+  if (tx_user_tls_) {
+    // The records are the message now (the caller's body may be reused at once after
+    // wait_sends as before; it is not read again).
+    if (Status st = seal_message(*m, std::span<const std::byte>(m->head.data(), kTcpPrefixBytes + header.size()),
+                                 body);
+        !st.ok()) {
+      tx_pool_.push_back(std::move(m));
+      return fail(st.with_context(fmt::format("tls send to {}", peer_)));
+    }
+    m->iov[0] = {m->sealed.data(), m->sealed.size()};
+    m->iov_count = 1;
+    m->total = m->left = m->sealed.size();
+  }
   m->seq = ++tx_posted_;
   const uint64_t seq = m->seq;
   txq_.push_back(std::move(m));

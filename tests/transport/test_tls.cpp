@@ -1,0 +1,278 @@
+// TLS 1.3 on the tcp backend: who is refused (wrong CA, wrong name, no or foreign
+// client certificate, a clear-text peer), that a changed byte on the wire is caught,
+// and the names a verified client certificate gives the server. The conformance
+// suite runs the whole transport contract over TLS as "tcp_tls".
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <future>
+
+#include "kvstream/transport.hpp"
+#include "tests/transport/tls_test_util.hpp"
+#include "tests/transport/transport_test_util.hpp"
+
+using namespace kvstream;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+using transport::test_util::pattern;
+using transport::test_util::process_certs;
+using transport::test_util::tls_tcp_config;
+
+struct Ends {
+  std::unique_ptr<Backend> server_backend, client_backend;
+  std::unique_ptr<Listener> listener;
+  Result<std::unique_ptr<Connection>> client = Status(), server = Status();
+};
+
+// A listener of `server_cfg`, a connect from a backend of `client_cfg` (its TLS
+// handshake included) and an accept that waits at most `accept_wait`.
+Ends connect(const BackendConfig& server_cfg, const BackendConfig& client_cfg,
+             std::chrono::milliseconds accept_wait = 10s) {
+  Ends e;
+  auto sb = create_backend(server_cfg);
+  auto cb = create_backend(client_cfg);
+  EXPECT_TRUE(sb.ok() && cb.ok()) << sb.status().to_string() << " " << cb.status().to_string();
+  if (!sb.ok() || !cb.ok()) return e;
+  e.server_backend = std::move(sb).value(), e.client_backend = std::move(cb).value();
+  auto l = e.server_backend->listen("127.0.0.1:0");
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  if (!l.ok()) return e;
+  e.listener = std::move(l).value();
+  auto accepted = std::async(std::launch::async, [&] { return e.listener->accept(deadline_in(accept_wait), {}); });
+  e.client = e.client_backend->connect(e.listener->address(), deadline_in(10s), {});
+  e.server = accepted.get();
+  return e;
+}
+
+BackendConfig client_trusting(const std::string& ca) {
+  BackendConfig cfg;
+  cfg.tcp.tls.enabled = true;
+  cfg.tcp.tls.ca_file = ca;
+  return cfg;
+}
+
+TEST(Tls, RoundTripsAndSaysItsPath) {
+  ASSERT_TRUE(process_certs().ok()) << process_certs().error;
+  auto e = connect(tls_tcp_config(), client_trusting(process_certs().ca));
+  ASSERT_TRUE(e.client.ok()) << e.client.status().to_string();
+  ASSERT_TRUE(e.server.ok()) << e.server.status().to_string();
+  Connection& client = **e.client;
+  Connection& server = **e.server;
+  for (size_t n : {size_t(0), size_t(1), size_t(16383), size_t(16384), size_t(16385), size_t(1) << 20,
+                   (size_t(3) << 20) + 7}) {
+    const auto body = pattern(n, uint32_t(n));
+    const auto header = pattern(n % 4000 + 1, uint32_t(n) + 1);
+    auto sent = std::async(std::launch::async, [&] { return client.send(header, body, deadline_in(20s), {}); });
+    std::vector<std::byte> h;
+    auto len = server.recv_header(h, deadline_in(20s), {});
+    ASSERT_TRUE(len.ok()) << len.status().to_string();
+    ASSERT_EQ(*len, n);
+    std::vector<std::byte> got(n);
+    ASSERT_TRUE(server.recv_body(got, deadline_in(20s), {}).ok());
+    ASSERT_TRUE(sent.get().ok());
+    EXPECT_EQ(h, header);
+    EXPECT_EQ(got, body) << n;
+    // And back.
+    auto back = std::async(std::launch::async, [&] { return server.send(h, got, deadline_in(20s), {}); });
+    len = client.recv_header(h, deadline_in(20s), {});
+    ASSERT_TRUE(len.ok()) << len.status().to_string();
+    std::vector<std::byte> again(*len);
+    ASSERT_TRUE(client.recv_body(again, deadline_in(20s), {}).ok());
+    ASSERT_TRUE(back.get().ok());
+    EXPECT_EQ(again, body);
+  }
+  EXPECT_NE(client.describe().find("TLS 1.3"), std::string::npos) << client.describe();
+  EXPECT_NE(server.describe().find("TLS 1.3"), std::string::npos) << server.describe();
+  // The client presented no certificate; the server's names localhost.
+  EXPECT_TRUE(server.peer_certificate_names().empty());
+  const auto names = client.peer_certificate_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "localhost"), names.end());
+}
+
+TEST(Tls, ServerOfAnotherAuthorityIsRefused) {
+  auto e = connect(tls_tcp_config(), client_trusting(process_certs().other_ca), 1s);
+  ASSERT_FALSE(e.client.ok());
+  EXPECT_EQ(e.client.status().code(), StatusCode::permission_denied) << e.client.status().to_string();
+  EXPECT_NE(e.client.status().message().find("certificate"), std::string::npos) << e.client.status().to_string();
+  // Nothing reaches the server's accept.
+  EXPECT_EQ(e.server.status().code(), StatusCode::timed_out) << e.server.status().to_string();
+}
+
+TEST(Tls, ServerWithAnotherNameIsRefused) {
+  BackendConfig c = client_trusting(process_certs().ca);
+  c.tcp.tls.server_name = "storage.example";
+  auto e = connect(tls_tcp_config(), c, 1s);
+  EXPECT_EQ(e.client.status().code(), StatusCode::permission_denied) << e.client.status().to_string();
+  EXPECT_EQ(e.server.status().code(), StatusCode::timed_out) << e.server.status().to_string();
+}
+
+TEST(Tls, HostnameIsVerifiedByDefault) {
+  // The certificate names localhost and 127.0.0.1 (which the other tests connect to).
+  auto sb = create_backend(tls_tcp_config());
+  auto cb = create_backend(client_trusting(process_certs().ca));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  const std::string port = (*l)->address().substr((*l)->address().rfind(':') + 1);
+  auto c = (*cb)->connect("localhost:" + port, deadline_in(10s), {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE((*l)->accept(deadline_in(10s), {}).ok());
+}
+
+BackendConfig mutual_server() {
+  BackendConfig cfg = tls_tcp_config();
+  cfg.tcp.tls.require_client_cert = true;
+  return cfg;
+}
+
+// TLS 1.3: a client finishes its handshake before the server has checked its
+// certificate, so a refusal reaches it on its first read (an alert).
+void expect_refused_after_connect(Ends& e) {
+  EXPECT_EQ(e.server.status().code(), StatusCode::timed_out) << e.server.status().to_string();
+  if (!e.client.ok()) {
+    EXPECT_EQ(e.client.status().code(), StatusCode::permission_denied) << e.client.status().to_string();
+    return;
+  }
+  std::vector<std::byte> h;
+  auto r = (*e.client)->recv_header(h, deadline_in(5s), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::permission_denied) << r.status().to_string();
+}
+
+TEST(Tls, MutualTlsRefusesAMissingClientCertificate) {
+  auto e = connect(mutual_server(), client_trusting(process_certs().ca), 1s);
+  expect_refused_after_connect(e);
+}
+
+TEST(Tls, MutualTlsRefusesACertificateOfAnotherAuthority) {
+  BackendConfig c = client_trusting(process_certs().ca);
+  c.tcp.tls.cert_file = process_certs().other_client_cert;
+  c.tcp.tls.key_file = process_certs().other_client_key;
+  auto e = connect(mutual_server(), c, 1s);
+  expect_refused_after_connect(e);
+}
+
+TEST(Tls, MutualTlsGivesTheServerTheClientsNames) {
+  BackendConfig c = client_trusting(process_certs().ca);
+  c.tcp.tls.cert_file = process_certs().client_cert;
+  c.tcp.tls.key_file = process_certs().client_key;
+  auto e = connect(mutual_server(), c);
+  ASSERT_TRUE(e.client.ok()) << e.client.status().to_string();
+  ASSERT_TRUE(e.server.ok()) << e.server.status().to_string();
+  const auto names = (*e.server)->peer_certificate_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "tenant-a"), names.end());
+}
+
+TEST(Tls, AChangedByteOnTheWireIsCaughtNotDelivered) {
+  auto sb = create_backend(tls_tcp_config());
+  auto cb = create_backend(client_trusting(process_certs().ca));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  transport::test_util::TcpProxy proxy((*l)->address());
+  // Far past the handshake: inside the 1 MiB body the server sends.
+  proxy.flip_at(300000);
+  auto c = (*cb)->connect(proxy.address(), deadline_in(10s), {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = (*l)->accept(deadline_in(10s), {});
+  ASSERT_TRUE(s.ok());
+  const auto body = pattern(size_t(1) << 20, 9);
+  const std::byte h[3] = {std::byte(1), std::byte(2), std::byte(3)};
+  auto sent = std::async(std::launch::async, [&] { return (*s)->send(h, body, deadline_in(20s), {}); });
+  std::vector<std::byte> got_h;
+  auto len = (*c)->recv_header(got_h, deadline_in(20s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  std::vector<std::byte> got(*len);
+  Status st = (*c)->recv_body(got, deadline_in(20s), {});
+  EXPECT_EQ(st.code(), StatusCode::corrupt_data) << st.to_string();
+  EXPECT_NE(st.message().find("authentication"), std::string::npos) << st.to_string();
+  (void)sent.get();
+  // The connection is closed, not resynchronised past the bad record.
+  EXPECT_EQ((*c)->recv_header(got_h, deadline_in(2s), {}).status().code(), StatusCode::unavailable);
+}
+
+TEST(Tls, AClearTextPeerIsRefusedEitherWay) {
+  // A clear client against a TLS listener: nothing is accepted, the client's read fails.
+  {
+    auto e = connect(tls_tcp_config(), BackendConfig{}, 1s);
+    ASSERT_TRUE(e.client.ok());
+    const std::byte h[4] = {};
+    (void)(*e.client)->send(h, {}, deadline_in(5s), {});
+    EXPECT_EQ(e.server.status().code(), StatusCode::timed_out);
+    std::vector<std::byte> got;
+    EXPECT_FALSE((*e.client)->recv_header(got, deadline_in(5s), {}).ok());
+  }
+  // A TLS client against a clear listener: its connect fails.
+  {
+    auto sb = create_backend(BackendConfig{});
+    auto cb = create_backend(client_trusting(process_certs().ca));
+    ASSERT_TRUE(sb.ok() && cb.ok());
+    auto l = (*sb)->listen("127.0.0.1:0");
+    ASSERT_TRUE(l.ok());
+    auto server = std::async(std::launch::async, [&]() -> Status {
+      auto s = (*l)->accept(deadline_in(5s), {});
+      if (!s.ok()) return s.status();
+      std::vector<std::byte> h;
+      return (*s)->recv_header(h, deadline_in(5s), {}).status();
+    });
+    auto c = (*cb)->connect((*l)->address(), deadline_in(5s), {});
+    EXPECT_FALSE(c.ok());
+    EXPECT_EQ(server.get().code(), StatusCode::corrupt_data);
+  }
+}
+
+TEST(Tls, ASilentSocketHoldsUpNoOne) {
+  auto sb = create_backend(tls_tcp_config());
+  auto cb = create_backend(client_trusting(process_certs().ca));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  // A socket that connects and never speaks.
+  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(std::stoi((*l)->address().substr((*l)->address().rfind(':') + 1))));
+  ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  // accept() does not hand it out, and ends by its deadline and by cancel.
+  EXPECT_EQ((*l)->accept(deadline_in(200ms), {}).status().code(), StatusCode::timed_out);
+  CancelToken cancel;
+  cancel.cancel();
+  EXPECT_EQ((*l)->accept(deadline_in(10s), cancel).status().code(), StatusCode::cancelled);
+  // A real client meanwhile connects and is accepted.
+  auto c = (*cb)->connect((*l)->address(), deadline_in(10s), {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE((*l)->accept(deadline_in(10s), {}).ok());
+  ::close(silent);
+}
+
+TEST(Tls, SettingsAreCheckedWhenTheBackendIsMade) {
+  BackendConfig cfg;
+  ASSERT_TRUE(cfg.set("tcp.tls.enabled=true").ok());
+  ASSERT_TRUE(cfg.set("tcp.tls.ca_file=/nonexistent/ca.pem").ok());
+  auto b = create_backend(cfg);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::invalid_argument) << b.status().to_string();
+  // A server needs its certificate: the listener says so.
+  BackendConfig no_cert = client_trusting(process_certs().ca);
+  auto nb = create_backend(no_cert);
+  ASSERT_TRUE(nb.ok()) << nb.status().to_string();
+  auto l = (*nb)->listen("127.0.0.1:0");
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::invalid_argument);
+  // A key that is not the certificate's.
+  BackendConfig wrong = tls_tcp_config();
+  wrong.tcp.tls.key_file = process_certs().client_key;
+  auto wb = create_backend(wrong);
+  EXPECT_FALSE(wb.ok());
+}
+
+}  // namespace

@@ -1,0 +1,47 @@
+// TLS settings for transport tests: test certificates made once per process under
+// a temporary directory (tests/support/test_certs.hpp).
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "kvstream/transport_config.hpp"
+#include "tests/support/test_certs.hpp"
+
+namespace kvstream::transport::test_util {
+
+/// The process's test certificates (made at the first call).
+inline const kvstream::testing::TestCerts& process_certs() {
+  static const kvstream::testing::TestCerts certs = kvstream::testing::make_test_certs(
+      (std::filesystem::temp_directory_path() / ("kvs-tls-" + std::to_string(::getpid()))).string());
+  return certs;
+}
+
+/// A tcp config with TLS on both sides: the server certificate (localhost,
+/// 127.0.0.1) serves as either side's, the test CA is trusted; kernel TLS as the
+/// machine allows.
+inline BackendConfig tls_tcp_config() {
+  const auto& c = process_certs();
+  BackendConfig cfg;
+  cfg.name = "tcp";
+  cfg.tcp.tls.enabled = true;
+  cfg.tcp.tls.cert_file = c.server_cert;
+  cfg.tcp.tls.key_file = c.server_key;
+  cfg.tcp.tls.ca_file = c.ca;
+  return cfg;
+}
+
+/// The conformance suite's parameter for tcp with TLS.
+inline constexpr const char* kTlsTcp = "tcp_tls";
+
+/// The config a conformance parameter names: a backend, or kTlsTcp.
+inline BackendConfig config_for(const std::string& param) {
+  if (param == kTlsTcp) return tls_tcp_config();
+  BackendConfig cfg;
+  cfg.name = param;
+  return cfg;
+}
+
+}  // namespace kvstream::transport::test_util
