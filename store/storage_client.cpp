@@ -40,6 +40,9 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
     c.name_space = s.name_space;
     c.connections = s.connections;
     c.connect_timeout = s.connect_timeout;
+    c.tls = s.redis_tls;
+    c.at_rest = s.redis_at_rest;
+    c.read_clear_values = s.redis_read_clear_values;
     KVS_ASSIGN_OR_RETURN(client, redis::connect(c, deadline));
   } else {
     return make_status(StatusCode::invalid_argument, "storage.kind '{}' is not node, cluster or redis", s.kind);

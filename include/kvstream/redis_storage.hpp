@@ -1,5 +1,7 @@
-// A storage::Client over Redis (hiredis), for deployments that already run Redis and
-// want it to hold encoded chunks. The pipeline and the adaptive fetch use it unchanged.
+// A storage::Client over Redis, for deployments that already run Redis and want it
+// to hold encoded chunks. The pipeline and the adaptive fetch use it unchanged. It
+// speaks RESP on its own sockets, in clear or over TLS (RedisConfig::tls), and parses
+// replies with hiredis.
 //
 // Keys (namespace and context ids are validated as for the native node, so they never
 // contain ':'):
@@ -41,6 +43,26 @@
 // the map) and ASK, retries TRYAGAIN and CLUSTERDOWN within the call's deadline, and
 // reads from a replica when the primary is down or slower than `replica_after`.
 // docs/storage-backends.md says when to use it.
+//
+// TLS (RedisConfig::tls, for redis-server's tls-port): TLS 1.3, the server's
+// certificate verified against tls.ca_file (else the system's store) and required
+// to name the host connected to (DNS or IP SAN) or tls.server_name; tls.cert_file
+// and tls.key_file give a client certificate for tls-auth-clients. A cluster client
+// uses TLS to every node, those it learns from CLUSTER SLOTS and MOVED included: a
+// cluster with tls-cluster yes reports its TLS ports to TLS clients, and by default
+// its nodes by IP address, so the nodes' certificates must name those addresses (or
+// all carry the one name set as tls.server_name). The record layer stays in user
+// space (tls.kernel_tls is not used here).
+//
+// Encryption at rest (RedisConfig::at_rest.key_file): each value is sealed with
+// AES-256-GCM under the namespace's tenant key, in 64 KiB blocks each with its tag,
+// bound to its key name and size (the layout is in storage/redis/redis_seal.hpp);
+// the sealed value replaces the clear value and its :blocks sums. A value that fails
+// authentication is corrupt_data and never delivered; one sealed under a key id the
+// key file no longer holds, or read by a client without a key file, is
+// permission_denied. Values stored in clear before encryption was turned on stay
+// readable unless read_clear_values is false. Key names, sizes, parts tables and the
+// context sets stay in clear.
 #pragma once
 
 #include <chrono>
@@ -49,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include "kvstream/security.hpp"
 #include "kvstream/status.hpp"
 #include "kvstream/storage.hpp"
 #include "kvstream/transport.hpp"
@@ -75,19 +98,31 @@ struct RedisConfig {
   /// (WAIT), so that a failover cannot lose it. 0 for a cluster without replicas, where
   /// a failover can lose the writes of its last moments.
   uint32_t put_replicas = 1;
+  /// TLS to Redis (every node of a cluster). Off by default. require_client_cert
+  /// and kernel_tls do not apply to a Redis client.
+  TlsSettings tls;
+  /// Encryption of values at rest: a key file seals every value put from now on.
+  AtRestSettings at_rest;
+  /// With at_rest on: whether a value found in clear (stored before encryption was
+  /// turned on) is still read. true keeps old data readable; false refuses it
+  /// (corrupt_data) once it is gone, so that a value written into Redis by someone
+  /// without the key file is never delivered.
+  bool read_clear_values = true;
 };
 
 /// True when kvstream was built with hiredis (KVSTREAM_WITH_REDIS).
 bool available() noexcept;
 
 /// Connects (and checks the server with PING). Every call of the returned client
-/// keeps its deadline (hiredis socket timeouts set to the time left; a connection
-/// that timed out is reopened for the next call) and its cancel token (the call
-/// completes with cancelled within about 10 ms; the command's late reply is
-/// discarded, and the caller's buffer is never touched after the callback).
-/// register_memory accepts any host buffer. Errors: unsupported (built without
-/// hiredis), invalid_argument, permission_denied (AUTH refused), unavailable,
-/// timed_out, cancelled.
+/// keeps its deadline (each wait on the socket, the TLS handshake's included, is
+/// bounded by the time left; a connection that timed out is reopened for the next
+/// call) and its cancel token (the call completes with cancelled within about 10 ms;
+/// the command's late reply is discarded, and the caller's buffer is never touched
+/// after the callback). register_memory accepts any host buffer. Errors: unsupported
+/// (built without hiredis), invalid_argument (also: bad TLS files, TLS over a Unix
+/// socket), not_found (no key file), permission_denied (AUTH refused, a certificate
+/// refused either way), unavailable, timed_out, cancelled, corrupt_data (TLS to a
+/// port that does not serve it).
 Result<std::unique_ptr<storage::Client>> connect(const RedisConfig& config, transport::Deadline deadline,
                                                  const transport::CancelToken& cancel = {});
 

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstream/security.hpp"
 #include "kvstream/settings.hpp"
 #include "kvstream/status.hpp"
 
@@ -34,6 +35,12 @@ struct StorageSettings {
   /// asking the store again (0: always asks). A chunk removed meanwhile then fails
   /// that fetch's chunk with not_found, as it would a moment later anyway.
   std::chrono::milliseconds stat_reuse{2000};
+  /// redis and redis-cluster: TLS to Redis (redis_storage.hpp says what is verified).
+  TlsSettings redis_tls;
+  /// redis and redis-cluster: a key file seals every value stored (AES-256-GCM).
+  AtRestSettings redis_at_rest;
+  /// redis with redis_at_rest: values found in clear (stored before) are still read.
+  bool redis_read_clear_values = true;
 };
 
 /// What is stored and how the chunks are cut.

@@ -33,6 +33,32 @@ Status RedisClientBase::check_common(const RedisConfig& cfg) {
   return {};
 }
 
+Result<ClientSecurity> make_security(const RedisConfig& cfg) {
+  ClientSecurity out;
+  if (cfg.tls.enabled) {
+    if (cfg.address.rfind("unix:", 0) == 0)
+      return make_status(StatusCode::invalid_argument,
+                         "redis: TLS was asked for with a Unix socket address ({}); Redis serves TLS on TCP only",
+                         cfg.address);
+    KVS_ASSIGN_OR_RETURN(out.tls, security::TlsContext::create(cfg.tls, security::TlsRole::client));
+  }
+  KVS_ASSIGN_OR_RETURN(out.sealer, Sealer::create(cfg.at_rest, cfg.name_space, cfg.read_clear_values));
+  return out;
+}
+
+std::string ClientSecurity::describe() const {
+  std::string d;
+  if (tls) {
+    const TlsSettings& t = tls->settings();
+    d += fmt::format(", TLS (trusting {}{})", t.ca_file.empty() ? "the system's CAs" : t.ca_file,
+                     t.cert_file.empty() ? "" : ", client certificate " + t.cert_file);
+  }
+  if (sealer)
+    d += fmt::format(", values sealed at rest under key id {}{}", sealer->current_id(),
+                     sealer->read_clear() ? "" : ", clear values refused");
+  return d;
+}
+
 Result<transport::MemoryRegion> register_host_memory(void* data, size_t size, transport::MemoryType type) {
   if (type != transport::MemoryType::host)
     return make_status(StatusCode::unsupported,

@@ -47,6 +47,17 @@ class RedisClientBase : public storage::Client {
   bool cluster_;
 };
 
+/// What both clients build once from a RedisConfig and share between connections.
+struct ClientSecurity {
+  std::shared_ptr<const security::TlsContext> tls;  ///< null: in clear
+  std::shared_ptr<const Sealer> sealer;             ///< null: values in clear
+  /// For the client's log line: ", TLS (...)", ", values sealed (...)", or "".
+  std::string describe() const;
+};
+/// Errors: invalid_argument (TLS files, TLS with a Unix socket address), those of
+/// KeyRing::load.
+Result<ClientSecurity> make_security(const RedisConfig& cfg);
+
 Status validate_put(const std::string& context, uint32_t level, std::span<const std::byte> bytes,
                     std::span<const storage::ObjectPart> parts);
 Status validate_get(const std::string& context, uint32_t level, const transport::MemoryRegion& dest, size_t offset,
@@ -94,18 +105,20 @@ void deliver(Job<Worker>& j, const storage::GetCallback& done, Result<std::span<
 
 /// Queues a verified get of `key` into dest[offset, offset + capacity): on a worker,
 /// `runner_for(worker, job, key)` gives the Runner that reaches the key's server.
+/// `sealer` (null: values in clear) outlives the queue.
 template <typename Worker, typename RunnerFor>
 void queue_get(JobQueue<Worker>& q, std::string key, transport::MemoryRegion dest, size_t offset, size_t capacity,
                transport::Deadline deadline, const transport::CancelToken& cancel, storage::GetCallback done,
-               RunnerFor runner_for) {
+               RunnerFor runner_for, const Sealer* sealer) {
   auto job = std::make_shared<Job<Worker>>();
   job->deadline = deadline, job->cancel = cancel;
   auto shared_done = std::make_shared<storage::GetCallback>(std::move(done));
   job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
-  job->run = [shared_done, key = std::move(key), dest = std::move(dest), offset, capacity, runner_for](
+  job->run = [shared_done, key = std::move(key), dest = std::move(dest), offset, capacity, runner_for, sealer](
                  Worker& w, Job<Worker>& j) mutable {
     auto rs = runner_for(w, j, key)({{"GET", key}});
-    Result<std::span<const std::byte>> payload = rs.ok() ? verified_payload(key, (*rs)[0].get()) : rs.status();
+    Result<std::span<const std::byte>> payload =
+        rs.ok() ? verified_payload(key, (*rs)[0].get(), sealer) : rs.status();
     deliver(j, *shared_done, std::move(payload), dest, offset, capacity);
   };
   q.enqueue(std::move(job));
@@ -115,14 +128,15 @@ void queue_get(JobQueue<Worker>& q, std::string key, transport::MemoryRegion des
 template <typename Worker, typename RunnerFor>
 void queue_get_range(JobQueue<Worker>& q, std::string key, uint64_t offset, uint64_t length,
                      transport::MemoryRegion dest, size_t dest_offset, transport::Deadline deadline,
-                     const transport::CancelToken& cancel, storage::GetCallback done, RunnerFor runner_for) {
+                     const transport::CancelToken& cancel, storage::GetCallback done, RunnerFor runner_for,
+                     const Sealer* sealer) {
   auto job = std::make_shared<Job<Worker>>();
   job->deadline = deadline, job->cancel = cancel;
   auto shared_done = std::make_shared<storage::GetCallback>(std::move(done));
   job->fail = [shared_done](Status s) { (*shared_done)(std::move(s)); };
-  job->run = [shared_done, key = std::move(key), dest = std::move(dest), offset, length, dest_offset, runner_for](
-                 Worker& w, Job<Worker>& j) mutable {
-    Result<RangeRead> got = read_range(runner_for(w, j, key), key, blocks_key(key), offset, length);
+  job->run = [shared_done, key = std::move(key), dest = std::move(dest), offset, length, dest_offset, runner_for,
+               sealer](Worker& w, Job<Worker>& j) mutable {
+    Result<RangeRead> got = read_range(runner_for(w, j, key), key, blocks_key(key), offset, length, sealer);
     deliver(j, *shared_done, got.ok() ? Result<std::span<const std::byte>>(got->bytes) : got.status(), dest,
             dest_offset, length);
   };

@@ -44,7 +44,8 @@ class RedisClient final : public RedisClientBase {
     } else if (cfg.address.size() <= 5) {
       return make_status(StatusCode::invalid_argument, "redis address 'unix:' names no socket");
     }
-    auto c = std::unique_ptr<RedisClient>(new RedisClient(cfg));
+    KVS_ASSIGN_OR_RETURN(ClientSecurity sec, make_security(cfg));
+    auto c = std::unique_ptr<RedisClient>(new RedisClient(cfg, std::move(sec)));
     // One round trip proves the server is there (and takes our password), and that it
     // is not a cluster node (whose keys this layout would scatter across slots).
     KVS_ASSIGN_OR_RETURN(auto r, c->queue_->call<bool>(deadline, cancel, [](Conn& conn, QueueJob& j) -> Result<bool> {
@@ -57,8 +58,8 @@ class RedisClient final : public RedisClientBase {
       return true;
     }));
     (void)r;
-    KVS_LOG_INFO("redis storage client on {} (namespace '{}', {} connections)", cfg.address, cfg.name_space,
-                 cfg.connections);
+    KVS_LOG_INFO("redis storage client on {} (namespace '{}', {} connections{})", cfg.address, cfg.name_space,
+                 cfg.connections, c->sec_.describe());
     return std::unique_ptr<storage::Client>(std::move(c));
   }
 
@@ -71,8 +72,8 @@ class RedisClient final : public RedisClientBase {
     (void)version;
     KVS_RETURN_IF_ERROR(validate_put(context, level, bytes, parts));
     const std::string key = chunk_key(context, chunk, level);
-    // Copied here, so the call may end (cancel) while they are on the wire.
-    const EncodedValue v = encode_value(key, bytes);
+    // Copied (or sealed) here, so the call may end (cancel) while they are on the wire.
+    KVS_ASSIGN_OR_RETURN(const EncodedValue v, encode_value(key, bytes, sec_.sealer.get()));
     const auto table = storage::encode_parts(parts);
     auto r = queue_->call<bool>(
         deadline, cancel,
@@ -84,7 +85,7 @@ class RedisClient final : public RedisClientBase {
                                                   : Command{"HSET", parts_hash, field, parts_value};
           KVS_ASSIGN_OR_RETURN(auto rs, conn.run({{"MULTI"},
                                                   {"SET", key, *v.value},
-                                                  {"SET", blocks_key, *v.sums},
+                                                  sums_command(v, blocks_key),
                                                   {"HSET", sizes, field, size},
                                                   parts_cmd,
                                                   {"SADD", contexts, context},
@@ -100,7 +101,7 @@ class RedisClient final : public RedisClientBase {
                  size_t capacity, Deadline deadline, const CancelToken& cancel, GetCallback done) override {
     if (Status s = validate_get(context, level, dest, offset, capacity); !s.ok()) return done(s);
     queue_get(*queue_, chunk_key(context, chunk, level), std::move(dest), offset, capacity, deadline, cancel,
-              std::move(done), on_conn);
+              std::move(done), on_conn, sec_.sealer.get());
   }
 
   // A range read (redis_value.hpp's read_range): at most two blocks' worth more than
@@ -110,7 +111,7 @@ class RedisClient final : public RedisClientBase {
                        GetCallback done) override {
     if (Status s = validate_get_range(context, level, offset, length, dest, dest_offset); !s.ok()) return done(s);
     queue_get_range(*queue_, chunk_key(context, chunk, level), offset, length, std::move(dest), dest_offset, deadline,
-                    cancel, std::move(done), on_conn);
+                    cancel, std::move(done), on_conn, sec_.sealer.get());
   }
 
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
@@ -167,12 +168,14 @@ class RedisClient final : public RedisClientBase {
   }
 
  private:
-  explicit RedisClient(RedisConfig cfg) : RedisClientBase(false), cfg_(std::move(cfg)) {
+  RedisClient(RedisConfig cfg, ClientSecurity sec) : RedisClientBase(false), cfg_(std::move(cfg)), sec_(std::move(sec)) {
     ConnSettings cs{cfg_.address, cfg_.password, cfg_.database, cfg_.connect_timeout, false};
+    cs.tls = sec_.tls;
     queue_ = std::make_unique<Queue>(cfg_.connections, [cs] { return std::make_unique<Conn>(cs); });
   }
 
   const RedisConfig cfg_;
+  const ClientSecurity sec_;
   std::unique_ptr<Queue> queue_;  // last: its threads stop before the rest goes
 
   // One server: every key is on the worker's connection.

@@ -70,6 +70,7 @@ Redirect find_redirect(const std::vector<Reply>& rs) {
 // Shared by the client and its workers.
 struct ClusterState {
   RedisConfig cfg;
+  ClientSecurity sec;
   SlotMap map;
   std::mutex refresh_mu;
   Clock::time_point last_refresh{};
@@ -84,9 +85,8 @@ class ClusterWorker {
     auto& m = replica ? replica_conns_ : primary_conns_;
     auto& c = m[address];
     if (!c)
-      c = std::make_unique<Conn>(
-          ConnSettings{address, s_.cfg.password, 0, s_.cfg.connect_timeout, /*read_only=*/replica,
-                       /*log_errors=*/false});
+      c = std::make_unique<Conn>(ConnSettings{address, s_.cfg.password, 0, s_.cfg.connect_timeout,
+                                              /*read_only=*/replica, /*log_errors=*/false, s_.sec.tls});
     return *c;
   }
   ClusterState& state() { return s_; }
@@ -260,7 +260,8 @@ class ClusterClient final : public RedisClientBase {
       uint16_t port = 0;
       KVS_RETURN_IF_ERROR(transport::parse_host_port(a, host, port));
     }
-    auto c = std::unique_ptr<ClusterClient>(new ClusterClient(cfg));
+    KVS_ASSIGN_OR_RETURN(ClientSecurity sec, make_security(cfg));
+    auto c = std::unique_ptr<ClusterClient>(new ClusterClient(cfg, std::move(sec)));
     // The topology, once: proves a node is there, takes our password, and is a cluster.
     KVS_ASSIGN_OR_RETURN(auto r,
                          c->queue_->call<bool>(deadline, cancel, [](ClusterWorker& w, QueueJob& j) -> Result<bool> {
@@ -269,9 +270,9 @@ class ClusterClient final : public RedisClientBase {
                          }));
     (void)r;
     KVS_LOG_INFO("redis cluster storage client via {} (namespace '{}', {} slots covered, {} nodes, {} connections "
-                 "per node, puts wait for {} replicas)",
+                 "per node, puts wait for {} replicas{})",
                  cfg.address, cfg.name_space, c->state_->map.covered(), c->state_->map.addresses().size(),
-                 cfg.connections, cfg.put_replicas);
+                 cfg.connections, cfg.put_replicas, c->state_->sec.describe());
     return std::unique_ptr<storage::Client>(std::move(c));
   }
 
@@ -285,7 +286,7 @@ class ClusterClient final : public RedisClientBase {
     (void)version;
     KVS_RETURN_IF_ERROR(validate_put(context, level, bytes, parts));
     const std::string key = value_key(context, chunk, level);
-    const EncodedValue v = encode_value(key, bytes);
+    KVS_ASSIGN_OR_RETURN(const EncodedValue v, encode_value(key, bytes, state_->sec.sealer.get()));
     const auto table = storage::encode_parts(parts);
     auto r = queue_->call<bool>(
         deadline, cancel,
@@ -300,7 +301,7 @@ class ClusterClient final : public RedisClientBase {
                                                   : Command{"HSET", parts_hash, field, parts_value};
           std::vector<Command> tx{{"MULTI"},
                                   {"SET", key, *v.value},
-                                  {"SET", blocks, *v.sums},
+                                  sums_command(v, blocks),
                                   {"HSET", sizes, field, size},
                                   parts_cmd,
                                   {"EXEC"}};
@@ -314,7 +315,7 @@ class ClusterClient final : public RedisClientBase {
                  size_t capacity, Deadline deadline, const CancelToken& cancel, GetCallback done) override {
     if (Status s = validate_get(context, level, dest, offset, capacity); !s.ok()) return done(s);
     queue_get(*queue_, value_key(context, chunk, level), std::move(dest), offset, capacity, deadline, cancel,
-              std::move(done), on_slot);
+              std::move(done), on_slot, state_->sec.sealer.get());
   }
 
   void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
@@ -322,7 +323,7 @@ class ClusterClient final : public RedisClientBase {
                        GetCallback done) override {
     if (Status s = validate_get_range(context, level, offset, length, dest, dest_offset); !s.ok()) return done(s);
     queue_get_range(*queue_, value_key(context, chunk, level), offset, length, std::move(dest), dest_offset, deadline,
-                    cancel, std::move(done), on_slot);
+                    cancel, std::move(done), on_slot, state_->sec.sealer.get());
   }
 
   // The context's chunk set, then each chunk's size and parts tables (one
@@ -394,8 +395,10 @@ class ClusterClient final : public RedisClientBase {
   }
 
  private:
-  explicit ClusterClient(const RedisConfig& cfg) : RedisClientBase(true), state_(std::make_unique<ClusterState>()) {
+  ClusterClient(const RedisConfig& cfg, ClientSecurity sec)
+      : RedisClientBase(true), state_(std::make_unique<ClusterState>()) {
     state_->cfg = cfg;
+    state_->sec = std::move(sec);
     queue_ = std::make_unique<Queue>(cfg.connections, [s = state_.get()] { return std::make_unique<ClusterWorker>(*s); });
   }
 

@@ -40,10 +40,24 @@ bool parse_field(std::string_view f, uint32_t& chunk, uint32_t& level) {
   return colon != std::string_view::npos && parse_uint(f.substr(0, colon), chunk) &&
          parse_uint(f.substr(colon + 1), level) && level < storage::kMaxLevels;
 }
+Status sealed_without_key(const std::string& key) {
+  return make_status(StatusCode::permission_denied,
+                     "{} is encrypted at rest: this client has no key file (RedisConfig::at_rest.key_file)", key);
+}
+Status clear_refused(const std::string& key) {
+  return make_status(StatusCode::corrupt_data,
+                     "{} is stored in clear, and this client reads sealed values only "
+                     "(RedisConfig::read_clear_values)",
+                     key);
+}
 
 }  // namespace
 
-EncodedValue encode_value(const std::string& key, std::span<const std::byte> bytes) {
+Result<EncodedValue> encode_value(const std::string& key, std::span<const std::byte> bytes, const Sealer* sealer) {
+  if (sealer) {
+    KVS_ASSIGN_OR_RETURN(std::string sealed, sealer->seal(key, bytes));
+    return EncodedValue{std::make_shared<const std::string>(std::move(sealed)), nullptr};
+  }
   auto value = std::make_shared<std::string>(kChecksumBytes + bytes.size(), '\0');
   store_le64(value->data(), bound_checksum(key, bytes));
   if (!bytes.empty()) std::memcpy(value->data() + kChecksumBytes, bytes.data(), bytes.size());
@@ -53,15 +67,24 @@ EncodedValue encode_value(const std::string& key, std::span<const std::byte> byt
     store_le64(sums->data() + i * 8,
                block_checksum(seed, i,
                               bytes.subspan(i * kBlockBytes, std::min(kBlockBytes, bytes.size() - i * kBlockBytes))));
-  return {std::move(value), std::move(sums)};
+  return EncodedValue{std::move(value), std::move(sums)};
 }
 
-Result<std::span<const std::byte>> verified_payload(const std::string& key, const redisReply* r) {
+Command sums_command(const EncodedValue& v, const std::string& blocks_key) {
+  return v.sums ? Command{"SET", blocks_key, *v.sums} : Command{"DEL", blocks_key};
+}
+
+Result<std::span<const std::byte>> verified_payload(const std::string& key, redisReply* r, const Sealer* sealer) {
   if (r->type == REDIS_REPLY_NIL) return make_status(StatusCode::not_found, "no object {}", key);
   if (r->type != REDIS_REPLY_STRING) {
     Status e = reply_error(r, "get");
     return e.ok() ? make_status(StatusCode::corrupt_data, "{} is not a chunk (reply type {})", key, r->type) : e;
   }
+  if (Sealer::is_sealed(reply_str(r))) {
+    if (!sealer) return sealed_without_key(key);
+    return sealer->open(key, std::span(reinterpret_cast<std::byte*>(r->str), size_t(r->len)));
+  }
+  if (sealer && !sealer->read_clear()) return clear_refused(key);
   if (size_t(r->len) < kChecksumBytes)
     return make_status(StatusCode::corrupt_data, "{} is {} bytes, shorter than its checksum", key, r->len);
   const auto* p = reinterpret_cast<const std::byte*>(r->str);
@@ -71,8 +94,12 @@ Result<std::span<const std::byte>> verified_payload(const std::string& key, cons
   return payload;
 }
 
-Result<RangeRead> read_range(const Runner& run, const std::string& key, const std::string& blocks_key,
-                             uint64_t offset, uint64_t length) {
+namespace {
+
+// A range of a clear value (read_range without a sealer, or a value stored before
+// encryption was turned on).
+Result<RangeRead> read_clear_range(const Runner& run, const std::string& key, const std::string& blocks_key,
+                                   uint64_t offset, uint64_t length, const Sealer* sealer) {
   const uint64_t b0 = offset / kBlockBytes, b1 = (offset + length + kBlockBytes - 1) / kBlockBytes;
   const std::string from = std::to_string(kChecksumBytes + b0 * kBlockBytes),
                     to = std::to_string(kChecksumBytes + b1 * kBlockBytes - 1), sums_from = std::to_string(b0 * 8),
@@ -106,7 +133,7 @@ Result<RangeRead> read_range(const Runner& run, const std::string& key, const st
   if (e->element[3]->integer == 0) {
     // No block sums: the whole value, under its own checksum.
     KVS_ASSIGN_OR_RETURN(auto whole, run({{"GET", key}}));
-    KVS_ASSIGN_OR_RETURN(auto payload, verified_payload(key, whole[0].get()));
+    KVS_ASSIGN_OR_RETURN(auto payload, verified_payload(key, whole[0].get(), sealer));
     if (offset > payload.size() || length > payload.size() - offset)  // replaced since
       return make_status(StatusCode::out_of_range, "range [{}, {}) ends past the end of {} ({} bytes)", offset,
                          offset + length, key, payload.size());
@@ -129,6 +156,57 @@ Result<RangeRead> read_range(const Runner& run, const std::string& key, const st
       return make_status(StatusCode::corrupt_data, "{} failed its checksum (block {})", key, i);
   }
   return RangeRead{std::move(rs[5]), std::span<const std::byte>(p + (offset - first), length)};
+}
+
+// A range of a sealed value: its length, header and the sealed blocks the range
+// crosses in one MULTI/EXEC, then those blocks opened in place.
+Result<RangeRead> read_sealed_range(const Runner& run, const std::string& key, const std::string& blocks_key,
+                                    uint64_t offset, uint64_t length, const Sealer& sealer) {
+  const uint64_t b0 = offset / kBlockBytes, b1 = (offset + length + kBlockBytes - 1) / kBlockBytes;
+  const std::string head_to = std::to_string(Sealer::kHeaderBytes - 1), from = std::to_string(Sealer::block_offset(b0)),
+                    to = std::to_string(Sealer::block_offset(b1) - 1);
+  KVS_ASSIGN_OR_RETURN(auto rs, run({{"MULTI"},
+                                     {"STRLEN", key},
+                                     {"GETRANGE", key, "0", head_to},
+                                     {"GETRANGE", key, from, to},
+                                     {"EXEC"}}));
+  for (auto& x : rs) KVS_RETURN_IF_ERROR(reply_error(x.get(), "get range"));
+  redisReply* e = rs[4].get();
+  if (e->type != REDIS_REPLY_ARRAY || e->elements != 3)
+    return make_status(StatusCode::unavailable, "redis range transaction was aborted");
+  for (size_t i = 0; i < 3; ++i) {
+    Status s = reply_error(e->element[i], "get range");
+    if (!s.ok()) return make_status(StatusCode::corrupt_data, "{} is not a chunk: {}", key, s.message());
+  }
+  if (e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_STRING ||
+      e->element[2]->type != REDIS_REPLY_STRING)
+    return make_status(StatusCode::corrupt_data, "{} is not a chunk", key);
+  const long long stored = e->element[0]->integer;
+  if (stored == 0) return make_status(StatusCode::not_found, "no object {}", key);
+  const std::string_view head = reply_str(e->element[1]);
+  if (!Sealer::is_sealed(head)) {
+    if (!sealer.read_clear()) return clear_refused(key);
+    return read_clear_range(run, key, blocks_key, offset, length, &sealer);  // stored before encryption
+  }
+  KVS_ASSIGN_OR_RETURN(const uint64_t size, Sealer::payload_size(uint64_t(stored)));
+  if (offset > size || length > size - offset)
+    return make_status(StatusCode::out_of_range, "range [{}, {}) ends past the end of {} ({} bytes)", offset,
+                       offset + length, key, size);
+  redisReply* data = e->element[2];
+  const uint64_t want = std::min<uint64_t>(Sealer::block_offset(b1), uint64_t(stored)) - Sealer::block_offset(b0);
+  if (uint64_t(data->len) != want)
+    return make_status(StatusCode::corrupt_data, "{}: a range read returned {} bytes of {}", key, data->len, want);
+  KVS_ASSIGN_OR_RETURN(auto plain, sealer.open_blocks(key, head, size, b0,
+                                                      std::span(reinterpret_cast<std::byte*>(data->str), want)));
+  return RangeRead{std::move(rs[4]), plain.subspan(offset - b0 * kBlockBytes, length)};
+}
+
+}  // namespace
+
+Result<RangeRead> read_range(const Runner& run, const std::string& key, const std::string& blocks_key,
+                             uint64_t offset, uint64_t length, const Sealer* sealer) {
+  return sealer ? read_sealed_range(run, key, blocks_key, offset, length, *sealer)
+                : read_clear_range(run, key, blocks_key, offset, length, nullptr);
 }
 
 std::string object_field(uint32_t chunk, uint32_t level) { return fmt::format("{}:{}", chunk, level); }

@@ -30,8 +30,13 @@ class RedisCluster {
   }
 
   /// `node_timeout_ms`: how long a silent primary takes to be declared failed (and
-  /// replaced by its replica).
-  explicit RedisCluster(const std::string& tag, uint32_t node_timeout_ms = 1000) {
+  /// replaced by its replica). `tls`: the nodes also serve TLS (tls_address()), and
+  /// talk TLS to each other (tls-cluster, tls-replication); the fixture manages them
+  /// over their clear ports.
+  explicit RedisCluster(const std::string& tag, uint32_t node_timeout_ms = 1000,
+                        std::optional<RedisServerTls> tls = std::nullopt) {
+    if (tls) tls->clear_port_too = true;
+    tls_ = tls;
     for (int i = 0; i < 6; ++i) {
       servers_.push_back(std::make_unique<RedisServer>(
           tag,
@@ -39,7 +44,7 @@ class RedisCluster {
           // share one diskless transfer).
           std::vector<std::string>{"--cluster-node-timeout", std::to_string(node_timeout_ms),
                                    "--repl-diskless-sync-delay", "0"},
-          true));
+          true, tls));
       if (!servers_.back()->started()) {
         fail("redis-server " + std::to_string(i) + " did not start");
         return;
@@ -64,6 +69,12 @@ class RedisCluster {
   [[nodiscard]] RedisServer& server(size_t i) { return *servers_[i]; }
   [[nodiscard]] size_t size() const { return servers_.size(); }
   [[nodiscard]] std::string seed() const { return servers_[0]->address(); }
+  /// Every node's TLS address (a TLS cluster).
+  [[nodiscard]] std::vector<std::string> tls_addresses() const {
+    std::vector<std::string> out;
+    for (const auto& s : servers_) out.push_back(s->tls_address());
+    return out;
+  }
 
   /// A cluster storage client of namespace `ns`.
   Result<std::unique_ptr<storage::Client>> client(uint32_t connections = 4, uint32_t put_replicas = 1,
@@ -123,9 +134,15 @@ class RedisCluster {
 
   /// Moves `slots` slots from primary `from` to primary `to` with their keys
   /// (redis-cli --cluster reshard); returns redis-cli's output.
+  /// A TLS cluster is resharded over TLS: its nodes MIGRATE keys to each other over
+  /// TLS, to the ports redis-cli names, which must be the TLS ones.
   std::string reshard(size_t from, size_t to, uint32_t slots) const {
-    return cli({"--cluster", "reshard", seed(), "--cluster-from", id_of(from), "--cluster-to", id_of(to),
-                "--cluster-slots", std::to_string(slots), "--cluster-yes"});
+    std::vector<std::string> args;
+    if (tls_) args = {"--tls", "--cacert", tls_->ca, "--cert", tls_->cert, "--key", tls_->key};
+    args.insert(args.end(), {"--cluster", "reshard", tls_ ? servers_[0]->tls_address() : seed(), "--cluster-from",
+                             id_of(from), "--cluster-to", id_of(to), "--cluster-slots", std::to_string(slots),
+                             "--cluster-yes"});
+    return cli(args);
   }
 
   /// Until every live node reports cluster_state:ok and every live replica is in sync.
@@ -199,6 +216,7 @@ class RedisCluster {
 
  private:
   std::vector<std::unique_ptr<RedisServer>> servers_;
+  std::optional<RedisServerTls> tls_;
   bool ok_ = false;
   std::string why_;
 

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,15 @@ extern char** environ;
 
 namespace kvstream::transport::test_util {
 
+/// TLS for a test server (redis-server's tls-* options; TestCerts makes the files).
+struct RedisServerTls {
+  std::string cert, key, ca;
+  std::string auth_clients = "no";  ///< tls-auth-clients: no, yes or optional
+  /// Keep a clear port beside the TLS one (a cluster fixture manages its nodes over
+  /// it); false: TLS only (--port 0).
+  bool clear_port_too = false;
+};
+
 class RedisServer {
  public:
   /// Why Redis tests cannot run here ("" when they can).
@@ -38,8 +48,11 @@ class RedisServer {
   /// Starts one under <tmp>/<tag>-<pid>-<n> (with `extra_args` on its command line);
   /// started() says whether it came up. `cluster`: a cluster node, its bus on a second
   /// free port (port + 10000, redis' default, can pass 65535).
-  explicit RedisServer(const std::string& tag, std::vector<std::string> extra_args = {}, bool cluster = false)
-      : extra_args_(std::move(extra_args)), cluster_(cluster) {
+  /// `tls`: serve TLS on tls_port() (and in clear on port() only when
+  /// tls->clear_port_too).
+  explicit RedisServer(const std::string& tag, std::vector<std::string> extra_args = {}, bool cluster = false,
+                       std::optional<RedisServerTls> tls = std::nullopt)
+      : extra_args_(std::move(extra_args)), cluster_(cluster), tls_(std::move(tls)) {
     static int counter = 0;
     dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", tag, ::getpid(), counter++);
     std::filesystem::remove_all(dir_);
@@ -64,6 +77,9 @@ class RedisServer {
   [[nodiscard]] uint16_t port() const { return port_; }
   [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
   [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
+  /// The TLS port (0 without TLS) and its address.
+  [[nodiscard]] uint16_t tls_port() const { return tls_port_; }
+  [[nodiscard]] std::string tls_address() const { return fmt::format("127.0.0.1:{}", tls_port_); }
 
   /// Stops it at once (SIGKILL), as a crash would.
   void kill() {
@@ -74,7 +90,9 @@ class RedisServer {
   }
 
   /// Whether it answers PING (a plain socket: a cluster node is no storage client).
+  /// TLS only: whether its TLS port takes connections.
   [[nodiscard]] bool answers_ping(std::chrono::milliseconds timeout) const {
+    if (port_ == 0) return accepts(tls_port_);
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return false;
     timeval tv{0, suseconds_t(std::chrono::microseconds(timeout).count())};
@@ -103,8 +121,9 @@ class RedisServer {
  private:
   std::vector<std::string> extra_args_;
   bool cluster_ = false;
+  std::optional<RedisServerTls> tls_;
   std::filesystem::path dir_;
-  uint16_t port_ = 0;
+  uint16_t port_ = 0, tls_port_ = 0;
   pid_t pid_ = -1;
 
   static std::string program() {
@@ -112,13 +131,31 @@ class RedisServer {
       if (std::filesystem::exists(std::string(d) + "redis-server")) return std::string(d) + "redis-server";
     return {};
   }
+  static bool accepts(uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+  }
   void start() {
-    port_ = free_port();
+    port_ = tls_ && !tls_->clear_port_too ? 0 : free_port();
     const std::string prog = program(), port = std::to_string(port_), dir = dir_.string(),
                       log = (dir_ / "redis.log").string();
     std::vector<std::string> args = {prog,     "--port",       port, "--bind",      "127.0.0.1", "--dir",     dir,
                                      "--save", "",             "--appendonly", "no", "--daemonize", "no", "--logfile",
                                      log};
+    if (tls_) {
+      tls_port_ = free_port();
+      args.insert(args.end(), {"--tls-port", std::to_string(tls_port_), "--tls-cert-file", tls_->cert,
+                               "--tls-key-file", tls_->key, "--tls-ca-cert-file", tls_->ca, "--tls-auth-clients",
+                               tls_->auth_clients});
+      if (cluster_) args.insert(args.end(), {"--tls-cluster", "yes", "--tls-replication", "yes"});
+    }
     args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     if (cluster_)
       args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file", (dir_ / "nodes.conf").string(),
