@@ -49,6 +49,15 @@ struct StorageBenchOptions {
   /// Fetch through a Redis Cluster (one of its nodes) instead of a storage node the
   /// bench starts; each client connects with `connections` hiredis connections.
   std::string redis_cluster;
+  /// Fetch through one Redis server (host:port) instead of a storage node.
+  std::string redis;
+  /// Redis (either kind) over TLS, trusting this CA file; a client certificate and
+  /// key for tls-auth-clients.
+  std::string redis_tls_ca, redis_tls_cert, redis_tls_key;
+  /// Redis values sealed at rest under this key file.
+  std::string redis_at_rest_key_file;
+  /// Times the chunk set is written before the fetches, timed (put throughput).
+  uint32_t put_passes = 1;
 };
 int run_storage_bench(const StorageBenchOptions& o);
 

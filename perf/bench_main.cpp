@@ -34,6 +34,13 @@ int main(int argc, char** argv) {
   st->add_option("--json", so.json, "write the figures as JSON");
   st->add_option("--redis-cluster", so.redis_cluster,
                  "host:port of a Redis Cluster node: the clients fetch from the cluster instead of a storage node");
+  st->add_option("--redis", so.redis, "host:port of one Redis server: the clients fetch from it instead");
+  st->add_option("--redis-tls-ca", so.redis_tls_ca, "Redis over TLS, trusting this CA file");
+  st->add_option("--redis-tls-cert", so.redis_tls_cert, "Redis over TLS: client certificate (tls-auth-clients)");
+  st->add_option("--redis-tls-key", so.redis_tls_key, "Redis over TLS: the client certificate's key");
+  st->add_option("--redis-at-rest-key-file", so.redis_at_rest_key_file, "Redis values sealed under this key file");
+  st->add_option("--put-passes", so.put_passes, "times the chunks are written, timed, before the fetches")
+      ->capture_default_str();
   kvstream::bench::PipelineBenchOptions po;
   auto* pl = app.add_subcommand("pipeline", "transfer alone, decode alone and the pipelined fetch of one context");
   pl->add_option("--data", po.data, "tinyllama data directory");
