@@ -45,9 +45,11 @@ Status RecordSealer::init(const TrafficKey& key) {
   return init_ctx(ctx_, key_, true);
 }
 
-Status RecordSealer::seal(std::span<const std::byte> data, std::vector<std::byte>& out) {
-  size_t at = out.size();
-  out.resize(at + sealed_bytes(data.size()));
+Result<size_t> RecordSealer::seal(std::span<const std::byte> data, std::span<std::byte> out) {
+  if (out.size() < sealed_bytes(data.size()))
+    return make_status(StatusCode::invalid_argument, "tls record layer: {} bytes of room for {} of data", out.size(),
+                       data.size());
+  size_t at = 0;
   size_t off = 0;
   do {
     if (seq_ >= kTlsMaxRecordsPerKey)
@@ -72,7 +74,7 @@ Status RecordSealer::seal(std::span<const std::byte> data, std::vector<std::byte
     at += kTlsRecordHeaderBytes + len;
     off += n;
   } while (off < data.size());
-  return {};
+  return at;
 }
 
 RecordOpener::~RecordOpener() {

@@ -44,9 +44,11 @@ class RecordSealer {
   ~RecordSealer();
   /// Errors: internal.
   Status init(const TrafficKey& key);
-  /// Appends the records carrying `data` (at most 2^14 bytes each) to `out`.
-  /// Errors: resource_exhausted (the key's record limit), internal.
-  Status seal(std::span<const std::byte> data, std::vector<std::byte>& out);
+  /// Writes the records carrying `data` (at most 2^14 bytes each) to the start of
+  /// `out`, which has room for sealed_bytes(data.size()), and returns how many bytes
+  /// they took. Errors: invalid_argument (no room), resource_exhausted (the key's
+  /// record limit), internal.
+  Result<size_t> seal(std::span<const std::byte> data, std::span<std::byte> out);
 
  private:
   EVP_CIPHER_CTX* ctx_ = nullptr;

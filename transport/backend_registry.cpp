@@ -21,6 +21,12 @@ std::vector<std::string> available_backends() {
 }
 
 Result<std::unique_ptr<Backend>> create_backend(const BackendConfig& config) {
+  // Failing loudly: a config asking for TLS must never get a clear connection.
+  if (config.tcp.tls.enabled && config.name != "tcp")
+    return make_status(StatusCode::unsupported,
+                       "TLS (tcp.tls.enabled) is built for the tcp backend only; backend '{}' moves bytes in clear "
+                       "(run it on a trusted fabric, or use tcp)",
+                       config.name);
   Result<std::unique_ptr<Backend>> r = make_status(
       StatusCode::unsupported, "transport backend '{}' is not built into this kvstream (available: {})", config.name,
       fmt::join(available_backends(), ", "));

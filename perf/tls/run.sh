@@ -23,27 +23,34 @@ openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localh
 printf "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n" > "$tmp/ext"
 openssl x509 -req -in "$tmp/server.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" -CAcreateserial -days 2 \
   -extfile "$tmp/ext" -out "$tmp/server.pem" 2>/dev/null
-TLS=(--transport tcp.tls.enabled=true --transport "tcp.tls.cert_file=$tmp/server.pem"
-     --transport "tcp.tls.key_file=$tmp/server.key" --transport "tcp.tls.ca_file=$tmp/ca.pem")
+SERVER_TLS=(--transport tcp.tls.enabled=true --transport "tcp.tls.cert_file=$tmp/server.pem"
+            --transport "tcp.tls.key_file=$tmp/server.key")
+CLIENT_TLS=(--transport tcp.tls.enabled=true --transport "tcp.tls.ca_file=$tmp/ca.pem")
 
-# Gbit/s of one 1 MiB-block run; the client's log goes to $tmp/client.log.
+# Gbit/s of one 1 MiB-block run: kvperf "<server args>" "<client args>" (arrays by
+# name); the client's output goes to $tmp/client.log.
 kvperf() {
+  local -n srv_args=$1 cli_args=$2
   rm -f "$tmp/kv.json"
   local port=$((20000 + RANDOM % 20000))
-  "$PERF" --server --client 127.0.0.1 --port $port --max-block 1048576 "$@" >"$tmp/server.log" 2>&1 &
+  timeout $((SECS + 60)) "$PERF" --server --client 127.0.0.1 --port $port --max-block 1048576 "${srv_args[@]}" \
+    >"$tmp/server.log" 2>&1 &
   sleep 0.5
-  "$PERF" --client 127.0.0.1 --port $port --block 1048576 --batch 16 --seconds "$SECS" --json "$tmp/kv.json" \
-    "$@" >"$tmp/client.log" 2>&1
+  timeout $((SECS + 60)) "$PERF" --client 127.0.0.1 --port $port --block 1048576 --batch 16 --seconds "$SECS" \
+    --json "$tmp/kv.json" "${cli_args[@]}" >"$tmp/client.log" 2>&1 || { cat "$tmp/client.log" "$tmp/server.log" >&2; exit 1; }
   wait
   python3 -c "import json;print(json.load(open('$tmp/kv.json'))['rows'][0]['bytes_per_s']*8/1e9)"
 }
 median() { printf "%s\n" "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
+NONE=()
+SERVER_USER=("${SERVER_TLS[@]}" --transport tcp.tls.kernel_tls=false)
+CLIENT_USER=("${CLIENT_TLS[@]}" --transport tcp.tls.kernel_tls=false)
 clear=() user=() auto=()
 for r in $(seq "$RUNS"); do
-  clear+=("$(kvperf)")
-  user+=("$(kvperf "${TLS[@]}" --transport tcp.tls.kernel_tls=false)")
-  auto+=("$(kvperf "${TLS[@]}")")
+  clear+=("$(kvperf NONE NONE)")
+  user+=("$(kvperf SERVER_USER CLIENT_USER)")
+  auto+=("$(kvperf SERVER_TLS CLIENT_TLS)")
   path=$(grep -o "TLS 1.3 [^\"]*" "$tmp/client.log" | head -1 || true)
   echo "run $r: clear ${clear[-1]}, user-space TLS ${user[-1]}, TLS as available ${auto[-1]} Gbit/s" >&2
 done

@@ -273,6 +273,12 @@ TEST(Tls, SettingsAreCheckedWhenTheBackendIsMade) {
   wrong.tcp.tls.key_file = process_certs().client_key;
   auto wb = create_backend(wrong);
   EXPECT_FALSE(wb.ok());
+  // TLS asked of a backend that has none is an error, never a clear connection.
+  for (const char* other : {"ucx", "libfabric"}) {
+    BackendConfig o = tls_tcp_config();
+    o.name = other;
+    EXPECT_EQ(create_backend(o).status().code(), StatusCode::unsupported) << other;
+  }
 }
 
 }  // namespace

@@ -76,7 +76,9 @@ class TcpConnection final : public Connection {
     uint64_t op = 0;  ///< id of its SENDMSG in the kernel, 0 when none
     int notifs = 0;   ///< zero-copy notifications still to come
     bool zc = false;
-    std::vector<std::byte> sealed;  ///< the message as TLS records (user-space TLS)
+    /// The message as TLS records (user-space TLS): never zero-filled, grown as needed.
+    std::unique_ptr<std::byte[]> sealed;
+    size_t sealed_capacity = 0;
   };
 
   // ---- both directions (tcp_connection.cpp) ----
@@ -90,12 +92,15 @@ class TcpConnection final : public Connection {
 
   // ---- TLS (tcp_tls.cpp) ----
 
-  /// Puts the message's framing + header and body into m.sealed as TLS records.
-  Status seal_message(TxMsg& m, std::span<const std::byte> head, std::span<const std::byte> body);
+  /// Puts the message's framing + header and body into m.sealed as TLS records and
+  /// returns their size.
+  Result<size_t> seal_message(TxMsg& m, std::span<const std::byte> head, std::span<const std::byte> body);
   /// Reads at most `n` (> 0) bytes of plaintext into `to` through the user-space
-  /// record layer (under rx_mu_). A deadline or cancel leaves what arrived buffered
-  /// (the next call continues); other errors break the connection.
-  Result<size_t> tls_read(std::byte* to, size_t n, Deadline deadline, const CancelToken& cancel);
+  /// record layer (under rx_mu_); `coming`: plaintext bytes the stream certainly
+  /// still holds for the caller (a body's rest), so they are waited for in one
+  /// receive. A deadline or cancel leaves what arrived buffered (the next call
+  /// continues); other errors break the connection.
+  Result<size_t> tls_read(std::byte* to, size_t n, uint64_t coming, Deadline deadline, const CancelToken& cancel);
 
   // ---- the send pipeline, all under tx_mu_ (tcp_send.cpp) ----
 

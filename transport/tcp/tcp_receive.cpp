@@ -73,7 +73,7 @@ Status TcpConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   while (rx_user_tls_ && off < total) {
     std::byte* to = discard ? rx_buf_.data() : dest.data() + off;
     const uint64_t want = discard ? std::min<uint64_t>(total - off, rx_buf_.size()) : total - off;
-    auto got = tls_read(to, size_t(want), deadline, cancel);
+    auto got = tls_read(to, size_t(want), total - off, deadline, cancel);
     if (!got.ok()) {
       if (broken_.load(std::memory_order_acquire)) return got.status();
       return fail(got.status().with_context(
@@ -116,7 +116,8 @@ Status TcpConnection::fill(size_t need, Deadline deadline, const CancelToken& ca
     }
     KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, who_, "recv_header"));
     if (rx_user_tls_) {
-      auto got = tls_read(rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, deadline, cancel);
+      auto got = tls_read(rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, need - (rx_end_ - rx_begin_), deadline,
+                          cancel);
       if (!got.ok()) return got.status();
       rx_end_ += *got;
       continue;

@@ -65,15 +65,14 @@ Result<uint64_t> TcpConnection::post_locked(std::span<const std::byte> header, s
   if (tx_user_tls_) {
     // The records are the message now (the caller's body may be reused at once after
     // wait_sends as before; it is not read again).
-    if (Status st = seal_message(*m, std::span<const std::byte>(m->head.data(), kTcpPrefixBytes + header.size()),
-                                 body);
-        !st.ok()) {
+    auto sealed = seal_message(*m, std::span<const std::byte>(m->head.data(), kTcpPrefixBytes + header.size()), body);
+    if (!sealed.ok()) {
       tx_pool_.push_back(std::move(m));
-      return fail(st.with_context(fmt::format("tls send to {}", peer_)));
+      return fail(sealed.status().with_context(fmt::format("tls send to {}", peer_)));
     }
-    m->iov[0] = {m->sealed.data(), m->sealed.size()};
+    m->iov[0] = {m->sealed.get(), *sealed};
     m->iov_count = 1;
-    m->total = m->left = m->sealed.size();
+    m->total = m->left = *sealed;
   }
   m->seq = ++tx_posted_;
   const uint64_t seq = m->seq;

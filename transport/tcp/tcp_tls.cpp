@@ -72,15 +72,22 @@ Status TcpConnection::use_tls(security::TlsEstablished tls, bool kernel_tls) {
   return {};
 }
 
-Status TcpConnection::seal_message(TxMsg& m, std::span<const std::byte> head, std::span<const std::byte> body) {
-  m.sealed.clear();
-  m.sealed.reserve(security::sealed_bytes(head.size()) + security::sealed_bytes(body.size()));
-  KVS_RETURN_IF_ERROR(sealer_.seal(head, m.sealed));
-  if (!body.empty()) KVS_RETURN_IF_ERROR(sealer_.seal(body, m.sealed));
-  return {};
+Result<size_t> TcpConnection::seal_message(TxMsg& m, std::span<const std::byte> head,
+                                           std::span<const std::byte> body) {
+  const size_t need = security::sealed_bytes(head.size()) + security::sealed_bytes(body.size());
+  if (m.sealed_capacity < need) {
+    m.sealed = std::make_unique_for_overwrite<std::byte[]>(need);
+    m.sealed_capacity = need;
+  }
+  const std::span<std::byte> out(m.sealed.get(), need);
+  KVS_ASSIGN_OR_RETURN(const size_t first, sealer_.seal(head, out));
+  if (body.empty()) return first;
+  KVS_ASSIGN_OR_RETURN(const size_t second, sealer_.seal(body, out.subspan(first)));
+  return first + second;
 }
 
-Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, Deadline deadline, const CancelToken& cancel) {
+Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming, Deadline deadline,
+                                       const CancelToken& cancel) {
   if (tls_plain_begin_ < tls_plain_end_) {
     const size_t take = std::min(n, tls_plain_end_ - tls_plain_begin_);
     std::memcpy(to, tls_plain_.data() + tls_plain_begin_, take);
@@ -118,7 +125,13 @@ Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, Deadline deadlin
     KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, who_, "recv"));
     io_uring_sqe* s = rx_.sqe();
     const uint64_t id = rx_.next_id();
-    io_uring_prep_recv(s, fd_, tls_in_.data() + tls_in_end_, tls_in_.size() - tls_in_end_, 0);
+    // Bytes certainly on their way (a record is never smaller than its data) are
+    // waited for in one receive; past them, whatever is there.
+    const size_t room = tls_in_.size() - tls_in_end_;
+    const uint64_t buffered = tls_in_end_ - tls_in_begin_;
+    const bool all = coming > buffered && coming - buffered >= 4096;
+    const size_t want = all ? size_t(std::min<uint64_t>(room, coming - buffered)) : room;
+    io_uring_prep_recv(s, fd_, tls_in_.data() + tls_in_end_, want, all ? MSG_WAITALL : 0);
     io_uring_sqe_set_data64(s, id);
     int res = 0;
     bool got = false;
