@@ -15,7 +15,7 @@ struct HostRegion final : transport::MemoryRegion::Impl {};
 const transport::Capabilities& redis_capabilities(bool cluster) {
   static const auto make = [](const char* backend) {
     return transport::Capabilities{.backend = backend,
-                                   .provider = "hiredis over tcp",
+                                   .provider = "RESP on a socket, clear or TLS (hiredis' parser)",
                                    .host_memory = true,
                                    .cuda_memory = false,
                                    .one_sided_read = false,
