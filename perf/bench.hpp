@@ -58,6 +58,12 @@ struct StorageBenchOptions {
   std::string redis_at_rest_key_file;
   /// Times the chunk set is written before the fetches, timed (put throughput).
   uint32_t put_passes = 1;
+  /// The node's at-rest key file: its objects are sealed (format 4) and every read
+  /// from disk decrypts. Empty: stored in clear.
+  std::string at_rest_key_file;
+  /// The node's cache of hot chunks in MiB (-1: the node's default, 256). 0 makes
+  /// every fetch read (and, with a key file, decrypt) its chunk from the store.
+  int64_t cache_mb = -1;
 };
 int run_storage_bench(const StorageBenchOptions& o);
 

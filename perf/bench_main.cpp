@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
   st->add_option("--redis-at-rest-key-file", so.redis_at_rest_key_file, "Redis values sealed under this key file");
   st->add_option("--put-passes", so.put_passes, "times the chunks are written, timed, before the fetches")
       ->capture_default_str();
+  st->add_option("--at-rest-key-file", so.at_rest_key_file, "the node encrypts at rest under this key file");
+  st->add_option("--cache-mb", so.cache_mb, "the node's cache of hot chunks (-1: its default; 0: every fetch reads "
+                                            "the store)")
+      ->capture_default_str();
   kvstream::bench::PipelineBenchOptions po;
   auto* pl = app.add_subcommand("pipeline", "transfer alone, decode alone and the pipelined fetch of one context");
   pl->add_option("--data", po.data, "tinyllama data directory");

@@ -42,6 +42,8 @@ int run_storage_bench(const StorageBenchOptions& o) {
   sc.backend.name = o.backend;
   sc.directory = dir.string();
   sc.secrets = {{"bench", "bench-secret-0123456789"}};
+  sc.at_rest.key_file = o.at_rest_key_file;
+  if (o.cache_mb >= 0) sc.cache_bytes = uint64_t(o.cache_mb) << 20;
   auto server = storage::Server::start(sc);
   if (!server.ok()) return fmt::print(stderr, "kvstream-bench storage: {}\n", server.status().to_string()), 1;
   storage::ClientConfig cc;
@@ -63,6 +65,10 @@ int run_storage_bench(const StorageBenchOptions& o) {
   std::string target = !use_redis ? o.backend : (rc.cluster ? "redis-cluster " : "redis ") + rc.address;
   if (use_redis && rc.tls.enabled) target += ", tls";
   if (use_redis && !rc.at_rest.key_file.empty()) target += ", sealed at rest";
+  if (!use_redis) {
+    if (!o.at_rest_key_file.empty()) target += ", encrypted at rest";
+    if (o.cache_mb >= 0) target += fmt::format(", cache {} MiB", o.cache_mb);
+  }
   double put_s = 0;
   {
     auto loader = connect();
@@ -134,7 +140,9 @@ int run_storage_bench(const StorageBenchOptions& o) {
                         {"chunk_bytes", o.chunk_bytes}, {"fetches", ok.load()}, {"errors", errors.load()},
                         {"wrong", wrong.load()}, {"lat_us_p50", pct(0.5)}, {"lat_us_p99", pct(0.99)},
                         {"lat_us_p999", pct(0.999)}, {"gbit_per_s", gbps}, {"rss_warm_bytes", rss_warm},
-                        {"rss_end_bytes", rss_end}, {"put_gbit_per_s", put_gbps}};
+                        {"rss_end_bytes", rss_end}, {"put_gbit_per_s", put_gbps},
+                        {"at_rest", !o.at_rest_key_file.empty()},
+                        {"cache_mb", o.cache_mb}};
     std::ofstream(o.json) << j.dump(1) << "\n";
   }
   return errors.load() == 0 && wrong.load() == 0 ? 0 : 1;

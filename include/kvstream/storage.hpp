@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvstream/membership.hpp"
+#include "kvstream/security.hpp"
 #include "kvstream/status.hpp"
 #include "kvstream/transport.hpp"
 
@@ -102,7 +103,32 @@ struct ServerConfig {
   /// include/kvstream/membership.hpp). The node serves its namespaces' chunks to the
   /// new owners with the secrets above.
   cluster::RebalanceConfig membership;
+  /// Encryption at rest (off without a key file): every object is sealed under its
+  /// tenant's key from the key file's highest id; objects under older keys (or in
+  /// clear) are re-encrypted in the background, at start and after reload_keys().
+  AtRestSettings at_rest;
+  /// Pace of that re-encryption: payload bytes read and rewritten per second (0: unpaced).
+  uint64_t reencrypt_bytes_per_second = uint64_t(64) << 20;
 };
+
+/// What one re-encryption pass over a node's store did (the node's background pass,
+/// reencrypt_store).
+struct ReencryptReport {
+  uint64_t reencrypted = 0;  ///< objects rewritten under the current key
+  uint64_t bytes = 0;        ///< their payload bytes
+  uint64_t replaced = 0;     ///< left: a newer write or a remove came first (the newer write is under the current key)
+  uint64_t missing_key = 0;  ///< left: sealed under a key the key file lacks (readable again once it is back)
+  uint64_t failed = 0;       ///< damaged (moved aside) or an I/O error; the next pass tries again
+  uint64_t remaining = 0;    ///< objects not under the current key when the pass ended
+  bool cancelled = false;
+};
+
+/// Re-encrypts a node's directory offline (kvstream-server --reencrypt): one pass,
+/// under the directory's lock, so no node may be serving it. Errors: invalid_argument
+/// (no key file), not_found (key file), already_exists (a node holds the directory),
+/// io_error.
+Result<ReencryptReport> reencrypt_store(const std::string& directory, const AtRestSettings& at_rest,
+                                        uint64_t bytes_per_second = 0);
 
 /// A running storage node. Stops (and joins its threads) on destruction.
 class Server {
@@ -122,8 +148,15 @@ class Server {
     uint64_t budget_refusals = 0;         ///< requests answered resource_exhausted for memory
     uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
     uint64_t budget_limit_bytes = 0;
+    uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start
+    uint64_t objects_under_old_keys = 0;  ///< stored under another key, or in clear with a key file, now
   };
   [[nodiscard]] virtual Counters counters() const = 0;
+  /// Reads the at-rest key file again (rotation: kvstream-server does on SIGHUP): new
+  /// writes are sealed under its highest id, and objects under other keys are
+  /// re-encrypted in the background. On error the keys in use stay. Errors:
+  /// invalid_argument (the node has no key file, or it is malformed), not_found, io_error.
+  virtual Status reload_keys() = 0;
 };
 
 /// Client settings.

@@ -27,7 +27,8 @@ constexpr uint64_t kCacheShare = 4;
 std::string ObjectKey::name() const { return fmt::format("{}/{}/{}", ns, ctx, file_name(chunk, level)); }
 
 Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& directory, uint64_t cache_bytes,
-                                                     MemoryBudget& budget) {
+                                                     MemoryBudget& budget,
+                                                     std::shared_ptr<const security::KeyRing> keys) {
   if (directory.empty()) return make_status(StatusCode::invalid_argument, "storage directory is not set");
   std::error_code ec;
   fs::create_directories(directory, ec);
@@ -49,6 +50,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& director
   fs::create_directories(s->tmp_dir_, ec);
   if (!ec) fs::create_directories(s->quarantine_dir_, ec);
   if (ec) return make_status(StatusCode::io_error, "cannot prepare '{}': {}", directory, ec.message());
+  s->set_keys(std::move(keys));
   s->scan();
   budget.set_reclaimer([p = s.get()](uint64_t n) { p->reclaim(n); });
   if (s->counters_.stale_temporaries || s->counters_.quarantined)
@@ -84,12 +86,15 @@ void ChunkStore::scan() {
             chunk >= (1u << 20) || file_name(chunk, level) != name)
           continue;
         const ObjectKey k{ns, ctx, chunk, level};
-        auto obj = ObjectFile::open(f.path(), k.name());
+        // An object sealed under a key the key file lacks is intact: it stays, indexed
+        // by its verified structure, and is read once its key is back.
+        auto obj = ObjectFile::open(f.path(), k.name(), keys().get(), KeyCheck::when_present);
         if (!obj.ok()) {
           quarantine_locked(k, f.path(), obj.status().message());
           continue;
         }
-        set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version, obj->header().parts});
+        set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version, obj->header().parts,
+                                  obj->header().key_id});
       }
     }
   }
@@ -124,6 +129,8 @@ ChunkStore::Entry* ChunkStore::entry_locked(const ObjectKey& k) {
 }
 
 void ChunkStore::set_entry_locked(const ObjectKey& k, Entry e) {
+  if (const Entry* old = entry_locked(k); old && old->key_id != current_key_id_) --under_old_keys_;
+  if (e.generation != 0 && e.key_id != current_key_id_) ++under_old_keys_;
   if (e.generation == 0) {  // absent: drop it, and the chunk and context once empty
     auto n = index_.find(k.ns);
     if (n == index_.end()) return;
@@ -161,7 +168,11 @@ Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t len
     return make_status(StatusCode::out_of_range, "{} bytes (limit {})", length, kMaxChunkBytes);
   KVS_RETURN_IF_ERROR(validate_parts(parts, length));
   PendingPut p;
-  KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length, std::move(parts)));
+  std::optional<ObjectSeal> seal;
+  if (const auto ring = keys()) {
+    KVS_ASSIGN_OR_RETURN(seal, new_object_seal(*ring, key.ns));
+  }
+  KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length, std::move(parts), std::move(seal), key.name()));
   p.key_ = std::move(key);
   p.version_ = version;
   return p;
@@ -206,7 +217,7 @@ Status ChunkStore::commit(PendingPut&& pending, uint64_t checksum) {
   // and the acknowledgement waits for the directory's sync.
   {
     std::lock_guard lock(mu_);
-    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_, p.tmp_.parts()});
+    set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_, p.tmp_.parts(), p.tmp_.key_id()});
     cache_drop_locked(k.name());
   }
   return fsync_directory(ctx_dir);
@@ -237,7 +248,7 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
   {
     std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
     const std::string path = object_path(k);
-    auto f = ObjectFile::open(path, key);
+    auto f = ObjectFile::open(path, key, keys().get());
     if (!f.ok()) {
       if (f.status().code() == StatusCode::corrupt_data) {
         std::lock_guard lock(mu_);
@@ -261,7 +272,10 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
   } catch (const std::bad_alloc&) {
     return r;
   }
-  KVS_RETURN_IF_ERROR(r.file.read(0, blob->data));
+  if (Status s = r.file.read(0, blob->data); !s.ok()) {
+    if (s.code() == StatusCode::corrupt_data) report_corrupt(k, r.file);  // a sealed block failed its tag
+    return s;
+  }
   blob->checksum = XXH3_64bits(blob->data.data(), blob->data.size());
   if (blob->checksum != r.checksum) {
     report_corrupt(k, r.file);
@@ -289,14 +303,17 @@ Result<ChunkStore::StoredObject> ChunkStore::read_stored(const ObjectKey& k) {
   KVS_RETURN_IF_ERROR(check_key(k));
   Result<ObjectFile> f = [&] {
     std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
-    return ObjectFile::open(object_path(k), k.name());
+    return ObjectFile::open(object_path(k), k.name(), keys().get());
   }();
   KVS_RETURN_IF_ERROR(f.status());
   StoredObject out;
   out.version = f->header().version;
   out.parts = f->header().parts;
   out.bytes.resize(f->size());
-  KVS_RETURN_IF_ERROR(f->read(0, out.bytes));
+  if (Status s = f->read(0, out.bytes); !s.ok()) {
+    if (s.code() == StatusCode::corrupt_data) report_corrupt(k, *f);
+    return s;
+  }
   if (XXH3_64bits(out.bytes.data(), out.bytes.size()) != f->header().checksum) {
     report_corrupt(k, *f);
     return make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", k.name());
@@ -338,7 +355,12 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
   {
     std::lock_guard lock(mu_);
     auto n = index_.find(ns);
-    if (n == index_.end() || n->second.erase(ctx) == 0) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+    if (n == index_.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+    auto c = n->second.find(ctx);
+    if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+    for (const auto& [chunk, levels] : c->second.chunks)
+      for (const Entry& e : levels) under_old_keys_ -= e.generation != 0 && e.key_id != current_key_id_;
+    n->second.erase(c);
     cache_drop_prefix_locked(ns + "/" + ctx + "/");
   }
   // No write lands in a context directory except by a commit, which holds this
@@ -358,6 +380,31 @@ std::vector<std::string> ChunkStore::list(const std::string& ns) {
   if (auto n = index_.find(ns); n != index_.end())
     for (const auto& [ctx, c] : n->second) out.push_back(ctx);
   return out;
+}
+
+void ChunkStore::set_keys(std::shared_ptr<const security::KeyRing> keys) {
+  const uint32_t current = keys ? keys->current_id() : 0;
+  {
+    std::lock_guard lock(keys_mu_);
+    keys_ = std::move(keys);
+  }
+  std::lock_guard lock(mu_);
+  current_key_id_ = current;
+  under_old_keys_ = 0;
+  for (const auto& [ns, contexts] : index_)
+    for (const auto& [ctx, c] : contexts)
+      for (const auto& [chunk, levels] : c.chunks)
+        for (const Entry& e : levels) under_old_keys_ += e.generation != 0 && e.key_id != current;
+}
+
+std::shared_ptr<const security::KeyRing> ChunkStore::keys() const {
+  std::lock_guard lock(keys_mu_);
+  return keys_;
+}
+
+uint64_t ChunkStore::objects_under_old_keys() const {
+  std::lock_guard lock(mu_);
+  return under_old_keys_;
 }
 
 void ChunkStore::cache_put_locked(const std::string& key, Bytes b) {

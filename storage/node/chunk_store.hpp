@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "storage/node/dir_lock.hpp"
 #include "storage/node/memory_budget.hpp"
 #include "storage/node/object_file.hpp"
+#include "security/key_ring.hpp"
 
 namespace kvstream::storage {
 
@@ -69,11 +71,36 @@ class ChunkStore {
   /// Opens (creating) `directory`: takes its lock, removes temporary files of
   /// interrupted writes, indexes the objects whose headers verify and moves the others
   /// to <dir>/.quarantine. Cached objects draw from `budget` (which must outlive the
-  /// store) up to `cache_bytes`. Errors: already_exists (another node holds the
+  /// store) up to `cache_bytes`. With `keys`, writes are sealed (see set_keys); sealed
+  /// objects whose key `keys` lacks are indexed all the same (their structure
+  /// verified), not moved aside. Errors: already_exists (another node holds the
   /// directory), io_error.
   static Result<std::unique_ptr<ChunkStore>> open(const std::string& directory, uint64_t cache_bytes,
-                                                  MemoryBudget& budget);
+                                                  MemoryBudget& budget,
+                                                  std::shared_ptr<const security::KeyRing> keys = nullptr);
   ~ChunkStore();
+
+  /// The keys of encryption at rest, swapped at once (rotation: a reloaded key file).
+  /// Puts that begin afterwards are sealed under keys->current_id(); a put under way
+  /// keeps the key it began with. Null: new writes in clear (sealed objects stay
+  /// sealed, and unreadable).
+  void set_keys(std::shared_ptr<const security::KeyRing> keys);
+  [[nodiscard]] std::shared_ptr<const security::KeyRing> keys() const;
+  /// Objects not under the current key: sealed under another key (or at all, without
+  /// keys), or in clear while there are keys. What reencrypt() would rewrite.
+  [[nodiscard]] uint64_t objects_under_old_keys() const;
+
+  struct ReencryptOptions {
+    uint64_t bytes_per_second = 0;  ///< payload read and rewritten per second; 0: unpaced
+    transport::CancelToken cancel;  ///< ends the pass between pieces of an object
+  };
+  /// One pass over the index: every object not under the current key is read, verified
+  /// and rewritten under it with its write version and parts table, committed only if
+  /// the index still names the version that was read (a newer write or a remove
+  /// meanwhile wins; it is under the current key already). Objects whose key the ring
+  /// lacks are left as they are. Damaged ones are moved aside as a get would. Errors:
+  /// invalid_argument (no keys).
+  Result<ReencryptReport> reencrypt(const ReencryptOptions& options);
 
   /// A put under way: its bytes go straight to a temporary file.
   class PendingPut {
@@ -135,6 +162,7 @@ class ChunkStore {
     uint64_t generation = 0;  // 0: absent
     uint64_t version = 0;     // the write version in its header
     std::vector<ObjectPart> parts;  // the parts table in its header
+    uint32_t key_id = 0;      // the master key it is sealed under (0: clear)
   };
   struct Context {
     std::map<uint32_t, std::vector<Entry>> chunks;  // chunk -> per level
@@ -148,7 +176,7 @@ class ChunkStore {
   // Commits, removes and the opening of an object for reading take their context's
   // stripe, so a reader's descriptor and the generation it records belong together.
   std::array<std::mutex, 64> stripes_;
-  std::mutex mu_;  // the index, the cache and the counters (taken after a stripe)
+  mutable std::mutex mu_;  // the index, the cache and the counters (taken after a stripe)
   std::map<std::string, std::map<std::string, Context>> index_;
   uint64_t next_generation_ = 1;
   Lru lru_;  // most recent at the front
@@ -157,6 +185,10 @@ class ChunkStore {
   struct {
     uint64_t quarantined = 0, stale_temporaries = 0;
   } counters_;  // logged at open
+  uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
+  uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
+  mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)
+  std::shared_ptr<const security::KeyRing> keys_;
 
   std::mutex& stripe(const std::string& ns, const std::string& ctx);
   std::string context_dir(const std::string& ns, const std::string& ctx) const;
@@ -170,6 +202,10 @@ class ChunkStore {
   void cache_drop_prefix_locked(const std::string& prefix);
   void reclaim(uint64_t bytes);
   void scan();
+  // reencrypt(): one object, if it still is the version `generation` names.
+  Status reencrypt_one(const ObjectKey& k, uint64_t generation, const security::KeyRing& keys,
+                       std::span<std::byte> buffer, const std::function<bool(uint64_t)>& pace,
+                       ReencryptReport& report);
 };
 
 }  // namespace kvstream::storage

@@ -18,6 +18,7 @@
 #include "storage/cluster/rebalancer.hpp"
 #include "storage/node/chunk_store.hpp"
 #include "storage/node/preauth_pool.hpp"
+#include "storage/node/reencryptor.hpp"
 #include "storage/node/segment_pool.hpp"
 #include "storage/protocol.hpp"
 
@@ -56,7 +57,17 @@ class ServerImpl final : public Server {
                          "memory budget of {} bytes leaves less than two body segments beside a cache of {}",
                          cfg.memory_budget_bytes, cfg.cache_bytes);
     auto s = std::make_unique<ServerImpl>(cfg);
-    KVS_ASSIGN_OR_RETURN(s->store_, ChunkStore::open(cfg.directory, cfg.cache_bytes, s->budget_));
+    std::shared_ptr<const security::KeyRing> keys;
+    if (!cfg.at_rest.key_file.empty()) {
+      KVS_ASSIGN_OR_RETURN(keys, security::KeyRing::load(cfg.at_rest.key_file));
+    }
+    KVS_ASSIGN_OR_RETURN(s->store_, ChunkStore::open(cfg.directory, cfg.cache_bytes, s->budget_, keys));
+    if (keys) {
+      KVS_LOG_INFO("encryption at rest: {} keys, new writes under key {}; {} objects under other keys or in clear",
+                   keys->size(), keys->current_id(), s->store_->objects_under_old_keys());
+      s->reencryptor_ = std::make_unique<Reencryptor>(*s->store_, cfg.reencrypt_bytes_per_second);
+      s->reencryptor_->kick();
+    }
     KVS_ASSIGN_OR_RETURN(s->backend_, transport::create_backend(cfg.backend));
     s->segments_ = std::make_unique<SegmentPool>(*s->backend_, s->budget_, kSegmentBytes);
     KVS_ASSIGN_OR_RETURN(s->listener_, s->backend_->listen(cfg.address));
@@ -86,6 +97,24 @@ class ServerImpl final : public Server {
     }
     for (auto& w : workers) w.cancel.cancel(), w.handshake.cancel();
     for (auto& w : workers) w.thread.join();
+    std::lock_guard lock(keys_mu_);
+    if (reencryptor_) reencrypted_at_stop_ = reencryptor_->reencrypted();
+    reencryptor_.reset();
+  }
+
+  Status reload_keys() override {
+    if (cfg_.at_rest.key_file.empty())
+      return make_status(StatusCode::invalid_argument, "the node has no at-rest key file to reload");
+    KVS_ASSIGN_OR_RETURN(auto keys, security::KeyRing::load(cfg_.at_rest.key_file));
+    std::lock_guard lock(keys_mu_);
+    if (stopped_) return make_status(StatusCode::unavailable, "the node is stopping");
+    const uint32_t current = keys->current_id();
+    const size_t count = keys->size();
+    store_->set_keys(std::move(keys));
+    KVS_LOG_INFO("at-rest key file reloaded: {} keys, new writes under key {}; {} objects to re-encrypt", count,
+                 current, store_->objects_under_old_keys());
+    reencryptor_->kick();
+    return {};
   }
 
   Counters counters() const override {
@@ -94,6 +123,9 @@ class ServerImpl final : public Server {
     c.cache_hits = cache_hits_, c.auth_failures = auth_failures_;
     c.refused_connections = refused_, c.evicted_unauthenticated = preauth_.evicted();
     c.budget_refusals = budget_.refusals(), c.budget_peak_bytes = budget_.peak(), c.budget_limit_bytes = budget_.limit();
+    c.objects_under_old_keys = store_->objects_under_old_keys();
+    std::lock_guard lock(keys_mu_);
+    c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;
     return c;
   }
 
@@ -107,6 +139,9 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::Backend> backend_;
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<cluster::Rebalancer> rebalancer_;  // etcd membership (holds store_)
+  mutable std::mutex keys_mu_;                       // reload_keys, stop and counters against each other
+  std::unique_ptr<Reencryptor> reencryptor_;         // with a key file (holds store_; gone at stop)
+  uint64_t reencrypted_at_stop_ = 0;
   std::unique_ptr<SegmentPool> segments_;
   std::unique_ptr<transport::Listener> listener_;
   std::string address_;
@@ -408,18 +443,25 @@ class ServerImpl final : public Server {
       // Part of an object too large to read whole: the whole object is verified first,
       // the range hashed as it passes, so the reply never vouches for damaged bytes.
       // (The range is read again to be sent; the file is immutable, and should the
-      // disk return other bytes the second time the client's check fails.)
+      // disk return other bytes the second time the client's check fails.) A sealed
+      // object's blocks authenticate themselves as they are opened, so only the range
+      // is read: its sum is taken over the blocks it covers.
+      const bool sealed = found->file.sealed();
+      const uint64_t scan_from = sealed ? begin : 0, scan_to = sealed ? begin + length : found->size;
       XXH3_state_t all, range;
       XXH3_64bits_reset(&all), XXH3_64bits_reset(&range);
-      for (uint64_t i = 0, n = segment_count(found->size); i < n; ++i) {
-        const uint64_t at = i * kSegmentBytes, len = segment_bytes(found->size, i);
+      for (uint64_t at = scan_from; at < scan_to; at += kSegmentBytes) {
+        const uint64_t len = std::min<uint64_t>(kSegmentBytes, scan_to - at);
         const auto span = bufs[0].span(len);
-        if (Status s = found->file.read(at, span); !s.ok()) return refuse(s);
-        XXH3_64bits_update(&all, span.data(), span.size());
+        if (Status s = found->file.read(at, span); !s.ok()) {
+          if (s.code() == StatusCode::corrupt_data) store_->report_corrupt(key, found->file);
+          return refuse(s);
+        }
+        if (!sealed) XXH3_64bits_update(&all, span.data(), span.size());
         const uint64_t from = std::max(at, begin), to = std::min(at + len, begin + length);
         if (from < to) XXH3_64bits_update(&range, span.data() + (from - at), size_t(to - from));
       }
-      if (XXH3_64bits_digest(&all) != found->checksum) {
+      if (!sealed && XXH3_64bits_digest(&all) != found->checksum) {
         store_->report_corrupt(key, found->file);
         return refuse(make_status(StatusCode::corrupt_data, "object {} failed its checksum on disk", key.name()));
       }
@@ -428,6 +470,9 @@ class ServerImpl final : public Server {
     const size_t nbufs = bufs[1].valid() ? 2 : 1;
     const uint64_t n = segment_count(length);
     std::vector<uint64_t> seqs(n);
+    // A clear object is hashed as it streams, to find damage the client will report. A
+    // sealed one needs no second check: every block it sends passed its tag.
+    const bool hashed = !found->file.sealed();
     XXH3_state_t hash;
     XXH3_64bits_reset(&hash);
     for (uint64_t i = 0; i < n; ++i) {
@@ -435,16 +480,20 @@ class ServerImpl final : public Server {
       if (i >= nbufs) KVS_RETURN_IF_ERROR(c.wait_sends(seqs[i - nbufs], deadline, cancel));  // its buffer is free
       const auto span = bufs[i % nbufs].span(len);
       // A read error after the header has promised the body cannot be put in a reply:
-      // the connection ends and the client sees its request fail.
-      KVS_RETURN_IF_ERROR(found->file.read(begin + i * kSegmentBytes, span));
-      XXH3_64bits_update(&hash, span.data(), span.size());
+      // the connection ends and the client sees its request fail. A sealed block that
+      // fails its tag is never sent; the object is moved aside.
+      if (Status s = found->file.read(begin + i * kSegmentBytes, span); !s.ok()) {
+        if (s.code() == StatusCode::corrupt_data) store_->report_corrupt(key, found->file);
+        return s;
+      }
+      if (hashed) XXH3_64bits_update(&hash, span.data(), span.size());
       KVS_ASSIGN_OR_RETURN(seqs[i], c.post_send(i == 0 ? encode(r) : data_response_header(r.id), span));
     }
     KVS_RETURN_IF_ERROR(c.wait_sends(seqs[n - 1], deadline, cancel));
     bytes_out_ += length;
     // The client checks the same sum and reports corrupt_data; the node moves the
     // damaged object aside.
-    if (XXH3_64bits_digest(&hash) != r.checksum) store_->report_corrupt(key, found->file);
+    if (hashed && XXH3_64bits_digest(&hash) != r.checksum) store_->report_corrupt(key, found->file);
     return {};
   }
 };

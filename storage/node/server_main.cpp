@@ -19,6 +19,8 @@
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
+volatile std::sig_atomic_t g_reload_keys = 0;  // SIGHUP: reread the at-rest key file
+void on_hangup(int) { g_reload_keys = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,7 +73,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rebalance-mb-per-s", rebalance_mb, "bound on this node's copy rate after a change (0: none)")
       ->capture_default_str();
+  uint64_t reencrypt_mb = cfg.reencrypt_bytes_per_second >> 20;
+  bool reencrypt_only = false;
+  app.add_option("--at-rest-key-file", cfg.at_rest.key_file,
+                 "encryption at rest: key file of lines \"<id> <64 hex>\" (highest id seals new writes; SIGHUP "
+                 "rereads it and re-encrypts older objects in the background)");
+  app.add_option("--reencrypt-mb-per-s", reencrypt_mb, "pace of re-encryption to the current key (0: none)")
+      ->capture_default_str();
+  app.add_flag("--reencrypt", reencrypt_only,
+               "re-encrypt --dir under the current key of --at-rest-key-file (no node may serve it), then exit");
   CLI11_PARSE(app, argc, argv);
+  cfg.reencrypt_bytes_per_second = reencrypt_mb << 20;
   m.etcd.lease_ttl = std::chrono::seconds(lease_s);
   m.bytes_per_second = rebalance_mb << 20;
   for (const auto& s : sets)
@@ -84,6 +96,14 @@ int main(int argc, char** argv) {
   if (cfg.directory.empty()) return fmt::print(stderr, "kvstream-server: --dir is required\n"), 1;
   if (auto st = shared->apply_log_level(); !st.ok())
     return fmt::print(stderr, "kvstream-server: {}\n", st.to_string()), 1;
+  if (reencrypt_only) {
+    auto r = kvstream::storage::reencrypt_store(cfg.directory, cfg.at_rest, cfg.reencrypt_bytes_per_second);
+    if (!r.ok()) return fmt::print(stderr, "kvstream-server: --reencrypt: {}\n", r.status().to_string()), 1;
+    fmt::print("re-encrypted {} objects ({} bytes); {} replaced meanwhile, {} under keys the key file lacks, {} failed; "
+               "{} objects not under the current key\n",
+               r->reencrypted, r->bytes, r->replaced, r->missing_key, r->failed, r->remaining);
+    return r->failed == 0 && r->remaining == 0 ? 0 : 1;
+  }
   if (!*listen) cfg.address = shared->storage.address;
   if (!*backend) cfg.backend.name = shared->storage.backend;
   if (!shared->storage.secret.empty()) cfg.secrets[shared->storage.name_space] = shared->storage.secret;
@@ -112,7 +132,15 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::signal(SIGHUP, on_hangup);
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (g_reload_keys) {
+      g_reload_keys = 0;
+      if (auto st = (*server)->reload_keys(); !st.ok())
+        fmt::print(stderr, "kvstream-server: SIGHUP: keeping the keys in use: {}\n", st.to_string());
+    }
+  }
   (*server)->stop();
   const auto c = (*server)->counters();
   fmt::print("served {} requests ({} errors, {} cache hits), {} bytes out, {} bytes in, {} failed logins\n", c.requests,
