@@ -74,7 +74,13 @@ struct ServerConfig {
   std::string address = "127.0.0.1:7471";  ///< loopback unless told otherwise; port 0 = any
   transport::BackendConfig backend;        ///< transport backend (default tcp)
   std::string directory;                   ///< where chunks live (required; one node per directory)
-  std::map<std::string, std::string> secrets;  ///< namespace -> secret; only these namespaces exist
+  std::map<std::string, std::string> secrets;  ///< namespace -> secret; these namespaces (and tls_clients') exist
+  /// Mutual TLS (tcp backend with backend.tcp.tls, ca_file set): namespace -> the
+  /// names (subject CN, DNS or URI alternative name) of client certificates that may
+  /// log into it. A namespace listed here needs a verified client certificate with
+  /// one of these names, and its secret as well when `secrets` has one; one listed
+  /// only here logs in by certificate alone (the client's secret is then ignored).
+  std::map<std::string, std::vector<std::string>> tls_clients;
   uint64_t cache_bytes = uint64_t(256) << 20;  ///< in-memory cache of hot chunks (inside the budget)
   /// The node's one bound on memory held for requests: cached objects and the body
   /// segments of puts and gets in flight (1 MiB each) draw from it; a request that

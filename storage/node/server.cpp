@@ -46,12 +46,14 @@ class ServerImpl final : public Server {
   ~ServerImpl() override { stop(); }
 
   static Result<std::unique_ptr<Server>> create(const ServerConfig& cfg) {
-    if (cfg.secrets.empty()) return make_status(StatusCode::invalid_argument, "server needs at least one namespace");
+    if (cfg.secrets.empty() && cfg.tls_clients.empty())
+      return make_status(StatusCode::invalid_argument, "server needs at least one namespace");
     for (const auto& [ns, secret] : cfg.secrets) {
       KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
       if (secret.size() < 16)
         return make_status(StatusCode::invalid_argument, "secret of namespace '{}' is shorter than 16 bytes", ns);
     }
+    KVS_RETURN_IF_ERROR(check_tls_clients(cfg));
     if (cfg.memory_budget_bytes && cfg.memory_budget_bytes < cfg.cache_bytes + 2 * kSegmentBytes)
       return make_status(StatusCode::invalid_argument,
                          "memory budget of {} bytes leaves less than two body segments beside a cache of {}",
@@ -225,9 +227,13 @@ class ServerImpl final : public Server {
     r.op = Op::auth;
     r.id = req.id;
     const auto it = cfg_.secrets.find(req.name_space);
+    const auto names = cfg_.tls_clients.find(req.name_space);
+    const bool known = it != cfg_.secrets.end() || names != cfg_.tls_clients.end();
     // Compute a MAC even for unknown namespaces so timing does not reveal which exist.
     const auto want = auth_mac(it == cfg_.secrets.end() ? std::string(32, '\0') : it->second, nonce, req.name_space);
-    if (req.op != Op::auth || it == cfg_.secrets.end() || !mac_equal(want, req.mac)) {
+    const bool secret_ok = it == cfg_.secrets.end() || mac_equal(want, req.mac);
+    const bool cert_ok = names == cfg_.tls_clients.end() || certificate_names_one_of(c, names->second);
+    if (req.op != Op::auth || !known || !secret_ok || !cert_ok) {
       ++auth_failures_;
       r.code = StatusCode::permission_denied;
       r.message = "authentication failed";
@@ -258,6 +264,36 @@ class ServerImpl final : public Server {
       return s;
     }
     return req.name_space;
+  }
+
+  // Mutual TLS maps certificates to namespaces: it needs TLS on tcp asking for client
+  // certificates, and (for now) a secret wherever the node copies chunks to others.
+  static Status check_tls_clients(const ServerConfig& cfg) {
+    if (cfg.tls_clients.empty()) return {};
+    for (const auto& [ns, names] : cfg.tls_clients) {
+      KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
+      if (names.empty())
+        return make_status(StatusCode::invalid_argument, "tls_clients of namespace '{}' lists no certificate name",
+                           ns);
+      if (!cfg.membership.etcd.endpoints.empty() && !cfg.secrets.count(ns))
+        return make_status(StatusCode::invalid_argument,
+                           "namespace '{}' has no secret: a node of an etcd cluster logs into other nodes with its "
+                           "namespaces' secrets to rebalance them",
+                           ns);
+    }
+    const auto& tls = cfg.backend.tcp.tls;
+    if (cfg.backend.name != "tcp" || !tls.enabled || tls.ca_file.empty())
+      return make_status(StatusCode::invalid_argument,
+                         "tls_clients needs the tcp backend with TLS on and tcp.tls.ca_file (the authorities that "
+                         "sign client certificates)");
+    return {};
+  }
+
+  // Whether the peer's verified certificate carries one of `allowed`.
+  static bool certificate_names_one_of(const Connection& c, const std::vector<std::string>& allowed) {
+    for (const auto& n : c.peer_certificate_names())
+      if (std::find(allowed.begin(), allowed.end(), n) != allowed.end()) return true;
+    return false;
   }
 
   void release_namespace(const std::string& ns) {

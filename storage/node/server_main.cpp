@@ -42,6 +42,18 @@ int main(int argc, char** argv) {
   app.add_option("--ucx-tls", cfg.backend.ucx.tls, "UCX transports (UCX_TLS)");
   app.add_option("--ofi-provider", cfg.backend.libfabric.provider, "libfabric provider")->capture_default_str();
   app.add_option("--dir", cfg.directory, "storage directory (required)");
+  auto& tls = cfg.backend.tcp.tls;
+  std::string tls_clients_file;
+  bool clear_text = false;
+  app.add_option("--tls-cert", tls.cert_file, "TLS 1.3 on (tcp): this node's PEM certificate chain");
+  app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", tls.ca_file, "PEM authorities of client certificates (asks clients for one)");
+  app.add_flag("--tls-require-client-cert", tls.require_client_cert, "refuse clients without a certificate");
+  app.add_option("--tls-clients", tls_clients_file,
+                 "JSON file {\"namespace\": [\"certificate name\", ...], ...}: namespaces clients log into by "
+                 "certificate (mutual TLS)");
+  app.add_flag("--clear-text", clear_text,
+               "serve in clear text on an address other than loopback (refused without it when TLS is off)");
   app.add_option("--secrets", secrets_file,
                  "JSON file {\"namespace\": \"secret\", ...} (secrets of at least 16 bytes); or storage.namespace "
                  "and storage.secret");
@@ -125,6 +137,31 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of strings: {}\n", secrets_file, e.what()), 1;
     }
+  }
+  if (!tls.cert_file.empty()) tls.enabled = true;
+  if (!tls_clients_file.empty()) {
+    std::ifstream f(tls_clients_file);
+    if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", tls_clients_file), 1;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(f);
+      if (!j.is_object()) throw std::runtime_error("not an object");
+      for (auto it = j.begin(); it != j.end(); ++it)
+        cfg.tls_clients[it.key()] = it.value().get<std::vector<std::string>>();
+    } catch (const std::exception& e) {
+      return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of string arrays: {}\n", tls_clients_file,
+                        e.what()),
+             1;
+    }
+  }
+  const bool tls_on = cfg.backend.name == "tcp" && tls.enabled;
+  if (!tls_on && !kvstream::transport::is_loopback_address(cfg.address)) {
+    if (!clear_text)
+      return fmt::print(stderr,
+                        "kvstream-server: {} is not loopback and TLS is off: give --tls-cert and --tls-key, or "
+                        "--clear-text to serve every chunk readable to anyone on the path\n",
+                        cfg.address),
+             1;
+    fmt::print(stderr, "kvstream-server: warning: serving {} in clear text (--clear-text)\n", cfg.address);
   }
   auto server = kvstream::storage::Server::start(cfg);
   if (!server.ok()) return fmt::print(stderr, "kvstream-server: {}\n", server.status().to_string()), 1;

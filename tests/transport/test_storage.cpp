@@ -15,6 +15,7 @@
 #include "kvstream/storage.hpp"
 #include "storage/protocol.hpp"
 #include "tests/support/hang_guard.hpp"
+#include "tests/transport/tls_test_util.hpp"
 
 using namespace kvstream;
 using namespace kvstream::storage;
@@ -50,7 +51,7 @@ class Storage : public ::testing::TestWithParam<std::string> {
   ServerConfig server_config() {
     ServerConfig cfg;
     cfg.address = "127.0.0.1:0";
-    cfg.backend.name = GetParam();
+    cfg.backend = transport::test_util::config_for(GetParam());
     cfg.directory = dir_.string();
     cfg.secrets = {{"tenant-a", kSecret}, {"tenant-b", "another-secret-of-16+"}};
     return cfg;
@@ -59,7 +60,7 @@ class Storage : public ::testing::TestWithParam<std::string> {
                                          const std::string& secret = kSecret, uint32_t conns = 1) {
     ClientConfig cc;
     cc.address = addr;
-    cc.backend.name = GetParam();
+    cc.backend = transport::test_util::config_for(GetParam());
     cc.name_space = ns;
     cc.secret = secret;
     cc.connections = conns;
@@ -243,8 +244,7 @@ TEST_P(Storage, NodeKilledMidTransferFailsWithinDeadline) {
 TEST_P(Storage, MalformedRequestClosesTheConnection) {
   auto server = Server::start(server_config());
   ASSERT_TRUE(server.ok());
-  BackendConfig bc;
-  bc.name = GetParam();
+  BackendConfig bc = transport::test_util::config_for(GetParam());
   auto backend = create_backend(bc);
   ASSERT_TRUE(backend.ok());
   auto conn = (*backend)->connect((*server)->address(), deadline_in(kSlowMachine), {});
@@ -634,6 +634,8 @@ TEST_P(Storage, RangePastTheEndLeavesTheDestinationUntouched) {
 
 std::vector<std::string> backends() {
   auto v = available_backends();
+  // The node's protocol over TLS 1.3 too.
+  if (std::find(v.begin(), v.end(), "tcp") != v.end()) v.push_back(transport::test_util::kTlsTcp);
   if (v.empty()) v.push_back("none");
   return v;
 }
