@@ -51,7 +51,7 @@ TEST(BackendConfig, TableListsEveryFieldOnceWithItsDefault) {
     EXPECT_FALSE(r.doc.empty()) << r.name;
     EXPECT_TRUE(r.env.empty()) << r.name;  // hosts pass settings explicitly
   }
-  EXPECT_EQ(rows.size(), 10u);
+  EXPECT_EQ(rows.size(), 17u);
   BackendConfig c;
   const std::string text = c.describe();
   for (const auto& r : rows) EXPECT_NE(text.find(std::string(r.name) + " = "), std::string::npos) << r.name;
