@@ -51,7 +51,7 @@ for r in $(seq "$RUNS"); do
   clear+=("$(kvperf NONE NONE)")
   user+=("$(kvperf SERVER_USER CLIENT_USER)")
   auto+=("$(kvperf SERVER_TLS CLIENT_TLS)")
-  path=$(grep -o "TLS 1.3 [^\"]*" "$tmp/client.log" | head -1 || true)
+  path=$(grep -o "TLS 1.3 [^)]*" "$tmp/client.log" | head -1 || true)
   echo "run $r: clear ${clear[-1]}, user-space TLS ${user[-1]}, TLS as available ${auto[-1]} Gbit/s" >&2
 done
 c=$(median "${clear[@]}"); u=$(median "${user[@]}"); a=$(median "${auto[@]}")
