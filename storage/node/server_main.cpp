@@ -23,6 +23,22 @@ volatile std::sig_atomic_t g_reload_keys = 0;  // SIGHUP: reread the at-rest key
 void on_hangup(int) { g_reload_keys = 1; }
 }  // namespace
 
+// Reads a JSON object of `what` ("strings") from `path` into `out`; the error's text,
+// or empty.
+template <typename Value>
+std::string read_json_map(const std::string& path, std::string_view what, std::map<std::string, Value>& out) {
+  std::ifstream f(path);
+  if (!f) return fmt::format("cannot read '{}'", path);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (!j.is_object()) throw std::runtime_error("not an object");
+    for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value().get<Value>();
+  } catch (const std::exception& e) {
+    return fmt::format("'{}' is not a JSON object of {}: {}", path, what, e.what());
+  }
+  return {};
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node"};
   kvstream::storage::ServerConfig cfg;
@@ -119,40 +135,23 @@ int main(int argc, char** argv) {
   if (!*listen) cfg.address = shared->storage.address;
   if (!*backend) cfg.backend.name = shared->storage.backend;
   if (!shared->storage.secret.empty()) cfg.secrets[shared->storage.name_space] = shared->storage.secret;
-  if (secrets_file.empty() && cfg.secrets.empty())
-    return fmt::print(stderr, "kvstream-server: no tenants: give --secrets or storage.namespace and storage.secret\n"),
+  if (secrets_file.empty() && cfg.secrets.empty() && tls_clients_file.empty())
+    return fmt::print(stderr,
+                      "kvstream-server: no tenants: give --secrets, --tls-clients, or storage.namespace and "
+                      "storage.secret\n"),
            1;
   cfg.cache_bytes = cache_mb << 20;
   cfg.memory_budget_bytes = budget_mb << 20;
   cfg.auth_timeout = std::chrono::milliseconds(auth_ms);
   cfg.idle_timeout = std::chrono::milliseconds(idle_ms);
 
-  if (!secrets_file.empty()) {
-    std::ifstream f(secrets_file);
-    if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", secrets_file), 1;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(f);
-      if (!j.is_object()) throw std::runtime_error("not an object");
-      for (auto it = j.begin(); it != j.end(); ++it) cfg.secrets[it.key()] = it.value().get<std::string>();
-    } catch (const std::exception& e) {
-      return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of strings: {}\n", secrets_file, e.what()), 1;
-    }
-  }
+  if (!secrets_file.empty())
+    if (auto err = read_json_map(secrets_file, "strings", cfg.secrets); !err.empty())
+      return fmt::print(stderr, "kvstream-server: {}\n", err), 1;
   if (!tls.cert_file.empty()) tls.enabled = true;
-  if (!tls_clients_file.empty()) {
-    std::ifstream f(tls_clients_file);
-    if (!f) return fmt::print(stderr, "kvstream-server: cannot read '{}'\n", tls_clients_file), 1;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(f);
-      if (!j.is_object()) throw std::runtime_error("not an object");
-      for (auto it = j.begin(); it != j.end(); ++it)
-        cfg.tls_clients[it.key()] = it.value().get<std::vector<std::string>>();
-    } catch (const std::exception& e) {
-      return fmt::print(stderr, "kvstream-server: '{}' is not a JSON object of string arrays: {}\n", tls_clients_file,
-                        e.what()),
-             1;
-    }
-  }
+  if (!tls_clients_file.empty())
+    if (auto err = read_json_map(tls_clients_file, "string arrays", cfg.tls_clients); !err.empty())
+      return fmt::print(stderr, "kvstream-server: {}\n", err), 1;
   const bool tls_on = cfg.backend.name == "tcp" && tls.enabled;
   if (!tls_on && !kvstream::transport::is_loopback_address(cfg.address)) {
     if (!clear_text)
