@@ -15,6 +15,7 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
     storage::ClientConfig c;
     c.address = s.address;
     c.backend.name = s.backend;
+    c.backend.tcp.tls = s.tls;
     c.name_space = s.name_space;
     c.secret = s.secret;
     c.connections = s.connections;
@@ -26,6 +27,7 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
     c.etcd.prefix = s.etcd_prefix;
     c.replication = s.replication;
     c.backend.name = s.backend;
+    c.backend.tcp.tls = s.tls;
     c.name_space = s.name_space;
     c.secret = s.secret;
     c.connections_per_node = s.connections;
@@ -40,8 +42,8 @@ Result<std::unique_ptr<storage::Client>> connect_storage(const StorageSettings& 
     c.name_space = s.name_space;
     c.connections = s.connections;
     c.connect_timeout = s.connect_timeout;
-    c.tls = s.redis_tls;
-    c.at_rest = s.redis_at_rest;
+    c.tls = s.tls;
+    c.at_rest = s.at_rest;
     c.read_clear_values = s.redis_read_clear_values;
     KVS_ASSIGN_OR_RETURN(client, redis::connect(c, deadline));
   } else {

@@ -35,11 +35,15 @@ struct StorageSettings {
   /// asking the store again (0: always asks). A chunk removed meanwhile then fails
   /// that fetch's chunk with not_found, as it would a moment later anyway.
   std::chrono::milliseconds stat_reuse{2000};
-  /// redis and redis-cluster: TLS to Redis (redis_storage.hpp says what is verified).
-  TlsSettings redis_tls;
-  /// redis and redis-cluster: a key file seals every value stored (AES-256-GCM).
-  AtRestSettings redis_at_rest;
-  /// redis with redis_at_rest: values found in clear (stored before) are still read.
+  /// TLS 1.3 on every connection: node and cluster over the tcp backend (the server's
+  /// certificate and name verified; a client certificate for mutual TLS), redis and
+  /// redis-cluster to Redis. kvstream-server takes the same settings for its listener
+  /// (then cert_file and key_file are its own, ca_file that of its clients).
+  TlsSettings tls;
+  /// A key file of encryption at rest: redis and redis-cluster seal every value in the
+  /// client; kvstream-server seals its objects (docs/security.md).
+  AtRestSettings at_rest;
+  /// redis with at_rest: values found in clear (stored before) are still read.
   bool redis_read_clear_values = true;
 };
 

@@ -3,7 +3,9 @@
 // It takes the settings its clients take (StoreConfig, from the environment and
 // --set name=value): storage.address is where it listens, storage.backend its
 // transport, storage.namespace with storage.secret a tenant it serves (beside those of
-// --secrets), log.level its log. --describe lists them. Flags win over --set, which
+// --secrets), storage.tls* its TLS (its own certificate and key, its clients' CA),
+// storage.at_rest_key_file its encryption at rest, log.level its log. --describe
+// lists them. Flags win over --set, which
 // wins over the environment.
 #include <csignal>
 #include <fstream>
@@ -124,6 +126,9 @@ int main(int argc, char** argv) {
   if (cfg.directory.empty()) return fmt::print(stderr, "kvstream-server: --dir is required\n"), 1;
   if (auto st = shared->apply_log_level(); !st.ok())
     return fmt::print(stderr, "kvstream-server: {}\n", st.to_string()), 1;
+  // The shared settings fill what no flag gave (flags win over --set).
+  if (cfg.at_rest.key_file.empty()) cfg.at_rest = shared->storage.at_rest;
+  if (cfg.backend.tcp.tls.cert_file.empty() && shared->storage.tls.enabled) cfg.backend.tcp.tls = shared->storage.tls;
   if (reencrypt_only) {
     auto r = kvstream::storage::reencrypt_store(cfg.directory, cfg.at_rest, cfg.reencrypt_bytes_per_second);
     if (!r.ok()) return fmt::print(stderr, "kvstream-server: --reencrypt: {}\n", r.status().to_string()), 1;

@@ -12,6 +12,7 @@
 #include "kvstream/kvstream.hpp"
 #include "store/chunk_record.hpp"
 #include "tests/codec/synthetic_kv.hpp"
+#include "tests/support/test_certs.hpp"
 
 using namespace kvstream;
 using namespace std::chrono_literals;
@@ -147,6 +148,53 @@ TEST_F(StoreTest, SharedPrefixIsStoredOnce) {
   ASSERT_EQ(ka.size(), 5u);
   EXPECT_EQ(std::vector(ka.begin(), ka.begin() + 3), std::vector(kb.begin(), kb.begin() + 3));
   EXPECT_NE(ka[3], kb[3]);
+}
+
+// The front door to a node over TLS, logging in by client certificate alone (mutual
+// TLS mapped to the namespace), with the node's objects encrypted at rest: set
+// through StoreConfig's text settings, as a host's config file would.
+TEST_F(StoreTest, OverMutualTlsToANodeEncryptedAtRest) {
+  const auto certs = kvstream::testing::make_test_certs((dir_ / "certs").string(), "tenant-a");
+  ASSERT_TRUE(certs.ok()) << certs.error;
+  const std::string keys = (dir_ / "at-rest.keys").string();
+  {
+    std::FILE* f = std::fopen(keys.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("1 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n", f);
+    std::fclose(f);
+  }
+  storage::ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.directory = (dir_ / "tls-node").string();
+  sc.backend.tcp.tls.enabled = true;
+  sc.backend.tcp.tls.cert_file = certs.server_cert;
+  sc.backend.tcp.tls.key_file = certs.server_key;
+  sc.backend.tcp.tls.ca_file = certs.ca;
+  sc.tls_clients = {{"ns", {"tenant-a"}}};
+  sc.at_rest.key_file = keys;
+  auto node = storage::Server::start(sc);
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  StoreConfig c = config();
+  c.storage.address = (*node)->address();
+  c.storage.secret.clear();
+  for (const std::string& kv : {std::string("storage.tls=true"), "storage.tls_ca_file=" + certs.ca,
+                                "storage.tls_cert_file=" + certs.client_cert, "storage.tls_key_file=" + certs.client_key})
+    ASSERT_TRUE(c.set(kv).ok()) << kv;
+  KvStore store = open(c);
+  const auto tokens = tokens_from(3);
+  ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  FetchOptions o;
+  o.level = 0;
+  auto out = KvCache::create(kGeom, DType::f16, 480).value();
+  auto f = store.fetch(std::span(tokens).first(480), {.host = out.view()}, soon(), o);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_TRUE(f->wait().ok());
+  const KvCache want = reference(5, 0);
+  EXPECT_TRUE(std::equal(out.bytes().begin(), out.bytes().end(), want.bytes().begin()));
+  // Without the certificate the namespace stays closed.
+  StoreConfig no_cert = c;
+  no_cert.storage.tls.cert_file.clear(), no_cert.storage.tls.key_file.clear();
+  EXPECT_EQ(KvStore::open(no_cert).status().code(), StatusCode::permission_denied);
 }
 
 TEST_F(StoreTest, FetchIntoPackedAndPagedViewsEqualsEachChunkDecodedAlone) {
