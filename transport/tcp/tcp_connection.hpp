@@ -109,6 +109,10 @@ class TcpConnection final : public Connection {
   Result<uint64_t> post_locked(std::span<const std::byte> header, std::span<const std::byte> body);
   /// Waits until every message up to `seq` is handed to the socket.
   Status wait_locked(uint64_t seq, Deadline deadline, const CancelToken& cancel);
+  /// Puts a finished (or dropped) message back in the pool.
+  void retire(std::unique_ptr<TxMsg> m);
+  /// Sealed buffers above this are kept by two pooled messages at most.
+  static constexpr size_t kKeepSealedBytes = 256 * 1024;
   /// Reaps the completions that are there, retires finished messages and submits
   /// the next chain when none is in flight. Returns the first send error.
   Status tx_pump();

@@ -111,6 +111,17 @@ Status TcpConnection::wait_locked(uint64_t seq, Deadline deadline, const CancelT
   }
 }
 
+void TcpConnection::retire(std::unique_ptr<TxMsg> m) {
+  // A sealed copy is kept for reuse by two pooled messages at most: a burst of large
+  // messages in flight must not leave the connection holding a copy of each.
+  if (m->sealed_capacity > kKeepSealedBytes) {
+    size_t kept = 0;
+    for (const auto& p : tx_pool_) kept += p->sealed_capacity > kKeepSealedBytes;
+    if (kept >= 2) m->sealed.reset(), m->sealed_capacity = 0;
+  }
+  tx_pool_.push_back(std::move(m));
+}
+
 Status TcpConnection::tx_pump() {
   Completion c;
   while (tx_.pop(c)) tx_complete(c);
@@ -119,7 +130,7 @@ Status TcpConnection::tx_pump() {
     TxMsg& m = *txq_.front();
     if (m.left > 0 || m.op != 0 || m.notifs > 0) break;
     tx_done_ = m.seq;
-    tx_pool_.push_back(std::move(txq_.front()));
+    retire(std::move(txq_.front()));
     txq_.pop_front();
   }
   if (tx_ops_ == 0) return tx_submit_chain();
@@ -245,7 +256,7 @@ void TcpConnection::tx_abort() {
     }
     tx_complete(c);
   }
-  for (auto& m : txq_) tx_pool_.push_back(std::move(m));
+  for (auto& m : txq_) retire(std::move(m));
   txq_.clear();
   tx_aborting_ = false;
 }
