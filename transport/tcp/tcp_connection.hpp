@@ -140,7 +140,6 @@ class TcpConnection final : public Connection {
   // TLS: set by use_tls() before the connection is handed out.
   bool tls_ = false;
   bool tx_user_tls_ = false, rx_user_tls_ = false;      ///< a direction's records made here
-  bool tx_kernel_tls_ = false, rx_kernel_tls_ = false;  ///< a direction's records made by the kernel
   std::string tls_path_;                                ///< for describe()
   std::vector<std::string> peer_names_;
   security::RecordSealer sealer_;  // under tx_mu_

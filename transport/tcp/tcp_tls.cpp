@@ -37,14 +37,17 @@ void log_path_once(const std::string& path) {
 Status TcpConnection::use_tls(security::TlsEstablished tls, bool kernel_tls) {
   tls_ = true;
   peer_names_ = std::move(tls.peer_names);
+  // Which directions the kernel took: only the path's text needs it afterwards; the
+  // data path reads tx_user_tls_ / rx_user_tls_.
+  bool tx_kernel = false, rx_kernel = false;
   std::string kernel_why;
   if (kernel_tls) {
     Status attached = attach_kernel_tls(fd_);
     if (attached.ok()) {
       Status tx = install_kernel_tls(fd_, tls.keys.send, true);
-      tx_kernel_tls_ = tx.ok();
+      tx_kernel = tx.ok();
       Status rx = install_kernel_tls(fd_, tls.keys.receive, false);
-      rx_kernel_tls_ = rx.ok();
+      rx_kernel = rx.ok();
       if (!tx.ok()) kernel_why = tx.message();
       else if (!rx.ok()) kernel_why = rx.message();
     } else {
@@ -53,8 +56,8 @@ Status TcpConnection::use_tls(security::TlsEstablished tls, bool kernel_tls) {
   } else {
     kernel_why = "kernel_tls is off";
   }
-  tx_user_tls_ = !tx_kernel_tls_;
-  rx_user_tls_ = !rx_kernel_tls_;
+  tx_user_tls_ = !tx_kernel;
+  rx_user_tls_ = !rx_kernel;
   Status st;
   if (tx_user_tls_) st = sealer_.init(tls.keys.send);
   if (st.ok() && rx_user_tls_) {
@@ -65,8 +68,8 @@ Status TcpConnection::use_tls(security::TlsEstablished tls, bool kernel_tls) {
   OPENSSL_cleanse(&tls.keys, sizeof tls.keys);
   if (!st.ok()) return fail(std::move(st));
   auto side = [](bool kernel) { return kernel ? "kernel (kTLS)" : "user space"; };
-  tls_path_ = fmt::format("TLS 1.3 {}, records sent by the {}, received by the {}", tls.suite, side(tx_kernel_tls_),
-                          side(rx_kernel_tls_));
+  tls_path_ = fmt::format("TLS 1.3 {}, records sent by the {}, received by the {}", tls.suite, side(tx_kernel),
+                          side(rx_kernel));
   log_path_once(kernel_why.empty() ? tls_path_ : fmt::format("{} ({})", tls_path_, kernel_why));
   KVS_LOG_DEBUG("tcp {}: {}", peer_, tls_path_);
   return {};
