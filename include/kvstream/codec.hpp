@@ -136,15 +136,16 @@ struct ProfileOptions {
   /// the mean or no predictor (the anchor predictor's prediction would change with
   /// the layer, so the layers would not nest).
   bool progressive = false;
-  /// Base step 3.2 with the recent window below: on stories260K's held-out windows
-  /// the base's KL per token (0.0090 nats) is the one that matches a 1% perplexity
-  /// increase, so the base is what a 1%-bounded chooser fetches for the first token;
-  /// three layers above it refine (the finest, 0.12, is near lossless). Without the
-  /// recent window the same KL needs step 1.4 and 1.58 bits per element instead of
-  /// 1.03. kvstream-profile builds progressive profiles; the library default stays
-  /// one stream per level because the CUDA decoder reads only those (gpu/ refuses a
-  /// progressive stream with `unsupported`).
-  float progressive_base_step = 3.2f;
+  /// Base step 2.8 with the recent window below and kvstream-profile's sensitivity
+  /// weights (floor 0.05): on stories260K's held-out windows the base's KL per token
+  /// (0.012 nats) is the one that matches a 1% perplexity increase, so the base is
+  /// what a 1%-bounded chooser fetches for the first token; three layers above it
+  /// refine (the finest, 0.10, is near lossless). Without the recent window the same
+  /// KL needs step 1.4 and 1.58 bits per element instead of 1.13. kvstream-profile
+  /// builds progressive profiles; the library default stays one stream per level
+  /// because the CUDA decoder reads only those (gpu/ refuses a progressive stream with
+  /// `unsupported`).
+  float progressive_base_step = 2.8f;
   uint32_t progressive_layers = 4;
   /// Progressive: a context's last `recent_tokens` tokens are coded with
   /// `recent_layers` refinement layers already in the base (0: none). The tokens just
