@@ -120,13 +120,13 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
   return uint16_t(x >> 16);
 }
 
-__device__ __forceinline__ void store_out(void* out, int dtype, size_t i, float v) {
+__device__ __forceinline__ void store_out(uint8_t* at, int dtype, float v) {
   if (dtype == 0)
-    static_cast<float*>(out)[i] = v;
+    *reinterpret_cast<float*>(at) = v;
   else if (dtype == 1)
-    static_cast<uint16_t*>(out)[i] = f32_to_f16(v);
+    *reinterpret_cast<uint16_t*>(at) = f32_to_f16(v);
   else
-    static_cast<uint16_t*>(out)[i] = f32_to_bf16(v);
+    *reinterpret_cast<uint16_t*>(at) = f32_to_bf16(v);
 }
 
 // First position in the sorted index[begin, begin+count) with index >= key.
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
   const float* ut = c.prof.transform_t + pd.ut_off;
   const uint32_t B = pd.block;
   uint32_t cur_group = 0xFFFFFFFFu;
-  const size_t out_base = size_t(pd.plane_index) * T * C;
+  const uint64_t out_row0 = c.out_row0[pd.plane_index];
 
   for (uint32_t t = t0; t < t1; ++t) {
     // 1. dequantize: x = pred + float(q) * step
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
     // 3. RoPE (forward, host tables) and store in the output type.
     const float* ec = c.rope_ec + size_t(t) * c.rot;
     const float* es = c.rope_es + size_t(t) * c.rot;
-    const size_t o = out_base + size_t(t) * C;
+    uint8_t* const o = reinterpret_cast<uint8_t*>(out_row0 + uint64_t(c.out_token[t]));
     for (uint32_t ch = threadIdx.x; ch < C; ch += blockDim.x) {
       float v = src[ch];
       if (pd.rotate) {
@@ -254,10 +254,25 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
           v = __fadd_rn(__fmul_rn(v, ec[d]), __fmul_rn(vp, es[d]));
         }
       }
-      store_out(c.out, c.dtype, o + ch, v);
+      store_out(o + c.out_chan[ch], c.dtype, v);
     }
     __syncthreads();  // row/res are rewritten by the next token
   }
+}
+
+// ---- integrity verdict ----------------------------------------------------------------
+
+// One thread: a chunk has a few hundred matrices at most, and the first failing one is
+// what the error names (the CPU decoder stops at it too).
+__global__ void verdict_kernel(const uint32_t* __restrict__ mat_err, uint32_t n_mats, uint32_t* __restrict__ verdict) {
+  uint32_t first = 0, bits = 0;
+  for (uint32_t i = 0; i < n_mats; ++i)
+    if (mat_err[i] != 0) {
+      first = i + 1, bits = mat_err[i];
+      break;
+    }
+  verdict[0] = first;
+  verdict[1] = bits;
 }
 
 }  // namespace
@@ -286,6 +301,12 @@ int launch_reconstruct(const ChunkLaunch& c, void* stream_ptr) {
     reconstruct_kernel<<<grid, kReconThreads, reconstruct_shared_bytes(c.channels), stream>>>(c);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   }
+  return 0;
+}
+
+int launch_verdict(const ChunkLaunch& c, void* stream_ptr) {
+  verdict_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream_ptr)>>>(c.mat_err, c.n_mats, c.verdict);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   return 0;
 }
 

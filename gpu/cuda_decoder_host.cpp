@@ -1,7 +1,9 @@
-// Host side of the GPU chunk decoder: parsing and checking (the CPU decoder's rules),
-// device memory, uploads, launches and the error read-back. Kernels: cuda_decoder.cu.
-#include <cmath>
+// Host side of the GPU chunk decoder: device memory, uploads, launches, the ring of
+// in-flight decodes and the integrity verdict. The chunk's parse and checks are in
+// chunk_descriptors.cpp, where each element goes in output_plan.cpp, the kernels in
+// cuda_decoder.cu.
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "kvstream/gpu.hpp"
@@ -11,11 +13,13 @@
 #if KVSTREAM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "codec/bitstream.hpp"
 #include "codec/chunk_plan.hpp"
-#include "codec/profile_impl.hpp"
-#include "gpu/cuda_kernels.hpp"
 #include "codec/impl_access.hpp"
+#include "codec/profile_impl.hpp"
+#include "gpu/chunk_descriptors.hpp"
+#include "gpu/cuda_buffers.hpp"
+#include "gpu/cuda_kernels.hpp"
+#include "gpu/output_plan.hpp"
 #endif
 
 namespace kvstream::gpu {
@@ -30,94 +34,75 @@ namespace {
 
 using codec::Profile;
 using codec::ProfileAccess;
+using detail::cuda_error;
+using detail::cuda_event;
+using detail::elapsed;
+using detail::DevBuf;
+using detail::PinnedBuf;
 static_assert(detail::kProbBits == codec::PROB_BITS && detail::kLanes == codec::RANS_LANES);
-
-Status cuda_error(cudaError_t e, std::string_view what) {
-  const StatusCode code =
-      e == cudaErrorMemoryAllocation ? StatusCode::resource_exhausted : StatusCode::unavailable;
-  return make_status(code, "{}: CUDA error {} ({}): {}", what, int(e), cudaGetErrorName(e), cudaGetErrorString(e));
-}
-#define KVS_CUDA(expr, what)                                          \
-  do {                                                                \
-    if (const cudaError_t kvs_e_ = (expr); kvs_e_ != cudaSuccess)     \
-      return cuda_error(kvs_e_, what);                                \
-  } while (0)
-
-// Device memory that grows on demand (contents are not kept across growth), over the
-// public DeviceBuffer, on the calling thread's current device (the decoder selects it).
-class DevBuf {
- public:
-  Status reserve(size_t n, std::string_view what) {
-    if (n <= buf_.size() && buf_.data()) return {};
-    int device = 0;
-    KVS_CUDA(cudaGetDevice(&device), "cudaGetDevice");
-    buf_ = DeviceBuffer();  // free before allocating the larger one
-    auto b = DeviceBuffer::allocate(std::max<size_t>(n, 256), device);
-    if (!b.ok()) return b.status().with_context(fmt::format("device memory for {}", what));
-    buf_ = std::move(b).value();
-    return {};
-  }
-  Status upload(const void* src, size_t n, std::string_view what) {
-    KVS_RETURN_IF_ERROR(reserve(n, what));
-    if (n) KVS_CUDA(cudaMemcpy(buf_.data(), src, n, cudaMemcpyHostToDevice), fmt::format("upload of {}", what));
-    return {};
-  }
-  template <typename T>
-  [[nodiscard]] T* as() const noexcept {
-    return static_cast<T*>(buf_.data());
-  }
-
- private:
-  DeviceBuffer buf_;
-};
-
-// Page-locked host memory (fast, truly asynchronous copies) that grows on demand, over
-// the public PinnedHostMemory.
-class PinnedBuf {
- public:
-  Status reserve(size_t n) {
-    if (n <= mem_.size() && mem_.data()) return {};
-    const size_t want = std::max<size_t>(n + n / 4, 4096);  // some headroom: chunks vary in size
-    mem_ = PinnedHostMemory();
-    KVS_ASSIGN_OR_RETURN(mem_, PinnedHostMemory::allocate(want));
-    return {};
-  }
-  [[nodiscard]] uint8_t* data() const noexcept { return static_cast<uint8_t*>(mem_.data()); }
-
- private:
-  PinnedHostMemory mem_;
-};
-
-cudaStream_t cuda_stream(const Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
-cudaEvent_t cuda_event(const Event& e) { return static_cast<cudaEvent_t>(e.handle()); }
-
-// Milliseconds between two reached events; 0 when CUDA cannot tell (timings only).
-float elapsed(const Event& a, const Event& b) {
-  auto ms = b.elapsed_ms(a);
-  return ms.ok() ? *ms : 0.0f;
-}
-
-inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-// True when `p` lies in page-locked host memory (cudaHostAlloc, or a range that
-// cudaHostRegister covers), from which an upload is DMA without a staging copy.
-bool page_locked(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();  // not sticky; cleared so that the next call does not see it
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
-}
-inline uint32_t rd_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);  // little-endian hosts only, as the CPU codec
-  return v;
-}
 
 struct LevelState {
   bool loaded = false;
   DevBuf dec, table_of;
+};
+
+// One decode's buffers, from staging to verdict. A slot is reused only after its
+// `done` event, recorded behind the verdict callback, has been reached.
+struct Slot {
+  PinnedBuf stage;        // [chunk unless page-locked] descriptors, lists, output plan, RoPE tables
+  DevBuf upload;          // device copy of the staging area
+  DevBuf syms, mat_err, verdict;
+  PinnedBuf verdict_host; // the verdict's two words, copied back
+  Event ev[4];            // upload, rANS, reconstruction, end (timings)
+  Event done;
+  bool in_flight = false;
+  bool timed = false;
+  // Read by the callback.
+  std::vector<std::string> mat_where;
+  uint64_t tag = 0;
+  DecodeDone callback;
+};
+
+// The verdict of a finished decode, as the CPU decoder words it.
+Status verdict_of(const Slot& s) {
+  uint32_t v[2];
+  std::memcpy(v, s.verdict_host.data(), sizeof v);
+  if (v[0] == 0) return {};
+  const size_t m = v[0] - 1;
+  const std::string& where = m < s.mat_where.size() ? s.mat_where[m] : std::string("a matrix");
+  if (v[1] & detail::kErrWords)
+    return make_status(StatusCode::corrupt_data, "{}: rans: word stream overrun or words left over", where);
+  if (v[1] & detail::kErrEscapes) return make_status(StatusCode::corrupt_data, "{}: rans: escape count mismatch", where);
+  return make_status(StatusCode::corrupt_data, "{}: rans: a lane did not return to its initial state", where);
+}
+
+// cudaLaunchHostFunc's callback: runs on a CUDA runtime thread once the verdict has
+// been copied back. Nothing may escape into CUDA's thread.
+void CUDART_CB deliver_verdict(void* arg) {
+  Slot& s = *static_cast<Slot*>(arg);
+  if (!s.callback) return;
+  try {
+    s.callback(s.tag, verdict_of(s));
+  } catch (...) {
+    // A throwing callback is the caller's bug; the decoder has nothing to undo.
+  }
+}
+
+// Switches this thread to the relaxed capture mode while it lives (when `on`).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(bool on) : on_(on) {
+    if (on_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  ~RelaxedCapture() {
+    if (on_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  bool on_;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
 }  // namespace
@@ -130,33 +115,37 @@ struct GpuDecoder::Impl {
   DevBuf mean, step_scale, predictor, transform_t;
   std::vector<uint64_t> ut_off;  // per (layer, plane)
   std::vector<LevelState> levels;
-  // Per-chunk buffers, reused.
-  PinnedBuf stage;     // [chunk bytes unless page-locked] + descriptors + lists, one H2D copy
-  DevBuf upload;       // device copy of `stage`
-  DevBuf syms, out_host_path;
-  DevBuf rope_ec, rope_es, rope_partner;
-  DevBuf mat_err;
-  PinnedBuf err_host;
+  // The ring of in-flight decodes, and the slots graph captures keep.
+  std::vector<std::unique_ptr<Slot>> ring;
+  size_t next = 0;
+  std::deque<std::unique_ptr<Slot>> captured;
+  DevBuf out_host_path;
   Stream own_stream;
-  Event ev[4];
   DecodeTimings timings;
   // RoPE tables of the last chunk (rebuilt when first position or token count change).
   codec::RopeTable rope;
   bool rope_valid = false;
   uint64_t rope_first = 0;
   uint32_t rope_tokens = 0;
-  // Host scratch.
-  std::vector<detail::MatDesc> mats;
-  std::vector<detail::PlaneDesc> planes;
-  std::vector<uint32_t> list_index;
-  std::vector<float> list_value;
-  std::vector<std::string> mat_where;
+  detail::ChunkDescriptors desc;  // host scratch
 
+  ~Impl();
   Status init();
   Status ensure_level(uint32_t level);
-  Status parse(std::span<const uint8_t> bytes, codec::ChunkHeader& h, size_t& payload_off);
-  Status decode(std::span<const uint8_t> chunk, void* out, uint64_t out_bytes, DType dtype, cudaStream_t stream);
+  Result<Slot*> new_slot();
+  Result<Slot*> acquire(bool capturing);
+  Status check_view(const KvView& out, uint32_t tokens) const;
+  Status enqueue(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream, uint64_t tag, DecodeDone done,
+                 Slot*& used);
+  Status decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream);
 };
+
+GpuDecoder::Impl::~Impl() {
+  // Kernels and callbacks may still use the slots' memory.
+  for (const auto& s : ring)
+    if (s->in_flight) cudaEventSynchronize(cuda_event(s->done));
+  if (!captured.empty()) cudaDeviceSynchronize();  // a graph may still be replaying
+}
 
 Status GpuDecoder::Impl::init() {
   const Profile::Impl& p = ProfileAccess::of(profile);
@@ -183,11 +172,23 @@ Status GpuDecoder::Impl::init() {
   KVS_RETURN_IF_ERROR(transform_t.upload(ut.data(), ut.size() * 4, "profile transforms"));
   levels = std::vector<LevelState>(p.levels.size());
   KVS_ASSIGN_OR_RETURN(own_stream, Stream::create(device));
-  for (Event& e : ev) {
+  for (unsigned i = 0; i < kMaxInFlight; ++i) {
+    KVS_ASSIGN_OR_RETURN(Slot * s, new_slot());
+    (void)s;
+  }
+  return {};
+}
+
+Result<Slot*> GpuDecoder::Impl::new_slot() {
+  auto s = std::make_unique<Slot>();
+  for (Event& e : s->ev) {
     KVS_ASSIGN_OR_RETURN(e, Event::create(device));
   }
-  KVS_RETURN_IF_ERROR(err_host.reserve(4 * n_lp * 2));
-  return {};
+  KVS_ASSIGN_OR_RETURN(s->done, Event::create(device));
+  KVS_RETURN_IF_ERROR(s->verdict.reserve(8, "verdict"));
+  KVS_RETURN_IF_ERROR(s->verdict_host.reserve(8));
+  ring.push_back(std::move(s));
+  return ring.back().get();
 }
 
 Status GpuDecoder::Impl::ensure_level(uint32_t level) {
@@ -203,181 +204,127 @@ Status GpuDecoder::Impl::ensure_level(uint32_t level) {
   return {};
 }
 
-// Header, profile and payload checks of open_chunk(), then each substream with the
-// checks of decode_matrix() and of rans_decode() that need no decoding. Fills the
-// matrix and plane descriptors (offsets relative to the chunk's first byte).
-Status GpuDecoder::Impl::parse(std::span<const uint8_t> bytes, codec::ChunkHeader& h, size_t& off) {
+// The next slot of the ring once its previous decode has finished; during a graph
+// capture a new slot, which the graph keeps.
+Result<Slot*> GpuDecoder::Impl::acquire(bool capturing) {
+  if (capturing) {
+    KVS_ASSIGN_OR_RETURN(Slot * s, new_slot());
+    captured.push_back(std::move(ring.back()));
+    ring.pop_back();
+    return s;
+  }
+  Slot* s = ring[next].get();
+  next = (next + 1) % ring.size();
+  if (s->in_flight) KVS_CUDA(cudaEventSynchronize(cuda_event(s->done)), "waiting for an earlier decode");
+  s->in_flight = false;
+  return s;
+}
+
+Status GpuDecoder::Impl::check_view(const KvView& out, uint32_t tokens) const {
   const Profile::Impl& p = ProfileAccess::of(profile);
-  KVS_ASSIGN_OR_RETURN(h, codec::parse_header_for(profile, bytes, &off));
-  KVS_RETURN_IF_ERROR(codec::verify_payload(bytes, off));
-
-  const uint32_t C = p.geom.channels(), T = h.info.tokens, G = p.group_size, P = p.geom.planes();
-  const uint64_t TC = uint64_t(T) * C;
-  const uint32_t level = h.info.level;
-  const codec::RansTables& tables = *p.levels[level].rans;
-  const size_t ch_total = p.channels_total();
-  mats.clear(), planes.clear(), list_index.clear(), list_value.clear(), mat_where.clear();
-  uint64_t sym_off = 0;
-  size_t sub_off = off;
+  if (!(out.geometry() == p.geom))
+    return make_status(StatusCode::invalid_argument, "output view geometry does not match the chunk");
+  if (out.tokens() != tokens)
+    return make_status(StatusCode::invalid_argument, "output view has {} tokens, the chunk {}", out.tokens(), tokens);
+  if (out.dtype() != DType::f32 && out.dtype() != DType::f16 && out.dtype() != DType::bf16)
+    return make_status(StatusCode::invalid_argument, "unknown output element type {}", int(out.dtype()));
+  // A host pointer would fault inside the kernel, and a fault ends the whole CUDA
+  // context: every plane's memory is checked before anything is enqueued.
   for (uint32_t l = 0; l < p.geom.layers; ++l)
-    for (uint32_t pl = 0; pl < P; ++pl) {
-      const size_t si = size_t(l) * P + pl;
-      const uint8_t* sub = bytes.data() + sub_off;
-      const size_t sub_len = h.substream_bytes[si];
-      const size_t sub_base = sub_off;
-      sub_off += sub_len;
-      auto where = [&] { return fmt::format("layer {} plane {}", l, pl); };
-      const uint32_t block = p.block_of(si);
-      const bool has_anchor = block == 0 && p.has_anchor(l, pl);
-      const uint32_t n_anchor_rows = has_anchor ? (T + G - 1) / G : 0;
-      const uint32_t n_plain_rows = T - n_anchor_rows;
-
-      detail::PlaneDesc pd{};
-      pd.chan_off = p.idx(l, pl, 0);
-      pd.ut_off = ut_off[si];
-      pd.block = block;
-      pd.has_anchor = has_anchor;
-      pd.rotate = codec::unrotates(p, pl);
-      pd.plane_index = uint32_t(si);
-
-      size_t pos = 0;
-      auto read_list = [&](uint32_t& begin, uint32_t& count) -> Status {
-        const bool ok = pos + 4 <= sub_len;
-        const uint32_t n = ok ? rd_u32(sub + pos) : 0;
-        if (ok) pos += 4;
-        if (!ok || uint64_t(n) > TC || uint64_t(n) * 8 > sub_len - pos)
-          return make_status(StatusCode::corrupt_data, "{}: bad outlier count", where());
-        begin = uint32_t(list_index.size()), count = n;
-        for (uint32_t i = 0; i < n; ++i, pos += 8) {
-          const uint32_t idx = rd_u32(sub + pos);
-          float v;
-          std::memcpy(&v, sub + pos + 4, 4);
-          if (uint64_t(idx) >= TC || (i > 0 && idx <= list_index.back()) || !std::isfinite(v))
-            return make_status(StatusCode::corrupt_data, "{}: bad outlier {}", where(), i);
-          list_index.push_back(idx);
-          list_value.push_back(v);
-        }
-        return {};
-      };
-      KVS_RETURN_IF_ERROR(read_list(pd.out_begin, pd.out_count));
-      KVS_RETURN_IF_ERROR(read_list(pd.exact_begin, pd.exact_count));
-      if (pd.exact_count && !block)
-        return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where());
-
-      auto add_matrix = [&](uint32_t rows, int role, const char* what, uint64_t& sym_at) -> Status {
-        std::span<const uint8_t> rest(sub + pos, sub_len - pos);
-        KVS_ASSIGN_OR_RETURN(size_t len, codec::rans_coded_size(rest));
-        if (len > rest.size()) return make_status(StatusCode::corrupt_data, "{}: truncated {}", where(), what);
-        const uint8_t* tid = p.levels[level].table_of[role].data() + pd.chan_off;
-        for (uint32_t c = 0; c < C; ++c)
-          if (tid[c] >= tables.size())
-            return make_status(StatusCode::invalid_argument, "{}: column {} uses table {} of {}", where(), c, tid[c],
-                               tables.size());
-        if (rows > std::numeric_limits<uint32_t>::max() / C)
-          return make_status(StatusCode::out_of_range, "{}: {} x {} symbols exceed 2^32 - 1", where(), rows, C);
-        const uint64_t n = uint64_t(rows) * C;
-        detail::MatDesc m{};
-        m.n_words = rd_u32(rest.data() + 4);
-        m.n_escapes = rd_u32(rest.data() + 8);
-        if (m.n_words > n || m.n_escapes > n)
-          return make_status(StatusCode::corrupt_data, "{}: rans: {} words / {} escapes for {} symbols", where(),
-                             m.n_words, m.n_escapes, n);
-        m.words_off = sub_base + pos + 12;
-        m.escapes_off = m.words_off + 2 * uint64_t(m.n_words);
-        const uint8_t* st = rest.data() + 12 + 2 * size_t(m.n_words) + m.n_escapes;
-        for (int k = 0; k < detail::kLanes; ++k) {
-          m.state[k] = rd_u32(st + 4 * k);
-          if (m.state[k] < (1u << 16))
-            return make_status(StatusCode::corrupt_data, "{}: rans: lane {} start state too low", where(), k);
-        }
-        m.sym_off = sym_at = sym_off;
-        sym_off += n;
-        m.table_of_off = uint64_t(role) * ch_total + pd.chan_off;
-        m.rows = rows;
-        m.cols = C;
-        mats.push_back(m);
-        mat_where.push_back(where());
-        pos += len;
-        return {};
-      };
-      if (n_plain_rows) KVS_RETURN_IF_ERROR(add_matrix(n_plain_rows, codec::kRolePlain, "symbols", pd.plain_sym_off));
-      if (n_anchor_rows)
-        KVS_RETURN_IF_ERROR(add_matrix(n_anchor_rows, codec::kRoleAnchor, "anchors", pd.anchor_sym_off));
-      if (pos != sub_len)
-        return make_status(StatusCode::corrupt_data, "{}: {} trailing bytes", where(), sub_len - pos);
-      planes.push_back(pd);
-    }
+    for (uint32_t pl = 0; pl < p.geom.planes(); ++pl)
+      if (Status st = check_device_pointer(out.row(l, pl, 0), device); !st.ok())
+        return make_status(StatusCode::invalid_argument, "GPU decode output, layer {} plane {}: {}", l, pl,
+                           st.message());
   return {};
 }
 
-Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint64_t out_bytes, DType dtype,
-                                cudaStream_t stream) {
+Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream, uint64_t tag,
+                                 DecodeDone done, Slot*& used) {
   const Profile::Impl& p = ProfileAccess::of(profile);
-  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
-    return make_status(StatusCode::invalid_argument, "unknown output element type {}", int(dtype));
   KVS_CUDA(cudaSetDevice(device), "cudaSetDevice");
-  codec::ChunkHeader h;
-  size_t payload_off = 0;
-  KVS_RETURN_IF_ERROR(parse(chunk, h, payload_off));
+  KVS_RETURN_IF_ERROR(detail::parse_chunk(profile, ut_off, chunk, desc));
+  const codec::ChunkHeader& h = desc.header;
   const uint32_t T = h.info.tokens, C = p.geom.channels();
-  const uint64_t need = output_bytes(p.geom, T, dtype);
-  if (out == nullptr || out_bytes < need)
-    return make_status(StatusCode::invalid_argument, "GPU decode needs {} bytes of output, got {}", need,
-                       out == nullptr ? 0 : out_bytes);
+  KVS_RETURN_IF_ERROR(check_view(out, T));
+  KVS_ASSIGN_OR_RETURN(const detail::OutputPlan plan, detail::plan_output(out));
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  KVS_CUDA(cudaStreamIsCapturing(stream, &cs), "cudaStreamIsCapturing");
+  const bool capturing = cs == cudaStreamCaptureStatusActive;
+  // A captured decode's buffers are allocated now, outside the graph (cudaMalloc is
+  // not a stream operation, and the graph replays into the same buffers), so the
+  // capture must tolerate the allocation calls.
+  const RelaxedCapture relaxed(capturing);
+  KVS_ASSIGN_OR_RETURN(Slot * s, acquire(capturing));
+  if (capturing && !levels[h.info.level].loaded)
+    return make_status(StatusCode::invalid_argument,
+                       "GPU decode inside a graph capture needs level {}'s tables loaded first (load_levels())",
+                       h.info.level);
   KVS_RETURN_IF_ERROR(ensure_level(h.info.level));
 
-  // RoPE tables: the CPU's code, built on the host, uploaded when they change.
+  // RoPE tables: the CPU's code, built on the host (cached), staged with the chunk so
+  // that decodes in flight never share them.
   const bool rotate = codec::unrotates(p, 0);
   if (rotate && (!rope_valid || rope_first != h.info.first_position || rope_tokens != T)) {
-    rope_valid = false;
     rope.build(p.rope, p.geom.head_dim, h.info.first_position, T);
-    KVS_RETURN_IF_ERROR(rope_ec.upload(rope.ec.data(), rope.ec.size() * 4, "RoPE cosines"));
-    KVS_RETURN_IF_ERROR(rope_es.upload(rope.es.data(), rope.es.size() * 4, "RoPE sines"));
-    KVS_RETURN_IF_ERROR(rope_partner.upload(rope.partner.data(), rope.partner.size() * 4, "RoPE partners"));
     rope_valid = true, rope_first = h.info.first_position, rope_tokens = T;
   }
 
-  // One device upload area: chunk | mats | planes | list index | list value. When the
-  // chunk already lies in page-locked memory (the pipeline's registered receive
-  // buffers), it is copied from there by DMA and only the descriptors go through the
-  // staging buffer; otherwise everything is staged and sent in one copy.
-  const bool direct = page_locked(chunk.data());
+  // One device upload area: chunk | mats | planes | list index | list value | output
+  // plan | RoPE. When the chunk lies in page-locked memory (the pipeline's registered
+  // receive buffers) it is copied from there by DMA and only the rest is staged.
+  const bool direct = detail::page_locked(chunk.data());
+  using detail::align_up;
+  const auto& mats = desc.mats;
   const size_t o_mats = align_up(chunk.size(), 16);
   const size_t o_planes = align_up(o_mats + mats.size() * sizeof(detail::MatDesc), 16);
-  const size_t o_idx = align_up(o_planes + planes.size() * sizeof(detail::PlaneDesc), 16);
-  const size_t o_val = align_up(o_idx + list_index.size() * 4, 16);
-  const size_t total = align_up(o_val + list_value.size() * 4, 16);
-  const size_t base = direct ? o_mats : 0;  // stage holds [base, total) of the area
-  KVS_RETURN_IF_ERROR(stage.reserve(total - base));
-  KVS_RETURN_IF_ERROR(upload.reserve(total, "chunk upload"));
-  auto st = [&](size_t area_off) { return stage.data() + (area_off - base); };  // area_off >= base
-  if (!direct) std::memcpy(st(0), chunk.data(), chunk.size());
-  std::memcpy(st(o_mats), mats.data(), mats.size() * sizeof(detail::MatDesc));
-  std::memcpy(st(o_planes), planes.data(), planes.size() * sizeof(detail::PlaneDesc));
-  if (!list_index.empty()) {
-    std::memcpy(st(o_idx), list_index.data(), list_index.size() * 4);
-    std::memcpy(st(o_val), list_value.data(), list_value.size() * 4);
+  const size_t o_idx = align_up(o_planes + desc.planes.size() * sizeof(detail::PlaneDesc), 16);
+  const size_t o_val = align_up(o_idx + desc.list_index.size() * 4, 16);
+  const size_t o_row0 = align_up(o_val + desc.list_value.size() * 4, 16);
+  const size_t o_tok = align_up(o_row0 + plan.row0.size() * 8, 16);
+  const size_t o_chan = align_up(o_tok + plan.token.size() * 8, 16);
+  const size_t rope_n = rotate ? rope.ec.size() : 0;
+  const size_t o_ec = align_up(o_chan + plan.channel.size() * 8, 16);
+  const size_t o_es = align_up(o_ec + rope_n * 4, 16);
+  const size_t o_partner = align_up(o_es + rope_n * 4, 16);
+  const size_t total = align_up(o_partner + (rotate ? rope.partner.size() * 4 : 0), 16);
+  const size_t base = direct ? o_mats : 0;  // the staging buffer holds [base, total)
+  KVS_RETURN_IF_ERROR(s->stage.reserve(total - base));
+  KVS_RETURN_IF_ERROR(s->upload.reserve(total, "chunk upload"));
+  auto put = [&](size_t area_off, const void* src, size_t n) {
+    if (n) std::memcpy(s->stage.data() + (area_off - base), src, n);
+  };
+  if (!direct) put(0, chunk.data(), chunk.size());
+  put(o_mats, mats.data(), mats.size() * sizeof(detail::MatDesc));
+  put(o_planes, desc.planes.data(), desc.planes.size() * sizeof(detail::PlaneDesc));
+  put(o_idx, desc.list_index.data(), desc.list_index.size() * 4);
+  put(o_val, desc.list_value.data(), desc.list_value.size() * 4);
+  put(o_row0, plan.row0.data(), plan.row0.size() * 8);
+  put(o_tok, plan.token.data(), plan.token.size() * 8);
+  put(o_chan, plan.channel.data(), plan.channel.size() * 8);
+  if (rotate) {
+    put(o_ec, rope.ec.data(), rope_n * 4);
+    put(o_es, rope.es.data(), rope_n * 4);
+    put(o_partner, rope.partner.data(), rope.partner.size() * 4);
   }
   uint64_t sym_bytes = 0;
   for (const auto& m : mats) sym_bytes += uint64_t(m.rows) * m.cols;
-  KVS_RETURN_IF_ERROR(syms.reserve(sym_bytes, "symbols"));
-  KVS_RETURN_IF_ERROR(mat_err.reserve(mats.size() * 4, "error words"));
-  KVS_RETURN_IF_ERROR(err_host.reserve(mats.size() * 4));
+  KVS_RETURN_IF_ERROR(s->syms.reserve(sym_bytes, "symbols"));
+  KVS_RETURN_IF_ERROR(s->mat_err.reserve(mats.size() * 4, "error words"));
 
   detail::ChunkLaunch c{};
-  uint8_t* up = upload.as<uint8_t>();
+  uint8_t* up = s->upload.as<uint8_t>();
   c.chunk = up;
   c.mats = reinterpret_cast<const detail::MatDesc*>(up + o_mats);
   c.n_mats = uint32_t(mats.size());
-  c.syms = syms.as<int8_t>();
-  c.mat_err = mat_err.as<uint32_t>();
+  c.syms = s->syms.as<int8_t>();
+  c.mat_err = s->mat_err.as<uint32_t>();
   c.planes = reinterpret_cast<const detail::PlaneDesc*>(up + o_planes);
-  c.n_planes = uint32_t(planes.size());
+  c.n_planes = uint32_t(desc.planes.size());
   c.list_index = reinterpret_cast<const uint32_t*>(up + o_idx);
   c.list_value = reinterpret_cast<const float*>(up + o_val);
-  c.rope_ec = rotate ? rope_ec.as<float>() : nullptr;
-  c.rope_es = rotate ? rope_es.as<float>() : nullptr;
-  c.rope_partner = rotate ? rope_partner.as<uint32_t>() : nullptr;
+  c.rope_ec = rotate ? reinterpret_cast<const float*>(up + o_ec) : nullptr;
+  c.rope_es = rotate ? reinterpret_cast<const float*>(up + o_es) : nullptr;
+  c.rope_partner = rotate ? reinterpret_cast<const uint32_t*>(up + o_partner) : nullptr;
   c.rot = rotate ? rope.rot : 0;
   c.head_dim = p.geom.head_dim;
   c.channels = C;
@@ -386,38 +333,51 @@ Status GpuDecoder::Impl::decode(std::span<const uint8_t> chunk, void* out, uint6
   c.prof = {mean.as<float>(), step_scale.as<float>(), predictor.as<uint8_t>(), transform_t.as<float>()};
   c.level = {levels[h.info.level].dec.as<uint32_t>(), levels[h.info.level].table_of.as<uint8_t>(),
              p.levels[h.info.level].info.step};
-  c.out = out;
-  c.dtype = int(dtype);
+  c.out_row0 = reinterpret_cast<const uint64_t*>(up + o_row0);
+  c.out_token = reinterpret_cast<const int64_t*>(up + o_tok);
+  c.out_chan = reinterpret_cast<const int64_t*>(up + o_chan);
+  c.dtype = int(out.dtype());
+  c.verdict = s->verdict.as<uint32_t>();
 
-  KVS_CUDA(cudaEventRecord(cuda_event(ev[0]), stream), "cudaEventRecord");
+  // Timing events only outside a capture (a captured event cannot be timed).
+  s->timed = !capturing;
+  auto mark = [&](int i) -> Status {
+    if (s->timed) KVS_CUDA(cudaEventRecord(cuda_event(s->ev[i]), stream), "cudaEventRecord");
+    return {};
+  };
+  KVS_RETURN_IF_ERROR(mark(0));
   if (direct)
     KVS_CUDA(cudaMemcpyAsync(up, chunk.data(), chunk.size(), cudaMemcpyHostToDevice, stream),
              "chunk upload (page-locked)");
-  KVS_CUDA(cudaMemcpyAsync(up + base, stage.data(), total - base, cudaMemcpyHostToDevice, stream), "chunk upload");
-  KVS_CUDA(cudaEventRecord(cuda_event(ev[1]), stream), "cudaEventRecord");
+  KVS_CUDA(cudaMemcpyAsync(up + base, s->stage.data(), total - base, cudaMemcpyHostToDevice, stream), "chunk upload");
+  KVS_RETURN_IF_ERROR(mark(1));
   if (const int e = detail::launch_rans(c, stream); e != 0) return cuda_error(cudaError_t(e), "rANS kernel launch");
-  KVS_CUDA(cudaEventRecord(cuda_event(ev[2]), stream), "cudaEventRecord");
+  KVS_RETURN_IF_ERROR(mark(2));
   if (const int e = detail::launch_reconstruct(c, stream); e != 0)
     return cuda_error(cudaError_t(e), "reconstruction kernel launch");
-  KVS_CUDA(cudaEventRecord(cuda_event(ev[3]), stream), "cudaEventRecord");
-  if (!mats.empty())
-    KVS_CUDA(cudaMemcpyAsync(err_host.data(), c.mat_err, mats.size() * 4, cudaMemcpyDeviceToHost, stream),
-             "error read-back");
-  KVS_CUDA(cudaStreamSynchronize(stream), "GPU decode");
-
-  for (size_t i = 0; i < mats.size(); ++i) {
-    uint32_t err;
-    std::memcpy(&err, err_host.data() + 4 * i, 4);
-    if (err & detail::kErrWords)
-      return make_status(StatusCode::corrupt_data, "{}: rans: word stream overrun or words left over",
-                         mat_where[i]);
-    if (err & detail::kErrEscapes)
-      return make_status(StatusCode::corrupt_data, "{}: rans: escape count mismatch", mat_where[i]);
-    if (err & detail::kErrState)
-      return make_status(StatusCode::corrupt_data, "{}: rans: a lane did not return to its initial state",
-                         mat_where[i]);
+  if (const int e = detail::launch_verdict(c, stream); e != 0) return cuda_error(cudaError_t(e), "verdict kernel launch");
+  KVS_RETURN_IF_ERROR(mark(3));
+  KVS_CUDA(cudaMemcpyAsync(s->verdict_host.data(), c.verdict, 8, cudaMemcpyDeviceToHost, stream), "verdict read-back");
+  s->mat_where = desc.mat_where;
+  s->tag = tag;
+  s->callback = std::move(done);
+  if (s->callback) KVS_CUDA(cudaLaunchHostFunc(stream, deliver_verdict, s), "cudaLaunchHostFunc");
+  if (!capturing) {
+    KVS_CUDA(cudaEventRecord(cuda_event(s->done), stream), "cudaEventRecord");
+    s->in_flight = true;
   }
-  timings = {elapsed(ev[0], ev[1]), elapsed(ev[1], ev[2]), elapsed(ev[2], ev[3])};
+  used = s;
+  return {};
+}
+
+Status GpuDecoder::Impl::decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream) {
+  Slot* s = nullptr;
+  KVS_RETURN_IF_ERROR(enqueue(chunk, out, stream, 0, nullptr, s));
+  KVS_CUDA(cudaStreamSynchronize(stream), "GPU decode");
+  KVS_RETURN_IF_ERROR(verdict_of(*s));
+  if (s->timed)
+    timings = {detail::elapsed(s->ev[0], s->ev[1]), detail::elapsed(s->ev[1], s->ev[2]),
+               detail::elapsed(s->ev[2], s->ev[3])};
   return {};
 }
 
@@ -475,8 +435,36 @@ DecodeTimings GpuDecoder::last_timings() const noexcept { return impl_->timings;
 
 Status GpuDecoder::decode(std::span<const uint8_t> chunk, void* device_out, uint64_t device_out_bytes, DType dtype,
                           void* stream) {
+  KVS_ASSIGN_OR_RETURN(const codec::ChunkInfo info, codec::inspect_chunk(chunk));
+  const KvGeometry& g = impl_->profile.geometry();
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+    return make_status(StatusCode::invalid_argument, "unknown output element type {}", int(dtype));
+  const uint64_t need = output_bytes(g, info.tokens, dtype);
+  if (device_out == nullptr || device_out_bytes < need)
+    return make_status(StatusCode::invalid_argument, "GPU decode needs {} bytes of output, got {}", need,
+                       device_out == nullptr ? 0 : device_out_bytes);
+  KVS_ASSIGN_OR_RETURN(const KvView view, KvView::packed(device_out, dtype, g, info.tokens, info.first_position));
   std::lock_guard lock(impl_->mu);
-  return impl_->decode(chunk, device_out, device_out_bytes, dtype, static_cast<cudaStream_t>(stream));
+  return impl_->decode_sync(chunk, view, static_cast<cudaStream_t>(stream));
+}
+
+Status GpuDecoder::decode(std::span<const uint8_t> chunk, const KvView& device_out, void* stream) {
+  std::lock_guard lock(impl_->mu);
+  return impl_->decode_sync(chunk, device_out, static_cast<cudaStream_t>(stream));
+}
+
+Status GpuDecoder::enqueue(std::span<const uint8_t> chunk, const KvView& device_out, void* stream, uint64_t tag,
+                           DecodeDone done) {
+  std::lock_guard lock(impl_->mu);
+  Slot* used = nullptr;
+  return impl_->enqueue(chunk, device_out, static_cast<cudaStream_t>(stream), tag, std::move(done), used);
+}
+
+Status GpuDecoder::load_levels() {
+  std::lock_guard lock(impl_->mu);
+  KVS_CUDA(cudaSetDevice(impl_->device), "cudaSetDevice");
+  for (uint32_t l = 0; l < impl_->levels.size(); ++l) KVS_RETURN_IF_ERROR(impl_->ensure_level(l));
+  return {};
 }
 
 Status GpuDecoder::decode_to_host(std::span<const uint8_t> chunk, const KvView& out) {
@@ -491,23 +479,13 @@ Status GpuDecoder::decode_to_host(std::span<const uint8_t> chunk, const KvView& 
   Impl& s = *impl_;
   const uint64_t bytes = output_bytes(g, info.tokens, out.dtype());
   KVS_RETURN_IF_ERROR(s.out_host_path.reserve(bytes, "host-path output"));
-  KVS_RETURN_IF_ERROR(s.decode(chunk, s.out_host_path.as<void>(), bytes, out.dtype(), cuda_stream(s.own_stream)));
+  KVS_ASSIGN_OR_RETURN(const KvView dev,
+                       KvView::packed(s.out_host_path.as<void>(), out.dtype(), g, info.tokens, info.first_position));
+  KVS_RETURN_IF_ERROR(s.decode_sync(chunk, dev, detail::cuda_stream(s.own_stream)));
   std::vector<std::byte> host(bytes);
   KVS_CUDA(cudaMemcpy(host.data(), s.out_host_path.as<void>(), bytes, cudaMemcpyDeviceToHost), "output download");
-  const uint32_t C = g.channels();
-  const size_t es = dtype_size(out.dtype()), row_bytes = size_t(C) * es;
-  const std::byte* src = host.data();
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t pl = 0; pl < g.planes(); ++pl)
-      for (uint64_t t = 0; t < info.tokens; ++t, src += row_bytes) {
-        std::byte* dst = out.row(l, pl, t);
-        if (out.rows_dense()) {
-          std::memcpy(dst, src, row_bytes);
-        } else {
-          for (uint32_t c = 0; c < C; ++c) std::memcpy(dst + out.channel_offset(c) * int64_t(es), src + c * es, es);
-        }
-      }
-  return {};
+  KVS_ASSIGN_OR_RETURN(const KvView packed, KvView::packed(host.data(), out.dtype(), g, info.tokens, info.first_position));
+  return copy_kv(packed, out);
 }
 
 #else  // !KVSTREAM_HAVE_CUDA
@@ -543,6 +521,13 @@ DecodeTimings GpuDecoder::last_timings() const noexcept { return {}; }
 Status GpuDecoder::decode(std::span<const uint8_t>, void*, uint64_t, DType, void*) {
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
 }
+Status GpuDecoder::decode(std::span<const uint8_t>, const KvView&, void*) {
+  return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
+}
+Status GpuDecoder::enqueue(std::span<const uint8_t>, const KvView&, void*, uint64_t, DecodeDone) {
+  return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
+}
+Status GpuDecoder::load_levels() { return make_status(StatusCode::unsupported, "kvstream was built without CUDA"); }
 Status GpuDecoder::decode_to_host(std::span<const uint8_t>, const KvView&) {
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
 }

@@ -75,8 +75,14 @@ struct ChunkLaunch {
   uint32_t group;
   ProfileDev prof;
   LevelDev level;
-  void* out;                  // packed [layer][plane][token][channel]
+  // The output (output_plan.hpp): element (plane_index, t, c) of the chunk is written
+  // at out_row0[plane_index] + out_token[t] + out_chan[c] (bytes); packed, strided and
+  // paged device KV alike.
+  const uint64_t* out_row0;
+  const int64_t* out_token;
+  const int64_t* out_chan;
   int dtype;                  // kvstream::DType value: 0 f32, 1 f16, 2 bf16
+  uint32_t* verdict;          // 2 words: first failing matrix + 1 (0: every matrix passed), its error bits
 };
 
 /// Bytes of dynamic shared memory the reconstruction kernel needs per block.
@@ -88,5 +94,8 @@ int prepare_reconstruct(size_t bytes);
 /// cudaError_t of its launch.
 int launch_rans(const ChunkLaunch& c, void* stream);
 int launch_reconstruct(const ChunkLaunch& c, void* stream);
+/// Enqueue the integrity verdict: the per-matrix error words reduced, on the device,
+/// to c.verdict (the first failing matrix, so the host names it as the CPU would).
+int launch_verdict(const ChunkLaunch& c, void* stream);
 
 }  // namespace kvstream::gpu::detail

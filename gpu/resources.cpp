@@ -1,4 +1,4 @@
-// RAII wrappers of device memory, page-locked memory, streams and events
+// RAII wrappers of device memory, page-locked memory, streams, events and graphs
 // (gpu_resources.hpp). Each
 // factory asks probe_device() first, so that without a GPU every one fails with the
 // same clear reason (the CUDA error of the probe, logged once) instead of whatever
@@ -192,6 +192,41 @@ Status check_device_pointer(const void* p, int device) {
   return {};
 }
 
+Result<Graph> Graph::capture(const Stream& stream, const std::function<Status()>& work) {
+  if (!stream.handle()) return make_status(StatusCode::invalid_argument, "graph capture on an empty Stream");
+  KVS_RETURN_IF_ERROR(use_device(stream.device()));
+  const auto s = static_cast<cudaStream_t>(stream.handle());
+  KVS_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  const Status st = work();
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(s, &g);  // always ends it, also after a failed `work`
+  if (!st.ok()) {
+    if (g) cudaGraphDestroy(g);
+    return st;
+  }
+  if (e != cudaSuccess) return cuda_error(e, "cudaStreamEndCapture");
+  Graph r;
+  r.graph_ = g, r.device_ = stream.device();
+  cudaGraphExec_t x = nullptr;
+  KVS_CUDA_OK(cudaGraphInstantiate(&x, g, 0), "cudaGraphInstantiate");
+  r.exec_ = x;
+  return r;
+}
+
+Graph::~Graph() {
+  if (!graph_) return;
+  cudaSetDevice(device_);
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+Status Graph::launch(const Stream& stream) const {
+  if (!exec_) return make_status(StatusCode::invalid_argument, "launch of an empty Graph");
+  KVS_CUDA_OK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream.handle())),
+              "cudaGraphLaunch");
+  return {};
+}
+
 #else  // !KVSTREAM_HAVE_CUDA
 
 namespace {
@@ -219,6 +254,9 @@ Result<float> Event::elapsed_ms(const Event&) const { return no_cuda(); }
 Status copy_to_host(void*, const void*, size_t, int) { return no_cuda(); }
 Status copy_to_device(void*, const void*, size_t, int) { return no_cuda(); }
 Status check_device_pointer(const void*, int) { return no_cuda(); }
+Result<Graph> Graph::capture(const Stream&, const std::function<Status()>&) { return no_cuda(); }
+Graph::~Graph() = default;
+Status Graph::launch(const Stream&) const { return no_cuda(); }
 
 #endif
 
@@ -238,6 +276,15 @@ Stream& Stream::operator=(Stream&& o) noexcept {
   if (this != &o) {
     Stream old(std::move(*this));  // destroys what this held
     s_ = std::exchange(o.s_, nullptr), device_ = o.device_;
+  }
+  return *this;
+}
+Graph::Graph(Graph&& o) noexcept
+    : graph_(std::exchange(o.graph_, nullptr)), exec_(std::exchange(o.exec_, nullptr)), device_(o.device_) {}
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    Graph old(std::move(*this));
+    graph_ = std::exchange(o.graph_, nullptr), exec_ = std::exchange(o.exec_, nullptr), device_ = o.device_;
   }
   return *this;
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 
 #include "kvstream/status.hpp"
@@ -124,6 +125,31 @@ class Event {
 
  private:
   void* e_ = nullptr;
+  int device_ = 0;
+};
+
+/// An instantiated CUDA graph: work captured once from a stream, launched again as
+/// one unit (how runtimes replay a step without per-kernel launch costs).
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  /// Captures what `work` enqueues on `stream` (thread-local capture mode, so other
+  /// threads' CUDA calls are unaffected) and instantiates it. A `work` that fails, or
+  /// a capture CUDA refuses (a synchronizing call inside it), ends the capture and is
+  /// returned. Errors: unsupported, unavailable, and those of `work`.
+  static Result<Graph> capture(const Stream& stream, const std::function<Status()>& work);
+  /// Enqueues the whole graph on `stream`. Errors: invalid_argument (empty), unavailable.
+  Status launch(const Stream& stream) const;
+
+ private:
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
   int device_ = 0;
 };
 
