@@ -1,10 +1,13 @@
 // kvstream-gpu-bench: GPU decode throughput on one mistral-7b-sized chunk (32 layers x
 // 8 KV heads x 128, GQA, RoPE half, K coded before RoPE; synthetic but structured
-// data), against the CPU decoder on every core and the host-to-device copy. Prints
+// data), against the CPU decoder on every core and the host-to-device copy; then into
+// paged device KV (vLLM's per-layer K/V block tensors, NHD and HND, checked against
+// the CPU decoder's output in the same layout) with stream-ordered decodes. Prints
 // "BENCH key value" lines (perf/gpu/run.sh makes its table of them). Checks first
 // that the GPU's output equals the CPU's bit for bit on this chunk. Exit 0 when
 // measured, 2 without a usable GPU, 1 on an error or a mismatch.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +20,7 @@
 #include "kvstream/codec.hpp"
 #include "kvstream/gpu.hpp"
 #include "kvstream/gpu_decoder.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/log.hpp"
 #include "tests/codec/synthetic_kv.hpp"
 
@@ -33,6 +37,8 @@ int fail(const Status& s) {
 }
 
 using test_util::synthetic_cache;
+
+double gb_of(uint64_t bytes) { return double(bytes) / 1e9; }
 
 }  // namespace
 
@@ -101,6 +107,77 @@ int main(int argc, char** argv) {
     rans_best = std::min(rans_best, double(tm.entropy_ms) * 1e-3);
     rec_best = std::min(rec_best, double(tm.reconstruct_ms) * 1e-3);
     kernel_best = std::min(kernel_best, double(tm.entropy_ms + tm.reconstruct_ms) * 1e-3);
+  }
+  // Paged device KV as a runtime keeps it: per layer a K and a V tensor of 16-token
+  // blocks, the chunk's blocks scattered by a block table. Bit-exact first (both orders),
+  // then stream-ordered decodes (enqueue, no host wait per chunk, the chunk in
+  // page-locked memory as the pipeline's receive buffers are) into NHD blocks.
+  {
+    constexpr uint32_t kBlock = 16;
+    const uint64_t used = (tokens + kBlock - 1) / kBlock, blocks = 2 * used;
+    std::vector<uint32_t> table(blocks);
+    for (uint32_t b = 0; b < blocks; ++b) table[b] = uint32_t((uint64_t(b) * 7919) % blocks);  // 7919 prime: a permutation
+    table.resize(used);
+    const size_t pool_bytes = size_t(blocks) * kBlock * geom.channels() * 2;
+    std::vector<gpu::DeviceBuffer> pools;
+    std::vector<void*> keys, values;
+    for (uint32_t i = 0; i < 2 * geom.layers; ++i) {
+      auto b = gpu::DeviceBuffer::allocate(pool_bytes);
+      if (!b.ok()) return fail(b.status());
+      (i % 2 ? values : keys).push_back(b->data());
+      pools.push_back(std::move(b).value());
+    }
+    for (PagedOrder order : {PagedOrder::hnd, PagedOrder::nhd}) {
+      auto dview = KvView::paged(PagedLayout::blocks(order, geom, kBlock, blocks, keys, values, table), DType::f16,
+                                 geom, tokens, 4096);
+      if (!dview.ok()) return fail(dview.status());
+      if (Status s = (*dec)->decode(bytes, *dview); !s.ok()) return fail(s);
+      // The same layout in host memory, decoded by the CPU, against the device pools.
+      std::vector<std::vector<std::byte>> host(2 * geom.layers, std::vector<std::byte>(pool_bytes));
+      std::vector<std::vector<std::byte>> back(2 * geom.layers, std::vector<std::byte>(pool_bytes));
+      std::vector<void*> hk, hv;
+      for (uint32_t i = 0; i < 2 * geom.layers; ++i) {
+        if (Status s = gpu::copy_to_host(host[i].data(), pools[i].data(), pool_bytes); !s.ok()) return fail(s);
+        (i % 2 ? hv : hk).push_back(host[i].data());
+      }
+      auto hview = KvView::paged(PagedLayout::blocks(order, geom, kBlock, blocks, hk, hv, table), DType::f16, geom,
+                                 tokens, 4096);
+      if (!hview.ok()) return fail(hview.status());
+      if (Status s = codec::decode_chunk(*profile, bytes, *hview); !s.ok()) return fail(s);
+      // The device pools, decoded into, against the host pools the CPU decoded into.
+      for (uint32_t i = 0; i < 2 * geom.layers; ++i) {
+        if (Status s = gpu::copy_to_host(back[i].data(), pools[i].data(), pool_bytes); !s.ok()) return fail(s);
+        if (back[i] != host[i])
+          return fail(make_status(StatusCode::internal, "paged {} device output differs from the CPU's (tensor {})",
+                                  order == PagedOrder::nhd ? "NHD" : "HND", i));
+      }
+      std::printf("BENCH paged_bit_exact_%s 1\n", order == PagedOrder::nhd ? "nhd" : "hnd");
+      if (order == PagedOrder::hnd) continue;
+      auto pinned = gpu::PinnedHostMemory::allocate(bytes.size());
+      if (!pinned.ok()) return fail(pinned.status());
+      std::memcpy(pinned->data(), bytes.data(), bytes.size());
+      const std::span<const uint8_t> chunk(static_cast<const uint8_t*>(pinned->data()), bytes.size());
+      auto stream = gpu::Stream::create();
+      if (!stream.ok()) return fail(stream.status());
+      std::atomic<int> ok{0}, bad{0};
+      const int n = std::max(reps, 32);
+      double stream_best = 1e30;
+      for (int round = 0; round < 3; ++round) {
+        t0 = clock_type::now();
+        for (int k = 0; k < n; ++k)
+          if (Status s = (*dec)->enqueue(chunk, *dview, stream->handle(), uint64_t(k),
+                                         [&](uint64_t, const Status& v) { (v.ok() ? ok : bad) += 1; });
+              !s.ok())
+            return fail(s);
+        if (Status s = stream->synchronize(); !s.ok()) return fail(s);
+        stream_best = std::min(stream_best, secs_since(t0) / n);
+      }
+      if (bad != 0 || ok != 3 * n)
+        return fail(make_status(StatusCode::internal, "stream-ordered verdicts: {} ok, {} failed of {}", ok.load(),
+                                bad.load(), 3 * n));
+      std::printf("BENCH paged_stream_ms %.3f paged_stream_GBps %.2f paged_stream_chunks %d\n", stream_best * 1e3,
+                  gb_of(out_bytes) / stream_best, n);
+    }
   }
   // CPU reference: every core.
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
