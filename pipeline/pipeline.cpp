@@ -155,6 +155,7 @@ class PipelineImpl final : public Pipeline {
     if (!req.device.empty()) {
       KVS_RETURN_IF_ERROR(check_device_destination(req));
     } else {
+      if (req.destination_memory == transport::MemoryType::cuda) KVS_RETURN_IF_ERROR(check_device_view(req));
       const KvGeometry& g = profile_.geometry();
       if (!(req.destination.geometry() == g))
         return make_status(StatusCode::invalid_argument, "destination geometry does not match the codec profile");
@@ -336,6 +337,22 @@ class PipelineImpl final : public Pipeline {
     return {};
   }
 
+  // A destination view in device memory: only a GPU pipeline writes there, and every
+  // plane must be memory of its device (a host pointer would fault in the kernel).
+  Status check_device_view(const FetchRequest& req) const {
+    if (decodes_on_ != DecodeOn::gpu)
+      return make_status(StatusCode::invalid_argument, "a destination in device memory needs a GPU pipeline; this one "
+                                                       "decodes on the CPU");
+    const KvView& v = req.destination;
+    if (v.tokens() == 0) return make_status(StatusCode::invalid_argument, "device destination view is empty");
+    for (uint32_t l = 0; l < v.geometry().layers; ++l)
+      for (uint32_t pl = 0; pl < v.geometry().planes(); ++pl)
+        if (Status st = gpu::check_device_pointer(v.row(l, pl, 0), cfg_.gpu_device); !st.ok())
+          return make_status(StatusCode::invalid_argument, "device destination view, layer {} plane {}: {}", l, pl,
+                             st.message());
+    return {};
+  }
+
   void work(GpuWorker* gpu) {
     for (;;) {
       Job j;
@@ -491,6 +508,7 @@ Status FetchImpl::decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWork
   }
   auto view = req_.destination.slice(req_.chunks[i]);
   if (!view.ok()) return view.status();
+  if (req_.destination_memory == transport::MemoryType::cuda) return gpu.decoder->decode(bytes, *view, gpu.stream.handle());
   return gpu.decoder->decode_to_host(bytes, *view);
 }
 

@@ -35,7 +35,7 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
   const FetchRequest& f = req.fetch;
   if (!profile.progressive())
     return make_status(StatusCode::invalid_argument, "refine_fetch needs a progressive profile");
-  if (!f.device.empty())
+  if (!f.device.empty() || f.destination_memory != transport::MemoryType::host)
     return make_status(StatusCode::invalid_argument, "refine_fetch upgrades a host destination only");
   if (req.kept.size() != f.chunks.size())
     return make_status(StatusCode::invalid_argument, "{} kept prefixes for {} ranges", req.kept.size(), f.chunks.size());

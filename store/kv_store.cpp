@@ -444,20 +444,34 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   const uint64_t n = req.chunks.back().end;
   // Checked here, not only by the pipeline: an adaptive fetch starts from the
   // scheduler's thread, where a refusal would reach the caller only at wait().
-  if (destination.device.empty()) {
-    if (!(destination.host.geometry() == m.profile.geometry()))
-      return make_status(StatusCode::invalid_argument, "fetch: the destination's geometry is not the profile's");
-    if (destination.host.tokens() < n)
-      return make_status(StatusCode::invalid_argument, "fetch: {} stored tokens, the destination holds {}", n,
-                         destination.host.tokens());
-    if (destination.host.first_position() != 0)
-      return make_status(StatusCode::invalid_argument, "fetch: the destination must start at position 0");
-    req.destination = destination.host;
-  } else {
+  const bool on_device = destination.device_view.tokens() > 0;
+  if (int(destination.host.tokens() > 0) + int(on_device) + int(!destination.device.empty()) > 1)
+    return make_status(StatusCode::invalid_argument, "fetch: give one destination (host, device_view or device)");
+  auto needs_gpu = [&]() -> Status {
     if (m.pipe->decodes_on() != pipeline::DecodeOn::gpu)
       return make_status(StatusCode::invalid_argument,
                          "fetch: device memory needs a store that decodes on the GPU (pipeline.decode gpu or auto "
                          "with a usable GPU); this one decodes on the CPU");
+    return {};
+  };
+  if (destination.device.empty()) {
+    const KvView& view = on_device ? destination.device_view : destination.host;
+    if (on_device) KVS_RETURN_IF_ERROR(needs_gpu());
+    if (!(view.geometry() == m.profile.geometry()))
+      return make_status(StatusCode::invalid_argument, "fetch: the destination's geometry is not the profile's");
+    if (view.tokens() < n)
+      return make_status(StatusCode::invalid_argument, "fetch: {} stored tokens, the destination holds {}", n,
+                         view.tokens());
+    if (view.first_position() != 0)
+      return make_status(StatusCode::invalid_argument, "fetch: the destination must start at position 0");
+    if (on_device && options.keep_for_refinement)
+      return make_status(StatusCode::invalid_argument,
+                         "fetch: refinement upgrades KV in host memory only (the GPU decoder reads single-level "
+                         "streams)");
+    req.destination = view;
+    req.destination_memory = on_device ? transport::MemoryType::cuda : transport::MemoryType::host;
+  } else {
+    KVS_RETURN_IF_ERROR(needs_gpu());
     if (destination.device.chunks.size() < req.chunks.size())
       return make_status(StatusCode::invalid_argument, "fetch: {} chunks stored, {} device pointers given",
                          req.chunks.size(), destination.device.chunks.size());

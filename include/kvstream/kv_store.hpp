@@ -52,11 +52,17 @@ struct PutOptions {
   transport::CancelToken cancel;
 };
 
-/// Where fetched KV goes: a host view (packed, strided or paged) covering at least
-/// the fetched tokens, token 0 of the view being position 0 of the prompt; or device
-/// memory, one pointer per chunk (a GPU pipeline; see pipeline::DeviceDestination).
+/// Where fetched KV goes: a view (packed, strided or paged) covering at least the
+/// fetched tokens, token 0 of the view being position 0 of the prompt, in host memory
+/// or in GPU memory; or device memory as one packed buffer per chunk (see
+/// pipeline::DeviceDestination). Exactly one of the three is set.
 struct FetchDestination {
   KvView host;
+  /// The same kind of view over memory of PipelineSettings::gpu_device, e.g. vLLM's
+  /// per-layer K and V block tensors with the sequence's block table
+  /// (PagedLayout::blocks with device pointers): a store that decodes on the GPU writes
+  /// every chunk straight into the runtime's blocks. A CPU store refuses it.
+  KvView device_view;
   pipeline::DeviceDestination device;
 };
 

@@ -117,11 +117,17 @@ struct DeviceDestination {
 /// One fetch: a context's chunks into a destination view, or into device memory.
 struct FetchRequest {
   std::string context;
-  /// Runtime KV memory for all the chunks (packed or paged) in host memory. Unused
-  /// (may be empty) when `device` is set. A GPU pipeline given a host destination
-  /// decodes on the GPU and copies each chunk back (GpuDecoder::decode_to_host): a
-  /// check path, not the fast one.
+  /// Runtime KV memory for all the chunks (packed, strided or paged), in host memory,
+  /// or in device memory when `destination_memory` says cuda. Unused (may be empty)
+  /// when `device` is set. A GPU pipeline given a host destination decodes on the GPU
+  /// and copies each chunk back (GpuDecoder::decode_to_host): a check path, not the
+  /// fast one.
   KvView destination;
+  /// Where `destination` lies. cuda: memory of PipelineConfig::gpu_device (a runtime's
+  /// paged blocks, e.g. vLLM's per-layer K and V tensors with the sequence's block
+  /// table): a GPU pipeline's decoder writes every chunk straight into it; a CPU
+  /// pipeline refuses it (invalid_argument), as it refuses `device`.
+  transport::MemoryType destination_memory = transport::MemoryType::host;
   std::vector<TokenRange> chunks;     ///< destination-relative token range of chunk i (stored as chunk i)
   /// Which stored chunk lands in range i (empty: chunk i). Lets a runtime fetch part of
   /// a stored context (a shared prefix, a window) or reuse stored chunks; each must

@@ -104,7 +104,7 @@ if ! grep -q "a GPU is present" "$OUTDIR/probe.log"; then
   BG="not run ($PIPE)"
   if [ "$PIPE" = ok ]; then
     say "pipeline without a GPU: its tests (GPU cases skip) and kvstream-bench pipeline --decode gpu"
-    pipeline_tests 'PipelineTest.Auto*:PipelineTest.Gpu*:PipelineTest.DeviceDestination*:PipelineDecodeOn.*'
+    pipeline_tests 'PipelineTest.Auto*:PipelineTest.Gpu*:PipelineTest.DeviceDestination*:PipelineTest.DestinationInDeviceMemory*:PipelineDecodeOn.*'
     PT=$([ $PTEST_RC = 0 ] && echo "pass, GPU cases skipped" || echo FAIL)
     timeout 60 "$BENCH" pipeline --decode gpu >"$OUTDIR/pipeline-bench.log" 2>&1
     BRC=$?
@@ -188,7 +188,7 @@ echo "| paged device KV (16-token blocks) = CPU decode, NHD / HND | $(val paged_
 echo "| stream-ordered decode into paged NHD blocks ($(val paged_stream_chunks) chunks queued, verdicts by callback) | $(val paged_stream_ms) ms per chunk = $(val paged_stream_GBps) GB/s fp16 |"
 echo "| CPU decode, $(val cpu_threads) threads | $(val cpu_decode_ms) ms = $(val cpu_decode_GBps) GB/s |"
 echo "| H2D pinned / pageable ($(val copy_bytes) B) | $(val h2d_pinned_GBps) / $(val h2d_pageable_GBps) GB/s |"
-echo "| pipeline tests (fetch into device memory = CPU fetch, 3 dtypes, 4 levels) | $PT |"
+echo "| pipeline tests (fetch into device memory = CPU fetch: packed, 3 dtypes, 4 levels; paged NHD and HND) | $PT |"
 echo "| pipelined fetch, GPU decode ($PIPE_TOKENS tokens mistral-7b, loopback tcp) | $PG |"
 echo "| pipelined fetch, CPU decode, 2 threads (same) | $PC |"
 say "done"

@@ -1,9 +1,7 @@
 // The pipeline against a real storage node on loopback: pipelined = serial bit for
 // bit, paged = packed, cancel frees every buffer, a failed chunk is reported with its
 // index while the rest complete, recompute decisions are reported, memory stays
-// within depth buffers. The GPU path: `auto` without a GPU fetches on the CPU, `gpu`
-// without one is a clear error, GPUDirect is unsupported by every backend, and (with a
-// GPU) a fetch into device memory equals the CPU's fetch bit for bit.
+// within depth buffers. The GPU path is in test_pipeline_gpu.cpp.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -23,6 +21,7 @@
 #include "kvstream/paced_client.hpp"
 #include "kvstream/pipeline.hpp"
 #include "kvstream/scheduler.hpp"
+#include "tests/pipeline/pipeline_fixture.hpp"
 #include "tests/support/fake_clock.hpp"
 #include "tests/transport/redis_server.hpp"
 
@@ -30,109 +29,10 @@ using namespace kvstream;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
+using namespace kvstream::pipeline_test;
 
 namespace {
 
-const KvGeometry kGeom{3, 2, 16, 4, AttentionKind::gqa};
-const RopeParams kRope{true, 10000.0f, 0, RopePairing::interleaved};
-constexpr uint32_t kTokens = 500, kChunk = 96;
-
-// Correlated channels with offsets, K rotated by RoPE like a runtime's cache.
-KvCache synthetic_kv(uint32_t seed) {
-  auto kv = KvCache::create(kGeom, DType::f32, kTokens).value();
-  kv.set_rope(kRope);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n01;
-  const uint32_t C = kGeom.channels();
-  std::vector<float> row(C);
-  for (uint32_t l = 0; l < kGeom.layers; ++l)
-    for (uint32_t p = 0; p < 2; ++p)
-      for (uint32_t t = 0; t < kTokens; ++t) {
-        const float common = n01(rng);
-        for (uint32_t c = 0; c < C; ++c) row[c] = 0.3f * float(c % 5) + common * 0.5f + n01(rng) * (0.2f + 0.05f * c);
-        if (p == 0)
-          for (uint32_t h = 0; h < kGeom.kv_heads; ++h) rope_rotate(&row[h * kGeom.head_dim], kGeom.head_dim, t, kRope, false);
-        kv.view().store_row(l, p, t, row.data());
-      }
-  return kv;
-}
-
-class PipelineTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-pipeline-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-    storage::ServerConfig sc;
-    sc.address = "127.0.0.1:0";
-    sc.directory = dir_.string();
-    sc.secrets = {{"ns", "pipeline-secret-0123"}};
-    server_ = std::move(storage::Server::start(sc)).value();
-    storage::ClientConfig cc;
-    cc.address = server_->address();
-    cc.name_space = "ns";
-    cc.secret = "pipeline-secret-0123";
-    cc.connections = 2;
-    client_ = std::move(storage::Client::connect(cc, deadline_in(10s))).value();
-    // Profile from other data than the context.
-    train_ = synthetic_kv(99);
-    std::vector<KvView> samples;
-    for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train_.view().slice(r));
-    codec::ProfileOptions opt;
-    opt.level_steps = {0.1f, 0.3f, 0.8f, 1.6f};
-    profile_ = std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
-    // Store every level of every chunk of the context.
-    kv_ = synthetic_kv(7);
-    ranges_ = codec::chunk_ranges(kTokens, kChunk);
-    for (uint32_t i = 0; i < ranges_.size(); ++i)
-      for (uint32_t L = 0; L < profile_.levels(); ++L) {
-        std::vector<uint8_t> bytes;
-        ASSERT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice(ranges_[i]), L, bytes).ok());
-        ASSERT_TRUE(client_->put("ctx", i, L, std::as_bytes(std::span(bytes)), deadline_in(10s)).ok());
-        if (L == level_of(i)) expected_bytes_.push_back(bytes);
-        stored_bytes_[{i, L}] = std::move(bytes);
-      }
-  }
-  void TearDown() override {
-    client_.reset();
-    server_.reset();
-    fs::remove_all(dir_);
-  }
-  static uint32_t level_of(uint32_t i) { return i % 4; }
-
-  // The serial reference: each chunk decoded on its own into an f16 cache.
-  KvCache serial() {
-    auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
-    for (uint32_t i = 0; i < ranges_.size(); ++i)
-      EXPECT_TRUE(codec::decode_chunk(profile_, expected_bytes_[i], *out.view().slice(ranges_[i])).ok());
-    return out;
-  }
-  pipeline::FetchRequest request(const KvView& dest) {
-    pipeline::FetchRequest r;
-    r.context = "ctx";
-    r.destination = dest;
-    r.chunks = ranges_;
-    r.deadline = deadline_in(20s);
-    return r;
-  }
-  pipeline::FetchCallbacks by_index() {
-    pipeline::FetchCallbacks cb;
-    cb.decide = [](uint32_t i, std::span<const uint64_t> sizes) {
-      EXPECT_EQ(sizes.size(), 4u);
-      return pipeline::ChunkDecision{pipeline::ChunkDecision::Action::fetch, level_of(i)};
-    };
-    return cb;
-  }
-
-  fs::path dir_;
-  static inline int counter_ = 0;
-  std::unique_ptr<storage::Server> server_;
-  std::unique_ptr<storage::Client> client_;
-  KvCache train_, kv_;
-  codec::Profile profile_;
-  std::vector<TokenRange> ranges_;
-  std::vector<std::vector<uint8_t>> expected_bytes_;
-  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint8_t>> stored_bytes_;  // (chunk, level) as stored
-};
 
 TEST_F(PipelineTest, PipelinedEqualsSerialBitForBit) {
   pipeline::PipelineConfig pc;
@@ -511,197 +411,6 @@ TEST_F(PipelineTest, AdaptiveTextPrefixDeliversTheSuffixAsASerialFetch) {
 
 }  // namespace
 
-// The GPU path.
-namespace {
-
-pipeline::PipelineConfig gpu_config(pipeline::DecodeOn on) {
-  pipeline::PipelineConfig pc;
-  pc.depth = 3;
-  pc.max_chunk_bytes = 1 << 20;
-  pc.decode_threads = 2;  // two decoders, two streams: chunks overlap on the GPU
-  pc.decode = on;
-  return pc;
-}
-
-TEST(PipelineDecodeOn, NamesRoundTrip) {
-  for (auto d : {pipeline::DecodeOn::cpu, pipeline::DecodeOn::gpu, pipeline::DecodeOn::automatic})
-    EXPECT_EQ(pipeline::parse_decode_on(pipeline::decode_on_name(d)).value(), d);
-  EXPECT_EQ(pipeline::decode_on_name(pipeline::DecodeOn::automatic), "auto");
-  EXPECT_EQ(pipeline::parse_decode_on("cuda").status().code(), StatusCode::invalid_argument);
-}
-
-TEST_F(PipelineTest, AutoFetchesCorrectlyWhereverItDecodes) {
-  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::automatic));
-  ASSERT_TRUE(p.ok()) << p.status().to_string();
-  // Without a usable GPU, auto is the CPU path; with one, the GPU decodes and copies
-  // each chunk back into the host view. Either way: the serial CPU decode, bit for bit.
-  if (!gpu::probe_device().ok()) EXPECT_EQ((*p)->decodes_on(), pipeline::DecodeOn::cpu);
-  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
-  auto f = (*p)->fetch(request(out.view()), by_index());
-  ASSERT_TRUE(f.ok()) << f.status().to_string();
-  ASSERT_TRUE((*f)->wait().ok());
-  EXPECT_EQ((*p)->buffers_in_use(), 0u);
-  const KvCache ref = serial();
-  EXPECT_EQ(std::memcmp(out.bytes().data(), ref.bytes().data(), ref.bytes().size()), 0);
-}
-
-TEST_F(PipelineTest, GpuWithoutAGpuIsAClearErrorFromCreate) {
-  const auto probe = gpu::probe_device();
-  if (probe.ok()) GTEST_SKIP() << "a GPU is present (" << probe->name << "): this checks the error without one";
-  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::gpu));
-  ASSERT_FALSE(p.ok()) << "decode=gpu must not fall back to the CPU silently";
-  const std::string msg = p.status().message();
-  std::cout << "decode=gpu without a GPU: " << p.status().to_string() << "\n";
-  if (!gpu::built_with_cuda()) {
-    EXPECT_EQ(p.status().code(), StatusCode::unsupported) << msg;
-    return;
-  }
-  EXPECT_EQ(p.status().code(), StatusCode::unavailable) << msg;
-  // Names the CUDA error (35, cudaErrorInsufficientDriver, on a machine without a
-  // driver) or says that there is no device.
-  EXPECT_TRUE(msg.find("CUDA") != std::string::npos || msg.find("cuda") != std::string::npos) << msg;
-  EXPECT_TRUE(msg.find("35") != std::string::npos || msg.find("0 devices") != std::string::npos ||
-              msg.find("does not exist") != std::string::npos)
-      << msg;
-  EXPECT_NE(msg.find("decode=gpu"), std::string::npos) << msg;
-}
-
-TEST_F(PipelineTest, GpuDirectIsUnsupportedNamingTheBackend) {
-  for (auto on : {pipeline::DecodeOn::gpu, pipeline::DecodeOn::automatic}) {
-    auto pc = gpu_config(on);
-    pc.gpudirect = true;
-    auto p = pipeline::Pipeline::create(*client_, profile_, pc);
-    ASSERT_FALSE(p.ok());
-    EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
-    const std::string msg = p.status().message();
-    std::cout << "GPUDirect, decode=" << pipeline::decode_on_name(on) << ": " << p.status().to_string() << "\n";
-    EXPECT_NE(msg.find("GPUDirect"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("cuda_memory"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("tcp"), std::string::npos) << msg;  // names the backend (tcp here)
-  }
-  auto pc = gpu_config(pipeline::DecodeOn::cpu);
-  pc.gpudirect = true;
-  EXPECT_EQ(pipeline::Pipeline::create(*client_, profile_, pc).status().code(), StatusCode::invalid_argument);
-}
-
-// The check reads the capabilities through the wrappers a runtime puts around the
-// node's client (issue 20): a paced link reports the tcp backend beneath it, and a
-// client whose transport declares cuda memory reaches the last refusal, which says
-// that the GPUDirect path itself is what is missing here.
-TEST_F(PipelineTest, GpuDirectSeesThroughWrappedClients) {
-  struct NoClose : storage::Client {  // borrows the fixture's client for the pacer
-    storage::Client& c;
-    explicit NoClose(storage::Client& inner) : c(inner) {}
-    const transport::Capabilities* capabilities() const override { return c.capabilities(); }
-    Result<transport::MemoryRegion> register_memory(void* d, size_t n) override { return c.register_memory(d, n); }
-    Status put(const std::string& x, uint32_t i, uint32_t l, std::span<const std::byte> b, transport::Deadline d,
-               const transport::CancelToken& k) override {
-      return c.put(x, i, l, b, d, k);
-    }
-    void get_async(const std::string& x, uint32_t i, uint32_t l, transport::MemoryRegion m, size_t o, size_t n,
-                   transport::Deadline d, const transport::CancelToken& k, storage::GetCallback cb) override {
-      c.get_async(x, i, l, std::move(m), o, n, d, k, std::move(cb));
-    }
-    Result<std::vector<storage::ChunkStat>> stat(const std::string& x, transport::Deadline d,
-                                                 const transport::CancelToken& k) override {
-      return c.stat(x, d, k);
-    }
-    Status remove(const std::string& x, transport::Deadline d, const transport::CancelToken& k) override {
-      return c.remove(x, d, k);
-    }
-    Result<std::vector<std::string>> list(transport::Deadline d, const transport::CancelToken& k) override {
-      return c.list(d, k);
-    }
-  };
-  storage::PacedClientConfig paced_cfg;
-  paced_cfg.bits_per_second = 1e9;
-  auto paced = storage::make_paced_client(std::make_unique<NoClose>(*client_), paced_cfg);
-  ASSERT_TRUE(paced.ok()) << paced.status().to_string();
-  auto pc = gpu_config(pipeline::DecodeOn::gpu);
-  pc.gpudirect = true;
-  auto p = pipeline::Pipeline::create(**paced, profile_, pc);
-  ASSERT_FALSE(p.ok());
-  EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
-  EXPECT_NE(p.status().message().find("'tcp'"), std::string::npos) << p.status().to_string();
-
-  struct CudaCapable : NoClose {
-    transport::Capabilities caps{.backend = "ucx", .provider = "cuda_copy,cuda_ipc", .cuda_memory = true};
-    using NoClose::NoClose;
-    const transport::Capabilities* capabilities() const override { return &caps; }
-  };
-  auto cuda_paced = storage::make_paced_client(std::make_unique<CudaCapable>(*client_), paced_cfg);
-  ASSERT_TRUE(cuda_paced.ok());
-  p = pipeline::Pipeline::create(**cuda_paced, profile_, pc);
-  ASSERT_FALSE(p.ok());
-  EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
-  EXPECT_NE(p.status().message().find("declares cuda_memory"), std::string::npos) << p.status().to_string();
-  EXPECT_NE(p.status().message().find("not built"), std::string::npos) << p.status().to_string();
-}
-
-TEST_F(PipelineTest, DeviceDestinationNeedsAGpuPipeline) {
-  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::cpu));
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ((*p)->decodes_on(), pipeline::DecodeOn::cpu);
-  pipeline::FetchRequest req = request(KvView{});
-  static std::byte not_device[16];
-  req.device.chunks.assign(ranges_.size(), not_device);
-  const auto f = (*p)->fetch(req, by_index());
-  EXPECT_EQ(f.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(f.status().message().find("GPU pipeline"), std::string::npos) << f.status().to_string();
-}
-
-TEST_F(PipelineTest, GpuFetchIntoDeviceMemoryEqualsTheCpuFetch) {
-  const auto probe = gpu::probe_device();
-  if (!probe.ok())
-    GTEST_SKIP() << probe.status().message()
-                 << " -- the fetch into device memory is checked on a GPU machine (perf/gpu/run.sh)";
-  auto gp = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::gpu));
-  ASSERT_TRUE(gp.ok()) << gp.status().to_string();
-  ASSERT_EQ((*gp)->decodes_on(), pipeline::DecodeOn::gpu);
-  auto cp = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::cpu));
-  ASSERT_TRUE(cp.ok());
-  // Each chunk at level i % 4 (by_index): every level is compared.
-  for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    SCOPED_TRACE(fmt::format("dtype {}", int(dt)));
-    auto ref = KvCache::create(kGeom, dt, kTokens).value();
-    auto cf = (*cp)->fetch(request(ref.view()), by_index());
-    ASSERT_TRUE(cf.ok());
-    ASSERT_TRUE((*cf)->wait().ok());
-    // The runtime's device memory: one allocation, chunk i packed at its offset.
-    std::vector<uint64_t> offset, bytes;
-    uint64_t total = 0;
-    for (const auto& r : ranges_) {
-      offset.push_back(total);
-      bytes.push_back(gpu::GpuDecoder::output_bytes(kGeom, r.size(), dt));
-      total += bytes.back();
-    }
-    auto dev = gpu::DeviceBuffer::allocate(total);
-    ASSERT_TRUE(dev.ok()) << dev.status().to_string();
-    pipeline::FetchRequest req = request(KvView{});
-    req.device.dtype = dt;
-    for (uint64_t o : offset) req.device.chunks.push_back(static_cast<std::byte*>(dev->data()) + o);
-    auto gf = (*gp)->fetch(req, by_index());
-    ASSERT_TRUE(gf.ok()) << gf.status().to_string();
-    ASSERT_TRUE((*gf)->wait().ok());
-    EXPECT_EQ((*gp)->buffers_in_use(), 0u);
-    std::vector<std::byte> host(total);
-    ASSERT_TRUE(gpu::copy_to_host(host.data(), dev->data(), total).ok());
-    for (uint32_t i = 0; i < ranges_.size(); ++i) {
-      auto packed = KvCache::create(kGeom, dt, ranges_[i].size()).value();
-      ASSERT_TRUE(copy_kv(*ref.view().slice(ranges_[i]), packed.view()).ok());
-      ASSERT_EQ(packed.bytes().size(), bytes[i]);
-      EXPECT_EQ(std::memcmp(host.data() + offset[i], packed.bytes().data(), bytes[i]), 0)
-          << "chunk " << i << " (level " << level_of(i) << ") differs from the CPU's fetch";
-    }
-  }
-  // A host pointer is refused before anything is fetched.
-  pipeline::FetchRequest bad = request(KvView{});
-  std::vector<std::byte> host_mem(1 << 20);
-  bad.device.chunks.assign(ranges_.size(), host_mem.data());
-  EXPECT_EQ((*gp)->fetch(bad, by_index()).status().code(), StatusCode::invalid_argument);
-}
-
-}  // namespace
 
 // The same adaptive-free fetch through the Redis storage client: every chunk decodes
 // to the same bytes as through the native node (the pipeline only sees storage::Client).

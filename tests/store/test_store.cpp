@@ -256,6 +256,15 @@ TEST_F(StoreTest, DestinationsThatCannotTakeTheFetchAreRefused) {
   auto f = store.fetch(tokens, device, soon());
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), StatusCode::invalid_argument) << f.status().to_string();
+  // A view in device memory on a store that decodes on the CPU, and two destinations.
+  auto whole = KvCache::create(kGeom, DType::f16, kv_.tokens()).value();
+  FetchDestination on_device;
+  on_device.device_view = whole.view();
+  auto d = store.fetch(tokens, on_device, soon());
+  EXPECT_EQ(d.status().code(), StatusCode::invalid_argument) << d.status().to_string();
+  EXPECT_NE(d.status().message().find("GPU"), std::string::npos) << d.status().to_string();
+  on_device.host = whole.view();
+  EXPECT_EQ(store.fetch(tokens, on_device, soon()).status().code(), StatusCode::invalid_argument);
   auto small = KvCache::create(kGeom, DType::f16, 100).value();
   auto g = store.fetch(tokens, {.host = small.view()}, soon());
   ASSERT_FALSE(g.ok());
