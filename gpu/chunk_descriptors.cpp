@@ -69,6 +69,8 @@ Status parse_chunk(const codec::Profile& profile, std::span<const uint64_t> ut_o
       pd.has_anchor = has_anchor;
       pd.rotate = codec::unrotates(p, pl);
       pd.plane_index = uint32_t(si);
+      pd.step = pd.recent_step = p.levels[level].info.step;
+      pd.split = T;
 
       size_t pos = 0;
       auto read_list = [&](uint32_t& begin, uint32_t& count) -> Status {

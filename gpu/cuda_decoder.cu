@@ -1,5 +1,6 @@
 // CUDA kernels of the GPU chunk decoder (see include/kvstream/gpu_decoder.hpp and
-// docs/bitstream.md). Bit-exact with codec/chunk_decoder.cpp:
+// docs/bitstream.md). Bit-exact with codec/chunk_decoder.cpp (and, with
+// cuda_layered.cu, with codec/layered_decoder.cpp):
 //  * rANS: one warp per coded matrix, lane j = rANS state j (the format has exactly 32
 //    lanes). Words are consumed in lane order within a step, so a lane that needs a
 //    word takes the one at (its rank among the needing lanes), found with
@@ -154,8 +155,22 @@ __device__ __forceinline__ void apply_list(const uint32_t* index, const float* v
 
 // ---- reconstruction -----------------------------------------------------------------
 
+template <typename Idx>
+__device__ __forceinline__ const Idx* indices(const ChunkLaunch& c);
+template <>
+__device__ __forceinline__ const int8_t* indices<int8_t>(const ChunkLaunch& c) {
+  return c.syms;
+}
+template <>
+__device__ __forceinline__ const int32_t* indices<int32_t>(const ChunkLaunch& c) {
+  return c.q;
+}
+
 // Block (tile of kRowsPerBlock tokens, one (layer, plane)). Shared: row (dequantized /
 // KLT components), res (KLT output), arow (the group's reconstructed anchor row).
+// Idx: int8_t for a single-level chunk's symbols, int32_t for a progressive stream's
+// refined indices (c.q); anchors exist only in single-level chunks.
+template <typename Idx>
 __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch c) {
   extern __shared__ float smem[];
   const uint32_t C = c.channels, T = c.tokens, G = c.group;
@@ -168,8 +183,7 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
   const float* mean = c.prof.mean + pd.chan_off;
   const float* sscale = c.prof.step_scale + pd.chan_off;
   const uint8_t* pred = c.prof.predictor + pd.chan_off;
-  const float s0 = c.level.step;
-  const int8_t* plain = c.syms + pd.plain_sym_off;
+  const Idx* plain = indices<Idx>(c) + pd.plain_sym_off;
   const int8_t* anchors = c.syms + pd.anchor_sym_off;
   const float* ut = c.prof.transform_t + pd.ut_off;
   const uint32_t B = pd.block;
@@ -177,6 +191,7 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
   const uint64_t out_row0 = c.out_row0[pd.plane_index];
 
   for (uint32_t t = t0; t < t1; ++t) {
+    const float s0 = t < pd.split ? pd.step : pd.recent_step;
     // 1. dequantize: x = pred + float(q) * step
     if (pd.has_anchor) {
       const uint32_t g = t / G;
@@ -194,7 +209,7 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
         cur_group = g;
       }
       const bool is_anchor_row = t % G == 0;
-      const int8_t* q = is_anchor_row ? plain : plain + size_t(t - (t / G + 1)) * C;
+      const Idx* q = is_anchor_row ? plain : plain + size_t(t - (t / G + 1)) * C;
       for (uint32_t ch = threadIdx.x; ch < C; ch += blockDim.x) {
         if (is_anchor_row) {
           row[ch] = arow[ch];
@@ -207,7 +222,7 @@ __global__ void __launch_bounds__(kReconThreads) reconstruct_kernel(ChunkLaunch 
       __syncthreads();
       if (!is_anchor_row) apply_list(c.list_index, c.list_value, pd.out_begin, pd.out_count, t, C, row);
     } else {
-      const int8_t* q = plain + size_t(t) * C;
+      const Idx* q = plain + size_t(t) * C;
       for (uint32_t ch = threadIdx.x; ch < C; ch += blockDim.x) {
         float step, base;
         if (B) {
@@ -280,25 +295,34 @@ __global__ void verdict_kernel(const uint32_t* __restrict__ mat_err, uint32_t n_
 size_t reconstruct_shared_bytes(uint32_t channels) { return 3 * size_t(channels) * sizeof(float); }
 
 int prepare_reconstruct(size_t bytes) {
-  return int(cudaFuncSetAttribute(reconstruct_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  const cudaError_t e = cudaFuncSetAttribute(reconstruct_kernel<int8_t>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(bytes));
+  if (e != cudaSuccess) return int(e);
+  return int(
+      cudaFuncSetAttribute(reconstruct_kernel<int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+int launch_rans_mats(const uint8_t* chunk, const MatDesc* mats, uint32_t n, const uint32_t* dec,
+                     const uint8_t* table_of, int8_t* syms, uint32_t* err, void* stream_ptr) {
+  if (n == 0) return 0;
+  const uint32_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  rans_kernel<<<blocks, kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream_ptr)>>>(chunk, mats, n, dec, table_of,
+                                                                                         syms, err);
+  return int(cudaGetLastError());
 }
 
 int launch_rans(const ChunkLaunch& c, void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  if (c.n_mats) {
-    const uint32_t blocks = (c.n_mats + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    rans_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(c.chunk, c.mats, c.n_mats, c.level.dec, c.level.table_of,
-                                                            c.syms, c.mat_err);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
-  }
-  return 0;
+  return launch_rans_mats(c.chunk, c.mats, c.n_mats, c.level.dec, c.level.table_of, c.syms, c.mat_err, stream_ptr);
 }
 
 int launch_reconstruct(const ChunkLaunch& c, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (c.n_planes && c.tokens) {
     const dim3 grid((c.tokens + kRowsPerBlock - 1) / kRowsPerBlock, c.n_planes);
-    reconstruct_kernel<<<grid, kReconThreads, reconstruct_shared_bytes(c.channels), stream>>>(c);
+    if (c.q)
+      reconstruct_kernel<int32_t><<<grid, kReconThreads, reconstruct_shared_bytes(c.channels), stream>>>(c);
+    else
+      reconstruct_kernel<int8_t><<<grid, kReconThreads, reconstruct_shared_bytes(c.channels), stream>>>(c);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   }
   return 0;

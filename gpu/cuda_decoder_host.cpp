@@ -18,7 +18,9 @@
 #include "codec/profile_impl.hpp"
 #include "gpu/chunk_descriptors.hpp"
 #include "gpu/cuda_buffers.hpp"
+#include "codec/layered_codec.hpp"
 #include "gpu/cuda_kernels.hpp"
+#include "gpu/layered_descriptors.hpp"
 #include "gpu/output_plan.hpp"
 #endif
 
@@ -52,6 +54,7 @@ struct Slot {
   PinnedBuf stage;        // [chunk unless page-locked] descriptors, lists, output plan, RoPE tables
   DevBuf upload;          // device copy of the staging area
   DevBuf syms, mat_err, verdict;
+  DevBuf q, ids, rsyms;   // progressive streams: refined indices, a layer's table ids and symbols
   PinnedBuf verdict_host; // the verdict's two words, copied back
   Event ev[4];            // upload, rANS, reconstruction, end (timings)
   Event done;
@@ -87,6 +90,18 @@ void CUDART_CB deliver_verdict(void* arg) {
     // A throwing callback is the caller's bug; the decoder has nothing to undo.
   }
 }
+
+// What the kernels need of a parsed chunk, of either stream version.
+struct Parsed {
+  const std::vector<detail::MatDesc>* mats;
+  const std::vector<detail::PlaneDesc>* planes;
+  const std::vector<uint32_t>* list_index;
+  const std::vector<float>* list_value;
+  const std::vector<std::string>* mat_where;
+  uint32_t tokens = 0;
+  uint64_t first_position = 0;
+  std::vector<uint32_t> levels;  // whose tables the decode reads
+};
 
 // Switches this thread to the relaxed capture mode while it lives (when `on`).
 class RelaxedCapture {
@@ -127,7 +142,8 @@ struct GpuDecoder::Impl {
   bool rope_valid = false;
   uint64_t rope_first = 0;
   uint32_t rope_tokens = 0;
-  detail::ChunkDescriptors desc;  // host scratch
+  detail::ChunkDescriptors desc;     // host scratch, single-level chunks
+  detail::LayeredDescriptors ldesc;  // host scratch, progressive streams
 
   ~Impl();
   Status init();
@@ -135,6 +151,7 @@ struct GpuDecoder::Impl {
   Result<Slot*> new_slot();
   Result<Slot*> acquire(bool capturing);
   Status check_view(const KvView& out, uint32_t tokens) const;
+  Result<Parsed> parse(std::span<const uint8_t> chunk, bool& layered);
   Status enqueue(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream, uint64_t tag, DecodeDone done,
                  Slot*& used);
   Status decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream);
@@ -238,13 +255,30 @@ Status GpuDecoder::Impl::check_view(const KvView& out, uint32_t tokens) const {
   return {};
 }
 
+
+Result<Parsed> GpuDecoder::Impl::parse(std::span<const uint8_t> chunk, bool& layered) {
+  layered = codec::is_layered(chunk);
+  Parsed r;
+  if (layered) {
+    KVS_RETURN_IF_ERROR(detail::parse_layered_chunk(profile, ut_off, chunk, ldesc));
+    r = {&ldesc.mats, &ldesc.planes, &ldesc.list_index, &ldesc.list_value, &ldesc.mat_where,
+         ldesc.header.info.tokens, ldesc.header.info.first_position, {}};
+    for (const auto& st : ldesc.steps) r.levels.push_back(st.level);
+  } else {
+    KVS_RETURN_IF_ERROR(detail::parse_chunk(profile, ut_off, chunk, desc));
+    r = {&desc.mats, &desc.planes, &desc.list_index, &desc.list_value, &desc.mat_where,
+         desc.header.info.tokens, desc.header.info.first_position, {desc.header.info.level}};
+  }
+  return r;
+}
+
 Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream, uint64_t tag,
                                  DecodeDone done, Slot*& used) {
   const Profile::Impl& p = ProfileAccess::of(profile);
   KVS_CUDA(cudaSetDevice(device), "cudaSetDevice");
-  KVS_RETURN_IF_ERROR(detail::parse_chunk(profile, ut_off, chunk, desc));
-  const codec::ChunkHeader& h = desc.header;
-  const uint32_t T = h.info.tokens, C = p.geom.channels();
+  bool layered = false;
+  KVS_ASSIGN_OR_RETURN(const Parsed d, parse(chunk, layered));
+  const uint32_t T = d.tokens, C = p.geom.channels();
   KVS_RETURN_IF_ERROR(check_view(out, T));
   KVS_ASSIGN_OR_RETURN(const detail::OutputPlan plan, detail::plan_output(out));
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -255,18 +289,19 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   // capture must tolerate the allocation calls.
   const RelaxedCapture relaxed(capturing);
   KVS_ASSIGN_OR_RETURN(Slot * s, acquire(capturing));
-  if (capturing && !levels[h.info.level].loaded)
-    return make_status(StatusCode::invalid_argument,
-                       "GPU decode inside a graph capture needs level {}'s tables loaded first (load_levels())",
-                       h.info.level);
-  KVS_RETURN_IF_ERROR(ensure_level(h.info.level));
+  for (const uint32_t level : d.levels) {
+    if (capturing && !levels[level].loaded)
+      return make_status(StatusCode::invalid_argument,
+                         "GPU decode inside a graph capture needs level {}'s tables loaded first (load_levels())", level);
+    KVS_RETURN_IF_ERROR(ensure_level(level));
+  }
 
   // RoPE tables: the CPU's code, built on the host (cached), staged with the chunk so
   // that decodes in flight never share them.
   const bool rotate = codec::unrotates(p, 0);
-  if (rotate && (!rope_valid || rope_first != h.info.first_position || rope_tokens != T)) {
-    rope.build(p.rope, p.geom.head_dim, h.info.first_position, T);
-    rope_valid = true, rope_first = h.info.first_position, rope_tokens = T;
+  if (rotate && (!rope_valid || rope_first != d.first_position || rope_tokens != T)) {
+    rope.build(p.rope, p.geom.head_dim, d.first_position, T);
+    rope_valid = true, rope_first = d.first_position, rope_tokens = T;
   }
 
   // One device upload area: chunk | mats | planes | list index | list value | output
@@ -274,12 +309,12 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   // receive buffers) it is copied from there by DMA and only the rest is staged.
   const bool direct = detail::page_locked(chunk.data());
   using detail::align_up;
-  const auto& mats = desc.mats;
+  const auto& mats = *d.mats;
   const size_t o_mats = align_up(chunk.size(), 16);
   const size_t o_planes = align_up(o_mats + mats.size() * sizeof(detail::MatDesc), 16);
-  const size_t o_idx = align_up(o_planes + desc.planes.size() * sizeof(detail::PlaneDesc), 16);
-  const size_t o_val = align_up(o_idx + desc.list_index.size() * 4, 16);
-  const size_t o_row0 = align_up(o_val + desc.list_value.size() * 4, 16);
+  const size_t o_idx = align_up(o_planes + d.planes->size() * sizeof(detail::PlaneDesc), 16);
+  const size_t o_val = align_up(o_idx + d.list_index->size() * 4, 16);
+  const size_t o_row0 = align_up(o_val + d.list_value->size() * 4, 16);
   const size_t o_tok = align_up(o_row0 + plan.row0.size() * 8, 16);
   const size_t o_chan = align_up(o_tok + plan.token.size() * 8, 16);
   const size_t rope_n = rotate ? rope.ec.size() : 0;
@@ -295,9 +330,9 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   };
   if (!direct) put(0, chunk.data(), chunk.size());
   put(o_mats, mats.data(), mats.size() * sizeof(detail::MatDesc));
-  put(o_planes, desc.planes.data(), desc.planes.size() * sizeof(detail::PlaneDesc));
-  put(o_idx, desc.list_index.data(), desc.list_index.size() * 4);
-  put(o_val, desc.list_value.data(), desc.list_value.size() * 4);
+  put(o_planes, d.planes->data(), d.planes->size() * sizeof(detail::PlaneDesc));
+  put(o_idx, d.list_index->data(), d.list_index->size() * 4);
+  put(o_val, d.list_value->data(), d.list_value->size() * 4);
   put(o_row0, plan.row0.data(), plan.row0.size() * 8);
   put(o_tok, plan.token.data(), plan.token.size() * 8);
   put(o_chan, plan.channel.data(), plan.channel.size() * 8);
@@ -306,9 +341,18 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
     put(o_es, rope.es.data(), rope_n * 4);
     put(o_partner, rope.partner.data(), rope.partner.size() * 4);
   }
+  // Symbols: a single-level chunk's matrices end to end; a progressive stream's base
+  // indices [plane][T][C], widened into q, and one refinement layer's symbols and
+  // table ids at a time, [plane][rows][C].
+  const uint64_t plane_elems = uint64_t(p.geom.layers) * p.geom.planes() * T * C;
   uint64_t sym_bytes = 0;
   for (const auto& m : mats) sym_bytes += uint64_t(m.rows) * m.cols;
-  KVS_RETURN_IF_ERROR(s->syms.reserve(sym_bytes, "symbols"));
+  KVS_RETURN_IF_ERROR(s->syms.reserve(layered ? plane_elems : sym_bytes, "symbols"));
+  if (layered) {
+    KVS_RETURN_IF_ERROR(s->q.reserve(plane_elems * 4, "refined indices"));
+    KVS_RETURN_IF_ERROR(s->ids.reserve(plane_elems, "refinement table ids"));
+    KVS_RETURN_IF_ERROR(s->rsyms.reserve(plane_elems, "refinement symbols"));
+  }
   KVS_RETURN_IF_ERROR(s->mat_err.reserve(mats.size() * 4, "error words"));
 
   detail::ChunkLaunch c{};
@@ -317,9 +361,10 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   c.mats = reinterpret_cast<const detail::MatDesc*>(up + o_mats);
   c.n_mats = uint32_t(mats.size());
   c.syms = s->syms.as<int8_t>();
+  c.q = layered ? s->q.as<int32_t>() : nullptr;
   c.mat_err = s->mat_err.as<uint32_t>();
   c.planes = reinterpret_cast<const detail::PlaneDesc*>(up + o_planes);
-  c.n_planes = uint32_t(desc.planes.size());
+  c.n_planes = uint32_t(d.planes->size());
   c.list_index = reinterpret_cast<const uint32_t*>(up + o_idx);
   c.list_value = reinterpret_cast<const float*>(up + o_val);
   c.rope_ec = rotate ? reinterpret_cast<const float*>(up + o_ec) : nullptr;
@@ -331,8 +376,7 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   c.tokens = T;
   c.group = p.group_size;
   c.prof = {mean.as<float>(), step_scale.as<float>(), predictor.as<uint8_t>(), transform_t.as<float>()};
-  c.level = {levels[h.info.level].dec.as<uint32_t>(), levels[h.info.level].table_of.as<uint8_t>(),
-             p.levels[h.info.level].info.step};
+  c.level = {levels[d.levels[0]].dec.as<uint32_t>(), levels[d.levels[0]].table_of.as<uint8_t>()};
   c.out_row0 = reinterpret_cast<const uint64_t*>(up + o_row0);
   c.out_token = reinterpret_cast<const int64_t*>(up + o_tok);
   c.out_chan = reinterpret_cast<const int64_t*>(up + o_chan);
@@ -345,20 +389,50 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
     if (s->timed) KVS_CUDA(cudaEventRecord(cuda_event(s->ev[i]), stream), "cudaEventRecord");
     return {};
   };
+  auto launched = [](int e, std::string_view what) -> Status {
+    return e == 0 ? Status{} : cuda_error(cudaError_t(e), what);
+  };
   KVS_RETURN_IF_ERROR(mark(0));
   if (direct)
     KVS_CUDA(cudaMemcpyAsync(up, chunk.data(), chunk.size(), cudaMemcpyHostToDevice, stream),
              "chunk upload (page-locked)");
   KVS_CUDA(cudaMemcpyAsync(up + base, s->stage.data(), total - base, cudaMemcpyHostToDevice, stream), "chunk upload");
   KVS_RETURN_IF_ERROR(mark(1));
-  if (const int e = detail::launch_rans(c, stream); e != 0) return cuda_error(cudaError_t(e), "rANS kernel launch");
+  if (!layered) {
+    KVS_RETURN_IF_ERROR(launched(detail::launch_rans(c, stream), "rANS kernel launch"));
+  } else {
+    // The base, widened; then each refinement layer: table ids from the coarser
+    // indices, its symbols, the indices refined.
+    const size_t ch_total = p.channels_total();
+    for (const auto& st : ldesc.steps) {
+      const LevelState& lv = levels[st.level];
+      if (!st.refine) {
+        KVS_RETURN_IF_ERROR(launched(detail::launch_rans_mats(up, c.mats + st.first_mat, st.n_mats,
+                                                              lv.dec.as<uint32_t>(), lv.table_of.as<uint8_t>(), c.syms,
+                                                              c.mat_err + st.first_mat, stream),
+                                     "rANS kernel launch (base layer)"));
+        KVS_RETURN_IF_ERROR(launched(detail::launch_widen(c.syms, s->q.as<int32_t>(), plane_elems, stream),
+                                     "widen kernel launch"));
+        continue;
+      }
+      const detail::RefineRows rr{s->q.as<int32_t>(), s->ids.as<uint8_t>(), s->rsyms.as<int8_t>(),
+                                  lv.table_of.as<uint8_t>() + size_t(codec::kRoleCoarseZero) * ch_total,
+                                  lv.table_of.as<uint8_t>() + size_t(codec::kRoleCoarseNonzero) * ch_total,
+                                  st.planes, T, C, st.row0, st.rows};
+      KVS_RETURN_IF_ERROR(launched(detail::launch_refinement_ids(rr, stream), "table id kernel launch"));
+      KVS_RETURN_IF_ERROR(launched(detail::launch_rans_mats(up, c.mats + st.first_mat, st.n_mats, lv.dec.as<uint32_t>(),
+                                                            s->ids.as<uint8_t>(), s->rsyms.as<int8_t>(),
+                                                            c.mat_err + st.first_mat, stream),
+                                   "rANS kernel launch (refinement layer)"));
+      KVS_RETURN_IF_ERROR(launched(detail::launch_refine(rr, stream), "refine kernel launch"));
+    }
+  }
   KVS_RETURN_IF_ERROR(mark(2));
-  if (const int e = detail::launch_reconstruct(c, stream); e != 0)
-    return cuda_error(cudaError_t(e), "reconstruction kernel launch");
-  if (const int e = detail::launch_verdict(c, stream); e != 0) return cuda_error(cudaError_t(e), "verdict kernel launch");
+  KVS_RETURN_IF_ERROR(launched(detail::launch_reconstruct(c, stream), "reconstruction kernel launch"));
+  KVS_RETURN_IF_ERROR(launched(detail::launch_verdict(c, stream), "verdict kernel launch"));
   KVS_RETURN_IF_ERROR(mark(3));
   KVS_CUDA(cudaMemcpyAsync(s->verdict_host.data(), c.verdict, 8, cudaMemcpyDeviceToHost, stream), "verdict read-back");
-  s->mat_where = desc.mat_where;
+  s->mat_where = *d.mat_where;
   s->tag = tag;
   s->callback = std::move(done);
   if (s->callback) KVS_CUDA(cudaLaunchHostFunc(stream, deliver_verdict, s), "cudaLaunchHostFunc");
@@ -411,11 +485,6 @@ GpuDecoder::GpuDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuDecoder::~GpuDecoder() = default;
 
 Result<std::unique_ptr<GpuDecoder>> GpuDecoder::create(const codec::Profile& profile, int device) {
-  // The kernels read single-level streams (bitstream version 1); a progressive
-  // profile's streams decode on the CPU until they read version 2.
-  if (profile.progressive())
-    return make_status(StatusCode::unsupported,
-                       "GPU decoder: progressive profiles (bitstream version 2) decode on the CPU for now");
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
   (void)info;
   int count = 0;
@@ -451,6 +520,22 @@ Status GpuDecoder::decode(std::span<const uint8_t> chunk, void* device_out, uint
 Status GpuDecoder::decode(std::span<const uint8_t> chunk, const KvView& device_out, void* stream) {
   std::lock_guard lock(impl_->mu);
   return impl_->decode_sync(chunk, device_out, static_cast<cudaStream_t>(stream));
+}
+
+Status GpuDecoder::refine(std::span<const uint8_t> kept, std::span<const uint8_t> more, const KvView& device_out,
+                          void* stream) {
+  if (!codec::is_layered(kept))
+    return make_status(StatusCode::invalid_argument, "refine needs a prefix of a progressive stream");
+  KVS_ASSIGN_OR_RETURN(const codec::LayeredHeader h, codec::parse_layered_header(kept));
+  if (Result<codec::PrefixExtent> k = codec::prefix_extent(h, kept.size()); !k.ok())
+    return make_status(StatusCode::invalid_argument, "refinement: the kept bytes are not a prefix: {}",
+                       k.status().message());
+  // As on the CPU, the refinement is the decode of the longer prefix (bit for bit what
+  // decoding it directly gives); the two pieces are joined in the staging upload.
+  std::vector<uint8_t> joined(kept.begin(), kept.end());
+  joined.insert(joined.end(), more.begin(), more.end());
+  std::lock_guard lock(impl_->mu);
+  return impl_->decode_sync(joined, device_out, static_cast<cudaStream_t>(stream));
 }
 
 Status GpuDecoder::enqueue(std::span<const uint8_t> chunk, const KvView& device_out, void* stream, uint64_t tag,
@@ -499,10 +584,7 @@ Result<CopyBandwidth> measure_h2d_bandwidth(uint64_t, int, int) {
 GpuDecoder::GpuDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuDecoder::~GpuDecoder() = default;
 
-Result<std::unique_ptr<GpuDecoder>> GpuDecoder::create(const codec::Profile& profile, int) {
-  if (profile.progressive())
-    return make_status(StatusCode::unsupported,
-                       "GPU decoder: progressive profiles (bitstream version 2) decode on the CPU for now");
+Result<std::unique_ptr<GpuDecoder>> GpuDecoder::create(const codec::Profile&, int) {
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());  // logs once; `unsupported` here
   (void)info;
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
@@ -528,6 +610,9 @@ Status GpuDecoder::enqueue(std::span<const uint8_t>, const KvView&, void*, uint6
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
 }
 Status GpuDecoder::load_levels() { return make_status(StatusCode::unsupported, "kvstream was built without CUDA"); }
+Status GpuDecoder::refine(std::span<const uint8_t>, std::span<const uint8_t>, const KvView&, void*) {
+  return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
+}
 Status GpuDecoder::decode_to_host(std::span<const uint8_t>, const KvView&) {
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
 }

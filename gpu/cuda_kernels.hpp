@@ -1,6 +1,7 @@
 // Internal interface between the GPU decoder's host code (cuda_decoder_host.cpp,
-// plain C++) and its kernels (cuda_decoder.cu). Plain structs only, so the kernels'
-// translation unit needs none of the codec's headers.
+// plain C++) and its kernels (cuda_decoder.cu; cuda_layered.cu for the refinement
+// layers of progressive streams). Plain structs only, so the kernels' translation
+// units need none of the codec's headers.
 #pragma once
 
 #include <cstddef>
@@ -16,7 +17,7 @@ struct MatDesc {
   uint64_t words_off;     // byte offset of the first 16-bit word in the chunk buffer
   uint64_t escapes_off;   // byte offset of the raw escape bytes
   uint64_t sym_off;       // where its rows*cols int8 symbols go in the symbol buffer
-  uint64_t table_of_off;  // offset of its column -> table id array in the level's table_of buffer
+  uint64_t table_of_off;  // offset of its column -> table id array in the launch's table id buffer
   uint32_t n_words;
   uint32_t n_escapes;
   uint32_t rows;
@@ -39,6 +40,12 @@ struct PlaneDesc {
   uint32_t has_anchor;      // 1 when some channel uses the anchor predictor
   uint32_t rotate;          // 1 when RoPE is redone on this plane
   uint32_t plane_index;     // layer * planes + plane (output slab)
+  // The level's base step of rows [0, split), and of rows [split, tokens) (a
+  // progressive stream's recent rows, which may be a layer finer); a single-level
+  // chunk has one step and split = tokens.
+  float step;
+  float recent_step;
+  uint32_t split;
 };
 
 /// Device pointers of a profile (level independent) and of one level.
@@ -51,7 +58,6 @@ struct ProfileDev {
 struct LevelDev {
   const uint32_t* dec;        // RansTables::decode_table(), 2^kProbBits entries per table
   const uint8_t* table_of;    // [role][layer][plane][C]
-  float step;                 // the level's base step
 };
 
 /// Everything one chunk's kernels read and write.
@@ -60,6 +66,7 @@ struct ChunkLaunch {
   const MatDesc* mats;
   uint32_t n_mats;
   int8_t* syms;
+  const int32_t* q;           // progressive streams: the refined indices, [plane][token][C] (null: syms)
   uint32_t* mat_err;          // one word per matrix
   const PlaneDesc* planes;
   uint32_t n_planes;
@@ -94,6 +101,30 @@ int prepare_reconstruct(size_t bytes);
 /// cudaError_t of its launch.
 int launch_rans(const ChunkLaunch& c, void* stream);
 int launch_reconstruct(const ChunkLaunch& c, void* stream);
+/// Enqueue the rANS kernel over `n` matrices with the given decode tables and table
+/// ids (a progressive stream's layers each have a level's tables; refinement layers
+/// take their table ids from the coarser indices, per symbol).
+int launch_rans_mats(const uint8_t* chunk, const MatDesc* mats, uint32_t n, const uint32_t* dec,
+                     const uint8_t* table_of, int8_t* syms, uint32_t* err, void* stream);
+
+/// One refinement layer's rows of a progressive stream, over planes [0, planes):
+/// rows [row0, row0 + rows) of each plane's [tokens][C] indices in `q`; its symbols
+/// and per-symbol table ids are laid out [plane][rows][C].
+struct RefineRows {
+  int32_t* q;
+  uint8_t* ids;
+  const int8_t* sym;
+  const uint8_t* zero_tables;     // [plane][C]: table of a symbol whose coarser index is 0
+  const uint8_t* nonzero_tables;  // [plane][C]: otherwise
+  uint32_t planes, tokens, channels, row0, rows;
+};
+/// Widens `n` int8 base indices into int32 (q = sym).
+int launch_widen(const int8_t* sym, int32_t* q, uint64_t n, void* stream);
+/// Table id of every refinement symbol, from its coarser index (codec's refinement_ids).
+int launch_refinement_ids(const RefineRows& r, void* stream);
+/// Applies the decoded refinement symbols to the indices (codec's refine_indices).
+int launch_refine(const RefineRows& r, void* stream);
+
 /// Enqueue the integrity verdict: the per-matrix error words reduced, on the device,
 /// to c.verdict (the first failing matrix, so the host names it as the CPU would).
 int launch_verdict(const ChunkLaunch& c, void* stream);

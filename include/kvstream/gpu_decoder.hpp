@@ -1,5 +1,8 @@
 // GPU decoding of codec chunk bitstreams (docs/bitstream.md), bit-exact with the CPU
-// decoder (codec::decode_chunk) for every level, element type and geometry.
+// decoder (codec::decode_chunk) for every level, element type and geometry, for
+// single-level chunks and for any prefix of a progressive stream (its refinement
+// layers: per-symbol tables from the coarser indices, the indices refined on the
+// device, the recent rows a layer finer).
 //
 // The header and every substream are parsed and checked on the host with the CPU
 // decoder's rules (same errors for the same defects); the entropy decoding (one warp
@@ -124,6 +127,14 @@ class GpuDecoder {
   /// not loaded yet.
   Status enqueue(std::span<const uint8_t> chunk, const KvView& device_out, void* stream, uint64_t tag,
                  DecodeDone done);
+
+  /// Upgrades KV decoded on the GPU from `kept` (a prefix of a progressive stream, as
+  /// fetched for the first token) in place to the longer prefix `kept` + `more` (the
+  /// bytes fetched since, from a substream boundary): bit for bit what decode() gives on
+  /// the longer prefix, as codec::refine_chunk on the CPU. Synchronous. Errors: as
+  /// decode(); invalid_argument when `kept` is not a progressive prefix.
+  Status refine(std::span<const uint8_t> kept, std::span<const uint8_t> more, const KvView& device_out,
+                void* stream = nullptr);
 
   /// Uploads every level's decode tables now (they are otherwise uploaded on each
   /// level's first chunk, with a synchronous copy that a graph capture cannot hold).

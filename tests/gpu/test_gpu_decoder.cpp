@@ -183,21 +183,6 @@ TEST(GpuDecoder, WithoutAGpuCreateIsAClearError) {
   EXPECT_FALSE(GpuDecoder::create(p, 7).ok());
 }
 
-// A progressive profile's streams (version 2) are not read by the kernels yet: the
-// GPU decoder says so, with or without a GPU, instead of decoding garbage.
-TEST(GpuDecoder, ProgressiveProfilesAreRefusedClearly) {
-  const Case& cs = cases()[0];
-  const KvCache a = synthetic_cache(cs.geom, DType::f32, 64, 0, cs.rope, 11);
-  const std::vector<KvView> views = {a.view()};
-  ProfileOptions opt;
-  opt.progressive = true;
-  opt.progressive_layers = 2;
-  const Profile p = codec::ProfileBuilder::build(views, cs.rope, opt).value();
-  const Status st = GpuDecoder::create(p).status();
-  EXPECT_EQ(st.code(), StatusCode::unsupported) << st.to_string();
-  EXPECT_NE(st.message().find("progressive"), std::string::npos) << st.to_string();
-}
-
 TEST(GpuDecoder, OutputBytes) {
   EXPECT_EQ(GpuDecoder::output_bytes({2, 4, 16, 4, AttentionKind::mha}, 10, DType::f16), 2u * 2 * 10 * 64 * 2);
   EXPECT_EQ(GpuDecoder::output_bytes({3, 1, 64, 16, AttentionKind::mla}, 5, DType::f32), 3u * 1 * 5 * 64 * 4);
