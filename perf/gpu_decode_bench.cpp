@@ -2,7 +2,8 @@
 // 8 KV heads x 128, GQA, RoPE half, K coded before RoPE; synthetic but structured
 // data), against the CPU decoder on every core and the host-to-device copy; then into
 // paged device KV (vLLM's per-layer K/V block tensors, NHD and HND, checked against
-// the CPU decoder's output in the same layout) with stream-ordered decodes. Prints
+// the CPU decoder's output in the same layout) with stream-ordered decodes; and a
+// progressive profile's base prefix and whole stream (checked, then timed). Prints
 // "BENCH key value" lines (perf/gpu/run.sh makes its table of them). Checks first
 // that the GPU's output equals the CPU's bit for bit on this chunk. Exit 0 when
 // measured, 2 without a usable GPU, 1 on an error or a mismatch.
@@ -177,6 +178,40 @@ int main(int argc, char** argv) {
                                 bad.load(), 3 * n));
       std::printf("BENCH paged_stream_ms %.3f paged_stream_GBps %.2f paged_stream_chunks %d\n", stream_best * 1e3,
                   gb_of(out_bytes) / stream_best, n);
+    }
+  }
+  // A progressive profile (the kind KvStore stores by default) on the same chunk: its
+  // base prefix (what a deadline fetches) and the whole stream, each checked against
+  // the CPU, then timed.
+  {
+    codec::ProfileOptions po = opt;
+    po.progressive = true;
+    po.progressive_base_step = 2.8f;
+    auto prog = codec::ProfileBuilder::build(std::vector<KvView>{s1.view(), s2.view()}, rope, po);
+    if (!prog.ok()) return fail(prog.status());
+    auto pdec = gpu::GpuDecoder::create(*prog);
+    if (!pdec.ok()) return fail(pdec.status());
+    std::vector<uint8_t> stream_bytes;
+    if (Status s = codec::encode_chunk(*prog, src.view(), 0, stream_bytes); !s.ok()) return fail(s);
+    auto prefixes = codec::chunk_prefixes(stream_bytes);
+    if (!prefixes.ok()) return fail(prefixes.status());
+    const uint64_t base_end = prefixes->front().end;
+    for (const auto& [name, end] : {std::pair<const char*, uint64_t>{"base", base_end}, {"full", stream_bytes.size()}}) {
+      const std::span<const uint8_t> prefix(stream_bytes.data(), end);
+      std::memset(dev.bytes().data(), 0xA5, dev.bytes().size());
+      if (Status s = codec::decode_chunk(*prog, prefix, cpu.view()); !s.ok()) return fail(s);
+      if (Status s = (*pdec)->decode_to_host(prefix, dev.view()); !s.ok()) return fail(s);
+      if (std::memcmp(cpu.bytes().data(), dev.bytes().data(), cpu.bytes().size()) != 0)
+        return fail(make_status(StatusCode::internal, "progressive {} prefix: the GPU's decode differs from the CPU's",
+                                name));
+      double pbest = 1e30;
+      for (int r = 0; r < reps + 1; ++r) {
+        t0 = clock_type::now();
+        if (Status s = (*pdec)->decode(prefix, out->data(), out->size(), DType::f16); !s.ok()) return fail(s);
+        if (r > 0) pbest = std::min(pbest, secs_since(t0));
+      }
+      std::printf("BENCH progressive_%s_bytes %llu progressive_%s_ms %.3f progressive_%s_GBps %.2f\n", name,
+                  (unsigned long long)end, name, pbest * 1e3, name, gb_of(out_bytes) / pbest);
     }
   }
   // CPU reference: every core.

@@ -185,6 +185,7 @@ echo "| GPU decode, wall (host parse + H2D + kernels + sync) | $(val gpu_decode_
 echo "| GPU kernels only (rANS + reconstruct) | $(val gpu_rans_ms) + $(val gpu_reconstruct_ms) ms = $(val gpu_kernels_GBps) GB/s |"
 echo "| chunk upload (pinned) | $(val gpu_upload_ms) ms |"
 echo "| paged device KV (16-token blocks) = CPU decode, NHD / HND | $(val paged_bit_exact_nhd) / $(val paged_bit_exact_hnd) (1 = equal) |"
+echo "| progressive stream: base prefix / whole stream = CPU, decode wall | $(val progressive_base_ms) ms = $(val progressive_base_GBps) GB/s / $(val progressive_full_ms) ms = $(val progressive_full_GBps) GB/s |"
 echo "| stream-ordered decode into paged NHD blocks ($(val paged_stream_chunks) chunks queued, verdicts by callback) | $(val paged_stream_ms) ms per chunk = $(val paged_stream_GBps) GB/s fp16 |"
 echo "| CPU decode, $(val cpu_threads) threads | $(val cpu_decode_ms) ms = $(val cpu_decode_GBps) GB/s |"
 echo "| H2D pinned / pageable ($(val copy_bytes) B) | $(val h2d_pinned_GBps) / $(val h2d_pageable_GBps) GB/s |"
