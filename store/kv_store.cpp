@@ -466,8 +466,8 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
       return make_status(StatusCode::invalid_argument, "fetch: the destination must start at position 0");
     if (on_device && options.keep_for_refinement)
       return make_status(StatusCode::invalid_argument,
-                         "fetch: refinement upgrades KV in host memory only (the GPU decoder reads single-level "
-                         "streams)");
+                         "fetch: the store refines KV in host memory only (GpuDecoder::refine upgrades device KV; "
+                         "the store does not drive it yet)");
     req.destination = view;
     req.destination_memory = on_device ? transport::MemoryType::cuda : transport::MemoryType::host;
   } else {
