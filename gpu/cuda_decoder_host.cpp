@@ -152,9 +152,12 @@ struct GpuDecoder::Impl {
   Result<Slot*> acquire(bool capturing);
   Status check_view(const KvView& out, uint32_t tokens) const;
   Result<Parsed> parse(std::span<const uint8_t> chunk, bool& layered);
+  // `landed`: the chunk's bytes already in device memory (GPUDirect); `chunk` is then
+  // their host copy, parsed and checked here, and nothing is uploaded.
   Status enqueue(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream, uint64_t tag, DecodeDone done,
-                 Slot*& used);
-  Status decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream);
+                 Slot*& used, const void* landed = nullptr);
+  Status decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream,
+                     const void* landed = nullptr);
 };
 
 GpuDecoder::Impl::~Impl() {
@@ -273,7 +276,7 @@ Result<Parsed> GpuDecoder::Impl::parse(std::span<const uint8_t> chunk, bool& lay
 }
 
 Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream, uint64_t tag,
-                                 DecodeDone done, Slot*& used) {
+                                 DecodeDone done, Slot*& used, const void* landed) {
   const Profile::Impl& p = ProfileAccess::of(profile);
   KVS_CUDA(cudaSetDevice(device), "cudaSetDevice");
   bool layered = false;
@@ -307,7 +310,7 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   // One device upload area: chunk | mats | planes | list index | list value | output
   // plan | RoPE. When the chunk lies in page-locked memory (the pipeline's registered
   // receive buffers) it is copied from there by DMA and only the rest is staged.
-  const bool direct = detail::page_locked(chunk.data());
+  const bool direct = landed == nullptr && detail::page_locked(chunk.data());
   using detail::align_up;
   const auto& mats = *d.mats;
   const size_t o_mats = align_up(chunk.size(), 16);
@@ -322,13 +325,13 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   const size_t o_es = align_up(o_ec + rope_n * 4, 16);
   const size_t o_partner = align_up(o_es + rope_n * 4, 16);
   const size_t total = align_up(o_partner + (rotate ? rope.partner.size() * 4 : 0), 16);
-  const size_t base = direct ? o_mats : 0;  // the staging buffer holds [base, total)
+  const size_t base = direct || landed ? o_mats : 0;  // the staging buffer holds [base, total)
   KVS_RETURN_IF_ERROR(s->stage.reserve(total - base));
   KVS_RETURN_IF_ERROR(s->upload.reserve(total, "chunk upload"));
   auto put = [&](size_t area_off, const void* src, size_t n) {
     if (n) std::memcpy(s->stage.data() + (area_off - base), src, n);
   };
-  if (!direct) put(0, chunk.data(), chunk.size());
+  if (base == 0) put(0, chunk.data(), chunk.size());
   put(o_mats, mats.data(), mats.size() * sizeof(detail::MatDesc));
   put(o_planes, d.planes->data(), d.planes->size() * sizeof(detail::PlaneDesc));
   put(o_idx, d.list_index->data(), d.list_index->size() * 4);
@@ -357,7 +360,7 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
 
   detail::ChunkLaunch c{};
   uint8_t* up = s->upload.as<uint8_t>();
-  c.chunk = up;
+  c.chunk = landed ? static_cast<const uint8_t*>(landed) : up;
   c.mats = reinterpret_cast<const detail::MatDesc*>(up + o_mats);
   c.n_mats = uint32_t(mats.size());
   c.syms = s->syms.as<int8_t>();
@@ -407,7 +410,7 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
     for (const auto& st : ldesc.steps) {
       const LevelState& lv = levels[st.level];
       if (!st.refine) {
-        KVS_RETURN_IF_ERROR(launched(detail::launch_rans_mats(up, c.mats + st.first_mat, st.n_mats,
+        KVS_RETURN_IF_ERROR(launched(detail::launch_rans_mats(c.chunk, c.mats + st.first_mat, st.n_mats,
                                                               lv.dec.as<uint32_t>(), lv.table_of.as<uint8_t>(), c.syms,
                                                               c.mat_err + st.first_mat, stream),
                                      "rANS kernel launch (base layer)"));
@@ -420,7 +423,7 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
                                   lv.table_of.as<uint8_t>() + size_t(codec::kRoleCoarseNonzero) * ch_total,
                                   st.planes, T, C, st.row0, st.rows};
       KVS_RETURN_IF_ERROR(launched(detail::launch_refinement_ids(rr, stream), "table id kernel launch"));
-      KVS_RETURN_IF_ERROR(launched(detail::launch_rans_mats(up, c.mats + st.first_mat, st.n_mats, lv.dec.as<uint32_t>(),
+      KVS_RETURN_IF_ERROR(launched(detail::launch_rans_mats(c.chunk, c.mats + st.first_mat, st.n_mats, lv.dec.as<uint32_t>(),
                                                             s->ids.as<uint8_t>(), s->rsyms.as<int8_t>(),
                                                             c.mat_err + st.first_mat, stream),
                                    "rANS kernel launch (refinement layer)"));
@@ -444,9 +447,10 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   return {};
 }
 
-Status GpuDecoder::Impl::decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream) {
+Status GpuDecoder::Impl::decode_sync(std::span<const uint8_t> chunk, const KvView& out, cudaStream_t stream,
+                                     const void* landed) {
   Slot* s = nullptr;
-  KVS_RETURN_IF_ERROR(enqueue(chunk, out, stream, 0, nullptr, s));
+  KVS_RETURN_IF_ERROR(enqueue(chunk, out, stream, 0, nullptr, s, landed));
   KVS_CUDA(cudaStreamSynchronize(stream), "GPU decode");
   KVS_RETURN_IF_ERROR(verdict_of(*s));
   if (s->timed)
@@ -520,6 +524,14 @@ Status GpuDecoder::decode(std::span<const uint8_t> chunk, void* device_out, uint
 Status GpuDecoder::decode(std::span<const uint8_t> chunk, const KvView& device_out, void* stream) {
   std::lock_guard lock(impl_->mu);
   return impl_->decode_sync(chunk, device_out, static_cast<cudaStream_t>(stream));
+}
+
+Status GpuDecoder::decode_landed(std::span<const uint8_t> host_copy, const void* device_chunk,
+                                 const KvView& device_out, void* stream) {
+  std::lock_guard lock(impl_->mu);
+  if (Status st = check_device_pointer(device_chunk, impl_->device); !st.ok())
+    return make_status(StatusCode::invalid_argument, "GPUDirect chunk: {}", st.message());
+  return impl_->decode_sync(host_copy, device_out, static_cast<cudaStream_t>(stream), device_chunk);
 }
 
 Status GpuDecoder::refine(std::span<const uint8_t> kept, std::span<const uint8_t> more, const KvView& device_out,
@@ -611,6 +623,9 @@ Status GpuDecoder::enqueue(std::span<const uint8_t>, const KvView&, void*, uint6
 }
 Status GpuDecoder::load_levels() { return make_status(StatusCode::unsupported, "kvstream was built without CUDA"); }
 Status GpuDecoder::refine(std::span<const uint8_t>, std::span<const uint8_t>, const KvView&, void*) {
+  return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
+}
+Status GpuDecoder::decode_landed(std::span<const uint8_t>, const void*, const KvView&, void*) {
   return make_status(StatusCode::unsupported, "kvstream was built without CUDA");
 }
 Status GpuDecoder::decode_to_host(std::span<const uint8_t>, const KvView&) {

@@ -103,7 +103,9 @@ class FetchImpl final : public Fetch, public std::enable_shared_from_this<FetchI
   // cancel ends the wait.
   Status wait_on_wire_below(uint32_t limit);
   Status decode_cpu(uint32_t i, std::span<const uint8_t> bytes);
-  Status decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu);
+  // `landed`: with GPUDirect, the chunk where it landed in device memory (`bytes` is
+  // then its host copy, for the checks).
+  Status decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu, const void* landed);
   // Records the end of chunk i (with `st`), tells the runtime, wakes wait().
   void finish(uint32_t i, Status st);
   Status over() const {
@@ -136,13 +138,17 @@ class PipelineImpl final : public Pipeline {
       return make_status(StatusCode::invalid_argument, "decode_threads {}", cfg_.decode_threads);
     if (cfg_.gpudirect) KVS_RETURN_IF_ERROR(check_gpudirect());
     for (uint32_t b = 0; b < cfg_.depth; ++b) {
-      // Pre-faulted once here, registered once, reused by every fetch.
+      // Pre-faulted once here, registered once, reused by every fetch. With GPUDirect
+      // chunks land in device buffers (below) and these hold their host copies.
       buffers_.emplace_back(cfg_.max_chunk_bytes, std::byte{0});
-      KVS_ASSIGN_OR_RETURN(auto mr, client_.register_memory(buffers_.back().data(), buffers_.back().size()));
-      regions_.push_back(std::move(mr));
+      if (!cfg_.gpudirect) {
+        KVS_ASSIGN_OR_RETURN(auto mr, client_.register_memory(buffers_.back().data(), buffers_.back().size()));
+        regions_.push_back(std::move(mr));
+      }
       free_.push_back(b);
     }
     KVS_RETURN_IF_ERROR(choose_decode());
+    if (cfg_.gpudirect) KVS_RETURN_IF_ERROR(start_gpudirect());
     for (unsigned t = 0; t < cfg_.decode_threads; ++t)
       workers_.emplace_back([this, t] { work(gpu_workers_.empty() ? nullptr : &gpu_workers_[t]); });
     return {};
@@ -219,7 +225,9 @@ class PipelineImpl final : public Pipeline {
   const codec::Profile& profile_;
   PipelineConfig cfg_;
   std::vector<std::vector<std::byte>> buffers_;
-  // Both refer to buffers_, so they are declared after it (destroyed before it).
+  std::vector<gpu::DeviceBuffer> device_buffers_;  // GPUDirect: where chunks land
+  // Both refer to buffers_ (regions_: to device_buffers_ with GPUDirect), so they are
+  // declared after them (destroyed before them).
   std::vector<transport::MemoryRegion> regions_;
   std::vector<gpu::PinnedHostMemory> pinned_;  // GPU path: buffers_ page-locked
 
@@ -241,9 +249,9 @@ class PipelineImpl final : public Pipeline {
   std::vector<GpuWorker> gpu_workers_;   // one per decode thread on the GPU path
   std::vector<std::thread> workers_;
 
-  // GPUDirect would register device memory with the client's backend
+  // GPUDirect registers device memory with the client's backend
   // (Client::register_memory with MemoryType::cuda), so it is only as possible as the
-  // backend says; where one says so, the receive path is what is missing.
+  // backend says.
   Status check_gpudirect() const {
     if (cfg_.decode == DecodeOn::cpu)
       return make_status(StatusCode::invalid_argument,
@@ -260,9 +268,28 @@ class PipelineImpl final : public Pipeline {
                          "GPUDirect: transport backend '{}' ({}) cannot land chunks in GPU memory "
                          "(Capabilities::cuda_memory is false); use the pinned host path (gpudirect = false)",
                          caps->backend, caps->provider);
-    return make_status(StatusCode::unsupported,
-                       "GPUDirect: backend '{}' declares cuda_memory, but the pipeline's GPUDirect path is not built",
-                       caps->backend);
+    return {};
+  }
+
+  // GPUDirect's receive buffers: device memory of gpu_device, registered with the
+  // client's backend as MemoryType::cuda, one per buffer slot.
+  Status start_gpudirect() {
+    if (decodes_on_ != DecodeOn::gpu)
+      return make_status(StatusCode::unavailable, "GPUDirect needs the GPU decode path, and decode=auto took the CPU: {}",
+                         cpu_reason_);
+    for (uint32_t b = 0; b < cfg_.depth; ++b) {
+      KVS_ASSIGN_OR_RETURN(auto d, gpu::DeviceBuffer::allocate(cfg_.max_chunk_bytes, cfg_.gpu_device));
+      device_buffers_.push_back(std::move(d));
+      auto mr = client_.register_memory(device_buffers_.back().data(), cfg_.max_chunk_bytes, transport::MemoryType::cuda);
+      if (!mr.ok()) return mr.status().with_context("GPUDirect: registering a device receive buffer");
+      if (mr->type() != transport::MemoryType::cuda)
+        return make_status(StatusCode::internal, "GPUDirect: the client registered device memory as {}",
+                           transport::memory_type_name(mr->type()));
+      regions_.push_back(std::move(mr).value());
+    }
+    KVS_LOG_INFO("pipeline: GPUDirect: {} device receive buffers of {} bytes registered with backend '{}'", cfg_.depth,
+                 cfg_.max_chunk_bytes, client_.capabilities()->backend);
+    return {};
   }
 
   // Resolves cfg_.decode: on the GPU path, one decoder and one stream per worker, and
@@ -463,7 +490,14 @@ void FetchImpl::decode(uint32_t i, uint32_t buffer, size_t len, GpuWorker* gpu) 
   }
   if (st.ok()) {
     const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(p_.buffers_[buffer].data()), len);
-    st = gpu ? decode_gpu(i, bytes, *gpu) : decode_cpu(i, bytes);
+    const void* landed = nullptr;
+    if (!p_.device_buffers_.empty()) {
+      // GPUDirect: the chunk is in device memory; its host copy is what the decoder
+      // checks (header, checksums, framing) before decoding it where it lies.
+      landed = p_.device_buffers_[buffer].data();
+      st = gpu::copy_to_host(p_.buffers_[buffer].data(), landed, len, p_.cfg_.gpu_device);
+    }
+    if (st.ok()) st = gpu ? decode_gpu(i, bytes, *gpu, landed) : decode_cpu(i, bytes);
     if (st.ok() && req_.keep_bytes) {
       std::vector<uint8_t> copy(bytes.begin(), bytes.end());
       std::lock_guard lock(mu_);
@@ -494,21 +528,26 @@ Status FetchImpl::decode_cpu(uint32_t i, std::span<const uint8_t> bytes) {
   return {};
 }
 
-Status FetchImpl::decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu) {
+Status FetchImpl::decode_gpu(uint32_t i, std::span<const uint8_t> bytes, GpuWorker& gpu, const void* landed) {
   // Checked before decoding here: the GPU writes as many tokens as the chunk holds, and
   // the runtime's device memory for chunk i holds exactly the range's tokens.
   KVS_ASSIGN_OR_RETURN(const codec::ChunkInfo info, codec::inspect_chunk(bytes));
   if (info.tokens != req_.chunks[i].size())
     return make_status(StatusCode::corrupt_data, "chunk {} holds {} tokens, expected {}", i, info.tokens,
                        req_.chunks[i].size());
+  auto to_device = [&](const KvView& view) {
+    return landed ? gpu.decoder->decode_landed(bytes, landed, view, gpu.stream.handle())
+                  : gpu.decoder->decode(bytes, view, gpu.stream.handle());
+  };
   if (!req_.device.empty()) {
-    const uint64_t out_bytes =
-        gpu::GpuDecoder::output_bytes(p_.profile_.geometry(), req_.chunks[i].size(), req_.device.dtype);
-    return gpu.decoder->decode(bytes, req_.device.chunks[i], out_bytes, req_.device.dtype, gpu.stream.handle());
+    KVS_ASSIGN_OR_RETURN(const KvView packed, KvView::packed(req_.device.chunks[i], req_.device.dtype,
+                                                             p_.profile_.geometry(), req_.chunks[i].size(),
+                                                             info.first_position));
+    return to_device(packed);
   }
   auto view = req_.destination.slice(req_.chunks[i]);
   if (!view.ok()) return view.status();
-  if (req_.destination_memory == transport::MemoryType::cuda) return gpu.decoder->decode(bytes, *view, gpu.stream.handle());
+  if (req_.destination_memory == transport::MemoryType::cuda) return to_device(*view);
   return gpu.decoder->decode_to_host(bytes, *view);
 }
 

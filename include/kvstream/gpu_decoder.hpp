@@ -128,6 +128,15 @@ class GpuDecoder {
   Status enqueue(std::span<const uint8_t> chunk, const KvView& device_out, void* stream, uint64_t tag,
                  DecodeDone done);
 
+  /// GPUDirect: decodes a chunk that landed in device memory (`device_chunk`, e.g. a
+  /// receive buffer registered with the transport as MemoryType::cuda), reading it
+  /// where it lies; `host_copy` holds the same bytes on the host, where the header,
+  /// checksums and framing are checked before anything runs (the rANS checks run on the
+  /// device, as always). Synchronous. Errors: as decode(); invalid_argument when
+  /// `device_chunk` is not memory of this device.
+  Status decode_landed(std::span<const uint8_t> host_copy, const void* device_chunk, const KvView& device_out,
+                       void* stream = nullptr);
+
   /// Upgrades KV decoded on the GPU from `kept` (a prefix of a progressive stream, as
   /// fetched for the first token) in place to the longer prefix `kept` + `more` (the
   /// bytes fetched since, from a substream boundary): bit for bit what decode() gives on

@@ -144,7 +144,7 @@ PT="not run ($PIPE)"
 if [ "$PIPE" = ok ]; then
   say "pipeline tests ($(left)s left)"
   pipeline_tests 'PipelineTest.*:PipelineDecodeOn.*'
-  if grep -q "SKIPPED \] PipelineTest.GpuFetch" "$OUTDIR/pipeline-test.log"; then PT="FAIL (GPU case skipped on a GPU machine)"
+  if grep -qE "SKIPPED \] PipelineTest.(GpuFetch|GpuDirectLands)" "$OUTDIR/pipeline-test.log"; then PT="FAIL (GPU case skipped on a GPU machine)"
   elif [ $PTEST_RC = 0 ]; then PT=pass; elif [ $PTEST_RC = 124 ]; then PT="FAIL (timed out)"; else PT=FAIL; fi
   [ "${PT%% *}" = FAIL ] && TEST_RC=1
 fi
@@ -189,7 +189,7 @@ echo "| progressive stream: base prefix / whole stream = CPU, decode wall | $(va
 echo "| stream-ordered decode into paged NHD blocks ($(val paged_stream_chunks) chunks queued, verdicts by callback) | $(val paged_stream_ms) ms per chunk = $(val paged_stream_GBps) GB/s fp16 |"
 echo "| CPU decode, $(val cpu_threads) threads | $(val cpu_decode_ms) ms = $(val cpu_decode_GBps) GB/s |"
 echo "| H2D pinned / pageable ($(val copy_bytes) B) | $(val h2d_pinned_GBps) / $(val h2d_pageable_GBps) GB/s |"
-echo "| pipeline tests (fetch into device memory = CPU fetch: packed, 3 dtypes, 4 levels; paged NHD and HND) | $PT |"
+echo "| pipeline tests (fetch into device memory = CPU fetch: packed, 3 dtypes, 4 levels; paged NHD and HND; GPUDirect landing through a cuda-declaring client) | $PT |"
 echo "| pipelined fetch, GPU decode ($PIPE_TOKENS tokens mistral-7b, loopback tcp) | $PG |"
 echo "| pipelined fetch, CPU decode, 2 threads (same) | $PC |"
 say "done"
