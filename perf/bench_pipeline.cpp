@@ -1,8 +1,9 @@
 // kvstream-bench pipeline: transfer alone, decode alone and the pipelined fetch of one
 // context, measured in one run; overlap efficiency = max(transfer, decode) / pipelined.
-// --decode gpu (or auto, on a machine with a GPU) decodes on the GPU into device memory,
-// in the pipeline and in the decode-alone run alike, and then checks the device output
-// against the CPU decoder bit for bit.
+// --decode gpu (or auto, on a machine with a GPU) decodes on the GPU into paged device
+// KV as a runtime keeps it (per layer a K and a V tensor of 16-token blocks, a block
+// table), in the pipeline and in the decode-alone run alike, and then checks the device
+// blocks against the CPU decoder's output in the same layout, bit for bit.
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -103,24 +104,30 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   if (!pipe.ok()) return fail(pipe.status());
   const bool on_gpu = (*pipe)->decodes_on() == pipeline::DecodeOn::gpu;
 
-  // The runtime's KV memory: a host cache, or on the GPU one allocation with chunk i
-  // packed at its offset (what FetchRequest::device describes).
+  // The runtime's KV memory: a host cache, or on the GPU paged blocks (NHD, 16 tokens
+  // a block, the context's blocks scattered over a pool twice its size).
   Result<KvCache> dest = KvCache::create(*geom, DType::f16, on_gpu ? 1 : o.tokens);
   if (!dest.ok()) return fail(dest.status());
-  std::vector<uint64_t> out_off, out_bytes;
-  uint64_t out_total = 0;
-  for (const auto& r : ranges) {
-    out_off.push_back(out_total);
-    out_bytes.push_back(gpu::GpuDecoder::output_bytes(*geom, r.size(), DType::f16));
-    out_total += out_bytes.back();
-  }
-  gpu::DeviceBuffer device_kv;
-  std::vector<void*> device_chunks;
+  constexpr uint32_t kBlock = 16;
+  const uint64_t used_blocks = (o.tokens + kBlock - 1) / kBlock, pool_blocks = 2 * used_blocks;
+  std::vector<uint32_t> table(pool_blocks);
+  for (uint64_t b = 0; b < pool_blocks; ++b) table[b] = uint32_t((b * 7919) % pool_blocks);  // 7919: a permutation
+  table.resize(used_blocks);
+  const size_t pool_bytes = size_t(pool_blocks) * kBlock * geom->channels() * 2;
+  std::vector<gpu::DeviceBuffer> pools;
+  KvView device_view;
   if (on_gpu) {
-    auto b = gpu::DeviceBuffer::allocate(out_total);
-    if (!b.ok()) return fail(b.status());
-    device_kv = std::move(b).value();
-    for (uint64_t off : out_off) device_chunks.push_back(static_cast<std::byte*>(device_kv.data()) + off);
+    std::vector<void*> keys, values;
+    for (uint32_t i = 0; i < 2 * geom->layers; ++i) {
+      auto b = gpu::DeviceBuffer::allocate(pool_bytes);
+      if (!b.ok()) return fail(b.status());
+      (i % 2 ? values : keys).push_back(b->data());
+      pools.push_back(std::move(b).value());
+    }
+    auto v = KvView::paged(PagedLayout::blocks(PagedOrder::nhd, *geom, kBlock, pool_blocks, keys, values, table),
+                           DType::f16, *geom, o.tokens);
+    if (!v.ok()) return fail(v.status());
+    device_view = *v;
   }
 
   // 1. Transfer alone: every chunk into memory, `depth` in flight, no decode.
@@ -171,7 +178,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
       for (unsigned t = 0; t < threads; ++t)
         pool.emplace_back([&, t] {
           for (size_t i = t; i < chunks.size(); i += threads) {
-            Status s = decoders[t]->decode(chunks[i], device_chunks[i], out_bytes[i], DType::f16, streams[t].handle());
+            Status s = decoders[t]->decode(chunks[i], *device_view.slice(ranges[i]), streams[t].handle());
             if (!s.ok() && err[t].ok()) err[t] = s;
           }
         });
@@ -202,10 +209,8 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   // 3. The pipelined fetch.
   pipeline::FetchRequest req;
   req.context = "bench-ctx";
-  if (on_gpu)
-    req.device = {device_chunks, DType::f16};
-  else
-    req.destination = dest->view();
+  req.destination = on_gpu ? device_view : dest->view();
+  req.destination_memory = on_gpu ? transport::MemoryType::cuda : transport::MemoryType::host;
   req.chunks = ranges;
   req.deadline = deadline_in(600s);
   pipeline::FetchCallbacks cb;
@@ -223,39 +228,51 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   const double bound = std::max(transfer_s, decode_s);
   const double efficiency = bound / pipelined_s;
 
-  // On the GPU: the device memory, copied back, must equal the CPU decoder's output.
+  // On the GPU: the device blocks, copied back, must equal the CPU decoder's output in
+  // the same paged layout in host memory.
   bool bit_exact = true;
   if (on_gpu) {
-    std::vector<std::byte> host(out_total);
-    if (Status s = gpu::copy_to_host(host.data(), device_kv.data(), out_total); !s.ok()) return fail(s);
+    std::vector<std::vector<std::byte>> host(pools.size(), std::vector<std::byte>(pool_bytes));
+    std::vector<std::vector<std::byte>> back(pools.size(), std::vector<std::byte>(pool_bytes));
+    std::vector<void*> hk, hv;
+    for (size_t i = 0; i < pools.size(); ++i) {
+      if (Status s = gpu::copy_to_host(back[i].data(), pools[i].data(), pool_bytes); !s.ok()) return fail(s);
+      (i % 2 ? hv : hk).push_back(host[i].data());
+    }
+    auto hview = KvView::paged(PagedLayout::blocks(PagedOrder::nhd, *geom, kBlock, pool_blocks, hk, hv, table),
+                               DType::f16, *geom, o.tokens);
+    if (!hview.ok()) return fail(hview.status());
     const unsigned cpu_threads = std::max(1u, std::thread::hardware_concurrency());
     std::vector<std::thread> pool;
     std::vector<Status> err(cpu_threads);
-    std::atomic<uint32_t> differ{0};
     for (unsigned t = 0; t < cpu_threads; ++t)
       pool.emplace_back([&, t] {
         for (size_t i = t; i < chunks.size(); i += cpu_threads) {
-          auto ref = KvCache::create(*geom, DType::f16, ranges[i].size());
-          Status s = ref.ok() ? codec::decode_chunk(*profile, chunks[i], ref->view()) : ref.status();
-          if (!s.ok()) {
-            if (err[t].ok()) err[t] = s;
-            continue;
-          }
-          if (ref->bytes().size() != out_bytes[i] ||
-              std::memcmp(ref->bytes().data(), host.data() + out_off[i], out_bytes[i]) != 0)
-            ++differ;
+          Status s = codec::decode_chunk(*profile, chunks[i], *hview->slice(ranges[i]));
+          if (!s.ok() && err[t].ok()) err[t] = s;
         }
       });
     for (auto& th : pool) th.join();
     for (auto& e : err)
       if (!e.ok()) return fail(e);
+    // Compare only the slots the context owns (the rest of the pool is never written).
+    std::atomic<uint32_t> differ{0};
+    const size_t slot_bytes = size_t(geom->channels()) * 2;
+    for (size_t i = 0; i < pools.size(); ++i)
+      for (uint64_t t = 0; t < o.tokens; ++t) {
+        const size_t at = (size_t(table[t / kBlock]) * kBlock + t % kBlock) * slot_bytes;
+        if (std::memcmp(host[i].data() + at, back[i].data() + at, slot_bytes) != 0) {
+          ++differ;
+          break;
+        }
+      }
     bit_exact = differ == 0;
-    fmt::print("GPU output vs CPU decode: {} ({} of {} chunks differ)\n", bit_exact ? "bit-exact" : "DIFFERENT",
-               differ.load(), chunks.size());
+    fmt::print("GPU output (paged NHD blocks) vs CPU decode: {} ({} of {} K/V tensors differ)\n",
+               bit_exact ? "bit-exact" : "DIFFERENT", differ.load(), pools.size());
   }
   fmt::print("geometry {} tokens {} chunks {} x {} tokens, level {}, {} bytes, backend {}{}, decode on {}\n", o.geometry,
              o.tokens, chunks.size(), o.chunk_tokens, level, bytes, o.backend,
-             o.server.empty() ? " (loopback)" : " (" + o.server + ")", on_gpu ? "the GPU (device memory)" : "the CPU");
+             o.server.empty() ? " (loopback)" : " (" + o.server + ")", on_gpu ? "the GPU (paged device KV)" : "the CPU");
   fmt::print("transfer alone   {:8.3f} s  ({:.2f} Gbit/s)\n", transfer_s, double(bytes) * 8 / transfer_s / 1e9);
   fmt::print("decode alone     {:8.3f} s  ({:.0f} M elements/s, {} {})\n", decode_s, double(elems) / decode_s / 1e6,
              threads, on_gpu ? "GPU decoders, one stream each" : "threads");

@@ -166,7 +166,7 @@ pipe_bench() {  # $1 = cpu|gpu; sets PB
     return
   fi
   PB="$(jv "$j" pipelined_s) s pipelined; transfer alone $(jv "$j" transfer_s) s, decode alone $(jv "$j" decode_s) s; overlap $(jv "$j" overlap_efficiency)"
-  [ "$1" = gpu ] && PB="$PB; device output = CPU decode: $([ "$(jv "$j" gpu_bit_exact)" = true ] && echo yes || echo NO)"
+  [ "$1" = gpu ] && PB="$PB; paged device KV = CPU decode: $([ "$(jv "$j" gpu_bit_exact)" = true ] && echo yes || echo NO)"
 }
 if [ "$PIPE_BENCH" = ok ]; then
   pipe_bench gpu; PG=$PB
@@ -190,7 +190,7 @@ echo "| stream-ordered decode into paged NHD blocks ($(val paged_stream_chunks) 
 echo "| CPU decode, $(val cpu_threads) threads | $(val cpu_decode_ms) ms = $(val cpu_decode_GBps) GB/s |"
 echo "| H2D pinned / pageable ($(val copy_bytes) B) | $(val h2d_pinned_GBps) / $(val h2d_pageable_GBps) GB/s |"
 echo "| pipeline tests (fetch into device memory = CPU fetch: packed, 3 dtypes, 4 levels; paged NHD and HND; GPUDirect landing through a cuda-declaring client) | $PT |"
-echo "| pipelined fetch, GPU decode ($PIPE_TOKENS tokens mistral-7b, loopback tcp) | $PG |"
+echo "| pipelined fetch, GPU decode into paged device KV ($PIPE_TOKENS tokens mistral-7b, loopback tcp) | $PG |"
 echo "| pipelined fetch, CPU decode, 2 threads (same) | $PC |"
 say "done"
 [ $TEST_RC = 0 ] && [ $BENCH_RC = 0 ] || exit 1
