@@ -7,23 +7,36 @@
 #include <limits>
 
 #include "codec/chunk_plan.hpp"
+#include "codec/entropy/rans_format.hpp"
 #include "codec/impl_access.hpp"
 #include "codec/profile_impl.hpp"
 
 namespace kvstream::gpu::detail {
 
-namespace {
-
 using codec::Profile;
 using codec::ProfileAccess;
 
-inline uint32_t rd_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);  // little-endian hosts only, as the CPU codec
-  return v;
+Result<size_t> frame_matrix(std::span<const uint8_t> bytes, size_t at, size_t len, uint64_t n, bool whole, MatDesc& m,
+                            const std::string& where) {
+  const std::span<const uint8_t> rest = bytes.subspan(at, len);
+  KVS_ASSIGN_OR_RETURN(const size_t size, codec::rans_coded_size(rest));
+  if (whole ? size != rest.size() : size > rest.size())
+    return make_status(StatusCode::corrupt_data, "{}: rans: {} bytes, header says {}", where, rest.size(), size);
+  m.n_words = codec::rans_format::load_u32(rest.data() + 4);
+  m.n_escapes = codec::rans_format::load_u32(rest.data() + 8);
+  if (m.n_words > n || m.n_escapes > n)
+    return make_status(StatusCode::corrupt_data, "{}: rans: {} words / {} escapes for {} symbols", where, m.n_words,
+                       m.n_escapes, n);
+  m.words_off = at + 12;
+  m.escapes_off = m.words_off + 2 * uint64_t(m.n_words);
+  const uint8_t* st = rest.data() + 12 + 2 * size_t(m.n_words) + m.n_escapes;
+  for (int k = 0; k < kLanes; ++k) {
+    m.state[k] = codec::rans_format::load_u32(st + 4 * k);
+    if (m.state[k] < (1u << 16))
+      return make_status(StatusCode::corrupt_data, "{}: rans: lane {} start state too low", where, k);
+  }
+  return size;
 }
-
-}  // namespace
 
 // Header, profile and payload checks of open_chunk(), then each substream with the
 // checks of decode_matrix() and of rans_decode() that need no decoding. Fills the
@@ -75,13 +88,13 @@ Status parse_chunk(const codec::Profile& profile, std::span<const uint64_t> ut_o
       size_t pos = 0;
       auto read_list = [&](uint32_t& begin, uint32_t& count) -> Status {
         const bool ok = pos + 4 <= sub_len;
-        const uint32_t n = ok ? rd_u32(sub + pos) : 0;
+        const uint32_t n = ok ? codec::rans_format::load_u32(sub + pos) : 0;
         if (ok) pos += 4;
         if (!ok || uint64_t(n) > TC || uint64_t(n) * 8 > sub_len - pos)
           return make_status(StatusCode::corrupt_data, "{}: bad outlier count", where());
         begin = uint32_t(list_index.size()), count = n;
         for (uint32_t i = 0; i < n; ++i, pos += 8) {
-          const uint32_t idx = rd_u32(sub + pos);
+          const uint32_t idx = codec::rans_format::load_u32(sub + pos);
           float v;
           std::memcpy(&v, sub + pos + 4, 4);
           if (uint64_t(idx) >= TC || (i > 0 && idx <= list_index.back()) || !std::isfinite(v))
@@ -97,9 +110,6 @@ Status parse_chunk(const codec::Profile& profile, std::span<const uint64_t> ut_o
         return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where());
 
       auto add_matrix = [&](uint32_t rows, int role, const char* what, uint64_t& sym_at) -> Status {
-        std::span<const uint8_t> rest(sub + pos, sub_len - pos);
-        KVS_ASSIGN_OR_RETURN(size_t len, codec::rans_coded_size(rest));
-        if (len > rest.size()) return make_status(StatusCode::corrupt_data, "{}: truncated {}", where(), what);
         const uint8_t* tid = p.levels[level].table_of[role].data() + pd.chan_off;
         for (uint32_t c = 0; c < C; ++c)
           if (tid[c] >= tables.size())
@@ -109,19 +119,8 @@ Status parse_chunk(const codec::Profile& profile, std::span<const uint64_t> ut_o
           return make_status(StatusCode::out_of_range, "{}: {} x {} symbols exceed 2^32 - 1", where(), rows, C);
         const uint64_t n = uint64_t(rows) * C;
         MatDesc m{};
-        m.n_words = rd_u32(rest.data() + 4);
-        m.n_escapes = rd_u32(rest.data() + 8);
-        if (m.n_words > n || m.n_escapes > n)
-          return make_status(StatusCode::corrupt_data, "{}: rans: {} words / {} escapes for {} symbols", where(),
-                             m.n_words, m.n_escapes, n);
-        m.words_off = sub_base + pos + 12;
-        m.escapes_off = m.words_off + 2 * uint64_t(m.n_words);
-        const uint8_t* st = rest.data() + 12 + 2 * size_t(m.n_words) + m.n_escapes;
-        for (int k = 0; k < kLanes; ++k) {
-          m.state[k] = rd_u32(st + 4 * k);
-          if (m.state[k] < (1u << 16))
-            return make_status(StatusCode::corrupt_data, "{}: rans: lane {} start state too low", where(), k);
-        }
+        KVS_ASSIGN_OR_RETURN(const size_t len, frame_matrix(bytes, sub_base + pos, sub_len - pos, n, false, m,
+                                                            fmt::format("{} {}", where(), what)));
         m.sym_off = sym_at = sym_off;
         sym_off += n;
         m.table_of_off = uint64_t(role) * ch_total + pd.chan_off;

@@ -26,6 +26,13 @@ struct ChunkDescriptors {
   std::vector<std::string> mat_where; // per matrix, what an error names ("layer l plane p")
 };
 
+/// Frames the coded matrix of n symbols at bytes[at, at + len) into `m` (word and escape
+/// offsets, start states) with the CPU decoder's checks: its header, its size (equal
+/// to `len` when `whole`, else at most), its word and escape counts, its start states.
+/// Returns its size. Errors: corrupt_data naming `where`.
+Result<size_t> frame_matrix(std::span<const uint8_t> bytes, size_t at, size_t len, uint64_t n, bool whole, MatDesc& m,
+                            const std::string& where);
+
 /// Parses and checks `bytes` (a chunk of `profile`); `ut_off` gives each (layer,
 /// plane)'s offset in the device's concatenated KLT bases. Errors: those of
 /// codec::decode_chunk for any defect found without decoding (corrupt_data,

@@ -3,6 +3,8 @@
 // same order, the same substreams, the same levels per layer.
 #include "gpu/layered_descriptors.hpp"
 
+#include "gpu/chunk_descriptors.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -15,42 +17,8 @@
 
 namespace kvstream::gpu::detail {
 
-namespace {
-
 using codec::Profile;
 using codec::ProfileAccess;
-
-inline uint32_t rd_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// One coded matrix at `at` of `bytes` holding n symbols, checked as the CPU's
-// open_job does (header, exact size when `whole`, word and escape counts, start states).
-Status frame_matrix(std::span<const uint8_t> bytes, size_t at, size_t len, uint64_t n, bool whole, MatDesc& m,
-                    const std::string& where) {
-  const std::span<const uint8_t> rest = bytes.subspan(at, len);
-  KVS_ASSIGN_OR_RETURN(const size_t size, codec::rans_coded_size(rest));
-  if (whole ? size != rest.size() : size > rest.size())
-    return make_status(StatusCode::corrupt_data, "{}: rans: {} bytes, header says {}", where, rest.size(), size);
-  m.n_words = rd_u32(rest.data() + 4);
-  m.n_escapes = rd_u32(rest.data() + 8);
-  if (m.n_words > n || m.n_escapes > n)
-    return make_status(StatusCode::corrupt_data, "{}: rans: {} words / {} escapes for {} symbols", where, m.n_words,
-                       m.n_escapes, n);
-  m.words_off = at + 12;
-  m.escapes_off = m.words_off + 2 * uint64_t(m.n_words);
-  const uint8_t* st = rest.data() + 12 + 2 * size_t(m.n_words) + m.n_escapes;
-  for (int k = 0; k < kLanes; ++k) {
-    m.state[k] = rd_u32(st + 4 * k);
-    if (m.state[k] < (1u << 16))
-      return make_status(StatusCode::corrupt_data, "{}: rans: lane {} start state too low", where, k);
-  }
-  return {};
-}
-
-}  // namespace
 
 Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64_t> ut_off,
                            std::span<const uint8_t> bytes, LayeredDescriptors& d) {
@@ -103,7 +71,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
       return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where(lp));
     const size_t at = h.sub_offset[lp] + (h.sub_bytes[lp] - r.rest().size());
     MatDesc m{};
-    KVS_RETURN_IF_ERROR(frame_matrix(bytes, at, r.rest().size(), TC, true, m, where(lp) + " base symbols"));
+    KVS_RETURN_IF_ERROR(frame_matrix(bytes, at, r.rest().size(), TC, true, m, where(lp) + " base symbols").status());
     m.sym_off = uint64_t(lp) * TC;
     m.table_of_off = uint64_t(codec::kRolePlain) * p.channels_total() + pd.chan_off;
     m.rows = T, m.cols = C;
@@ -131,7 +99,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
       if (n > std::numeric_limits<uint32_t>::max())
         return make_status(StatusCode::out_of_range, "{}: {} symbols exceed 2^32 - 1", what, n);
       MatDesc m{};
-      KVS_RETURN_IF_ERROR(frame_matrix(bytes, h.sub_offset[si], h.sub_bytes[si], n, true, m, what));
+      KVS_RETURN_IF_ERROR(frame_matrix(bytes, h.sub_offset[si], h.sub_bytes[si], n, true, m, what).status());
       m.sym_off = m.table_of_off = uint64_t(first) * rows * C;
       m.rows = 1, m.cols = uint32_t(n);
       d.mats.push_back(m);

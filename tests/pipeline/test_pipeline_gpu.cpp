@@ -161,6 +161,13 @@ TEST_F(PipelineTest, DeviceDestinationNeedsAGpuPipeline) {
   const auto f = (*p)->fetch(req, by_index());
   EXPECT_EQ(f.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(f.status().message().find("GPU pipeline"), std::string::npos) << f.status().to_string();
+  // A view said to lie in device memory, likewise.
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  pipeline::FetchRequest in_device = request(out.view());
+  in_device.destination_memory = MemoryType::cuda;
+  const auto g = (*p)->fetch(in_device, by_index());
+  EXPECT_EQ(g.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(g.status().message().find("GPU pipeline"), std::string::npos) << g.status().to_string();
 }
 
 TEST_F(PipelineTest, GpuFetchIntoDeviceMemoryEqualsTheCpuFetch) {
@@ -227,17 +234,6 @@ std::vector<uint32_t> scattered_table(uint64_t blocks) {
   std::vector<uint32_t> t(blocks);
   for (uint64_t b = 0; b < blocks; ++b) t[b] = uint32_t((b * 13) % blocks);  // 13 prime to blocks: a permutation
   return t;
-}
-
-TEST_F(PipelineTest, DestinationInDeviceMemoryNeedsAGpuPipeline) {
-  auto p = pipeline::Pipeline::create(*client_, profile_, gpu_config(pipeline::DecodeOn::cpu));
-  ASSERT_TRUE(p.ok());
-  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
-  pipeline::FetchRequest req = request(out.view());
-  req.destination_memory = MemoryType::cuda;
-  const auto f = (*p)->fetch(req, by_index());
-  EXPECT_EQ(f.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(f.status().message().find("GPU pipeline"), std::string::npos) << f.status().to_string();
 }
 
 TEST_F(PipelineTest, GpuFetchIntoPagedDeviceKvEqualsTheCpuFetch) {
