@@ -96,38 +96,41 @@ TEST_F(PipelineTest, GpuDirectIsUnsupportedNamingTheBackend) {
   EXPECT_EQ(pipeline::Pipeline::create(*client_, profile_, pc).status().code(), StatusCode::invalid_argument);
 }
 
+// A client that borrows another and forwards every call to it: what the tests wrap
+// (a pacer owns its inner client, so it gets one of these over the fixture's).
+struct Forwarding : storage::Client {
+  storage::Client& c;
+  explicit Forwarding(storage::Client& inner) : c(inner) {}
+  const transport::Capabilities* capabilities() const override { return c.capabilities(); }
+  Result<transport::MemoryRegion> register_memory(void* d, size_t n) override { return c.register_memory(d, n); }
+  Status put(const std::string& x, uint32_t i, uint32_t l, std::span<const std::byte> b, transport::Deadline d,
+             const transport::CancelToken& k) override {
+    return c.put(x, i, l, b, d, k);
+  }
+  void get_async(const std::string& x, uint32_t i, uint32_t l, transport::MemoryRegion m, size_t o, size_t n,
+                 transport::Deadline d, const transport::CancelToken& k, storage::GetCallback cb) override {
+    c.get_async(x, i, l, std::move(m), o, n, d, k, std::move(cb));
+  }
+  Result<std::vector<storage::ChunkStat>> stat(const std::string& x, transport::Deadline d,
+                                               const transport::CancelToken& k) override {
+    return c.stat(x, d, k);
+  }
+  Status remove(const std::string& x, transport::Deadline d, const transport::CancelToken& k) override {
+    return c.remove(x, d, k);
+  }
+  Result<std::vector<std::string>> list(transport::Deadline d, const transport::CancelToken& k) override {
+    return c.list(d, k);
+  }
+};
+
 // The check reads the capabilities through the wrappers a runtime puts around the
 // node's client (issue 20): a paced link reports the tcp backend beneath it, and a
 // client whose transport declares cuda memory reaches the last refusal, which says
 // that the GPUDirect path itself is what is missing here.
 TEST_F(PipelineTest, GpuDirectSeesThroughWrappedClients) {
-  struct NoClose : storage::Client {  // borrows the fixture's client for the pacer
-    storage::Client& c;
-    explicit NoClose(storage::Client& inner) : c(inner) {}
-    const transport::Capabilities* capabilities() const override { return c.capabilities(); }
-    Result<transport::MemoryRegion> register_memory(void* d, size_t n) override { return c.register_memory(d, n); }
-    Status put(const std::string& x, uint32_t i, uint32_t l, std::span<const std::byte> b, transport::Deadline d,
-               const transport::CancelToken& k) override {
-      return c.put(x, i, l, b, d, k);
-    }
-    void get_async(const std::string& x, uint32_t i, uint32_t l, transport::MemoryRegion m, size_t o, size_t n,
-                   transport::Deadline d, const transport::CancelToken& k, storage::GetCallback cb) override {
-      c.get_async(x, i, l, std::move(m), o, n, d, k, std::move(cb));
-    }
-    Result<std::vector<storage::ChunkStat>> stat(const std::string& x, transport::Deadline d,
-                                                 const transport::CancelToken& k) override {
-      return c.stat(x, d, k);
-    }
-    Status remove(const std::string& x, transport::Deadline d, const transport::CancelToken& k) override {
-      return c.remove(x, d, k);
-    }
-    Result<std::vector<std::string>> list(transport::Deadline d, const transport::CancelToken& k) override {
-      return c.list(d, k);
-    }
-  };
   storage::PacedClientConfig paced_cfg;
   paced_cfg.bits_per_second = 1e9;
-  auto paced = storage::make_paced_client(std::make_unique<NoClose>(*client_), paced_cfg);
+  auto paced = storage::make_paced_client(std::make_unique<Forwarding>(*client_), paced_cfg);
   ASSERT_TRUE(paced.ok()) << paced.status().to_string();
   auto pc = gpu_config(pipeline::DecodeOn::gpu);
   pc.gpudirect = true;
@@ -136,9 +139,9 @@ TEST_F(PipelineTest, GpuDirectSeesThroughWrappedClients) {
   EXPECT_EQ(p.status().code(), StatusCode::unsupported) << p.status().to_string();
   EXPECT_NE(p.status().message().find("'tcp'"), std::string::npos) << p.status().to_string();
 
-  struct CudaCapable : NoClose {
+  struct CudaCapable : Forwarding {
     transport::Capabilities caps{.backend = "ucx", .provider = "cuda_copy,cuda_ipc", .cuda_memory = true};
-    using NoClose::NoClose;
+    using Forwarding::Forwarding;
     const transport::Capabilities* capabilities() const override { return &caps; }
   };
   auto cuda_paced = storage::make_paced_client(std::make_unique<CudaCapable>(*client_), paced_cfg);
@@ -296,23 +299,18 @@ TEST_F(PipelineTest, GpuFetchIntoPagedDeviceKvEqualsTheCpuFetch) {
 // chunk altered in device memory after landing fails, by its index.
 namespace {
 
-struct CudaLandingClient : storage::Client {
-  storage::Client& c;
+struct CudaLandingClient : Forwarding {
   transport::Capabilities caps{.backend = "ucx", .provider = "cuda_copy (test)", .cuda_memory = true};
   std::atomic<int> landed{0};
   int corrupt_chunk = -1;
-  explicit CudaLandingClient(storage::Client& inner) : c(inner) {}
+  using Forwarding::Forwarding;
   const transport::Capabilities* capabilities() const override { return &caps; }
-  Result<transport::MemoryRegion> register_memory(void* d, size_t n) override { return c.register_memory(d, n); }
+  using Forwarding::register_memory;
   Result<transport::MemoryRegion> register_memory(void* d, size_t n, transport::MemoryType type) override {
     if (type != transport::MemoryType::cuda) return c.register_memory(d, n);
     auto impl = std::make_shared<transport::MemoryRegion::Impl>();
     impl->data = static_cast<std::byte*>(d), impl->size = n, impl->type = type;
     return transport::RegionAccess::wrap(impl);
-  }
-  Status put(const std::string& x, uint32_t i, uint32_t l, std::span<const std::byte> b, transport::Deadline d,
-             const transport::CancelToken& k) override {
-    return c.put(x, i, l, b, d, k);
   }
   void get_async(const std::string& x, uint32_t i, uint32_t l, transport::MemoryRegion m, size_t o, size_t n,
                  transport::Deadline d, const transport::CancelToken& k, storage::GetCallback cb) override {
@@ -328,16 +326,6 @@ struct CudaLandingClient : storage::Client {
       }
       cb(std::move(got));
     });
-  }
-  Result<std::vector<storage::ChunkStat>> stat(const std::string& x, transport::Deadline d,
-                                               const transport::CancelToken& k) override {
-    return c.stat(x, d, k);
-  }
-  Status remove(const std::string& x, transport::Deadline d, const transport::CancelToken& k) override {
-    return c.remove(x, d, k);
-  }
-  Result<std::vector<std::string>> list(transport::Deadline d, const transport::CancelToken& k) override {
-    return c.list(d, k);
   }
 };
 
