@@ -142,9 +142,8 @@ struct ProfileOptions {
   /// what a 1%-bounded chooser fetches for the first token; three layers above it
   /// refine (the finest, 0.10, is near lossless). Without the recent window the same
   /// KL needs step 1.4 and 1.58 bits per element instead of 1.13. kvstream-profile
-  /// builds progressive profiles; the library default stays one stream per level
-  /// because the CUDA decoder reads only those (gpu/ refuses a progressive stream with
-  /// `unsupported`).
+  /// builds progressive profiles; the library default stays one stream per level, so
+  /// that existing ProfileOptions build the profiles (and hashes) they always did.
   float progressive_base_step = 2.8f;
   uint32_t progressive_layers = 4;
   /// Progressive: a context's last `recent_tokens` tokens are coded with
