@@ -395,6 +395,17 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   auto launched = [](int e, std::string_view what) -> Status {
     return e == 0 ? Status{} : cuda_error(cudaError_t(e), what);
   };
+  // From the first copy on, the slot's buffers are in use by the stream: a launch that
+  // fails half way still marks the slot busy until what was queued has run.
+  struct Busy {
+    Slot* s;
+    cudaStream_t stream;
+    bool capturing;
+    ~Busy() {
+      if (!capturing && !s->in_flight && cudaEventRecord(cuda_event(s->done), stream) == cudaSuccess)
+        s->in_flight = true;
+    }
+  } busy{s, stream, capturing};
   KVS_RETURN_IF_ERROR(mark(0));
   if (direct)
     KVS_CUDA(cudaMemcpyAsync(up, chunk.data(), chunk.size(), cudaMemcpyHostToDevice, stream),
