@@ -97,7 +97,7 @@ struct Parsed {
   const std::vector<detail::PlaneDesc>* planes;
   const std::vector<uint32_t>* list_index;
   const std::vector<float>* list_value;
-  const std::vector<std::string>* mat_where;
+  std::vector<std::string>* mat_where;  // handed to the slot (the parse refills it next time)
   uint32_t tokens = 0;
   uint64_t first_position = 0;
   std::vector<uint32_t> levels;  // whose tables the decode reads
@@ -446,7 +446,7 @@ Status GpuDecoder::Impl::enqueue(std::span<const uint8_t> chunk, const KvView& o
   KVS_RETURN_IF_ERROR(launched(detail::launch_verdict(c, stream), "verdict kernel launch"));
   KVS_RETURN_IF_ERROR(mark(3));
   KVS_CUDA(cudaMemcpyAsync(s->verdict_host.data(), c.verdict, 8, cudaMemcpyDeviceToHost, stream), "verdict read-back");
-  s->mat_where = *d.mat_where;
+  s->mat_where.swap(*d.mat_where);  // no copy per chunk: the scratch is refilled by the next parse
   s->tag = tag;
   s->callback = std::move(done);
   if (s->callback) KVS_CUDA(cudaLaunchHostFunc(stream, deliver_verdict, s), "cudaLaunchHostFunc");
