@@ -115,10 +115,6 @@ Status check_options(const ChooserOptions& o) {
 
 bool allowed(const ChooserOptions& o, double loss) { return !o.max_quality_loss || loss <= *o.max_quality_loss; }
 
-double decode_of(const ContextCosts& c, uint32_t chunk, uint32_t level) {
-  return c.decode_seconds.empty() ? 0.0 : c.decode_seconds[chunk][level];
-}
-
 double recompute_of(const ContextCosts& c, uint32_t chunk) {
   return double(c.tokens[chunk]) / c.recompute_tokens_per_second;
 }

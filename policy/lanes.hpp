@@ -29,4 +29,9 @@ struct Lanes {
   }
 };
 
+/// Seconds to decode `chunk` at `level` (0 where the costs carry no decode times).
+inline double decode_of(const ContextCosts& c, uint32_t chunk, uint32_t level) {
+  return c.decode_seconds.empty() ? 0.0 : c.decode_seconds[chunk][level];
+}
+
 }  // namespace kvstream::policy

@@ -11,10 +11,6 @@ namespace kvstream::policy {
 
 namespace {
 
-double decode_of(const ContextCosts& c, uint32_t chunk, uint32_t level) {
-  return c.decode_seconds.empty() ? 0.0 : c.decode_seconds[chunk][level];
-}
-
 // When every chunk that `plan` moves off `current` is decoded again, from now; false
 // with the estimator's error in `error`.
 bool plan_seconds(const ContextCosts& costs, std::span<const uint32_t> current, const std::vector<uint32_t>& plan,
