@@ -1,7 +1,8 @@
 // Refinement of a fetch of progressive chunks (pipeline.hpp, refine_fetch): only the
 // bytes each kept prefix lacks cross the link, all of them in flight at once into one
-// registered buffer, and each range's KV is then upgraded in place. It runs after the
-// first token, off the critical path, so it does not overlap transfer and decode.
+// registered buffer, and each range's KV is then upgraded in place: by the CPU decoder
+// in host memory, by a GpuDecoder in device memory. It runs after the first token, off
+// the critical path, so it does not overlap transfer and decode.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -10,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "kvstream/gpu_decoder.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/pipeline.hpp"
 #include "kvstream/policy.hpp"
 
@@ -35,8 +38,10 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
   const FetchRequest& f = req.fetch;
   if (!profile.progressive())
     return make_status(StatusCode::invalid_argument, "refine_fetch needs a progressive profile");
-  if (!f.device.empty() || f.destination_memory != transport::MemoryType::host)
-    return make_status(StatusCode::invalid_argument, "refine_fetch upgrades a host destination only");
+  const bool on_device = !f.device.empty() || f.destination_memory == transport::MemoryType::cuda;
+  if (!f.device.empty() && f.device.chunks.size() != f.chunks.size())
+    return make_status(StatusCode::invalid_argument, "{} device pointers for {} ranges", f.device.chunks.size(),
+                       f.chunks.size());
   if (req.kept.size() != f.chunks.size())
     return make_status(StatusCode::invalid_argument, "{} kept prefixes for {} ranges", req.kept.size(), f.chunks.size());
   if (req.level >= profile.levels())
@@ -68,6 +73,14 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
   }
   RefineReport report;
   if (wants.empty()) return report;
+  // Device KV is upgraded by a decoder on its GPU, made before any byte moves: where
+  // that GPU is not usable the refinement fails here, naming why, with nothing fetched.
+  std::unique_ptr<gpu::GpuDecoder> gpu_decoder;
+  gpu::Stream stream;
+  if (on_device) {
+    KVS_ASSIGN_OR_RETURN(gpu_decoder, gpu::GpuDecoder::create(profile, req.gpu_device));
+    KVS_ASSIGN_OR_RETURN(stream, gpu::Stream::create(req.gpu_device));
+  }
   auto landing = std::make_shared<Landing>();
   landing->buffer.resize(total);
   KVS_ASSIGN_OR_RETURN(landing->region, client.register_memory(landing->buffer.data(), landing->buffer.size()));
@@ -94,17 +107,28 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
     if (!landing->status[w].ok()) return landing->status[w].with_context(fmt::format("range {}", wants[w].range));
   const std::vector<std::byte>& buffer = landing->buffer;
 
-  // Upgrade each range in place, on up to decode_threads threads.
+  // The range's KV: a slice of the destination view, or the packed device memory that
+  // FetchRequest::device gave for it (starting at the chunk's first position).
+  auto view_of = [&](size_t range) -> Result<KvView> {
+    if (f.device.empty()) return f.destination.slice(f.chunks[range]);
+    KVS_ASSIGN_OR_RETURN(const codec::ChunkInfo info, codec::inspect_chunk(req.kept[range]));
+    return KvView::packed(f.device.chunks[range], f.device.dtype, profile.geometry(), f.chunks[range].size(),
+                          info.first_position);
+  };
+  // Upgrade each range in place, on up to decode_threads threads (one on the GPU: the
+  // decoder runs one chunk at a time, each using the whole device).
   std::atomic<size_t> next{0};
-  std::vector<Status> errors(std::max(1u, req.decode_threads));
+  std::vector<Status> errors(gpu_decoder ? 1u : std::max(1u, req.decode_threads));
   std::atomic<uint32_t> refined{0};
   auto work = [&](unsigned id) {
     codec::DecodeScratch scratch;
     for (size_t w; (w = next.fetch_add(1)) < wants.size();) {
       const Want& x = wants[w];
       const std::span<const uint8_t> more(reinterpret_cast<const uint8_t*>(buffer.data()) + x.at, x.to - x.from);
-      auto view = f.destination.slice(f.chunks[x.range]);
-      Status st = view.ok() ? codec::refine_chunk(profile, req.kept[x.range], more, *view, &scratch) : view.status();
+      auto view = view_of(x.range);
+      Status st = !view.ok()     ? view.status()
+                  : gpu_decoder ? gpu_decoder->refine(req.kept[x.range], more, *view, stream.handle())
+                                : codec::refine_chunk(profile, req.kept[x.range], more, *view, &scratch);
       if (!st.ok()) {
         if (errors[id].ok()) errors[id] = st.with_context(fmt::format("range {}", x.range));
         continue;

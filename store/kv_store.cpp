@@ -464,10 +464,6 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
                          view.tokens());
     if (view.first_position() != 0)
       return make_status(StatusCode::invalid_argument, "fetch: the destination must start at position 0");
-    if (on_device && options.keep_for_refinement)
-      return make_status(StatusCode::invalid_argument,
-                         "fetch: the store refines KV in host memory only (GpuDecoder::refine upgrades device KV; "
-                         "the store does not drive it yet)");
     req.destination = view;
     req.destination_memory = on_device ? transport::MemoryType::cuda : transport::MemoryType::host;
   } else {
@@ -523,6 +519,7 @@ static Result<pipeline::RefineReport> refine_to(StoreFetch::State& s, uint32_t l
   rq.level = level;
   rq.levels = std::move(levels);
   rq.decode_threads = s.store->cfg.pipeline.decode_threads;
+  rq.gpu_device = s.store->cfg.pipeline.gpu_device;
   auto report = pipeline::refine_fetch(*s.store->client, s.store->profile, rq);
   s.kept = std::move(rq.kept);  // grown by what landed, for a later refinement
   return report;

@@ -124,13 +124,15 @@ class StoreFetch {
   /// Tokens the fetch covers.
   [[nodiscard]] uint64_t tokens() const noexcept;
   /// After wait(), for a fetch with FetchOptions::keep_for_refinement from a store
-  /// with a progressive profile into host memory: fetches, for each chunk it
-  /// delivered, only the bytes from its level's end to `level`'s end and upgrades that
-  /// chunk's KV in the destination in place, bit for bit as a fetch at `level` would
-  /// have written it (chunks at `level` or finer, and recomputed ones, stay as they
-  /// are). May be called again for a finer level. Errors: invalid_argument (not
-  /// waited or failed, nothing kept, a single-level profile, a device destination),
-  /// and those of the transfer and the decoder.
+  /// with a progressive profile: fetches, for each chunk it delivered, only the bytes
+  /// from its level's end to `level`'s end and upgrades that chunk's KV in the
+  /// destination in place, bit for bit as a fetch at `level` would have written it
+  /// (chunks at `level` or finer, and recomputed ones, stay as they are). Host KV is
+  /// upgraded by the CPU decoder, device KV (device_view, device) by a
+  /// gpu::GpuDecoder on pipeline.gpu_device. May be called again for a finer level.
+  /// Errors: invalid_argument (not waited or failed, nothing kept, a single-level
+  /// profile), unavailable (device KV and the GPU no longer usable), and those of the
+  /// transfer and the decoder.
   Result<pipeline::RefineReport> refine(uint32_t level, transport::Deadline deadline);
   /// As refine, with a level per chunk chosen within a time budget
   /// (policy::plan_refinement on the store's estimate of the link and each chunk's

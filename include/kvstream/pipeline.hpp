@@ -183,15 +183,17 @@ Result<std::vector<std::vector<uint64_t>>> range_level_bytes(storage::Client& cl
 std::vector<uint64_t> stored_level_bytes(const storage::ChunkStat& stat, bool progressive);
 
 /// A refinement of a finished fetch of progressive chunks: the same request (ranges,
-/// contexts, host destination) and the bytes the fetch kept, brought to `level`.
+/// contexts, destination in host or device memory) and the bytes the fetch kept,
+/// brought to `level`.
 struct RefineRequest {
-  FetchRequest fetch;                       ///< as fetched (keep_bytes and device unused)
+  FetchRequest fetch;                       ///< as fetched (keep_bytes unused)
   std::vector<std::vector<uint8_t>> kept;   ///< per range: the prefix it holds (empty: skip the range); grows
   uint32_t level = 0;                       ///< the level to reach (0: the finest)
   /// Per range, the level it reaches (policy::kNotFetched: left as it is), e.g. a
   /// policy::plan_refinement; empty: `level` for every range.
   std::vector<uint32_t> levels;
-  unsigned decode_threads = 1;
+  unsigned decode_threads = 1;              ///< host destinations; device KV is refined by one GpuDecoder
+  int gpu_device = 0;                       ///< the CUDA device of a device destination (the fetch's gpu_device)
 };
 
 /// What a refinement did.
@@ -202,11 +204,14 @@ struct RefineReport {
 
 /// Fetches, for every range whose kept prefix is shorter than `level`'s, the bytes
 /// from its end to that level's end (one range get each, all in flight at once),
-/// then upgrades the range's KV in the destination in place (codec::refine_chunk:
-/// bit for bit the decode of the longer prefix) and appends the bytes to `kept`. A
-/// range already at or above the level is left as it is. Errors: invalid_argument
-/// (not a progressive profile, a device destination, sizes that do not match),
-/// and the client's and decoder's; on error ranges already refined stay refined.
+/// then upgrades the range's KV in the destination in place (bit for bit the decode of
+/// the longer prefix: codec::refine_chunk in host memory; in device memory, `device` or
+/// a view with destination_memory cuda, gpu::GpuDecoder::refine on `gpu_device`) and
+/// appends the bytes to `kept`. A range already at or above the level is left as it
+/// is. Errors: invalid_argument (not a progressive profile, sizes that do not match),
+/// unsupported or unavailable (device KV without a usable GPU: returned before any
+/// byte is fetched), and the client's and decoder's; on error ranges already refined
+/// stay refined.
 Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile& profile, RefineRequest& request);
 
 /// An ongoing fetch.

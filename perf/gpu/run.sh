@@ -65,15 +65,16 @@ ninja -C "$BUILD" -j"$JOBS" test_gpu_decoder kvstream-gpu-bench >"$OUTDIR/build.
 TEST=$BUILD/bin/test_gpu_decoder
 GPU_BENCH=$BUILD/bin/kvstream-gpu-bench
 # The pipeline part builds separately: its failure skips only that part.
-say "build the pipeline tests and kvstream-bench (-j$JOBS)"
+say "build the pipeline and store tests and kvstream-bench (-j$JOBS)"
 PIPE=ok
 if ! grep -q "io_uring=ON" "$OUTDIR/configure.log"; then
   PIPE="skipped: no tcp backend (liburing not found; run perf/gpu/fetch-debs.sh)"
-elif ! ninja -C "$BUILD" -j"$JOBS" test_pipeline kvstream-bench >"$OUTDIR/build-pipeline.log" 2>&1; then
+elif ! ninja -C "$BUILD" -j"$JOBS" test_pipeline test_store kvstream-bench >"$OUTDIR/build-pipeline.log" 2>&1; then
   grep -E "error" -A3 "$OUTDIR/build-pipeline.log" | head -30
   PIPE="skipped: build FAILED (build-pipeline.log)"
 fi
 PTEST=$BUILD/bin/test_pipeline
+STEST=$BUILD/bin/test_store
 BENCH=$BUILD/bin/kvstream-bench
 DATA=
 for d in "${KVSTREAM_TINYLLAMA:-}" "$ROOT/shared/data/tinyllama" "$ROOT/../shared/data/tinyllama" "$ROOT/.tinyllama"; do
@@ -92,6 +93,13 @@ pipeline_tests() {
   grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure|^decode=gpu|^GPUDirect|Skipped" -A1 "$OUTDIR/pipeline-test.log" \
     | grep -v "^--" | head -20
 }
+# The store's refinement of device KV (its GPU case, or without a GPU its clear error).
+# Sets STEST_RC; a skip of the GPU case on a GPU machine is a failure.
+store_tests() {
+  timeout 120 "$STEST" --gtest_filter='StoreTest.*DeviceKv*' >"$OUTDIR/store-test.log" 2>&1
+  STEST_RC=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure" -A1 "$OUTDIR/store-test.log" | grep -v "^--" | head -10
+}
 
 # 3. Is there a GPU at all? (The test's own clear-error check says why not.)
 "$TEST" --gtest_filter='GpuDecoder.WithoutAGpuCreateIsAClearError' >"$OUTDIR/probe.log" 2>&1
@@ -105,7 +113,8 @@ if ! grep -q "a GPU is present" "$OUTDIR/probe.log"; then
   if [ "$PIPE" = ok ]; then
     say "pipeline without a GPU: its tests (GPU cases skip) and kvstream-bench pipeline --decode gpu"
     pipeline_tests 'PipelineTest.Auto*:PipelineTest.Gpu*:PipelineTest.DeviceDestination*:PipelineDecodeOn.*'
-    PT=$([ $PTEST_RC = 0 ] && echo "pass, GPU cases skipped" || echo FAIL)
+    store_tests
+    PT=$([ $PTEST_RC = 0 ] && [ $STEST_RC = 0 ] && echo "pass, GPU cases skipped" || echo FAIL)
     timeout 60 "$BENCH" pipeline --decode gpu >"$OUTDIR/pipeline-bench.log" 2>&1
     BRC=$?
     grep "kvstream-bench pipeline:" "$OUTDIR/pipeline-bench.log"
@@ -117,7 +126,7 @@ if ! grep -q "a GPU is present" "$OUTDIR/probe.log"; then
   echo "| --- | --- |"
   echo "| GPU | none usable: $(grep -ohE "cudaGetDeviceCount failed with [0-9]+ \([A-Za-z]+\)|reports 0 devices|built without CUDA" "$OUTDIR/probe.log" | head -1) |"
   echo "| decoder bit-exact tests | not run (no GPU) |"
-  echo "| pipeline tests without a GPU | $PT |"
+  echo "| pipeline and store tests without a GPU | $PT |"
   echo "| kvstream-bench pipeline --decode gpu | $BG |"
   say "NO USABLE GPU: built everything, ran nothing on a device (exit 2)"
   exit 2
@@ -144,8 +153,12 @@ PT="not run ($PIPE)"
 if [ "$PIPE" = ok ]; then
   say "pipeline tests ($(left)s left)"
   pipeline_tests 'PipelineTest.*:PipelineDecodeOn.*'
-  if grep -qE "SKIPPED \] PipelineTest.(GpuFetch|GpuDirectLands)" "$OUTDIR/pipeline-test.log"; then PT="FAIL (GPU case skipped on a GPU machine)"
-  elif [ $PTEST_RC = 0 ]; then PT=pass; elif [ $PTEST_RC = 124 ]; then PT="FAIL (timed out)"; else PT=FAIL; fi
+  store_tests
+  if grep -qE "SKIPPED \] PipelineTest.(GpuFetch|GpuDirectLands)" "$OUTDIR/pipeline-test.log" \
+    || grep -qE "SKIPPED \] StoreTest.DeviceKvRefinesOnTheGpu" "$OUTDIR/store-test.log"; then
+    PT="FAIL (GPU case skipped on a GPU machine)"
+  elif [ $PTEST_RC = 0 ] && [ $STEST_RC = 0 ]; then PT=pass
+  elif [ $PTEST_RC = 124 ] || [ $STEST_RC = 124 ]; then PT="FAIL (timed out)"; else PT=FAIL; fi
   [ "${PT%% *}" = FAIL ] && TEST_RC=1
 fi
 PG="not run ($PIPE_BENCH)"
@@ -189,7 +202,7 @@ echo "| progressive stream: base prefix / whole stream = CPU, decode wall | $(va
 echo "| stream-ordered decode into paged NHD blocks ($(val paged_stream_chunks) chunks queued, verdicts by callback) | $(val paged_stream_ms) ms per chunk = $(val paged_stream_GBps) GB/s fp16 |"
 echo "| CPU decode, $(val cpu_threads) threads | $(val cpu_decode_ms) ms = $(val cpu_decode_GBps) GB/s |"
 echo "| H2D pinned / pageable ($(val copy_bytes) B) | $(val h2d_pinned_GBps) / $(val h2d_pageable_GBps) GB/s |"
-echo "| pipeline tests (fetch into device memory = CPU fetch: packed, 3 dtypes, 4 levels; paged NHD and HND; GPUDirect landing through a cuda-declaring client) | $PT |"
+echo "| pipeline and store tests (fetch into device memory = CPU fetch: packed, 3 dtypes, 4 levels; paged NHD and HND; GPUDirect landing through a cuda-declaring client; device KV refined from the base to the finest level = CPU decode) | $PT |"
 echo "| pipelined fetch, GPU decode into paged device KV ($PIPE_TOKENS tokens mistral-7b, loopback tcp) | $PG |"
 echo "| pipelined fetch, CPU decode, 2 threads (same) | $PC |"
 say "done"

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <random>
 
+#include "kvstream/gpu.hpp"
+#include "kvstream/gpu_resources.hpp"
 #include "kvstream/kvstream.hpp"
 #include "store/chunk_record.hpp"
 #include "tests/codec/synthetic_kv.hpp"
@@ -83,6 +85,18 @@ class StoreTest : public ::testing::Test {
     auto s = KvStore::open(c);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     return std::move(s).value();
+  }
+  // A three-level progressive profile (level 2 the base, 0 the finest) in place of
+  // the default one.
+  void use_progressive_profile() {
+    auto train = synthetic_kv(99);
+    std::vector<KvView> samples;
+    for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train.view().slice(r));
+    codec::ProfileOptions opt;
+    opt.progressive = true;
+    opt.progressive_layers = 3;
+    profile_ = std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
+    ASSERT_TRUE(profile_.save_file(profile_path_).ok());
   }
   // Chunk i of kv_ decoded on its own at `level` into f16: what any fetch must give.
   KvCache reference(uint32_t chunks, uint32_t level) {
@@ -318,16 +332,7 @@ TEST_F(StoreTest, AdaptiveFetchDeliversEveryChunkWithinTheQualityBound) {
 // levels' prefixes; a fetch at the coarsest level, refined after the first token,
 // ends bit for bit as a fetch at the finest, having moved only what was missing.
 TEST_F(StoreTest, ProgressiveChunksAreOneObjectAndRefineInPlace) {
-  {
-    auto train = synthetic_kv(99);
-    std::vector<KvView> samples;
-    for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train.view().slice(r));
-    codec::ProfileOptions opt;
-    opt.progressive = true;
-    opt.progressive_layers = 3;
-    profile_ = std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
-    ASSERT_TRUE(profile_.save_file(profile_path_).ok());
-  }
+  use_progressive_profile();
   KvStore store = open(config("progressive"));
   const auto tokens = tokens_from(4);
   auto put = store.put(tokens, kv_.view(), soon());
@@ -412,6 +417,85 @@ TEST_F(StoreTest, ProgressiveChunksAreOneObjectAndRefineInPlace) {
   ASSERT_TRUE(plain.ok());
   ASSERT_TRUE(plain->wait().ok());
   EXPECT_EQ(plain->refine(0, soon()).status().code(), StatusCode::invalid_argument);
+}
+
+// Device KV is refined on its GPU as host KV is on the CPU: fetched at the base level
+// into device memory with keep_for_refinement, then refined to the finest, it equals
+// each chunk decoded alone at that level, after both steps.
+TEST_F(StoreTest, DeviceKvRefinesOnTheGpu) {
+  const auto probe = gpu::probe_device();
+  if (!probe.ok())
+    GTEST_SKIP() << probe.status().message() << " -- device refinement is checked on a GPU machine (perf/gpu/run.sh)";
+  use_progressive_profile();
+  StoreConfig c = config("progressive");
+  c.pipeline.decode = "gpu";
+  KvStore store = open(c);
+  const auto tokens = tokens_from(4);
+  ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  auto host = KvCache::create(kGeom, DType::f16, 480).value();
+  auto dev = gpu::DeviceBuffer::allocate(host.bytes().size());
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  FetchDestination d;
+  d.device_view = KvView::packed(dev->data(), DType::f16, kGeom, 480).value();
+  FetchOptions o;
+  o.level = 2;
+  o.keep_for_refinement = true;
+  auto f = store.fetch(tokens, d, soon(), o);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_TRUE(f->wait().ok());
+  ASSERT_TRUE(gpu::copy_to_host(host.bytes().data(), dev->data(), host.bytes().size()).ok());
+  const KvCache want_coarse = reference(5, 2);
+  EXPECT_TRUE(std::equal(host.bytes().begin(), host.bytes().end(), want_coarse.bytes().begin()));
+  auto refined = f->refine(0, soon());
+  ASSERT_TRUE(refined.ok()) << refined.status().to_string();
+  EXPECT_EQ(refined->chunks_refined, 5u);
+  ASSERT_TRUE(gpu::copy_to_host(host.bytes().data(), dev->data(), host.bytes().size()).ok());
+  const KvCache want_fine = reference(5, 0);
+  EXPECT_TRUE(std::equal(host.bytes().begin(), host.bytes().end(), want_fine.bytes().begin()));
+}
+
+// Without a usable GPU, a refinement of device KV is a clear error naming the GPU, and
+// the kept prefixes stay as they were (called on the pipeline directly: a store without
+// a GPU cannot have fetched into device memory in the first place).
+TEST_F(StoreTest, RefiningDeviceKvWithoutAGpuIsAClearErrorAndKeepsThePrefixes) {
+  if (gpu::probe_device().ok()) GTEST_SKIP() << "a GPU is present: DeviceKvRefinesOnTheGpu covers it";
+  use_progressive_profile();
+  KvStore store = open(config("progressive"));
+  const auto tokens = tokens_from(4);
+  ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
+  auto dest = KvCache::create(kGeom, DType::f16, 480).value();
+  pipeline::RefineRequest rq;
+  rq.fetch.stored_contexts = store.chunk_keys(tokens);
+  rq.fetch.context = rq.fetch.stored_contexts.front();
+  rq.fetch.stored_chunks.assign(rq.fetch.stored_contexts.size(), store::kLevelsChunk);
+  for (uint32_t i = 0; i < rq.fetch.stored_contexts.size(); ++i) {
+    rq.fetch.chunks.push_back({i * kChunk, (i + 1) * kChunk});
+    // Each chunk's base prefix, as a fetch at level 2 keeps it.
+    auto stat = store.client().stat(rq.fetch.stored_contexts[i], soon());
+    ASSERT_TRUE(stat.ok()) << stat.status().to_string();
+    const uint64_t base = stat->front().level_parts[0][0].end;
+    std::vector<uint8_t> bytes(base);
+    auto region = store.client().register_memory(bytes.data(), bytes.size());
+    ASSERT_TRUE(region.ok());
+    ASSERT_TRUE(store.client().get_range(rq.fetch.stored_contexts[i], store::kLevelsChunk, 0, 0, base, *region, 0,
+                                         soon()).ok());
+    rq.kept.push_back(std::move(bytes));
+  }
+  const auto kept = rq.kept;
+  rq.fetch.destination = dest.view();
+  rq.fetch.destination_memory = transport::MemoryType::cuda;
+  rq.fetch.deadline = soon();
+  auto r = pipeline::refine_fetch(store.client(), profile_, rq);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().code() == StatusCode::unavailable || r.status().code() == StatusCode::unsupported)
+      << r.status().to_string();
+  EXPECT_NE(r.status().message().find("GPU"), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(rq.kept, kept);
+  // The same request for host memory refines every chunk: the failure above was the GPU's.
+  rq.fetch.destination_memory = transport::MemoryType::host;
+  auto host = pipeline::refine_fetch(store.client(), profile_, rq);
+  ASSERT_TRUE(host.ok()) << host.status().to_string();
+  EXPECT_EQ(host->chunks_refined, 5u);
 }
 
 // A fetch right after a lookup takes the sizes the lookup read: it asks the node for
