@@ -6,7 +6,8 @@
 # captured graph, every prefix of progressive streams and every refinement), then the throughput benchmark (mistral-7b-sized chunk: synchronous,
 # and stream-ordered into paged device KV) and the pinned vs pageable
 # H2D bandwidth, then the pipeline's GPU path: its tests (a fetch into device memory
-# equals the CPU's fetch bit for bit) and the pipelined fetch with GPU decode over
+# equals the CPU's fetch bit for bit; the store's refinement of device KV equals the
+# CPU decode of the finer level) and the pipelined fetch with GPU decode over
 # loopback tcp (kvstream-bench pipeline --decode gpu, needs the tinyllama data), and
 # prints a short table last. Everything within ~8 minutes.
 #
