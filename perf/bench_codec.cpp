@@ -253,25 +253,28 @@ int run_codec_bench(const CodecBenchOptions& o) {
                          },
                          decode});
     if (!prof.progressive()) continue;
-    // Prefixes inside a layer (some planes refined, the rest not): the points a
-    // chooser may stop at between two levels. Named after the level they refine.
+    // Prefixes inside a layer (some groups of planes refined, the rest not): the
+    // points a chooser may stop at between two levels, every one of them. Named after
+    // the level they refine and how many of its groups they hold.
     for (uint32_t L = prof.levels() - 1; L > 0; --L)
-      methods.push_back({families[pi], fmt::format("inside-step{:.3g}", prof.level(L - 1).step),
-                         fmt::format("{}+", L), true, nullptr, 0,
-                         [&prof, L](const KvView& c, uint64_t context, std::vector<uint8_t>& out) -> Status {
-                           // The longest prefix that still refines level L - 1 only in part.
-                           std::vector<uint8_t> full;
-                           KVS_RETURN_IF_ERROR(codec::encode_chunk(prof, c, 0, recent_options(prof, c, context), full));
-                           KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> ps, codec::chunk_prefixes(full));
-                           uint64_t end = 0;
-                           for (const codec::ChunkPrefix& pf : ps)
-                             if (pf.level == L && !pf.whole_layer) end = pf.end;
-                           if (end == 0)
-                             return make_status(StatusCode::not_found, "no prefix inside level {}", L - 1);
-                           out.assign(full.begin(), full.begin() + int64_t(end));
-                           return {};
-                         },
-                         decode});
+      for (uint32_t part = 1; part <= 8; ++part)
+        methods.push_back({families[pi], fmt::format("inside-step{:.3g}-{}", prof.level(L - 1).step, part),
+                           fmt::format("{}+{}", L, part), true, nullptr, 0,
+                           [&prof, L, part](const KvView& c, uint64_t context, std::vector<uint8_t>& out) -> Status {
+                             // The part-th prefix that refines level L - 1 only in part.
+                             std::vector<uint8_t> full;
+                             KVS_RETURN_IF_ERROR(
+                                 codec::encode_chunk(prof, c, 0, recent_options(prof, c, context), full));
+                             KVS_ASSIGN_OR_RETURN(const std::vector<codec::ChunkPrefix> ps, codec::chunk_prefixes(full));
+                             uint32_t seen = 0;
+                             for (const codec::ChunkPrefix& pf : ps)
+                               if (pf.level == L && !pf.whole_layer && ++seen == part) {
+                                 out.assign(full.begin(), full.begin() + int64_t(pf.end));
+                                 return {};
+                               }
+                             return make_status(StatusCode::not_found, "no prefix {} inside level {}", part, L - 1);
+                           },
+                           decode});
   }
   std::vector<std::unique_ptr<codec::baselines::BaselineCodec>> baselines =
       codec::baselines::make_all_baselines(d->model.geometry());
@@ -309,7 +312,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
   // progressive one its whole stream (its level 0).
   std::map<std::string, double> stored;
   for (const Row& r : rows)
-    if (r.m.method.rfind("kvstream", 0) == 0 && !r.m.level.empty() && r.m.level.back() != '+') {
+    if (r.m.method.rfind("kvstream", 0) == 0 && !r.m.level.empty() && r.m.level.find('+') == std::string::npos) {
       if (!r.m.progressive) stored[r.m.method] += r.bits;
       else if (r.m.level == "0") stored[r.m.method] = r.bits;
     }
