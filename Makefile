@@ -42,7 +42,7 @@ build: configure
 
 # The suite, then the transport tests (backends, storage node, faults, load, cluster)
 # again under ASan + UBSan and under TSan: the reliability surface, in CI every time
-# (about 6 more minutes on 2 cores). `make test-sanitize` runs everything under both.
+# (about 11 more minutes on 2 cores, builds included). `make test-sanitize` runs everything under both.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory test-sanitize-transport
