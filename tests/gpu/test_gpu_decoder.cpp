@@ -29,7 +29,7 @@ namespace {
 using codec::Profile;
 using codec::ProfileOptions;
 
-// ---- synthetic, structured KV data (as tests/codec/test_codec.cpp) ---------------------
+// ---- synthetic, structured KV data (as tests/codec/codec_cases.hpp) --------------------
 
 using test_util::fill_synthetic;
 using test_util::keyed_unit;
