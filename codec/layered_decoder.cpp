@@ -114,7 +114,7 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   ls.exact.resize(np), ls.code.resize(np), ls.q.resize(N), ls.sym.resize(N), ls.ids.resize(N);
   KVS_RETURN_IF_ERROR(parse_base(cx, first, end, ls));
   KVS_RETURN_IF_ERROR(decode_base(cx, first, end, ls));
-  const uint32_t layers = cx.extent.layers_of_group(g);
+  const uint32_t layers = cx.extent.layers_of_group(g), recent_layer = cx.extent.recent_layer_of_group(g);
   const uint64_t rope_row =
       unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;
   auto reconstruct = [&](uint32_t layer, uint32_t row0, uint32_t row_end, auto index_of) {
@@ -124,29 +124,35 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
                        ls.exact[lp - first], s.plane, s.rope, rope_row, *cx.out);
     }
   };
+  // The recent rows' own layers: 1..J from the base, then (recent_lead) J+1.. from the
+  // lead substreams of the refinement layers present.
   auto recent_layers = [&]() -> Status {
     for (uint32_t k = 1; k <= J; ++k) KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, split, R, h.recent_index(k, g), true, ls));
+    if (h.recent_lead)
+      for (uint32_t k = J + 1; k <= recent_layer; ++k)
+        KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, split, R, h.lead_index(k - J, g), true, ls));
     return {};
   };
   auto int8_of = [&](size_t i) { return ls.sym.data() + i * E; };
   auto int32_of = [&](size_t i) { return ls.q.data() + i * E; };
   if (layers == 0) {
-    // The base alone (the level a deadline fetches): its int8 indices go straight to
-    // the reconstruction, as a single-level stream's do (the same arithmetic, so the
-    // same bits as through the 32-bit path); only the recent rows are widened.
+    // The other rows at the base (the level a deadline fetches): their int8 indices go
+    // straight to the reconstruction, as a single-level stream's do (the same
+    // arithmetic, so the same bits as through the 32-bit path); only the recent rows
+    // are widened.
     reconstruct(0, 0, split, int8_of);
     if (J == 0) return {};
     for (size_t i = 0; i < np; ++i) widen_indices(int8_of(i) + size_t(split) * C, int32_of(i) + size_t(split) * C, size_t(R) * C);
     KVS_RETURN_IF_ERROR(recent_layers());
-    reconstruct(J, split, T, int32_of);
+    reconstruct(recent_layer, split, T, int32_of);
     return {};
   }
   widen_indices(ls.sym.data(), ls.q.data(), N);
   KVS_RETURN_IF_ERROR(recent_layers());
   for (uint32_t k = 1; k <= layers; ++k)
     KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, 0, h.rows_of_layer(k), h.refine_index(k, g), false, ls));
-  reconstruct(layers, 0, layers >= J ? T : split, int32_of);
-  if (layers < J) reconstruct(J, split, T, int32_of);
+  reconstruct(layers, 0, recent_layer == layers ? T : split, int32_of);
+  if (recent_layer != layers) reconstruct(recent_layer, split, T, int32_of);
   return {};
 }
 

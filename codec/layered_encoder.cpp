@@ -140,11 +140,13 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
   h.layers = n;
   h.recent_tokens = R;
   h.recent_layers = J;
+  h.recent_lead = J > 0 && p.recent_lead;
   h.grouping = layered_grouping(p.geom, T);
   const LayeredGrouping& G = h.grouping;
-  std::vector<std::vector<uint8_t>> layer_bytes(n), recent_bytes(J + 1);
+  const uint32_t leads = h.lead_layers();
+  std::vector<std::vector<uint8_t>> layer_bytes(n), recent_bytes(J + 1), lead_bytes(n);
   std::vector<uint32_t> base_len;
-  std::vector<std::vector<uint32_t>> ref_len(n), recent_len(J + 1);
+  std::vector<std::vector<uint32_t>> ref_len(n), recent_len(J + 1), lead_len(n);
   // sq[lp][k] and sq_recent[lp][k]: the squared error plane lp leaves at layer k, in
   // its other rows and in its recent rows.
   std::vector<std::vector<double>> sq(G.planes), sq_recent(G.planes);
@@ -167,43 +169,50 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
       sq_recent[lp] = pc.sq_recent;
     }
     // The recent rows' layers 1..J, in the base; then every refinement layer: the
-    // group's planes as one sequence (without the recent rows through layer J).
+    // recent rows' layer k + J first when they lead, then the group's planes as one
+    // sequence (without the recent rows through layer J, or at all when they lead).
     for (uint32_t k = 1; k <= J; ++k)
       KVS_RETURN_IF_ERROR(
           write_refinement(p, codes, first, end, k, T, T - R, R, sym, ids, recent_bytes[k], recent_len[k]));
-    for (uint32_t k = 1; k < n; ++k)
+    for (uint32_t k = 1; k < n; ++k) {
+      if (k <= leads)
+        KVS_RETURN_IF_ERROR(
+            write_refinement(p, codes, first, end, k + J, T, T - R, R, sym, ids, lead_bytes[k], lead_len[k]));
       KVS_RETURN_IF_ERROR(write_refinement(p, codes, first, end, k, T, 0, h.rows_of_layer(k), sym, ids,
                                            layer_bytes[k], ref_len[k]));
+    }
   }
   h.sub_bytes = base_len;
   for (uint32_t k = 1; k <= J; ++k) {
     h.sub_bytes.insert(h.sub_bytes.end(), recent_len[k].begin(), recent_len[k].end());
     layer_bytes[0].insert(layer_bytes[0].end(), recent_bytes[k].begin(), recent_bytes[k].end());
   }
-  for (uint32_t k = 1; k < n; ++k) h.sub_bytes.insert(h.sub_bytes.end(), ref_len[k].begin(), ref_len[k].end());
+  for (uint32_t k = 1; k < n; ++k) {
+    h.sub_bytes.insert(h.sub_bytes.end(), lead_len[k].begin(), lead_len[k].end());
+    h.sub_bytes.insert(h.sub_bytes.end(), ref_len[k].begin(), ref_len[k].end());
+    layer_bytes[k].insert(layer_bytes[k].begin(), lead_bytes[k].begin(), lead_bytes[k].end());
+  }
   // Distortion after the base, then after each refinement substream in stream order.
   const double elems = double(E) * G.planes;
-  auto mean_error = [&](uint32_t full, uint32_t partial) {
+  auto mean_error = [&](size_t refined) {
+    const PrefixExtent e = extent_after(h, refined);
     double s = 0;
     for (uint32_t g = 0; g < G.groups; ++g)
-      for (uint32_t lp = G.first_plane(g); lp < G.end_plane(g); ++lp) {
-        const uint32_t k = full + (g < partial ? 1 : 0);
-        s += sq[lp][k] + sq_recent[lp][std::max(k, J)];
-      }
+      for (uint32_t lp = G.first_plane(g); lp < G.end_plane(g); ++lp)
+        s += sq[lp][e.layers_of_group(g)] + sq_recent[lp][e.recent_layer_of_group(g)];
     // The header holds a finite float >= 0 (the decoder checks it): an error beyond
     // float's range (a profile's extreme scales), or one that overflowed to NaN, is
     // stored as the largest float, which no quality target accepts.
     const double m = s / elems;
     return m < double(std::numeric_limits<float>::max()) ? float(m) : std::numeric_limits<float>::max();
   };
-  h.distortion.push_back(mean_error(0, 0));
-  for (uint32_t k = 1; k < n; ++k)
-    for (uint32_t g = 0; g < G.groups; ++g) h.distortion.push_back(mean_error(k - 1, g + 1));
+  for (size_t refined = 0; refined + h.base_substreams() <= h.sub_bytes.size(); ++refined)
+    h.distortion.push_back(mean_error(refined));
 
   // Written whole (the header's checksums cover every substream), then cut back to
   // the level asked for; on error nothing was appended.
   const size_t start = out.size();
-  out.resize(start + layered_header_size(n, G, J));
+  out.resize(start + layered_header_size(n, G, J, h.recent_lead));
   for (const std::vector<uint8_t>& lb : layer_bytes) out.insert(out.end(), lb.begin(), lb.end());
   write_layered_header(out, start, h);
   size_t keep = h.header_bytes;

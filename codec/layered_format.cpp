@@ -12,9 +12,13 @@ namespace kvstream::codec {
 namespace {
 constexpr size_t kOffStreamBytes = 48, kOffHeaderSum = 56;
 
-size_t points_of(uint32_t layers, const LayeredGrouping& g) { return 1 + size_t(layers - 1) * g.groups; }
-size_t subs_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers) {
-  return g.planes + size_t(layers - 1 + recent_layers) * g.groups;
+// Refinement layers that open with the recent rows' next layer.
+size_t leads_of(uint32_t layers, uint32_t recent_layers, bool lead) { return lead ? layers - 1 - recent_layers : 0; }
+size_t points_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead) {
+  return 1 + (layers - 1 + leads_of(layers, recent_layers, lead)) * g.groups;
+}
+size_t subs_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead) {
+  return g.planes + (layers - 1 + recent_layers + leads_of(layers, recent_layers, lead)) * g.groups;
 }
 // Bytes between the fixed header and the substream table: the recent token count.
 size_t recent_field_of(uint32_t recent_layers) { return recent_layers ? 4 : 0; }
@@ -42,14 +46,15 @@ LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens) {
   return r;
 }
 
-size_t layered_header_size(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers) {
-  return kChunkHeaderBytes + recent_field_of(recent_layers) + 8 * subs_of(layers, g, recent_layers) +
-         4 * points_of(layers, g);
+size_t layered_header_size(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead) {
+  return kChunkHeaderBytes + recent_field_of(recent_layers) + 8 * subs_of(layers, g, recent_layers, lead) +
+         4 * points_of(layers, g, recent_layers, lead);
 }
 
 void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h) {
-  const size_t hb = layered_header_size(h.layers, h.grouping, h.recent_layers);
-  h.flags = uint8_t((h.flags & kFlagKBeforeRope) | (h.recent_layers << kRecentLayersShift));
+  const size_t hb = layered_header_size(h.layers, h.grouping, h.recent_layers, h.recent_lead);
+  h.flags = uint8_t((h.flags & kFlagKBeforeRope) | (h.recent_layers << kRecentLayersShift) |
+                    (h.recent_lead ? kFlagRecentLead : 0));
   h.header_bytes = hb;
   h.sub_sum.resize(h.sub_bytes.size());
   uint64_t off = at + hb;
@@ -87,21 +92,24 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
   KVS_RETURN_IF_ERROR(r.status());
   if (h.layers < 1 || h.layers > kMaxProgressiveLayers)
     return make_status(StatusCode::corrupt_data, "chunk header: {} layers (1..{})", h.layers, kMaxProgressiveLayers);
-  if (h.flags & ~(kFlagKBeforeRope | (kRecentLayersMask << kRecentLayersShift)))
+  if (h.flags & ~(kFlagKBeforeRope | (kRecentLayersMask << kRecentLayersShift) | kFlagRecentLead))
     return make_status(StatusCode::corrupt_data, "chunk header: unknown flags {:#x}", h.flags);
   h.recent_layers = (h.flags >> kRecentLayersShift) & kRecentLayersMask;
+  h.recent_lead = (h.flags & kFlagRecentLead) != 0;
   if (h.recent_layers >= h.layers)
     return make_status(StatusCode::corrupt_data, "chunk header: recent rows carry {} layers of {}", h.recent_layers,
                        h.layers);
+  if (h.recent_lead && h.recent_layers == 0)
+    return make_status(StatusCode::corrupt_data, "chunk header: recent rows lead without recent layers");
   const KvGeometry& g = h.info.geometry;
   h.grouping = layered_grouping(g, h.info.tokens);
-  h.header_bytes = layered_header_size(h.layers, h.grouping, h.recent_layers);
+  h.header_bytes = layered_header_size(h.layers, h.grouping, h.recent_layers, h.recent_lead);
   if (bytes.size() < h.header_bytes)
     return make_status(StatusCode::corrupt_data, "chunk bitstream of {} bytes is truncated inside its {}-byte header",
                        bytes.size(), h.header_bytes);
   if (header_sum(bytes.data(), h.header_bytes) != hsum)
     return make_status(StatusCode::corrupt_data, "chunk header checksum mismatch");
-  const size_t n = subs_of(h.layers, h.grouping, h.recent_layers);
+  const size_t n = subs_of(h.layers, h.grouping, h.recent_layers, h.recent_lead);
   ByteReader t(bytes.subspan(kChunkHeaderBytes, h.header_bytes - kChunkHeaderBytes), "chunk tables");
   if (h.recent_layers) {
     h.recent_tokens = t.get<uint32_t>();
@@ -119,7 +127,7 @@ Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
     h.sub_offset[i] = off;
     off += h.sub_bytes[i];
   }
-  h.distortion.resize(points_of(h.layers, h.grouping));
+  h.distortion.resize(points_of(h.layers, h.grouping, h.recent_layers, h.recent_lead));
   for (float& d : h.distortion) {
     d = t.get<float>();
     if (!(d >= 0.0f) || !std::isfinite(d)) return make_status(StatusCode::corrupt_data, "chunk header: bad distortion");
@@ -144,17 +152,28 @@ Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size) {
                        size, base_end);
   if (size > h.info.stream_bytes)
     return make_status(StatusCode::corrupt_data, "{} bytes for a progressive chunk of {}", size, h.info.stream_bytes);
-  PrefixExtent e;
-  e.substreams = S;
-  while (e.substreams < h.substreams() && h.sub_offset[e.substreams] + h.sub_bytes[e.substreams] <= size)
-    ++e.substreams;
-  const uint64_t end = e.substreams < h.substreams() ? h.sub_offset[e.substreams] : h.info.stream_bytes;
+  size_t present = S;
+  while (present < h.substreams() && h.sub_offset[present] + h.sub_bytes[present] <= size) ++present;
+  const uint64_t end = present < h.substreams() ? h.sub_offset[present] : h.info.stream_bytes;
   if (end != size)
     return make_status(StatusCode::corrupt_data, "progressive chunk prefix of {} bytes ends inside substream {}", size,
-                       e.substreams);
-  const size_t refined = e.substreams - S;
-  e.full_layers = uint32_t(refined / h.grouping.groups);
-  e.partial_groups = uint32_t(refined % h.grouping.groups);
+                       present);
+  return extent_after(h, present - S);
+}
+
+PrefixExtent extent_after(const LayeredHeader& h, size_t refined) {
+  PrefixExtent e;
+  e.substreams = h.base_substreams() + refined;
+  e.recent_layers = h.recent_layers;
+  e.lead_layers = h.lead_layers();
+  e.lead = h.recent_lead;
+  const uint32_t G = h.grouping.groups;
+  // Whole layers first, then what the next one holds: its lead substreams, its groups.
+  for (uint32_t k = 1; k < h.layers && refined >= h.layer_substreams(k); ++k)
+    refined -= h.layer_substreams(k), ++e.full_layers;
+  const uint32_t leads = e.full_layers + 1 <= e.lead_layers ? G : 0;
+  e.partial_lead = uint32_t(std::min<size_t>(refined, leads));
+  e.partial_groups = uint32_t(refined - e.partial_lead);
   return e;
 }
 
@@ -163,11 +182,11 @@ std::vector<ChunkPrefix> layered_prefixes(const LayeredHeader& h) {
   const size_t S = h.base_substreams();
   for (size_t i = S - 1; i < h.substreams(); ++i) {
     const size_t refined = i + 1 - S;
-    const uint32_t full = uint32_t(refined / h.grouping.groups);
+    const PrefixExtent e = extent_after(h, refined);
     ChunkPrefix p;
     p.end = h.sub_offset[i] + h.sub_bytes[i];
-    p.level = h.layers - 1 - full;
-    p.whole_layer = refined % h.grouping.groups == 0;
+    p.level = h.layers - 1 - e.full_layers;
+    p.whole_layer = e.partial_lead == 0 && e.partial_groups == 0;
     p.distortion = h.distortion[refined];
     out.push_back(p);
   }
@@ -193,10 +212,14 @@ Result<size_t> chunk_header_bytes(std::span<const uint8_t> first_bytes) {
   const uint32_t tokens = r.get<uint32_t>();
   const uint32_t layers = first_bytes[7];
   const uint32_t recent_layers = (first_bytes[25] >> kRecentLayersShift) & kRecentLayersMask;
+  const bool lead = (first_bytes[25] & kFlagRecentLead) != 0 && recent_layers > 0;
   if (Status st = g.validate(); !st.ok()) return make_status(StatusCode::corrupt_data, "chunk header: {}", st.message());
   if (tokens == 0 || tokens > kMaxChunkTokens || layers < 1 || layers > kMaxProgressiveLayers)
     return make_status(StatusCode::corrupt_data, "chunk header: {} tokens, {} layers", tokens, layers);
-  return layered_header_size(layers, layered_grouping(g, tokens), recent_layers);
+  if (recent_layers >= layers)
+    return make_status(StatusCode::corrupt_data, "chunk header: recent rows carry {} layers of {}", recent_layers,
+                       layers);
+  return layered_header_size(layers, layered_grouping(g, tokens), recent_layers, lead);
 }
 
 Result<std::vector<ChunkPrefix>> chunk_prefixes(std::span<const uint8_t> header) {

@@ -28,9 +28,11 @@ struct LayeredGrouping {
 LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens);
 
 /// Header of a progressive stream, as written; offsets are from the stream's start.
-/// Header flags: bit 0 K coded before RoPE; bits 1-3 the recent rows' extra layers.
+/// Header flags: bit 0 K coded before RoPE; bits 1-3 the recent rows' extra layers;
+/// bit 4 the recent rows keep that lead in every refinement layer.
 inline constexpr uint8_t kFlagKBeforeRope = 1;
 inline constexpr uint32_t kRecentLayersShift = 1, kRecentLayersMask = 7;
+inline constexpr uint8_t kFlagRecentLead = 16;
 
 struct LayeredHeader {
   ChunkInfo info;                   // info.level: unused (0); info.total_bytes: the whole stream
@@ -42,8 +44,13 @@ struct LayeredHeader {
   // the base layer (0 and 0: none); those layers' groups then hold only the other rows.
   uint32_t recent_tokens = 0;
   uint32_t recent_layers = 0;
+  // kFlagRecentLead: the recent rows stay `recent_layers` layers ahead of the others
+  // at every layer, not only in the base. Refinement layer k (k <= lead_layers()) then
+  // opens with G substreams of the recent rows' layer k + J, and every layer's groups
+  // hold the other rows only.
+  bool recent_lead = false;
   // Per substream, in stream order: the S base substreams, the recent rows' J x G,
-  // then G per refinement layer.
+  // then per refinement layer its lead substreams (recent_lead) and its G groups.
   std::vector<uint32_t> sub_bytes;
   std::vector<uint32_t> sub_sum;    // low 32 bits of the substream's xxh3-64
   std::vector<float> distortion;    // per prefix point: after the base, after each refinement substream
@@ -58,19 +65,34 @@ struct LayeredHeader {
   [[nodiscard]] size_t recent_index(uint32_t k, uint32_t g) const {
     return grouping.planes + size_t(k - 1) * grouping.groups + g;
   }
+  /// Refinement layers that open with the recent rows' next layer (recent_lead).
+  [[nodiscard]] uint32_t lead_layers() const { return recent_lead ? layers - 1 - recent_layers : 0; }
+  /// Substreams of refinement layer k >= 1: its lead substreams, then its groups.
+  [[nodiscard]] size_t layer_substreams(uint32_t k) const {
+    return size_t(k <= lead_layers() ? 2 : 1) * grouping.groups;
+  }
+  /// Index of the first substream of refinement layer k >= 1.
+  [[nodiscard]] size_t layer_begin(uint32_t k) const {
+    const uint32_t lead = std::min(k - 1, lead_layers());
+    return base_substreams() + size_t(k - 1 + lead) * grouping.groups;
+  }
+  /// Index of the recent rows' substream of layer k + recent_layers, group g, carried in
+  /// refinement layer 1 <= k <= lead_layers().
+  [[nodiscard]] size_t lead_index(uint32_t k, uint32_t g) const { return layer_begin(k) + g; }
   /// Index of substream (layer k >= 1, group g).
   [[nodiscard]] size_t refine_index(uint32_t k, uint32_t g) const {
-    return base_substreams() + size_t(k - 1) * grouping.groups + g;
+    return layer_begin(k) + (k <= lead_layers() ? grouping.groups : 0) + g;
   }
-  /// Rows of the chunk that layer k's groups hold (all but the recent ones for k <= J).
+  /// Rows of the chunk that layer k's groups hold (all but the recent ones for k <= J,
+  /// or for every k when the recent rows lead).
   [[nodiscard]] uint32_t rows_of_layer(uint32_t k) const {
-    return k <= recent_layers ? info.tokens - recent_tokens : info.tokens;
+    return k <= recent_layers || recent_lead ? info.tokens - recent_tokens : info.tokens;
   }
 };
 
 /// Size of the header and tables of a stream of n layers whose recent rows carry
-/// `recent_layers` layers in the base.
-size_t layered_header_size(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers);
+/// `recent_layers` layers in the base (and keep that lead in every layer: `lead`).
+size_t layered_header_size(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead);
 /// Writes the header at out[at, at + layered_header_size) (reserved by the caller),
 /// taking the substream checksums from the bytes that follow it.
 void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h);
@@ -85,9 +107,22 @@ struct PrefixExtent {
   size_t substreams = 0;
   uint32_t full_layers = 0;   // refinement layers present for every group
   uint32_t partial_groups = 0;  // groups of the next layer present
+  uint32_t partial_lead = 0;    // lead substreams of the next layer present (recent_lead)
+  uint32_t recent_layers = 0;   // the header's J
+  uint32_t lead_layers = 0;     // the header's lead_layers()
+  bool lead = false;
+  /// Layer the group's rows other than the recent ones reached.
   [[nodiscard]] uint32_t layers_of_group(uint32_t g) const { return full_layers + (g < partial_groups ? 1 : 0); }
+  /// Layer the group's recent rows reached: at least J; J ahead with recent_lead.
+  [[nodiscard]] uint32_t recent_layer_of_group(uint32_t g) const {
+    if (!lead) return std::max(layers_of_group(g), recent_layers);
+    return recent_layers + std::min(lead_layers, full_layers + (g < partial_lead ? 1 : 0));
+  }
 };
 Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size);
+/// The extent of the prefix that holds the base and the first `refined` substreams
+/// after it (no check against the header's substream count).
+PrefixExtent extent_after(const LayeredHeader& h, size_t refined);
 
 /// The prefixes of the stream (ChunkPrefix, shortest first).
 std::vector<ChunkPrefix> layered_prefixes(const LayeredHeader& h);

@@ -46,6 +46,7 @@ std::vector<uint8_t> Profile::Impl::body() const {
     w.put(uint8_t(1));
     for (const Level& lv : levels) w.put(lv.info.distortion);
     if (recent_tokens) w.put(recent_tokens), w.put(recent_layers);
+    if (recent_lead) w.put(uint8_t(1));
   }
   return out;
 }
@@ -94,6 +95,7 @@ uint32_t Profile::levels() const noexcept { return uint32_t(impl_->levels.size()
 bool Profile::progressive() const noexcept { return impl_->progressive; }
 uint32_t Profile::recent_tokens() const noexcept { return impl_->recent_tokens; }
 uint32_t Profile::recent_layers() const noexcept { return impl_->recent_layers; }
+bool Profile::recent_lead() const noexcept { return impl_->recent_lead; }
 const LevelInfo& Profile::level(uint32_t i) const { return impl_->levels.at(i).info; }
 Predictor Profile::predictor(uint32_t l, uint32_t p, uint32_t c) const {
   return Predictor(impl_->predictor.at(impl_->idx(l, p, c)));
@@ -119,7 +121,9 @@ std::vector<uint8_t> Profile::serialize() const {
   std::vector<uint8_t> out(kMagic, kMagic + 4);
   ByteWriter w(out);
   w.put(!impl_->progressive ? kProfileVersion
-                             : impl_->recent_tokens ? kRecentProfileVersion : kProgressiveProfileVersion);
+                             : impl_->recent_lead     ? kRecentLeadProfileVersion
+                             : impl_->recent_tokens   ? kRecentProfileVersion
+                                                      : kProgressiveProfileVersion);
   w.put(impl_->hash);
   const std::vector<uint8_t> b = impl_->body();
   w.put(uint64_t(b.size()));
@@ -137,9 +141,10 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
   KVS_RETURN_IF_ERROR(r.status());
   if (std::memcmp(magic, kMagic, 4) != 0)
     return make_status(StatusCode::corrupt_data, "not a kvstream codec profile (bad magic)");
-  if (version != kProfileVersion && version != kProgressiveProfileVersion && version != kRecentProfileVersion)
+  if (version != kProfileVersion && version != kProgressiveProfileVersion && version != kRecentProfileVersion &&
+      version != kRecentLeadProfileVersion)
     return make_status(StatusCode::unsupported, "codec profile version {} (this build reads {} to {})", version,
-                       kProfileVersion, kRecentProfileVersion);
+                       kProfileVersion, kRecentLeadProfileVersion);
   if (body_size != r.rest().size())
     return make_status(StatusCode::corrupt_data, "codec profile body is {} bytes, header says {}", r.rest().size(),
                        body_size);
@@ -219,7 +224,8 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
         if (id >= ntables) return make_status(StatusCode::corrupt_data, "codec profile: table id {} >= {}", id, ntables);
     }
   }
-  if (version == kProgressiveProfileVersion || version == kRecentProfileVersion) {
+  if (version == kProgressiveProfileVersion || version == kRecentProfileVersion ||
+      version == kRecentLeadProfileVersion) {
     if (b.get<uint8_t>() != 1) return make_status(StatusCode::corrupt_data, "codec profile: bad progressive flag");
     p.progressive = true;
     for (Impl::Level& lv : p.levels) {
@@ -227,12 +233,16 @@ Result<Profile> Profile::load(std::span<const uint8_t> bytes) {
       if (!(lv.info.distortion >= 0 || lv.info.distortion == -1) || !std::isfinite(lv.info.distortion))
         return make_status(StatusCode::corrupt_data, "codec profile: bad level distortion");
     }
-    if (version == kRecentProfileVersion) {
+    if (version == kRecentProfileVersion || version == kRecentLeadProfileVersion) {
       p.recent_tokens = b.get<uint32_t>(), p.recent_layers = b.get<uint32_t>();
       if (b.ok() && (p.recent_tokens == 0 || p.recent_tokens > kMaxChunkTokens || p.recent_layers == 0 ||
                      p.recent_layers >= nlevels))
         return make_status(StatusCode::corrupt_data, "codec profile: recent window of {} tokens, {} layers",
                            p.recent_tokens, p.recent_layers);
+      if (version == kRecentLeadProfileVersion) {
+        if (b.get<uint8_t>() != 1) return make_status(StatusCode::corrupt_data, "codec profile: bad recent lead flag");
+        p.recent_lead = true;
+      }
     }
     if (nlevels > kMaxProgressiveLayers)
       return make_status(StatusCode::corrupt_data, "codec profile: {} progressive layers (at most {})", nlevels,

@@ -222,6 +222,7 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
                            "recent window of {} tokens with {} layers (1..{} tokens, 1..{} layers)", opt.recent_tokens,
                            opt.recent_layers, kMaxChunkTokens, opt.progressive_layers - 1);
       p.recent_tokens = opt.recent_tokens, p.recent_layers = opt.recent_layers;
+      p.recent_lead = opt.recent_lead;
     }
     // Level i (0 finest) is layer n - 1 - i: the base step divided by 3 per layer.
     level_steps.assign(opt.progressive_layers, 0.0f);

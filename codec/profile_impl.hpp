@@ -16,6 +16,9 @@ inline constexpr uint32_t kProgressiveProfileVersion = 2;
 /// Version 2's body and the recent window (two u32): a progressive profile with
 /// recent layers. Profiles without keep version 2's bytes and hash.
 inline constexpr uint32_t kRecentProfileVersion = 3;
+/// Version 3's body and one byte (1): the recent rows lead in every layer
+/// (ProfileOptions::recent_lead). Profiles without keep version 3's bytes and hash.
+inline constexpr uint32_t kRecentLeadProfileVersion = 4;
 inline constexpr uint32_t kMaxLevels = 32;
 
 /// Role of a coded matrix: a chunk's tokens are coded as one matrix of "plain" rows
@@ -37,6 +40,8 @@ struct Profile::Impl {
   // A context's last recent_tokens tokens carry recent_layers layers in the base (0: none).
   uint32_t recent_tokens = 0;
   uint32_t recent_layers = 0;
+  // The recent rows stay recent_layers ahead in every refinement layer too.
+  bool recent_lead = false;
   // Per channel, index (layer * planes + plane) * channels + c.
   std::vector<uint8_t> predictor;
   std::vector<float> mean;

@@ -82,7 +82,9 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
   d.steps.push_back(base);
 
   // A refinement layer k over rows [row0, row0 + rows) of the first `groups` groups:
-  // one matrix per group, 1 x (planes x rows x C) symbols with per-symbol table ids.
+  // one matrix per group, 1 x (planes x rows x C) symbols with per-symbol table ids,
+  // from the recent rows' substreams in the base (recent, k <= J), their lead
+  // substreams in refinement layer k - J (recent, k > J) or the layer's groups.
   auto refine_step = [&](uint32_t k, uint32_t row0, uint32_t rows, uint32_t groups, bool recent) -> Status {
     LayeredDescriptors::Step st;
     st.level = p.level_of_layer(k);
@@ -91,7 +93,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
     st.planes = h.grouping.end_plane(groups - 1);
     st.row0 = row0, st.rows = rows;
     for (uint32_t g = 0; g < groups; ++g) {
-      const size_t si = recent ? h.recent_index(k, g) : h.refine_index(k, g);
+      const size_t si = !recent ? h.refine_index(k, g) : k <= J ? h.recent_index(k, g) : h.lead_index(k - J, g);
       const uint32_t first = h.grouping.first_plane(g), end = h.grouping.end_plane(g);
       const uint64_t n = uint64_t(end - first) * rows * C;
       const std::string what = fmt::format("{}refinement layer {} of layers/planes {}..{}", recent ? "recent rows' " : "",
@@ -111,6 +113,12 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
   };
   const uint32_t G = h.grouping.groups;
   for (uint32_t k = 1; k <= J; ++k) KVS_RETURN_IF_ERROR(refine_step(k, split, R, G, true));
+  // Leading recent rows: layer J + k of every group whose lead substream is present.
+  for (uint32_t k = 1; k <= d.extent.lead_layers; ++k) {
+    const uint32_t groups = k <= d.extent.full_layers ? G : k == d.extent.full_layers + 1 ? d.extent.partial_lead : 0;
+    if (groups == 0) break;
+    KVS_RETURN_IF_ERROR(refine_step(J + k, split, R, groups, true));
+  }
   const uint32_t deepest = d.extent.full_layers + (d.extent.partial_groups ? 1 : 0);
   for (uint32_t k = 1; k <= deepest; ++k)
     KVS_RETURN_IF_ERROR(refine_step(k, 0, h.rows_of_layer(k), k <= d.extent.full_layers ? G : d.extent.partial_groups,
@@ -120,7 +128,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
   for (uint32_t g = 0; g < G; ++g) {
     const uint32_t layers = d.extent.layers_of_group(g);
     const float step = p.levels[p.level_of_layer(layers)].info.step;
-    const float recent = p.levels[p.level_of_layer(std::max(layers, J))].info.step;
+    const float recent = p.levels[p.level_of_layer(d.extent.recent_layer_of_group(g))].info.step;
     for (uint32_t lp = h.grouping.first_plane(g); lp < h.grouping.end_plane(g); ++lp)
       d.planes[lp].step = step, d.planes[lp].recent_step = recent, d.planes[lp].split = split;
   }

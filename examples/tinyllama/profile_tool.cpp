@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   uint32_t layers = codec::ProfileOptions{}.progressive_layers;
   uint32_t recent_tokens = codec::ProfileOptions{}.recent_tokens;
   uint32_t recent_layers = codec::ProfileOptions{}.recent_layers;
+  bool recent_lead = codec::ProfileOptions{}.recent_lead;
   app.add_option("--data", data, "tinyllama data directory (default: $KVSTREAM_TINYLLAMA or ../shared/data/tinyllama)");
   app.add_option("--out", out, "profile file to write")->capture_default_str();
   app.add_option("--sample-windows", sample_windows, "windows whose context KV trains the tables")->capture_default_str();
@@ -96,6 +97,9 @@ int main(int argc, char** argv) {
                  "progressive: a context's last tokens that the base layer codes finer (0: none)")
       ->capture_default_str();
   app.add_option("--recent-layers", recent_layers, "progressive: refinement layers those tokens carry in the base")
+      ->capture_default_str();
+  app.add_flag("--recent-lead,!--no-recent-lead", recent_lead,
+               "progressive: those tokens stay that many layers ahead in every refinement layer too")
       ->capture_default_str();
   app.add_flag("--no-sensitivity", no_sensitivity, "plain per-channel normalisation instead of measured sensitivity");
   app.add_option("--sensitivity-floor", sensitivity_floor,
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
   opt.progressive_layers = layers;
   opt.recent_tokens = independent ? 0 : recent_tokens;
   opt.recent_layers = recent_layers;
+  opt.recent_lead = recent_lead;
   opt.max_transform_block = max_block;
   opt.max_tables_per_level = max_tables;
   opt.transform_min_gain = min_gain;

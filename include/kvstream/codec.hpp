@@ -75,6 +75,9 @@ class Profile {
   /// (EncodeOptions::recent_tokens); 0 and 0 when the profile has none.
   [[nodiscard]] uint32_t recent_tokens() const noexcept;
   [[nodiscard]] uint32_t recent_layers() const noexcept;
+  /// True when those tokens stay recent_layers() layers ahead of the others in every
+  /// refinement layer, not only in the base (ProfileOptions::recent_lead).
+  [[nodiscard]] bool recent_lead() const noexcept;
   [[nodiscard]] const LevelInfo& level(uint32_t i) const;
   [[nodiscard]] Predictor predictor(uint32_t layer, uint32_t plane, uint32_t channel) const;
   /// Number of channels that use each predictor (index by Predictor value).
@@ -155,6 +158,12 @@ struct ProfileOptions {
   /// caller says a chunk ends its context (EncodeOptions; KvStore::put does).
   uint32_t recent_tokens = 64;
   uint32_t recent_layers = 1;
+  /// Progressive with a recent window: those tokens stay `recent_layers` layers ahead
+  /// of the others at every prefix, not only in the base (each refinement layer opens
+  /// with their next layer). Every level then holds them finer: on text unlike the
+  /// profile's, whose predictions lean harder on them, this is what keeps the first
+  /// refinement within a 1%-equivalent KL.
+  bool recent_lead = true;
 };
 
 /// Step ratio between consecutive layers of a progressive stream (part of the format):

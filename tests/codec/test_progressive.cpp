@@ -42,10 +42,11 @@ const std::vector<Case>& cases() {
 
 using test_util::synthetic_cache;
 
-// `recent`: the profile codes a context's last 16 tokens with 2 layers in the base.
-const Profile& profile_for(const Case& cs, bool recent = false) {
+// `recent`: the profile codes a context's last 16 tokens with 2 layers in the base;
+// `lead`: and keeps them 2 layers ahead in every refinement layer.
+const Profile& profile_for(const Case& cs, bool recent = false, bool lead = false) {
   static std::map<std::string, Profile> built;
-  const std::string key = std::string(cs.name) + (recent ? "/recent" : "");
+  const std::string key = std::string(cs.name) + (recent ? "/recent" : "") + (lead ? "/lead" : "");
   if (auto it = built.find(key); it != built.end()) return it->second;
   set_log_level(LogLevel::warn);
   const KvCache a = synthetic_cache(cs.geom, DType::f32, 96, 0, cs.rope, 11);
@@ -58,6 +59,7 @@ const Profile& profile_for(const Case& cs, bool recent = false) {
   opt.max_tables_per_level = 16;
   opt.recent_tokens = recent ? 16 : 0;
   opt.recent_layers = 2;
+  opt.recent_lead = lead;
   auto p = ProfileBuilder::build(views, cs.rope, opt);
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return built.emplace(key, std::move(p).value()).first->second;
@@ -246,8 +248,52 @@ TEST_P(Progressive, RecentRowsDecodeLayersFinerAndTheOthersAsBefore) {
     }
 }
 
+// With recent rows that lead, each refinement layer's lead substreams refine them
+// ahead of the others: at every prefix the other rows decode as the plain stream's
+// prefix at the same layer does, the recent rows as J layers finer (at most the
+// finest), bit for bit; the base is the base of a profile whose recent rows do not lead.
+TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
+  const Profile& p = profile_for(cs(), true, true);
+  const Profile& base_only = profile_for(cs(), true);
+  ASSERT_TRUE(p.recent_lead());
+  ASSERT_FALSE(base_only.recent_lead());
+  const KvGeometry& g = cs().geom;
+  const uint32_t n = p.levels(), J = p.recent_layers();
+  for (uint32_t tokens : {1u, 41u, 130u})
+    for (uint32_t recent : {1u, 16u}) {
+      if (recent > tokens) continue;
+      const KvCache src = synthetic_cache(g, DType::f16, tokens, 20, cs().rope, tokens * 5 + recent);
+      const std::vector<uint8_t> full = encode(p, src.view(), 0, recent);
+      const std::span<const uint8_t> all(full);
+      const std::vector<ChunkPrefix> prefixes = chunk_prefixes(full).value();
+      // The plain stream decoded at a whole layer (0: the base), by the layer's level.
+      auto plain_at = [&](uint32_t layer) {
+        return decode(p, encode(p, src.view(), n - 1 - layer), g, DType::f32, tokens, 20);
+      };
+      for (size_t i = 0; i < prefixes.size(); ++i) {
+        const ChunkPrefix& pf = prefixes[i];
+        // Whole layer k: others at k, recent at min(k + J, n - 1). Inside layer k (its
+        // lead substreams only): others at k - 1, recent at min(k + J, n - 1).
+        const uint32_t k = pf.whole_layer ? n - 1 - pf.level : n - pf.level;
+        const uint32_t others = pf.whole_layer ? k : k - 1, ahead = std::min(k + J, n - 1);
+        const KvCache got = decode(p, all.first(pf.end), g, DType::f32, tokens, 20);
+        EXPECT_TRUE(same_rows(got, plain_at(others), 0, tokens - recent)) << tokens << " tokens, prefix " << i;
+        EXPECT_TRUE(same_rows(got, plain_at(ahead), tokens - recent, tokens)) << tokens << " tokens, prefix " << i;
+        if (i > 0) EXPECT_LE(pf.distortion, prefixes[i - 1].distortion);
+      }
+      // The base holds what a base-only window's base holds.
+      const KvCache base = decode(p, all.first(prefixes[0].end), g, DType::f32, tokens, 20);
+      const std::vector<uint8_t> other = encode(base_only, src.view(), n - 1, recent);
+      EXPECT_TRUE(same_bytes(base, decode(base_only, other, g, DType::f32, tokens, 20))) << tokens << " tokens";
+      // One lead substream per group in each of the n - 1 - J lower refinement layers.
+      const size_t groups = (chunk_prefixes(encode(base_only, src.view(), 0, recent))->size() - 1) / (n - 1);
+      EXPECT_EQ(prefixes.size(), 1 + groups * (2 * (n - 1) - J)) << tokens << " tokens";
+    }
+}
+
 TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
-  const Profile& p = profile_for(cs(), true);
+  for (const bool lead : {false, true}) {
+  const Profile& p = profile_for(cs(), true, lead);
   const KvGeometry& g = cs().geom;
   const uint32_t tokens = cs().geom.layers == 4 ? 600 : 37;
   for (uint32_t recent : {3u, tokens}) {
@@ -262,7 +308,7 @@ TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
         KvCache got = decode(p, all.first(ea), g, DType::bf16, tokens, 1000);
         const Status st = refine_chunk(p, all.first(ea), all.subspan(ea, eb - ea), got.view());
         ASSERT_TRUE(st.ok()) << st.to_string();
-        EXPECT_TRUE(same_bytes(want, got)) << "refining prefix " << a << " to " << b;
+        EXPECT_TRUE(same_bytes(want, got)) << "refining prefix " << a << " to " << b << (lead ? " (lead)" : "");
       }
   }
   // The whole chunk recent: the recent layers' groups hold no rows and still decode.
@@ -270,6 +316,7 @@ TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
   const std::vector<uint8_t> all_recent = encode(p, small.view(), 0, 9);
   for (const ChunkPrefix& pf : chunk_prefixes(all_recent).value())
     decode(p, std::span(all_recent).first(pf.end), g, DType::f32, 9, 0);
+  }
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
@@ -288,9 +335,9 @@ struct Chunk {
   std::vector<uint8_t> full;
   std::vector<ChunkPrefix> prefixes;
 };
-Chunk many_group_chunk(uint32_t recent = 0) {
+Chunk many_group_chunk(uint32_t recent = 0, bool lead = false) {
   const Case& cs = cases().back();
-  const Profile& p = profile_for(cs, recent > 0);
+  const Profile& p = profile_for(cs, recent > 0, lead);
   Chunk c{&p, synthetic_cache(cs.geom, DType::f16, 600, 9, cs.rope, 77), {}, {}};
   c.full = encode(p, c.src.view(), 0, recent);
   c.prefixes = chunk_prefixes(c.full).value();
@@ -310,8 +357,8 @@ Status decode_untouched(const Profile& p, std::span<const uint8_t> bytes, const 
 // Cut anywhere: a prefix boundary decodes, anything else is corrupt_data and the
 // output stays untouched.
 TEST(ProgressiveCorrupt, TruncationOffPrefixBoundariesFails) {
-  for (uint32_t recent : {0u, 16u}) {
-  const Chunk c = many_group_chunk(recent);
+  for (const auto& [recent, lead] : {std::pair{0u, false}, std::pair{16u, false}, std::pair{16u, true}}) {
+  const Chunk c = many_group_chunk(recent, lead);
   const KvGeometry& g = c.src.geometry();
   std::vector<bool> boundary(c.full.size() + 1, false);
   for (const ChunkPrefix& pf : c.prefixes) boundary[pf.end] = true;
@@ -331,8 +378,8 @@ TEST(ProgressiveCorrupt, TruncationOffPrefixBoundariesFails) {
 }
 
 TEST(ProgressiveCorrupt, FlippedBitsAnywhereAreCaughtBeforeTheOutput) {
-  for (uint32_t recent : {0u, 16u}) {
-    const Chunk c = many_group_chunk(recent);
+  for (const auto& [recent, lead] : {std::pair{0u, false}, std::pair{16u, false}, std::pair{16u, true}}) {
+    const Chunk c = many_group_chunk(recent, lead);
     const KvGeometry& g = c.src.geometry();
     for (size_t i = 0; i < c.full.size(); i += (i < 300 ? 1 : 97)) {
       std::vector<uint8_t> bad = c.full;
@@ -374,8 +421,8 @@ TEST(ProgressiveCorrupt, RefinementNeedsAKeptPrefixAndTheRightProfile) {
 }
 
 TEST(ProgressiveHeader, PrefixTableReadsFromTheHeaderAlone) {
-  for (uint32_t recent : {0u, 16u}) {
-  const Chunk c = many_group_chunk(recent);
+  for (const auto& [recent, lead] : {std::pair{0u, false}, std::pair{16u, false}, std::pair{16u, true}}) {
+  const Chunk c = many_group_chunk(recent, lead);
   auto hb = chunk_header_bytes(std::span(c.full).first(64));
   ASSERT_TRUE(hb.ok()) << hb.status().to_string();
   ASSERT_LT(*hb, c.prefixes[0].end);
@@ -433,6 +480,16 @@ TEST(ProgressiveProfile, RecentWindowSurvivesSerializationAndIsChecked) {
   std::memcpy(&version, plain.data() + 4, 4);
   EXPECT_EQ(version, 2u);
   EXPECT_EQ(profile_for(cases()[0]).recent_tokens(), 0u);
+  // Recent rows that lead: version 4, a hash of its own.
+  const std::vector<uint8_t> led = profile_for(cases()[0], true, true).serialize();
+  std::memcpy(&version, led.data() + 4, 4);
+  EXPECT_EQ(version, 4u);
+  auto led_back = Profile::load(led);
+  ASSERT_TRUE(led_back.ok()) << led_back.status().to_string();
+  EXPECT_TRUE(led_back->recent_lead());
+  EXPECT_EQ(led_back->recent_layers(), 2u);
+  EXPECT_NE(led_back->hash(), p.hash());
+  EXPECT_FALSE(back->recent_lead());
 
   const KvCache a = synthetic_cache(cases()[0].geom, DType::f32, 32, 0, cases()[0].rope, 1);
   const std::vector<KvView> views = {a.view()};

@@ -78,9 +78,10 @@ int main(int argc, char** argv) {
       }
     if (p.progressive()) {
       // Two plane groups per refinement layer: prefix points base, (layer 1: group 0,
-      // group 1), (layer 2: group 0, group 1). Cut at each point, refine across others.
-      // The chunk ends its context: its last rows are recent (the base carries their
-      // first refinement layer).
+      // group 1), (layer 2: group 0, group 1), and with recent rows that lead the
+      // layers' lead substreams before their groups. Cut at each point, refine across
+      // others. The chunk ends its context: its last rows are recent (the base carries
+      // their first refinement layer).
       const uint64_t T = fuzz::kProgressiveGroupedTokens;
       const KvCache c = fuzz::synthetic_cache(spec.geom, spec.rope, DType::bf16, T, 4096, 5000);
       std::vector<uint8_t> chunk;
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
         return 1;
       }
       const auto points = codec::chunk_prefixes(chunk);
-      if (!points.ok() || points->size() != 1 + (fuzz::kProgressiveLayers - 1) * 2) {
+      const size_t lead_layers = p.recent_lead() ? fuzz::kProgressiveLayers - 1 - p.recent_layers() : 0;
+      if (!points.ok() || points->size() != 1 + (fuzz::kProgressiveLayers - 1 + lead_layers) * 2) {
         std::fprintf(stderr, "the grouped progressive seed has %zu prefix points, not two groups per layer\n",
                      points.ok() ? points->size() : 0);
         return 1;

@@ -40,6 +40,7 @@ struct PCase {
   uint64_t tokens;    // of the test chunk: 600 x 8 channels gives two plane groups
   uint32_t recent;    // recent rows (EncodeOptions::recent_tokens)
   bool klt;
+  bool lead = false;  // the recent rows stay ahead in every refinement layer
 };
 
 const std::vector<PCase>& pcases() {
@@ -48,6 +49,8 @@ const std::vector<PCase>& pcases() {
       {"grouped_plain", {8, 1, 8, 2, AttentionKind::gqa}, {true, 10000.0f, 0, RopePairing::interleaved}, 600, 0, true},
       {"one_group_klt_recent", {2, 2, 32, 4, AttentionKind::gqa}, {true, 500000.0f, 16, RopePairing::half}, 77, 13, true},
       {"whole_chunk_recent", {2, 2, 16, 2, AttentionKind::mha}, {}, 9, 9, false},
+      {"grouped_lead", {8, 1, 8, 2, AttentionKind::gqa}, {true, 10000.0f, 0, RopePairing::interleaved}, 600, 40, false, true},
+      {"one_group_klt_lead", {2, 2, 32, 4, AttentionKind::gqa}, {true, 500000.0f, 16, RopePairing::half}, 77, 13, true, true},
   };
   return c;
 }
@@ -65,6 +68,7 @@ const Profile& pprofile(const PCase& cs) {
   opt.progressive_base_step = 2.0f;
   opt.recent_tokens = 64;
   opt.recent_layers = 1;
+  opt.recent_lead = cs.lead;
   opt.allow_transform = cs.klt;
   opt.transform_min_gain = 0.0;
   opt.max_tables_per_level = 8;
