@@ -187,6 +187,7 @@ std::vector<ChunkPrefix> layered_prefixes(const LayeredHeader& h) {
     p.end = h.sub_offset[i] + h.sub_bytes[i];
     p.level = h.layers - 1 - e.full_layers;
     p.whole_layer = e.partial_lead == 0 && e.partial_groups == 0;
+    p.recent_only = e.partial_lead > 0 && e.partial_groups == 0;
     p.distortion = h.distortion[refined];
     out.push_back(p);
   }

@@ -166,6 +166,9 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
     prefixes[i] = std::move(ps).value();
     for (size_t j = prefixes[i].size(); j-- > 0;) {  // finest first
       const codec::ChunkPrefix& p = prefixes[i][j];
+      // The context's last chunk alone has recent rows, and with them the prefixes that
+      // refine those rows only: the chooser wants the same options for every chunk.
+      if (p.recent_only) continue;
       const uint32_t toward = p.whole_layer ? p.level : p.level - 1;
       auto per_unit = [&](uint32_t L) {
         const double d = profile->level(L).distortion;

@@ -213,11 +213,16 @@ struct ChunkInfo {
 /// `distortion` is the encoder's measurement of what decoding the prefix gives: the
 /// mean squared error per element in units of each channel's step scale (the
 /// profile's sensitivity weighting), so chunks compare on one scale.
+/// `recent_only`: the prefix ends one of a layer's lead substreams (recent rows that
+/// lead, ProfileOptions::recent_lead): it refines the chunk's recent rows and nothing
+/// else. Only a chunk with recent rows has such prefixes, so a caller that needs the
+/// same options for every chunk of a context (policy::ContextCosts) skips them.
 struct ChunkPrefix {
   uint64_t end = 0;
   uint32_t level = 0;
   bool whole_layer = false;
   double distortion = 0;
+  bool recent_only = false;
   bool operator==(const ChunkPrefix&) const = default;
 };
 

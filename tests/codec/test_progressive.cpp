@@ -288,6 +288,13 @@ TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
       // One lead substream per group in each of the n - 1 - J lower refinement layers.
       const size_t groups = (chunk_prefixes(encode(base_only, src.view(), 0, recent))->size() - 1) / (n - 1);
       EXPECT_EQ(prefixes.size(), 1 + groups * (2 * (n - 1) - J)) << tokens << " tokens";
+      // Those are the prefixes that refine the recent rows only; a stream whose recent
+      // rows do not lead has none.
+      auto recent_only = [](const std::vector<ChunkPrefix>& ps) {
+        return std::count_if(ps.begin(), ps.end(), [](const ChunkPrefix& pf) { return pf.recent_only; });
+      };
+      EXPECT_EQ(size_t(recent_only(prefixes)), groups * (n - 1 - J)) << tokens << " tokens";
+      EXPECT_EQ(recent_only(chunk_prefixes(encode(base_only, src.view(), 0, recent)).value()), 0);
     }
 }
 
