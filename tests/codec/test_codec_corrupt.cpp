@@ -19,6 +19,7 @@
 #include "kvstream/codec.hpp"
 #include "kvstream/kv_model.hpp"
 #include "tests/codec/codec_cases.hpp"
+#include "tests/codec/decode_untouched.hpp"
 
 namespace kvstream::codec {
 namespace {
@@ -31,6 +32,7 @@ using test::contains;
 using test::encode;
 using test::make_cache;
 using test::same_bytes;
+using test::decode_untouched;
 
 // ---- Corrupt and mismatched input ------------------------------------------------
 
@@ -45,17 +47,6 @@ Small small_chunk() {
   Small s{&b, make_cache(cs.geom, DType::f16, 5, 3, cs.rope, 99), {}};
   s.bytes = encode(b.profile, s.src.view(), 3);
   return s;
-}
-
-// Decodes into a sentinel-filled output and checks the output was not touched.
-Status decode_untouched(const Profile& prof, std::span<const uint8_t> bytes, const KvGeometry& g, uint64_t tokens,
-                        bool* touched) {
-  KvCache out = KvCache::create(g, DType::f32, tokens).value();
-  std::memset(out.bytes().data(), 0x7b, out.bytes().size());
-  const Status st = decode_chunk(prof, bytes, out.view());
-  *touched = false;
-  for (std::byte x : out.bytes()) *touched |= x != std::byte{0x7b};
-  return st;
 }
 
 TEST(CodecCorrupt, TruncationAtEveryOffsetFails) {

@@ -15,6 +15,7 @@
 #include "kvstream/codec.hpp"
 #include "kvstream/kv_model.hpp"
 #include "kvstream/log.hpp"
+#include "tests/codec/decode_untouched.hpp"
 #include "tests/codec/synthetic_kv.hpp"
 
 namespace kvstream::codec {
@@ -41,6 +42,7 @@ const std::vector<Case>& cases() {
 }
 
 using test_util::synthetic_cache;
+using test::decode_untouched;
 
 // `recent`: the profile codes a context's last 16 tokens with 2 layers in the base;
 // `lead`: and keeps them 2 layers ahead in every refinement layer.
@@ -349,16 +351,6 @@ Chunk many_group_chunk(uint32_t recent = 0, bool lead = false) {
   c.full = encode(p, c.src.view(), 0, recent);
   c.prefixes = chunk_prefixes(c.full).value();
   return c;
-}
-
-Status decode_untouched(const Profile& p, std::span<const uint8_t> bytes, const KvGeometry& g, uint64_t tokens,
-                        bool* touched) {
-  KvCache out = KvCache::create(g, DType::f32, tokens).value();
-  std::memset(out.bytes().data(), 0x7b, out.bytes().size());
-  const Status st = decode_chunk(p, bytes, out.view());
-  *touched = false;
-  for (std::byte x : out.bytes()) *touched |= x != std::byte{0x7b};
-  return st;
 }
 
 // Cut anywhere: a prefix boundary decodes, anything else is corrupt_data and the
