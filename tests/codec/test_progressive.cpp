@@ -1,8 +1,11 @@
 // Tests of progressive streams (one embedded stream per chunk; docs/bitstream.md,
 // "Progressive streams"): every level is a prefix of the finest; a prefix decodes on
 // its own; refining KV decoded from a prefix with the bytes that follow it gives, bit
-// for bit, the longer prefix's decode; the prefix table and its distortions; and
-// truncated, corrupt or mismatched prefixes fail cleanly without touching the output.
+// for bit, the longer prefix's decode; recent rows carried in the base, or leading in
+// every layer (checked plane by plane against the stream order, which reads the
+// format's grouping from codec/layered_format.hpp); the prefix table and its
+// distortions; and truncated, corrupt or mismatched prefixes fail cleanly without
+// touching the output.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -12,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/layered_format.hpp"
 #include "kvstream/codec.hpp"
 #include "kvstream/kv_model.hpp"
 #include "kvstream/log.hpp"
@@ -298,6 +302,53 @@ TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
       EXPECT_EQ(size_t(recent_only(prefixes)), groups * (n - 1 - J)) << tokens << " tokens";
       EXPECT_EQ(recent_only(chunk_prefixes(encode(base_only, src.view(), 0, recent)).value()), 0);
     }
+}
+
+bool same_plane_rows(const KvCache& a, const KvCache& b, uint32_t lp, uint64_t first, uint64_t end) {
+  const KvGeometry& g = a.geometry();
+  const uint32_t l = lp / g.planes(), p = lp % g.planes();
+  for (uint64_t t = first; t < end; ++t)
+    for (uint32_t c = 0; c < g.channels(); ++c)
+      if (std::bit_cast<uint32_t>(a.at(l, p, t, c)) != std::bit_cast<uint32_t>(b.at(l, p, t, c))) return false;
+  return true;
+}
+
+// Several plane groups per layer: walking the stream one substream at a time, every
+// prefix leaves each group's rows where the stream order puts them (per refinement
+// layer k its lead substreams, each moving one group's recent rows to layer k + J,
+// then its groups, each moving one group's other rows to layer k), plane by plane, bit
+// for bit against the plain stream decoded at that layer.
+TEST(ProgressiveLead, SeveralGroupsFollowTheStreamOrderPlaneByPlane) {
+  const Case& cs = cases().back();
+  ASSERT_STREQ(cs.name, "many_groups");
+  const Profile& p = profile_for(cs, true, true);
+  const KvGeometry& g = cs.geom;
+  const uint32_t n = p.levels(), J = p.recent_layers(), T = 600, R = 16;
+  const LayeredGrouping G = layered_grouping(g, T);
+  ASSERT_GT(G.groups, 2u);
+  const KvCache src = synthetic_cache(g, DType::f16, T, 0, cs.rope, 31);
+  const std::vector<uint8_t> full = encode(p, src.view(), 0, R);
+  const std::vector<ChunkPrefix> prefixes = chunk_prefixes(full).value();
+  std::vector<KvCache> plain;  // the stream without recent rows, decoded at each layer
+  for (uint32_t k = 0; k < n; ++k) plain.push_back(decode(p, encode(p, src.view(), n - 1 - k), g, DType::f32, T, 0));
+  std::vector<std::pair<bool, uint32_t>> order;  // (lead substream, group) after the base
+  for (uint32_t k = 1; k < n; ++k) {
+    if (k + J <= n - 1)
+      for (uint32_t gi = 0; gi < G.groups; ++gi) order.push_back({true, gi});
+    for (uint32_t gi = 0; gi < G.groups; ++gi) order.push_back({false, gi});
+  }
+  ASSERT_EQ(prefixes.size(), order.size() + 1);
+  std::vector<uint32_t> others(G.groups, 0), recent(G.groups, J);
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    if (i > 0) ++(order[i - 1].first ? recent : others)[order[i - 1].second];
+    EXPECT_EQ(prefixes[i].recent_only, i > 0 && order[i - 1].first) << "prefix " << i;
+    const KvCache got = decode(p, std::span(full).first(prefixes[i].end), g, DType::f32, T, 0);
+    for (uint32_t gi = 0; gi < G.groups; ++gi)
+      for (uint32_t lp = G.first_plane(gi); lp < G.end_plane(gi); ++lp) {
+        EXPECT_TRUE(same_plane_rows(got, plain[others[gi]], lp, 0, T - R)) << "prefix " << i << " plane " << lp;
+        EXPECT_TRUE(same_plane_rows(got, plain[recent[gi]], lp, T - R, T)) << "prefix " << i << " plane " << lp;
+      }
+  }
 }
 
 TEST_P(Progressive, RefinementWithRecentRowsEqualsDecodingTheLongerPrefix) {
