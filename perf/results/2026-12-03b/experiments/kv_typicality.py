@@ -1,4 +1,4 @@
-# Experiment of 2026-12-03 (second session), kept as the record of a measurement, not
+# Experiment of 2026-12-03 (third session), kept as the record of a measurement, not
 # part of the build. Run with Debian's /usr/bin/python3 (numpy) in a directory holding
 # KV dumps made by `kvstream-tinyllama dump-kv --dtype f32` ([layer][K|V][token][channel]
 # f32, BOS first): kv0..kv39.bin from 900-character pieces of the eval text every 5000
