@@ -12,6 +12,9 @@ cleanup() { [[ -n $pid ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null;
 trap cleanup EXIT
 # The server takes its tenant from the same settings as its clients.
 export KVSTREAM_STORAGE_NAMESPACE=quickstart KVSTREAM_STORAGE_SECRET=quickstart-secret-0123
+# The log exists before the server starts: the redirection below happens in the
+# background child, which a loaded machine may not have run by the first read.
+: > "$dir/server.out"
 "$server" --listen 127.0.0.1:0 --dir "$dir/node" > "$dir/server.out" 2>&1 &
 pid=$!
 for _ in $(seq 100); do
