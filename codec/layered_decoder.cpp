@@ -114,7 +114,7 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   ls.exact.resize(np), ls.code.resize(np), ls.q.resize(N), ls.sym.resize(N), ls.ids.resize(N);
   KVS_RETURN_IF_ERROR(parse_base(cx, first, end, ls));
   KVS_RETURN_IF_ERROR(decode_base(cx, first, end, ls));
-  const uint32_t layers = cx.extent.layers_of_group(g), recent_layer = cx.extent.recent_layer_of_group(g);
+  const uint32_t layers = cx.extent.layers_of_group(g), recent_layer = h.recent_layer_of_group(cx.extent, g);
   const uint64_t rope_row =
       unrotates(p, 0) ? s.rope.ensure(p.rope, p.geom.head_dim, h.info.first_position, h.info.tokens) : 0;
   auto reconstruct = [&](uint32_t layer, uint32_t row0, uint32_t row_end, auto index_of) {

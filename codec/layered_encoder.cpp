@@ -190,7 +190,6 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
   for (uint32_t k = 1; k < n; ++k) {
     h.sub_bytes.insert(h.sub_bytes.end(), lead_len[k].begin(), lead_len[k].end());
     h.sub_bytes.insert(h.sub_bytes.end(), ref_len[k].begin(), ref_len[k].end());
-    layer_bytes[k].insert(layer_bytes[k].begin(), lead_bytes[k].begin(), lead_bytes[k].end());
   }
   // Distortion after the base, then after each refinement substream in stream order.
   const double elems = double(E) * G.planes;
@@ -199,7 +198,7 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
     double s = 0;
     for (uint32_t g = 0; g < G.groups; ++g)
       for (uint32_t lp = G.first_plane(g); lp < G.end_plane(g); ++lp)
-        s += sq[lp][e.layers_of_group(g)] + sq_recent[lp][e.recent_layer_of_group(g)];
+        s += sq[lp][e.layers_of_group(g)] + sq_recent[lp][h.recent_layer_of_group(e, g)];
     // The header holds a finite float >= 0 (the decoder checks it): an error beyond
     // float's range (a profile's extreme scales), or one that overflowed to NaN, is
     // stored as the largest float, which no quality target accepts.
@@ -209,15 +208,19 @@ Status encode_layered(const Profile& profile, const KvView& chunk, uint32_t leve
   for (size_t refined = 0; refined + h.base_substreams() <= h.sub_bytes.size(); ++refined)
     h.distortion.push_back(mean_error(refined));
 
-  // Written whole (the header's checksums cover every substream), then cut back to
-  // the level asked for; on error nothing was appended.
+  // Written whole (the header's checksums cover every substream), each layer its lead
+  // substreams then its groups, then cut back to the level asked for; on error nothing
+  // was appended.
   const size_t start = out.size();
   out.resize(start + layered_header_size(n, G, J, h.recent_lead));
-  for (const std::vector<uint8_t>& lb : layer_bytes) out.insert(out.end(), lb.begin(), lb.end());
+  for (uint32_t k = 0; k < n; ++k) {
+    out.insert(out.end(), lead_bytes[k].begin(), lead_bytes[k].end());
+    out.insert(out.end(), layer_bytes[k].begin(), layer_bytes[k].end());
+  }
   write_layered_header(out, start, h);
   size_t keep = h.header_bytes;
   const uint32_t last_layer = n - 1 - level;
-  for (uint32_t k = 0; k <= last_layer; ++k) keep += layer_bytes[k].size();
+  for (uint32_t k = 0; k <= last_layer; ++k) keep += lead_bytes[k].size() + layer_bytes[k].size();
   out.resize(start + keep);
   return {};
 }

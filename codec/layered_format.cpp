@@ -12,13 +12,11 @@ namespace kvstream::codec {
 namespace {
 constexpr size_t kOffStreamBytes = 48, kOffHeaderSum = 56;
 
-// Refinement layers that open with the recent rows' next layer.
-size_t leads_of(uint32_t layers, uint32_t recent_layers, bool lead) { return lead ? layers - 1 - recent_layers : 0; }
 size_t points_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead) {
-  return 1 + (layers - 1 + leads_of(layers, recent_layers, lead)) * g.groups;
+  return 1 + size_t(layers - 1 + lead_layers_of(layers, recent_layers, lead)) * g.groups;
 }
 size_t subs_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead) {
-  return g.planes + (layers - 1 + recent_layers + leads_of(layers, recent_layers, lead)) * g.groups;
+  return g.planes + size_t(layers - 1 + recent_layers + lead_layers_of(layers, recent_layers, lead)) * g.groups;
 }
 // Bytes between the fixed header and the substream table: the recent token count.
 size_t recent_field_of(uint32_t recent_layers) { return recent_layers ? 4 : 0; }
@@ -164,14 +162,11 @@ Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size) {
 PrefixExtent extent_after(const LayeredHeader& h, size_t refined) {
   PrefixExtent e;
   e.substreams = h.base_substreams() + refined;
-  e.recent_layers = h.recent_layers;
-  e.lead_layers = h.lead_layers();
-  e.lead = h.recent_lead;
   const uint32_t G = h.grouping.groups;
   // Whole layers first, then what the next one holds: its lead substreams, its groups.
   for (uint32_t k = 1; k < h.layers && refined >= h.layer_substreams(k); ++k)
     refined -= h.layer_substreams(k), ++e.full_layers;
-  const uint32_t leads = e.full_layers + 1 <= e.lead_layers ? G : 0;
+  const uint32_t leads = e.full_layers + 1 <= h.lead_layers() ? G : 0;
   e.partial_lead = uint32_t(std::min<size_t>(refined, leads));
   e.partial_groups = uint32_t(refined - e.partial_lead);
   return e;

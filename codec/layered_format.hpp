@@ -27,6 +27,23 @@ struct LayeredGrouping {
 };
 LayeredGrouping layered_grouping(const KvGeometry& g, uint32_t tokens);
 
+/// What a prefix holds: `substreams` whole substreams, each group's rows other than
+/// the recent ones refined through layer layers_of_group(g) (the recent rows' layer:
+/// LayeredHeader::recent_layer_of_group).
+struct PrefixExtent {
+  size_t substreams = 0;
+  uint32_t full_layers = 0;   // refinement layers present for every group
+  uint32_t partial_groups = 0;  // groups of the next layer present
+  uint32_t partial_lead = 0;    // lead substreams of the next layer present (recent_lead)
+  [[nodiscard]] uint32_t layers_of_group(uint32_t g) const { return full_layers + (g < partial_groups ? 1 : 0); }
+};
+
+/// Refinement layers of an n-layer stream that open with the recent rows' next layer:
+/// n - 1 - J when the recent rows lead, else none.
+inline uint32_t lead_layers_of(uint32_t layers, uint32_t recent_layers, bool lead) {
+  return lead ? layers - 1 - recent_layers : 0;
+}
+
 /// Header of a progressive stream, as written; offsets are from the stream's start.
 /// Header flags: bit 0 K coded before RoPE; bits 1-3 the recent rows' extra layers;
 /// bit 4 the recent rows keep that lead in every refinement layer.
@@ -66,7 +83,7 @@ struct LayeredHeader {
     return grouping.planes + size_t(k - 1) * grouping.groups + g;
   }
   /// Refinement layers that open with the recent rows' next layer (recent_lead).
-  [[nodiscard]] uint32_t lead_layers() const { return recent_lead ? layers - 1 - recent_layers : 0; }
+  [[nodiscard]] uint32_t lead_layers() const { return lead_layers_of(layers, recent_layers, recent_lead); }
   /// Substreams of refinement layer k >= 1: its lead substreams, then its groups.
   [[nodiscard]] size_t layer_substreams(uint32_t k) const {
     return size_t(k <= lead_layers() ? 2 : 1) * grouping.groups;
@@ -88,6 +105,12 @@ struct LayeredHeader {
   [[nodiscard]] uint32_t rows_of_layer(uint32_t k) const {
     return k <= recent_layers || recent_lead ? info.tokens - recent_tokens : info.tokens;
   }
+  /// Layer group g's recent rows reached in a prefix of extent e: at least J, and J
+  /// ahead of the other rows when they lead.
+  [[nodiscard]] uint32_t recent_layer_of_group(const PrefixExtent& e, uint32_t g) const {
+    if (!recent_lead) return std::max(e.layers_of_group(g), recent_layers);
+    return recent_layers + std::min(lead_layers(), e.full_layers + (g < e.partial_lead ? 1 : 0));
+  }
 };
 
 /// Size of the header and tables of a stream of n layers whose recent rows carry
@@ -100,25 +123,8 @@ void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h
 /// them (not the substreams). Errors: corrupt_data, unsupported (another version).
 Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes);
 
-/// What a prefix of `size` bytes holds: `substreams` whole substreams, each of the
-/// model's planes refined through layer layers_of(plane). Errors: corrupt_data (a
-/// prefix shorter than the base layer, or ending inside a substream).
-struct PrefixExtent {
-  size_t substreams = 0;
-  uint32_t full_layers = 0;   // refinement layers present for every group
-  uint32_t partial_groups = 0;  // groups of the next layer present
-  uint32_t partial_lead = 0;    // lead substreams of the next layer present (recent_lead)
-  uint32_t recent_layers = 0;   // the header's J
-  uint32_t lead_layers = 0;     // the header's lead_layers()
-  bool lead = false;
-  /// Layer the group's rows other than the recent ones reached.
-  [[nodiscard]] uint32_t layers_of_group(uint32_t g) const { return full_layers + (g < partial_groups ? 1 : 0); }
-  /// Layer the group's recent rows reached: at least J; J ahead with recent_lead.
-  [[nodiscard]] uint32_t recent_layer_of_group(uint32_t g) const {
-    if (!lead) return std::max(layers_of_group(g), recent_layers);
-    return recent_layers + std::min(lead_layers, full_layers + (g < partial_lead ? 1 : 0));
-  }
-};
+/// The extent of a prefix of `size` bytes. Errors: corrupt_data (a prefix shorter than
+/// the base layer, or ending inside a substream).
 Result<PrefixExtent> prefix_extent(const LayeredHeader& h, uint64_t size);
 /// The extent of the prefix that holds the base and the first `refined` substreams
 /// after it (no check against the header's substream count).

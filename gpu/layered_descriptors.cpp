@@ -114,7 +114,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
   const uint32_t G = h.grouping.groups;
   for (uint32_t k = 1; k <= J; ++k) KVS_RETURN_IF_ERROR(refine_step(k, split, R, G, true));
   // Leading recent rows: layer J + k of every group whose lead substream is present.
-  for (uint32_t k = 1; k <= d.extent.lead_layers; ++k) {
+  for (uint32_t k = 1; k <= h.lead_layers(); ++k) {
     const uint32_t groups = k <= d.extent.full_layers ? G : k == d.extent.full_layers + 1 ? d.extent.partial_lead : 0;
     if (groups == 0) break;
     KVS_RETURN_IF_ERROR(refine_step(J + k, split, R, groups, true));
@@ -128,7 +128,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
   for (uint32_t g = 0; g < G; ++g) {
     const uint32_t layers = d.extent.layers_of_group(g);
     const float step = p.levels[p.level_of_layer(layers)].info.step;
-    const float recent = p.levels[p.level_of_layer(d.extent.recent_layer_of_group(g))].info.step;
+    const float recent = p.levels[p.level_of_layer(h.recent_layer_of_group(d.extent, g))].info.step;
     for (uint32_t lp = h.grouping.first_plane(g); lp < h.grouping.end_plane(g); ++lp)
       d.planes[lp].step = step, d.planes[lp].recent_step = recent, d.planes[lp].split = split;
   }

@@ -30,15 +30,7 @@
 namespace kvstream::codec {
 namespace {
 
-using test::Built;
-using test::built;
-using test::Case;
-using test::case_named;
-using test::cases;
-using test::contains;
-using test::encode;
-using test::make_cache;
-using test::same_bytes;
+using namespace test;  // codec_cases.hpp
 using test_util::k_is_rotated;
 
 // ---- Helpers -------------------------------------------------------------------------

@@ -24,15 +24,7 @@
 namespace kvstream::codec {
 namespace {
 
-using test::Built;
-using test::built;
-using test::Case;
-using test::case_named;
-using test::contains;
-using test::encode;
-using test::make_cache;
-using test::same_bytes;
-using test::decode_untouched;
+using namespace test;  // codec_cases.hpp, decode_untouched.hpp
 
 // ---- Corrupt and mismatched input ------------------------------------------------
 

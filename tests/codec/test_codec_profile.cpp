@@ -24,13 +24,7 @@
 namespace kvstream::codec {
 namespace {
 
-using test::Built;
-using test::built;
-using test::Case;
-using test::case_named;
-using test::encode;
-using test::make_cache;
-using test::same_bytes;
+using namespace test;  // codec_cases.hpp
 
 // ---- Profiles: serialization, files, corruption, builder errors ----------------------
 

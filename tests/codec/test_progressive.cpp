@@ -210,13 +210,19 @@ TEST_P(Progressive, ParallelDecodeMatchesSerial) {
 }
 
 // Rows [first, end) of two caches hold the same values, bit for bit.
+bool same_plane_rows(const KvCache& a, const KvCache& b, uint32_t lp, uint64_t first, uint64_t end) {
+  const KvGeometry& g = a.geometry();
+  const uint32_t l = lp / g.planes(), p = lp % g.planes();
+  for (uint64_t t = first; t < end; ++t)
+    for (uint32_t c = 0; c < g.channels(); ++c)
+      if (std::bit_cast<uint32_t>(a.at(l, p, t, c)) != std::bit_cast<uint32_t>(b.at(l, p, t, c))) return false;
+  return true;
+}
+
 bool same_rows(const KvCache& a, const KvCache& b, uint64_t first, uint64_t end) {
   const KvGeometry& g = a.geometry();
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t p = 0; p < g.planes(); ++p)
-      for (uint64_t t = first; t < end; ++t)
-        for (uint32_t c = 0; c < g.channels(); ++c)
-          if (std::bit_cast<uint32_t>(a.at(l, p, t, c)) != std::bit_cast<uint32_t>(b.at(l, p, t, c))) return false;
+  for (uint32_t lp = 0; lp < g.layers * g.planes(); ++lp)
+    if (!same_plane_rows(a, b, lp, first, end)) return false;
   return true;
 }
 
@@ -272,10 +278,11 @@ TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
       const std::vector<uint8_t> full = encode(p, src.view(), 0, recent);
       const std::span<const uint8_t> all(full);
       const std::vector<ChunkPrefix> prefixes = chunk_prefixes(full).value();
-      // The plain stream decoded at a whole layer (0: the base), by the layer's level.
-      auto plain_at = [&](uint32_t layer) {
-        return decode(p, encode(p, src.view(), n - 1 - layer), g, DType::f32, tokens, 20);
-      };
+      std::vector<KvCache> plain;  // the stream without recent rows, decoded at each layer
+      for (uint32_t k = 0; k < n; ++k)
+        plain.push_back(decode(p, encode(p, src.view(), n - 1 - k), g, DType::f32, tokens, 20));
+      const std::vector<ChunkPrefix> base_only_prefixes =
+          chunk_prefixes(encode(base_only, src.view(), 0, recent)).value();
       for (size_t i = 0; i < prefixes.size(); ++i) {
         const ChunkPrefix& pf = prefixes[i];
         // Whole layer k: others at k, recent at min(k + J, n - 1). Inside layer k (its
@@ -283,8 +290,8 @@ TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
         const uint32_t k = pf.whole_layer ? n - 1 - pf.level : n - pf.level;
         const uint32_t others = pf.whole_layer ? k : k - 1, ahead = std::min(k + J, n - 1);
         const KvCache got = decode(p, all.first(pf.end), g, DType::f32, tokens, 20);
-        EXPECT_TRUE(same_rows(got, plain_at(others), 0, tokens - recent)) << tokens << " tokens, prefix " << i;
-        EXPECT_TRUE(same_rows(got, plain_at(ahead), tokens - recent, tokens)) << tokens << " tokens, prefix " << i;
+        EXPECT_TRUE(same_rows(got, plain[others], 0, tokens - recent)) << tokens << " tokens, prefix " << i;
+        EXPECT_TRUE(same_rows(got, plain[ahead], tokens - recent, tokens)) << tokens << " tokens, prefix " << i;
         if (i > 0) EXPECT_LE(pf.distortion, prefixes[i - 1].distortion);
       }
       // The base holds what a base-only window's base holds.
@@ -292,7 +299,7 @@ TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
       const std::vector<uint8_t> other = encode(base_only, src.view(), n - 1, recent);
       EXPECT_TRUE(same_bytes(base, decode(base_only, other, g, DType::f32, tokens, 20))) << tokens << " tokens";
       // One lead substream per group in each of the n - 1 - J lower refinement layers.
-      const size_t groups = (chunk_prefixes(encode(base_only, src.view(), 0, recent))->size() - 1) / (n - 1);
+      const size_t groups = (base_only_prefixes.size() - 1) / (n - 1);
       EXPECT_EQ(prefixes.size(), 1 + groups * (2 * (n - 1) - J)) << tokens << " tokens";
       // Those are the prefixes that refine the recent rows only; a stream whose recent
       // rows do not lead has none.
@@ -300,17 +307,8 @@ TEST_P(Progressive, RecentRowsThatLeadStayAheadAtEveryPrefix) {
         return std::count_if(ps.begin(), ps.end(), [](const ChunkPrefix& pf) { return pf.recent_only; });
       };
       EXPECT_EQ(size_t(recent_only(prefixes)), groups * (n - 1 - J)) << tokens << " tokens";
-      EXPECT_EQ(recent_only(chunk_prefixes(encode(base_only, src.view(), 0, recent)).value()), 0);
+      EXPECT_EQ(recent_only(base_only_prefixes), 0);
     }
-}
-
-bool same_plane_rows(const KvCache& a, const KvCache& b, uint32_t lp, uint64_t first, uint64_t end) {
-  const KvGeometry& g = a.geometry();
-  const uint32_t l = lp / g.planes(), p = lp % g.planes();
-  for (uint64_t t = first; t < end; ++t)
-    for (uint32_t c = 0; c < g.channels(); ++c)
-      if (std::bit_cast<uint32_t>(a.at(l, p, t, c)) != std::bit_cast<uint32_t>(b.at(l, p, t, c))) return false;
-  return true;
 }
 
 // Several plane groups per layer: walking the stream one substream at a time, every

@@ -19,15 +19,7 @@
 
 using namespace kvstream;
 using namespace kvstream::policy;
-using kvstream::policy::test::FixedEstimator;
-using kvstream::policy::test::SplitMix;
-using kvstream::policy::test::constant_link;
-using kvstream::policy::test::est;
-using kvstream::policy::test::kGbit;
-using kvstream::policy::test::kMB;
-using kvstream::policy::test::mistral_costs;
-using kvstream::policy::test::random_trace;
-using kvstream::policy::test::study_costs;
+using namespace kvstream::policy::test;  // policy_inputs.hpp, fixed_estimator.hpp
 
 // ---- Choosers -----------------------------------------------------------------------------
 
