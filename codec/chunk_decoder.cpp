@@ -50,8 +50,9 @@ Status parse_matrix(const ChunkContext& cx, uint32_t l, uint32_t pl, MatrixWork&
   w.table_anchor = p.levels[level].table_of[kRoleAnchor].data() + p.idx(l, pl, 0);
 
   ByteReader r(sub, "substream");
-  KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, w.exact.out_index, w.exact.out_value, where(l, pl)));
-  KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, w.exact.direct_index, w.exact.direct_value, where(l, pl)));
+  const auto name = [&] { return where(l, pl); };
+  KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, w.exact.out_index, w.exact.out_value, name));
+  KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, w.exact.direct_index, w.exact.direct_value, name));
   if (!w.exact.direct_index.empty() && p.block_of(si) == 0)
     return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where(l, pl));
   std::span<const uint8_t> rest = r.rest();

@@ -45,8 +45,9 @@ Status parse_base(const LayeredContext& cx, uint32_t first, uint32_t end, Layere
   for (uint32_t lp = first; lp < end; ++lp) {
     const size_t i = lp - first;
     ByteReader r(cx.src.at(cx.h->sub_offset[lp], cx.h->sub_bytes[lp]), "substream");
-    KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].out_index, ls.exact[i].out_value, where(lp, P)));
-    KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].direct_index, ls.exact[i].direct_value, where(lp, P)));
+    const auto name = [&] { return where(lp, P); };
+    KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].out_index, ls.exact[i].out_value, name));
+    KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].direct_index, ls.exact[i].direct_value, name));
     if (!ls.exact[i].direct_index.empty() && p.block_of(lp) == 0)
       return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where(lp, P));
     const std::span<const uint8_t> rest = r.rest();

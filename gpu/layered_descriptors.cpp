@@ -61,7 +61,7 @@ Status parse_layered_chunk(const codec::Profile& profile, std::span<const uint64
     pd.plane_index = lp;
     codec::ByteReader r(bytes.subspan(h.sub_offset[lp], h.sub_bytes[lp]), "substream");
     for (const bool direct : {false, true}) {
-      KVS_RETURN_IF_ERROR(codec::read_exact_list(r, T, C, idx, val, where(lp)));
+      KVS_RETURN_IF_ERROR(codec::read_exact_list(r, T, C, idx, val, [&] { return where(lp); }));
       (direct ? pd.exact_begin : pd.out_begin) = uint32_t(d.list_index.size());
       (direct ? pd.exact_count : pd.out_count) = uint32_t(idx.size());
       d.list_index.insert(d.list_index.end(), idx.begin(), idx.end());
