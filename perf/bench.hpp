@@ -29,6 +29,9 @@ struct CodecBenchOptions {
   double ppl_bound = 1.0; ///< quality bound for the headline ratios, percent
   bool speed_all = false; ///< time every method (default: kvstream, int8 and fp16)
   bool speed_only = false;///< sizes and speed only, no quality runs
+  /// Timed decode passes per method and thread count; the fastest is reported (more
+  /// passes filter out a busy neighbour on a shared VM).
+  int speed_repeats = 3;
   std::vector<std::string> methods;  ///< families to run (empty = all)
   /// Test windows from this text instead of the eval text's second half (text unlike
   /// the profile's: the drift protocol of perf/README.md); the headline is then by KL.

@@ -91,7 +91,7 @@ Result<ChunkSet> context_chunks(const tinyllama::Model& m, const std::vector<std
 // Sizes, quality and speed of one method.
 Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::vector<std::vector<int>>& windows,
                     const tinyllama::Reference& ref, const tinyllama::EvalSetup& s, const ChunkSet& test,
-                    unsigned threads, bool speed, bool quality) {
+                    unsigned threads, bool speed, int repeats, bool quality) {
   Row row{m};
   // Encode every test chunk once (one thread, timed), keep the bytes for decoding.
   std::vector<std::vector<uint8_t>> coded(test.chunks.size());
@@ -132,14 +132,14 @@ Result<Row> measure(const Method& m, const tinyllama::EvalData& d, const std::ve
     };
     KVS_RETURN_IF_ERROR(decode_range(0, 1, outs[0]));  // warm-up
     double best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < repeats; ++rep) {
       t0 = Clock::now();
       KVS_RETURN_IF_ERROR(decode_range(0, 1, outs[0]));
       best = std::max(best, double(test.elements) / seconds_since(t0));
     }
     row.dec_1t = best;
     best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < repeats; ++rep) {
       std::vector<Status> errs(threads);
       std::vector<std::thread> pool;
       t0 = Clock::now();
@@ -297,7 +297,7 @@ int run_codec_bench(const CodecBenchOptions& o) {
   for (const Method& m : methods) {
     const bool speed =
         o.speed_all || m.method.rfind("kvstream", 0) == 0 || m.config == "int8" || m.config == "fp16";
-    auto r = measure(m, *d, test_windows, *ref, setup, *test, threads, speed, !o.speed_only);
+    auto r = measure(m, *d, test_windows, *ref, setup, *test, threads, speed, o.speed_repeats, !o.speed_only);
     if (!r.ok() && r.status().code() == StatusCode::not_found) continue;  // a chunk with one group per layer
     if (!r.ok()) return fail(r.status().with_context(m.method + "/" + m.config));
     rows.push_back(std::move(r).value());

@@ -1,7 +1,8 @@
 // Micro-benchmark of the static rANS coder: one thread, discretized Laplace sources
 // spread over 8 tables, cols = 32 and 128. Prints encode/decode symbols per second
 // per decoder path, bits per symbol against the empirical entropy, and memcpy speed
-// over the same byte count for reference.
+// over the same byte count for reference; then the interleaved decode of several
+// small matrices in one call, as a chunk's base is decoded.
 //
 //   rans_bench [symbols_per_matrix (default 1048576)] [repetitions (default 15)]
 #include <algorithm>
@@ -137,6 +138,44 @@ void run_case(double target_bits, int num_tables, size_t cols, size_t n, int rep
   std::printf("   (memcpy %.1f GB/s)\n", memcpy_gbs);
 }
 
+// A chunk's base as the layered decoder meets it: `matrices` matrices of 128 x 32
+// (tinyllama's 5 layers x K/V) in one rans_decode_group call, so the interleaved
+// kernels run; each matrix its own source.
+void run_group_case(double target_bits, size_t matrices, int reps) {
+  constexpr size_t rows = 128, cols = 32;
+  std::mt19937_64 rng(uint64_t(target_bits * 1000) + matrices);
+  std::vector<Source> src;
+  std::vector<FreqTable> ft;
+  for (size_t m = 0; m < matrices; ++m) src.push_back(make_source(scale_for_entropy(target_bits), 8, rows, cols, rng));
+  for (const auto& h : src[0].hist) ft.push_back(FreqTable::from_counts(h).value());
+  const RansTables tables = RansTables::build(ft).value();
+  std::vector<std::vector<uint8_t>> coded(matrices);
+  std::vector<std::vector<int8_t>> out(matrices, std::vector<int8_t>(rows * cols));
+  std::vector<RansJob> jobs(matrices);
+  for (size_t m = 0; m < matrices; ++m) {
+    if (!rans_encode(tables, src[m].table_of_col, src[m].symbols.data(), rows, cols, coded[m]).ok()) std::abort();
+    jobs[m] = {src[m].table_of_col, coded[m], out[m].data(), rows, cols};
+  }
+  std::printf("%5.2f %8zu", target_bits, matrices);
+  const double syms = double(matrices * rows * cols);
+  for (RansPath path : {RansPath::scalar, RansPath::avx2, RansPath::avx512}) {
+    if (!rans_path_available(path)) {
+      std::printf(" %9s", "n/a");
+      continue;
+    }
+    // Many calls per timing: one call is a few microseconds.
+    constexpr int kCalls = 200;
+    const double dec_s = best_time(reps, [&] {
+      for (int i = 0; i < kCalls; ++i)
+        if (!rans_decode_group(tables, jobs, path).ok()) std::abort();
+    });
+    for (size_t m = 0; m < matrices; ++m)
+      if (out[m] != src[m].symbols) std::abort();
+    std::printf(" %9.0f", kCalls * syms / dec_s / 1e6);
+  }
+  std::printf("\n");
+}
+
 double memcpy_gbs(size_t bytes, int reps) {
   std::vector<uint8_t> a(bytes, 1), b(bytes, 0);
   const double t = best_time(reps * 4, [&] {
@@ -171,5 +210,9 @@ int main(int argc, char** argv) {
     for (size_t cols : {32, 128}) run_case(target, 8, cols, n, reps, memcpy_gbs(n, reps));
   // Worst case for cache residency: a profile with 64 tables all used by one matrix.
   run_case(2.5, 64, 1024, n, reps, memcpy_gbs(n, reps));
+  std::printf("\ninterleaved: 128 x 32 matrices in one rans_decode_group call, decode M symbols/s\n");
+  std::printf("%5s %8s %9s %9s %9s\n", "H~", "matrices", "scalar", "avx2", "avx512");
+  for (double target : {1.5, 2.5})
+    for (size_t matrices : {4, 10}) run_group_case(target, matrices, reps);
   return 0;
 }
