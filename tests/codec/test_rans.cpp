@@ -232,8 +232,10 @@ TEST(Rans, GroupDecodesEachMatrixAsAlone) {
   struct Shape {
     size_t rows, cols;
   };
-  const std::vector<Shape> shapes = {{128, 32}, {128, 32}, {115, 32}, {13, 32}, {128, 32},
-                                     {40, 1024}, {7, 33},  {1, 5},    {128, 32}, {300, 64}};
+  // Wider than 1024 columns (a 7B MHA plane; a refinement layer's single row) the
+  // AVX-512 kernel reads its table offsets per step: two groups of those too.
+  const std::vector<Shape> shapes = {{128, 32}, {128, 32}, {115, 32}, {13, 32},  {128, 32},  {40, 1024}, {7, 33},
+                                     {1, 5},    {128, 32}, {300, 64}, {9, 4096}, {6, 4096}, {1, 20480}, {1, 20480}};
   std::vector<std::vector<int8_t>> sym;
   std::vector<std::vector<uint8_t>> ids, coded;
   for (const Shape& sh : shapes) {
@@ -260,6 +262,13 @@ TEST(Rans, GroupDecodesEachMatrixAsAlone) {
     EXPECT_EQ(st.code(), StatusCode::corrupt_data) << rans_path_name(path);
     EXPECT_NE(st.to_string().find("job 4"), std::string::npos) << st.to_string();
     jobs[4].in = coded[4];
+    bad = coded[11];
+    bad[bad.size() / 3] ^= 0x5a;
+    jobs[11].in = bad;
+    const Status wide = rans_decode_group(tables, jobs, path);
+    EXPECT_EQ(wide.code(), StatusCode::corrupt_data) << rans_path_name(path);
+    EXPECT_NE(wide.to_string().find("job 11"), std::string::npos) << wide.to_string();
+    jobs[11].in = coded[11];
     jobs[2].rows = 114;  // fewer symbols than were coded: words left over
     EXPECT_FALSE(rans_decode_group(tables, jobs, path).ok());
   }
