@@ -88,6 +88,20 @@ void decode_full_steps_scalar(DecodeCtx& c) {
 
 #if defined(__x86_64__)
 
+// Four decode-table entries, at[0..3], by scalar loads inserted into one xmm register.
+// The kernels read table entries this way rather than with vpgatherdd: the gather
+// is microcoded on AMD Zen 4/5 and slowed by the Gather Data Sampling mitigation on
+// Intel cores from Skylake to Ice Lake, while scalar loads have three ports (on the
+// Zen 5 VM the interleaved AVX-512 kernel decodes 28% more symbols per second this
+// way; docs/entropy-coding.md). Inserting, not storing the entries and reloading
+// them as a vector, avoids a store-forwarding stall.
+__attribute__((target("sse4.1"))) inline __m128i load_entries4(const uint32_t* dec, const uint32_t* at) {
+  __m128i v = _mm_cvtsi32_si128(int(dec[at[0]]));
+  v = _mm_insert_epi32(v, int(dec[at[1]]), 1);
+  v = _mm_insert_epi32(v, int(dec[at[2]]), 2);
+  return _mm_insert_epi32(v, int(dec[at[3]]), 3);
+}
+
 // Lane permutation for the AVX2 renormalization: for an 8-bit "lane needs a word"
 // mask, entry[i] is the rank of lane i among the needing lanes, i.e. which of the
 // next words it takes.
@@ -103,7 +117,7 @@ struct ExpandTable {
 };
 constexpr ExpandTable kExpand;
 
-// Decodes 8 lanes of one step: gather the slot entries, update the states, write the
+// Decodes 8 lanes of one step: load the slot entries, update the states, write the
 // 8 symbols, and refill the states that dropped below 2^16 from consecutive words.
 __attribute__((target("avx2,popcnt"))) inline __m256i avx2_lanes8(__m256i x, const uint8_t* ids, const uint32_t* dec,
                                                                    int8_t* out, const uint8_t*& wp, __m128i& esc) {
@@ -111,14 +125,7 @@ __attribute__((target("avx2,popcnt"))) inline __m256i avx2_lanes8(__m256i x, con
   const __m256i base = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)ids)), PROB_BITS);
   alignas(32) uint32_t at[8];
   _mm256_store_si256((__m256i*)at, _mm256_add_epi32(base, _mm256_and_si256(x, pmask)));
-  __m128i q[2];
-  for (int j = 0; j < 2; ++j) {
-    __m128i v = _mm_cvtsi32_si128(int(dec[at[4 * j]]));
-    v = _mm_insert_epi32(v, int(dec[at[4 * j + 1]]), 1);
-    v = _mm_insert_epi32(v, int(dec[at[4 * j + 2]]), 2);
-    q[j] = _mm_insert_epi32(v, int(dec[at[4 * j + 3]]), 3);
-  }
-  const __m256i e = _mm256_set_m128i(q[1], q[0]);
+  const __m256i e = _mm256_set_m128i(load_entries4(dec, at + 4), load_entries4(dec, at));
   const __m256i freq = _mm256_srli_epi32(e, 8 + PROB_BITS);
   const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 8), pmask);
   x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x, PROB_BITS)), bias);
@@ -205,23 +212,13 @@ __attribute__((target("avx2,popcnt"))) void decode_group2_avx2(DecodeCtx* const*
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// The 16 decode-table entries at `slots`, by 16 scalar loads rather than one
-// vpgatherdd: the gather is microcoded on AMD Zen 4/5 and slowed by the Gather Data
-// Sampling mitigation on recent Intel cores, while scalar loads have three ports. On
-// the Zen 5 VM the interleaved kernel decodes 28% more symbols per second this way
-// (docs/entropy-coding.md). Inserting into four xmm registers, not storing the
-// entries and reloading them as a vector, avoids a store-forwarding stall.
+// The 16 decode-table entries at `slots` (see load_entries4).
 __attribute__((target("avx512f"))) inline __m512i load_entries16(const uint32_t* dec, __m512i slots) {
   alignas(64) uint32_t at[16];
   _mm512_store_si512(at, slots);
-  __m128i q[4];
-  for (int j = 0; j < 4; ++j) {
-    __m128i v = _mm_cvtsi32_si128(int(dec[at[4 * j]]));
-    v = _mm_insert_epi32(v, int(dec[at[4 * j + 1]]), 1);
-    v = _mm_insert_epi32(v, int(dec[at[4 * j + 2]]), 2);
-    q[j] = _mm_insert_epi32(v, int(dec[at[4 * j + 3]]), 3);
-  }
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])), _mm256_set_m128i(q[3], q[2]), 1);
+  const __m256i lo = _mm256_set_m128i(load_entries4(dec, at + 4), load_entries4(dec, at));
+  const __m256i hi = _mm256_set_m128i(load_entries4(dec, at + 12), load_entries4(dec, at + 8));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
 // AVX-512 version of avx2_lanes8 for 16 lanes, given each lane's decode-table offset
