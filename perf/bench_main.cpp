@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
                                                "0.009 with --text)");
   codec->add_flag("--speed-all", co.speed_all, "time every method, not only kvstream, int8 and fp16");
   codec->add_option("--speed-repeats", co.speed_repeats, "timed decode passes per method; the fastest is reported")
-      ->check(CLI::Range(1, 1000));
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   kvstream::bench::StorageBenchOptions so;
   auto* st = app.add_subcommand("storage", "a storage node on loopback under many concurrent clients");
   st->add_option("--backend", so.backend, "tcp, ucx or libfabric")->capture_default_str();
