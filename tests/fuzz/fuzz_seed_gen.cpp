@@ -1,5 +1,5 @@
 // Writes seed corpora for the codec fuzz targets:
-//   fuzz_seed_gen <dir>  ->  <dir>/fuzz_chunk_decoder/*, <dir>/fuzz_profile_loader/*
+//   fuzz_seed_gen <dir>  ->  <dir>/fuzz_chunk_decoder/*, <dir>/fuzz_profile_loader/*, <dir>/fuzz_rans_decoder/*
 // Chunk seeds: valid chunks of each fuzz profile (several levels, token counts,
 // dtypes, positions, one with outliers), each framed with a few control bytes; for the
 // progressive profile each level's prefix of the stream, behind selectors that cut it
@@ -154,6 +154,20 @@ int main(int argc, char** argv) {
     if (!write_file(wdir + "/stats_parts", 2, bytes(storage::encode_stats({a, b})))) return 1;
   }
   if (!write_file(wdir + "/names", 3, bytes(storage::encode_names({"a", "story-1", "ctx.v2"})))) return 1;
+  // rANS seeds (fuzz_rans_decoder): its input is a description, not a stream, so a
+  // few descriptions are enough: untouched matrices of every shape kind, and groups
+  // with edits.
+  const std::string rdir = root + "/fuzz_rans_decoder";
+  ::mkdir(rdir.c_str(), 0755);
+  const std::vector<std::vector<uint8_t>> rans_seeds = {
+      {0, 5, 0, 3, 1, 2, 3, 4},                                              // one wide matrix, table 0
+      {3, 7, 200, 40, 9, 9, 9, 9, 7, 1, 8, 5, 5, 5, 5, 9, 2, 16, 1, 2, 3, 4, 9, 255, 90, 7, 7, 7, 7},  // four wide
+      {5, 0, 3, 1, 1, 1, 1, 1, 1, 4, 1, 2, 2, 2, 2, 2, 8, 3, 3, 3, 3, 3, 3, 10, 4, 4, 4, 4, 4, 5, 6, 5, 5, 5, 5, 5,
+       6, 200, 5, 6, 6, 6, 6, 0, 77, 0, 0, 0, 1, 8, 200, 0, 0, 0, 3, 6, 9, 0, 0, 0, 0, 15, 1, 0, 0, 0, 64},  // six, edited
+  };
+  for (size_t i = 0; i < rans_seeds.size(); ++i)
+    if (!write_file(rdir + "/seed_" + std::to_string(i), rans_seeds[i][0], {rans_seeds[i].begin() + 1, rans_seeds[i].end()}))
+      return 1;
   std::fprintf(stderr, "wrote %d chunk seeds, %zu profile seeds and %d wire seeds under %s\n", n + grouped, profiles.size() * 3,
                w + 3, root.c_str());
   return 0;

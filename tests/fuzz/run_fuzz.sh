@@ -9,7 +9,7 @@
 #   KVSTREAM_FUZZ_BUILD_DIR  build directory (default: <repo>/build-fuzz)
 #   KVSTREAM_FUZZ_CXX        clang++ to use (default: clang++)
 #   KVSTREAM_FUZZ_JOBS       build parallelism (default: 2)
-#   KVSTREAM_FUZZ_TARGETS    targets to run (default: all three)
+#   KVSTREAM_FUZZ_TARGETS    targets to run (default: all four)
 #
 # Exit status: 0 when every target ran its time without a crash, 77 when clang or
 # libFuzzer is missing (ctest reports the test as skipped), 1 otherwise. Crash inputs
@@ -22,7 +22,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${KVSTREAM_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 CXX_BIN="${KVSTREAM_FUZZ_CXX:-clang++}"
 JOBS="${KVSTREAM_FUZZ_JOBS:-2}"
-TARGETS="${KVSTREAM_FUZZ_TARGETS:-fuzz_chunk_decoder fuzz_profile_loader fuzz_wire_protocol}"
+TARGETS="${KVSTREAM_FUZZ_TARGETS:-fuzz_chunk_decoder fuzz_profile_loader fuzz_rans_decoder fuzz_wire_protocol}"
 
 if ! command -v "$CXX_BIN" > /dev/null 2>&1; then
   echo "run_fuzz.sh: SKIP: $CXX_BIN not found (clang is needed for libFuzzer)"
