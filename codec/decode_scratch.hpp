@@ -32,6 +32,8 @@ struct LayeredScratch {
   std::vector<int8_t> sym;                      // base or refinement symbols of the group
   std::vector<int32_t> q;                       // the group's indices at the layer reached so far
   std::vector<uint8_t> ids;                     // table id of every symbol of a refinement layer
+  std::vector<uint8_t> chain_ids;               // the same for layers decoded as one chain,
+  std::vector<int8_t> chain_sym;                // and their symbols (layer after layer)
 };
 
 }  // namespace kvstream::codec

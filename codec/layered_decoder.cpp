@@ -4,8 +4,10 @@
 // the reconstruction of each plane at the level its indices reached. A refinement is
 // the same decode over a longer prefix, read from the bytes the runtime kept and the
 // bytes it fetched since.
+#include <array>
 #include <atomic>
 #include <cstring>
+#include <numeric>
 #include <thread>
 
 #include "codec/byte_io.hpp"
@@ -102,6 +104,63 @@ Status refine_rows(const LayeredContext& cx, uint32_t first, uint32_t end, uint3
   return {};
 }
 
+// Layers k0..k1 of rows [0, rows) of the group's planes, decoded as one chain: layer
+// k's table ids over a block of rows come from the indices layer k - 1 left there, so
+// the layers run a block apart and their single streams interleave
+// (rans_decode_chain) instead of each waiting on its own latency.
+Status refine_chain(const LayeredContext& cx, uint32_t first, uint32_t end, uint32_t k0, uint32_t k1, uint32_t rows,
+                    uint32_t g, LayeredScratch& ls) {
+  const Profile::Impl& p = *cx.p;
+  const LayeredHeader& h = *cx.h;
+  const uint32_t C = p.geom.channels();
+  const size_t E = size_t(h.info.tokens) * C, np = end - first, N = np * rows * C, M = k1 - k0 + 1;
+  ls.chain_ids.resize(M * N), ls.chain_sym.resize(M * N);
+  std::array<RansJob, 16> jobs;
+  for (size_t m = 0; m < M; ++m)
+    jobs[m] = {{ls.chain_ids.data() + m * N, N}, cx.src.at(h.sub_offset[h.refine_index(k0 + uint32_t(m), g)],
+                                                           h.sub_bytes[h.refine_index(k0 + uint32_t(m), g)]),
+               ls.chain_sym.data() + m * N, 1, N};
+  // Blocks of whole rows, a multiple of a step (32 symbols), about 4096 symbols.
+  const size_t unit = std::lcm(size_t(C), size_t(32)), block = std::max(unit, 4096 / unit * unit);
+  auto hook = [&](size_t m, size_t b, size_t e, bool decoded) {
+    const auto& table_of = p.chain_table_of[k0 + m - 1];
+    const uint8_t* zero = table_of[kRoleCoarseZero].data() + size_t(first) * C;
+    const uint8_t* nonzero = table_of[kRoleCoarseNonzero].data() + size_t(first) * C;
+    // Global rows [b / C, e / C) of the planes laid end to end, plane by plane.
+    for (size_t r = b / C; r < e / C;) {
+      const size_t i = r / rows, lr = r % rows, n = std::min<size_t>(rows - lr, e / C - r);
+      int32_t* q = &ls.q[i * E + lr * C];
+      if (!decoded)
+        refinement_ids(q, zero + i * C, nonzero + i * C, &ls.chain_ids[m * N + r * C], uint32_t(n), C);
+      else
+        refine_indices(q, &ls.chain_sym[m * N + r * C], n * C);
+      r += n;
+    }
+  };
+  if (Status st = rans_decode_chain(*p.refine_chain, std::span(jobs.data(), M), block, hook); !st.ok())
+    return st.with_context(fmt::format("refinement layers {}..{} of layers/planes {}..{}", k0, k1, first, end - 1));
+  return {};
+}
+
+// Every refinement layer 1..layers of the group's other rows: runs of layers over the
+// same rows as one chain where the profile has the combined tables, else one by one.
+Status refine_layers(const LayeredContext& cx, uint32_t first, uint32_t end, uint32_t g, uint32_t layers,
+                     LayeredScratch& ls) {
+  const LayeredHeader& h = *cx.h;
+  for (uint32_t k0 = 1; k0 <= layers;) {
+    uint32_t k1 = k0;
+    while (k1 < layers && k1 - k0 + 1 < 16 && h.rows_of_layer(k1 + 1) == h.rows_of_layer(k0)) ++k1;
+    if (k1 > k0 && cx.p->refine_chain) {
+      KVS_RETURN_IF_ERROR(refine_chain(cx, first, end, k0, k1, h.rows_of_layer(k0), g, ls));
+    } else {
+      for (uint32_t k = k0; k <= k1; ++k)
+        KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, 0, h.rows_of_layer(k), h.refine_index(k, g), false, ls));
+    }
+    k0 = k1 + 1;
+  }
+  return {};
+}
+
 Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s) {
   const Profile::Impl& p = *cx.p;
   const LayeredHeader& h = *cx.h;
@@ -150,8 +209,7 @@ Status decode_group(const LayeredContext& cx, uint32_t g, DecodeScratch::Impl& s
   }
   widen_indices(ls.sym.data(), ls.q.data(), N);
   KVS_RETURN_IF_ERROR(recent_layers());
-  for (uint32_t k = 1; k <= layers; ++k)
-    KVS_RETURN_IF_ERROR(refine_rows(cx, first, end, k, 0, h.rows_of_layer(k), h.refine_index(k, g), false, ls));
+  KVS_RETURN_IF_ERROR(refine_layers(cx, first, end, g, layers, ls));
   reconstruct(layers, 0, recent_layer == layers ? T : split, int32_of);
   if (recent_layer != layers) reconstruct(recent_layer, split, T, int32_of);
   return {};

@@ -70,6 +70,22 @@ Status Profile::Impl::finalize() {
     KVS_ASSIGN_OR_RETURN(RansTables t, RansTables::build(lv.tables));
     lv.rans = std::make_shared<const RansTables>(std::move(t));
   }
+  refine_chain.reset(), chain_table_of.clear();
+  size_t refine_tables = 0;
+  for (uint32_t k = 1; progressive && k < levels.size(); ++k) refine_tables += levels[level_of_layer(k)].tables.size();
+  if (refine_tables > 0 && refine_tables <= RANS_MAX_TABLES) {
+    std::vector<FreqTable> all;
+    for (uint32_t k = 1; k < levels.size(); ++k) {
+      const Level& lv = levels[level_of_layer(k)];
+      const size_t offset = all.size();
+      all.insert(all.end(), lv.tables.begin(), lv.tables.end());
+      auto& shifted = chain_table_of.emplace_back();
+      for (uint32_t r = 0; r < kRoles; ++r)
+        for (uint8_t id : lv.table_of[r]) shifted[r].push_back(uint8_t(offset + id));
+    }
+    KVS_ASSIGN_OR_RETURN(RansTables t, RansTables::build(all));
+    refine_chain = std::make_shared<const RansTables>(std::move(t));
+  }
   const std::vector<uint8_t> b = body();
   hash = XXH3_64bits(b.data(), b.size());
   return {};

@@ -1,7 +1,9 @@
 // The inside of a codec Profile, shared by the builder, the encoder and the decoders.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "codec/entropy/rans.hpp"
@@ -61,6 +63,13 @@ struct Profile::Impl {
     std::shared_ptr<const RansTables> rans;
   };
   std::vector<Level> levels;
+  // Progressive profiles, derived on load: every refinement layer's tables in one set,
+  // layer k's ids shifted past those of layers 1..k-1, so that consecutive layers
+  // decode as one chain (rans_decode_chain). Null when the layers' tables together
+  // number more than a byte can name (they then decode one layer at a time).
+  std::shared_ptr<const RansTables> refine_chain;
+  // chain_table_of[k - 1][role]: layer k's table_of[role] with its ids shifted.
+  std::vector<std::array<std::vector<uint8_t>, kRoles>> chain_table_of;
   uint64_t hash = 0;
 
   [[nodiscard]] size_t channels_total() const { return size_t(geom.layers) * geom.planes() * geom.channels(); }

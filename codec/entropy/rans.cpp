@@ -222,20 +222,25 @@ Result<RansTables> RansTables::build(std::span<const FreqTable> tables) {
 
 // ---- shared argument checks ---------------------------------------------------
 
-Status rans_check_shape(const RansTables& tables, std::span<const uint8_t> table_of_col, size_t rows, size_t cols,
-                        size_t& n) {
-  if (table_of_col.size() != cols)
-    return make_status(StatusCode::invalid_argument, "table_of_col has {} ids for {} columns", table_of_col.size(),
-                       cols);
+Status rans_check_ids(const RansTables& tables, std::span<const uint8_t> ids, size_t first_col) {
   // A max first (it vectorises; per-symbol ids make this as long as the matrix), the
   // offending column only on error.
   uint8_t top = 0;
-  for (size_t c = 0; c < cols; ++c) top = std::max(top, table_of_col[c]);
-  if (cols && top >= tables.size())
-    for (size_t c = 0; c < cols; ++c)
-      if (table_of_col[c] >= tables.size())
-        return make_status(StatusCode::invalid_argument, "column {} uses table {} of {}", c, table_of_col[c],
+  for (uint8_t id : ids) top = std::max(top, id);
+  if (!ids.empty() && top >= tables.size())
+    for (size_t c = 0; c < ids.size(); ++c)
+      if (ids[c] >= tables.size())
+        return make_status(StatusCode::invalid_argument, "column {} uses table {} of {}", first_col + c, ids[c],
                            tables.size());
+  return {};
+}
+
+Status rans_check_shape(const RansTables& tables, std::span<const uint8_t> table_of_col, size_t rows, size_t cols,
+                        size_t& n, bool check_ids) {
+  if (table_of_col.size() != cols)
+    return make_status(StatusCode::invalid_argument, "table_of_col has {} ids for {} columns", table_of_col.size(),
+                       cols);
+  if (check_ids) KVS_RETURN_IF_ERROR(rans_check_ids(tables, table_of_col));
   if (cols != 0 && rows > std::numeric_limits<uint32_t>::max() / cols)
     return make_status(StatusCode::out_of_range, "{} x {} symbols exceed 2^32 - 1", rows, cols);
   n = rows * cols;

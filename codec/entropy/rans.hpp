@@ -23,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -169,5 +170,28 @@ struct RansJob {
 /// than its matrices one by one. Errors: as rans_decode, with the failing job's index;
 /// invalid_argument for more than 16 jobs. On error every output is unspecified.
 Status rans_decode_group(const RansTables& tables, std::span<const RansJob> jobs, RansPath path = RansPath::automatic);
+
+/// Called by rans_decode_chain for symbols [begin, end) of job `job`: before they are
+/// decoded (`decoded` false: fill their table ids) and after (`decoded` true: read
+/// them).
+using RansChainHook = std::function<void(size_t job, size_t begin, size_t end, bool decoded)>;
+
+/// Decodes one-row matrices (rows 1) of one length whose table ids are known only as
+/// decoding goes: job j's ids over a range may depend on job j - 1's symbols over the
+/// same range (the refinement layers of a progressive stream, each refining the
+/// indices the previous one left). The jobs run as a wavefront, `block` symbols apart:
+/// job j decodes a block while job j - 1 decodes the next, interleaved as
+/// rans_decode_group interleaves matrices, so a chain of single streams is not bound
+/// by one stream's latency. `hook(j, b, e, false)` comes after `hook(j - 1, b, e,
+/// true)` and before `hook(j, b, e, true)`; ranges are whole blocks (the last may be
+/// shorter). Where the jobs cannot run interleaved (no AVX-512 or AVX2, a length that
+/// is not a multiple of 32, `block` not a multiple of 32, escapes in a stream) they run
+/// one after another over the whole length, with the same hook order and the same
+/// output. The job's `table_of_col` is where its ids are to be written (cols
+/// entries); symbols go to `symbols_out`. Errors: as rans_decode_group, with the
+/// failing job's index. On error the outputs, and what the hook did with them, are
+/// unspecified.
+Status rans_decode_chain(const RansTables& tables, std::span<const RansJob> jobs, size_t block,
+                         const RansChainHook& hook, RansPath path = RansPath::automatic);
 
 }  // namespace kvstream::codec

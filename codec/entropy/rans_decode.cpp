@@ -398,9 +398,11 @@ Result<StreamLayout> parse_header(std::span<const uint8_t> in) {
   return s;
 }
 
-// Opens one job: validates its shape and header and loads its start states.
-Status open_job(const RansTables& tables, const RansJob& job, DecodeCtx& c, StreamLayout& s, size_t& n) {
-  KVS_RETURN_IF_ERROR(rans_check_shape(tables, job.table_of_col, job.rows, job.cols, n));
+// Opens one job: validates its shape (and table ids, unless they are not written yet)
+// and header, and loads its start states.
+Status open_job(const RansTables& tables, const RansJob& job, DecodeCtx& c, StreamLayout& s, size_t& n,
+                bool check_ids = true) {
+  KVS_RETURN_IF_ERROR(rans_check_shape(tables, job.table_of_col, job.rows, job.cols, n, check_ids));
   if (n != 0 && job.symbols_out == nullptr) return make_status(StatusCode::invalid_argument, "null output");
   KVS_ASSIGN_OR_RETURN(s, parse_header(job.in));
   if (s.total != job.in.size())
@@ -444,18 +446,19 @@ Status finish_job(DecodeCtx& c, const StreamLayout& s, size_t n, KernelFn kernel
 }
 
 // Runs the interleaved kernel of `path`: each of the k streams decodes `steps` more
-// full steps.
-void run_group(DecodeCtx* const* cs, int k, size_t steps, RansPath path) {
+// full steps. `ids_ahead`: the streams' table ids past this call's steps may not be
+// written yet (rans_decode_chain), so the AVX-512 kernel must not precompute them.
+void run_group(DecodeCtx* const* cs, int k, size_t steps, RansPath path, bool ids_ahead = false) {
 #if defined(__x86_64__)
   if (path == RansPath::avx512) {
-    const bool wide = cs[0]->cols > kGroupMaxCols;  // a group shares its column count
+    const bool wide = ids_ahead || cs[0]->cols > kGroupMaxCols;  // a group shares its column count
     if (k == 4) return wide ? decode_group_avx512<4, true>(cs, steps) : decode_group_avx512<4, false>(cs, steps);
     if (k == 3) return wide ? decode_group_avx512<3, true>(cs, steps) : decode_group_avx512<3, false>(cs, steps);
     if (k == 2) return wide ? decode_group_avx512<2, true>(cs, steps) : decode_group_avx512<2, false>(cs, steps);
   }
   if (path == RansPath::avx2 && k == 2) return decode_group2_avx2(cs, steps);
 #endif
-  (void)cs, (void)k, (void)steps, (void)path;
+  (void)cs, (void)k, (void)steps, (void)path, (void)ids_ahead;
 }
 
 // Whether a stream can join an interleaved group on `path`.
@@ -553,6 +556,95 @@ Status rans_decode_group(const RansTables& tables, std::span<const RansJob> jobs
     Status st = finish_job(ctx[j], layout[j], n[j], kernel);
     if (!st.ok()) return jobs.size() == 1 ? st : st.with_context(fmt::format("job {}", j));
   }
+  return {};
+}
+
+Status rans_decode_chain(const RansTables& tables, std::span<const RansJob> jobs, size_t block,
+                         const RansChainHook& hook, RansPath path) {
+  if (path == RansPath::automatic) path = rans_best_path();
+  if (!rans_path_available(path))
+    return make_status(StatusCode::unsupported, "rans: {} decoder not available on this CPU", rans_path_name(path));
+  constexpr size_t kMaxChain = 16;  // the contexts live on the stack
+  if (jobs.size() > kMaxChain)
+    return make_status(StatusCode::invalid_argument, "rans: {} jobs in one chain, at most {}", jobs.size(), kMaxChain);
+  if (jobs.empty()) return {};
+  const size_t N = jobs[0].cols;
+  DecodeCtx ctx[kMaxChain];
+  StreamLayout layout[kMaxChain];
+  size_t n[kMaxChain];
+  bool escapes = false;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (jobs[j].rows != 1 || jobs[j].cols != N)
+      return make_status(StatusCode::invalid_argument, "rans: chained job {} is {} x {}, not 1 x {}", j, jobs[j].rows,
+                         jobs[j].cols, N);
+    Status st = open_job(tables, jobs[j], ctx[j], layout[j], n[j], false);
+    if (!st.ok()) return st.with_context(fmt::format("job {}", j));
+    escapes |= layout[j].n_escapes != 0;
+  }
+  const KernelFn kernel = kernel_for(path);
+  auto failed = [&](size_t j, Status st) { return jobs.size() == 1 ? st : st.with_context(fmt::format("job {}", j)); };
+  auto prepare = [&](size_t j, size_t begin, size_t end) {
+    hook(j, begin, end, false);
+    return rans_check_ids(tables, jobs[j].table_of_col.subspan(begin, end - begin), begin);
+  };
+  // The single-stream kernel, stopped at step `target` rather than at the stream's end.
+  auto run_until = [&](DecodeCtx& c, size_t target) {
+    const size_t full = c.full_steps;
+    c.full_steps = target;
+    kernel(c);
+    c.full_steps = full;
+  };
+  const int width = group_width(path);
+  // Escapes are patched in after a stream's last step, too late for the next job's ids.
+  if (width < 2 || escapes || N == 0 || N % kLanes != 0 || block == 0 || block % kLanes != 0) {
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (Status st = prepare(j, 0, N); !st.ok()) return failed(j, st);
+      if (Status st = finish_job(ctx[j], layout[j], n[j], kernel); !st.ok()) return failed(j, st);
+      hook(j, 0, N, true);
+    }
+    return {};
+  }
+  // The wavefront: at round t job j decodes block t - j, so each job's block follows
+  // the previous job's decode of it by one round.
+  const size_t M = jobs.size(), steps_total = N / kLanes, block_steps = block / kLanes;
+  const size_t blocks = (steps_total + block_steps - 1) / block_steps;
+  for (size_t t = 0; t + 1 < blocks + M; ++t) {
+    const size_t lo = t >= blocks ? t - blocks + 1 : 0, hi = std::min(M - 1, t);  // jobs with a block this round
+    size_t want[kMaxChain];
+    for (size_t j = lo; j <= hi; ++j) {
+      const size_t b = t - j;
+      want[j] = std::min(block_steps, steps_total - b * block_steps);
+      if (Status st = prepare(j, b * block, b * block + want[j] * kLanes); !st.ok()) return failed(j, st);
+    }
+    // Interleaved, up to the kernel's width at a time; a round's blocks have one length
+    // but for the last block, so streams group by length.
+    size_t target[kMaxChain];
+    for (size_t j = lo; j <= hi; ++j) target[j] = ctx[j].step + want[j];
+    bool done[kMaxChain] = {};
+    for (size_t j = lo; j <= hi; ++j) {
+      if (done[j]) continue;
+      DecodeCtx* group[4];
+      int k = 0;
+      for (size_t i = j; i <= hi && k < width; ++i)
+        if (!done[i] && want[i] == want[j]) group[k++] = &ctx[i], done[i] = true;
+      if (k >= 2)
+        run_group(group, k, want[j], path, true);
+      else
+        run_until(ctx[j], target[j]);
+    }
+    for (size_t j = lo; j <= hi; ++j) {
+      // A kernel stops early only when a corrupt stream overran its words; it stops the
+      // streams of its group with it, and those finish their block alone.
+      if (ctx[j].step != target[j] && ctx[j].wp <= ctx[j].wend) run_until(ctx[j], target[j]);
+      if (ctx[j].step != target[j] || ctx[j].wp > ctx[j].wend)
+        return failed(j, make_status(StatusCode::corrupt_data, "rans: word stream overrun"));
+      const size_t b = t - j;
+      hook(j, b * block, b * block + want[j] * kLanes, true);
+    }
+  }
+  // Every step is decoded: what is left are the checks that each stream was whole.
+  for (size_t j = 0; j < M; ++j)
+    if (Status st = finish_job(ctx[j], layout[j], n[j], kernel); !st.ok()) return failed(j, st);
   return {};
 }
 

@@ -32,8 +32,12 @@ inline uint32_t load_u32(const uint8_t* p) { return load_u16(p) | (load_u16(p + 
 
 }  // namespace rans_format
 
-/// The shape checks rans_encode and rans_decode share; n receives rows * cols.
+/// The shape checks rans_encode and rans_decode share; n receives rows * cols. With
+/// `check_ids` false the ids are not read (rans_decode_chain: they are written as
+/// decoding goes, and checked then with rans_check_ids).
 Status rans_check_shape(const RansTables& tables, std::span<const uint8_t> table_of_col, size_t rows, size_t cols,
-                        size_t& n);
+                        size_t& n, bool check_ids = true);
+/// invalid_argument when an id is not below tables.size(); names the first such column.
+Status rans_check_ids(const RansTables& tables, std::span<const uint8_t> ids, size_t first_col = 0);
 
 }  // namespace kvstream::codec

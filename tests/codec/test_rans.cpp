@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -271,6 +272,81 @@ TEST(Rans, GroupDecodesEachMatrixAsAlone) {
   }
   std::vector<RansJob> too_many(17, RansJob{ids[0], coded[0], nullptr, shapes[0].rows, shapes[0].cols});
   EXPECT_EQ(rans_decode_group(tables, too_many).code(), StatusCode::invalid_argument);
+}
+
+// A chain of one-row jobs where job j's table ids are a function of job j - 1's
+// symbols (as a refinement layer's contexts are of the indices before it): each job
+// comes out as encoded, every hook sees its range after the previous job decoded it,
+// and the jobs run as a wavefront of blocks where the CPU interleaves, as one pass
+// each where it cannot (the scalar path, escapes, a length off a whole step).
+TEST(Rans, ChainDecodesEachJobAfterTheOneBefore) {
+  const RansTables tables = make_tables();
+  // Tables 2 and 3 only (wide enough that these draws never escape); escapes where wanted.
+  auto id_after = [](int8_t before, size_t i) { return uint8_t(before == 0 ? 2 : 3 - i % 2); };
+  for (const size_t N : {size_t(40960), size_t(32000), size_t(4005)}) {
+    for (const bool escapes : {false, true}) {
+      std::mt19937_64 rng(N + escapes);
+      const size_t M = 3, block = 2048;
+      std::vector<std::vector<int8_t>> sym(M);
+      std::vector<std::vector<uint8_t>> ids(M), coded(M);
+      for (size_t j = 0; j < M; ++j) {
+        sym[j] = draw(laplace_counts(0.5 + double(j)), N, rng);
+        if (escapes && j == 1) sym[j][N / 2] = 100;  // outside the narrow table: an escape, wherever it lands
+        ids[j].resize(N);
+        for (size_t i = 0; i < N; ++i) ids[j][i] = j == 0 ? uint8_t(2 + i % 2) : id_after(sym[j - 1][i], i);
+        if (escapes && j == 1) ids[j][N / 2] = 4;
+        ASSERT_TRUE(rans_encode(tables, ids[j], sym[j].data(), 1, N, coded[j]).ok());
+      }
+      for (RansPath path : available_paths()) {
+        std::vector<std::vector<int8_t>> out(M, std::vector<int8_t>(N, 42));
+        std::vector<std::vector<uint8_t>> ids_out(M, std::vector<uint8_t>(N, 255));
+        std::vector<std::vector<bool>> seen(M, std::vector<bool>(N, false));
+        std::vector<size_t> prepares(M, 0);
+        std::vector<RansJob> jobs;
+        for (size_t j = 0; j < M; ++j) jobs.push_back({ids_out[j], coded[j], out[j].data(), 1, N});
+        bool order_ok = true;
+        auto hook = [&](size_t j, size_t b, size_t e, bool decoded) {
+          for (size_t i = b; i < e; ++i) {
+            if (!decoded) {
+              order_ok &= j == 0 || seen[j - 1][i];
+              ids_out[j][i] = j == 0 ? uint8_t(2 + i % 2) : id_after(out[j - 1][i], i);
+              if (escapes && j == 1 && i == N / 2) ids_out[j][i] = 4;
+            } else {
+              order_ok &= !seen[j][i];
+              seen[j][i] = true;
+            }
+          }
+          prepares[j] += decoded ? 0 : 1;
+        };
+        const Status st = rans_decode_chain(tables, jobs, block, hook, path);
+        ASSERT_TRUE(st.ok()) << rans_path_name(path) << " N " << N << ": " << st.to_string();
+        EXPECT_TRUE(order_ok) << rans_path_name(path) << " N " << N;
+        for (size_t j = 0; j < M; ++j) {
+          EXPECT_EQ(out[j], sym[j]) << rans_path_name(path) << " N " << N << " job " << j;
+          EXPECT_EQ(std::count(seen[j].begin(), seen[j].end(), true), ptrdiff_t(N)) << "job " << j;
+          const bool wavefront = path != RansPath::scalar && !escapes && N % 32 == 0;
+          EXPECT_EQ(prepares[j], wavefront ? (N + block - 1) / block : 1) << rans_path_name(path) << " N " << N;
+        }
+        if (escapes || N % 32 != 0) continue;
+        // A corrupt job fails the chain, named by its index; so does an id the hook
+        // writes out of range.
+        std::vector<uint8_t> bad = coded[1];
+        bad[bad.size() / 3] ^= 0x5a;
+        jobs[1].in = bad;
+        std::fill(seen.begin(), seen.end(), std::vector<bool>(N, false));
+        Status corrupt = rans_decode_chain(tables, jobs, block, hook, path);
+        EXPECT_EQ(corrupt.code(), StatusCode::corrupt_data) << rans_path_name(path);
+        EXPECT_NE(corrupt.to_string().find("job 1"), std::string::npos) << corrupt.to_string();
+        jobs[1].in = coded[1];
+        auto bad_ids = [&](size_t j, size_t b, size_t e, bool decoded) {
+          hook(j, b, e, decoded);
+          if (!decoded && j == 2) ids_out[j][b] = uint8_t(tables.size());
+        };
+        std::fill(seen.begin(), seen.end(), std::vector<bool>(N, false));
+        EXPECT_EQ(rans_decode_chain(tables, jobs, block, bad_ids, path).code(), StatusCode::invalid_argument);
+      }
+    }
+  }
 }
 
 TEST(Rans, EncodingIsDeterministicAndAppends) {
