@@ -11,7 +11,11 @@
 //   * rans_decode_group on every path this CPU has (scalar, AVX2, AVX-512) succeeds
 //     exactly when every matrix decodes alone on the scalar path, and then gives the
 //     scalar output bit for bit;
-//   * a matrix no edit touched decodes alone to the symbols that were encoded.
+//   * a matrix no edit touched decodes alone to the symbols that were encoded;
+//   * in chain mode (one-row matrices of one width, each one's table ids a function
+//     of the symbols of the one before), rans_decode_chain on every path succeeds
+//     exactly when the matrices decode one by one on the scalar path, each with ids
+//     from the symbols the one before decoded, and then gives their output.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +77,9 @@ uint64_t next(uint64_t& s) {
   return x ^ (x >> 31);
 }
 
+// A chained matrix's table id for column c, from the symbol above it.
+uint8_t chain_id(int8_t above, size_t c) { return uint8_t(above == 0 ? 0 : 1 + (c + size_t(above & 3)) % 3); }
+
 struct Matrix {
   size_t rows = 0, cols = 0;
   std::vector<uint8_t> ids;
@@ -86,15 +93,18 @@ struct Matrix {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Reader in{data, size};
-  const size_t count = 1 + in.u8() % 6;
+  const uint8_t head = in.u8();
+  const size_t count = 1 + head % 6;
+  // Chain mode: every matrix is one row of the first one's width, and matrix j's ids
+  // are a function of matrix j - 1's symbols (rans_decode_chain).
+  const bool chain = (head & 0x80) != 0;
   std::vector<Matrix> ms(count);
-  for (Matrix& m : ms) {
+  for (size_t j = 0; j < count; ++j) {
+    Matrix& m = ms[j];
     const uint8_t shape = in.u8(), table_mode = in.u8(), spread = in.u8();
     uint64_t seed = in.u32();
     m.rows = kShapes[shape % kNumShapes][0], m.cols = kShapes[shape % kNumShapes][1];
-    // Table ids: all one table, or per column from the seed.
-    m.ids.resize(m.cols);
-    for (size_t c = 0; c < m.cols; ++c) m.ids[c] = uint8_t(table_mode < 128 ? table_mode % 4 : next(seed) % 4);
+    if (chain) m.rows = 1, m.cols = j == 0 ? m.cols : ms[0].cols;
     // Symbols mostly small, a few anywhere in int8 (escapes where a table lacks them).
     m.symbols.resize(m.rows * m.cols);
     const int width = 1 + spread % 16;
@@ -102,6 +112,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint64_t r = next(seed);
       s = (r & 0xff) < (spread >> 4) ? int8_t(uint8_t(r >> 8)) : int8_t(int(r >> 16) % (2 * width + 1) - width);
     }
+    // Table ids: all one table, or per column from the seed; in a chain, from the
+    // symbols of the matrix before.
+    m.ids.resize(m.cols);
+    for (size_t c = 0; c < m.cols; ++c)
+      m.ids[c] = chain && j > 0 ? chain_id(ms[j - 1].symbols[c], c)
+                                : uint8_t(table_mode < 128 ? table_mode % 4 : next(seed) % 4);
     std::vector<uint8_t> coded;
     if (Status st = rans_encode(tables(), m.ids, m.symbols.data(), m.rows, m.cols, coded); !st.ok())
       fail("rans_encode of a valid matrix", st);
@@ -165,6 +181,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fail("group and single decodes disagree on success", st);
     }
     if (st.ok() && out != ref) fail("group output differs from the scalar decode", st);
+  }
+  if (!chain) return 0;
+  // The chain against the same jobs decoded one by one, each with ids from the symbols
+  // the one before decoded (as far as they all decode).
+  std::vector<std::vector<int8_t>> seq(count);
+  bool seq_ok = true;
+  for (size_t j = 0; j < count && seq_ok; ++j) {
+    std::vector<uint8_t> ids = ms[j].ids;
+    if (j > 0)
+      for (size_t c = 0; c < ids.size(); ++c) ids[c] = chain_id(seq[j - 1][c], c);
+    seq[j].assign(ms[j].cols, 0);
+    seq_ok = rans_decode(tables(), ids, {exact[j].get(), ms[j].size}, seq[j].data(), 1, ms[j].cols, RansPath::scalar).ok();
+  }
+  for (RansPath path : {RansPath::scalar, RansPath::avx2, RansPath::avx512}) {
+    if (!rans_path_available(path)) continue;
+    std::vector<std::vector<int8_t>> out(count, std::vector<int8_t>(ms[0].cols, 0));
+    std::vector<std::vector<uint8_t>> ids(count, std::vector<uint8_t>(ms[0].cols, 0));
+    std::vector<RansJob> jobs;
+    for (size_t j = 0; j < count; ++j)
+      jobs.push_back({ids[j], std::span<const uint8_t>(exact[j].get(), ms[j].size), out[j].data(), 1, ms[j].cols});
+    auto hook = [&](size_t j, size_t b, size_t e, bool decoded) {
+      if (decoded) return;
+      for (size_t c = b; c < e; ++c) ids[j][c] = j == 0 ? ms[0].ids[c] : chain_id(out[j - 1][c], c);
+    };
+    const size_t block = (head & 0x40) ? 33 : 32 * (1 + (head >> 3) % 8);  // 33: not a whole step
+    const Status st = rans_decode_chain(tables(), jobs, block, hook, path);
+    if (st.ok() != seq_ok) {
+      std::fprintf(stderr, "path %s: chain %s, one by one %s\n", rans_path_name(path), st.ok() ? "ok" : "failed",
+                   seq_ok ? "ok" : "failed");
+      fail("chain and one-by-one decodes disagree on success", st);
+    }
+    if (st.ok() && out != seq) fail("chain output differs from the one-by-one decode", st);
   }
   return 0;
 }
