@@ -29,11 +29,9 @@ struct MatrixWork {
 struct LayeredScratch {
   std::vector<ExactValues> exact;               // per plane of the group
   std::vector<std::span<const uint8_t>> code;   // per plane: its base coded matrix
-  std::vector<int8_t> sym;                      // base or refinement symbols of the group
+  std::vector<int8_t> sym;                      // base or refinement symbols (a chain's layers end to end)
   std::vector<int32_t> q;                       // the group's indices at the layer reached so far
-  std::vector<uint8_t> ids;                     // table id of every symbol of a refinement layer
-  std::vector<uint8_t> chain_ids;               // the same for layers decoded as one chain,
-  std::vector<int8_t> chain_sym;                // and their symbols (layer after layer)
+  std::vector<uint8_t> ids;                     // table id of every symbol of a refinement layer or chain
 };
 
 }  // namespace kvstream::codec

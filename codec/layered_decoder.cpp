@@ -114,12 +114,14 @@ Status refine_chain(const LayeredContext& cx, uint32_t first, uint32_t end, uint
   const LayeredHeader& h = *cx.h;
   const uint32_t C = p.geom.channels();
   const size_t E = size_t(h.info.tokens) * C, np = end - first, N = np * rows * C, M = k1 - k0 + 1;
-  ls.chain_ids.resize(M * N), ls.chain_sym.resize(M * N);
+  // The base's symbols and the layer-by-layer ids are spent by now (widened into q,
+  // the recent rows refined): their buffers take the chain's, layer after layer.
+  ls.ids.resize(M * N), ls.sym.resize(M * N);
   std::array<RansJob, 16> jobs;
-  for (size_t m = 0; m < M; ++m)
-    jobs[m] = {{ls.chain_ids.data() + m * N, N}, cx.src.at(h.sub_offset[h.refine_index(k0 + uint32_t(m), g)],
-                                                           h.sub_bytes[h.refine_index(k0 + uint32_t(m), g)]),
-               ls.chain_sym.data() + m * N, 1, N};
+  for (size_t m = 0; m < M; ++m) {
+    const size_t si = h.refine_index(k0 + uint32_t(m), g);
+    jobs[m] = {{ls.ids.data() + m * N, N}, cx.src.at(h.sub_offset[si], h.sub_bytes[si]), ls.sym.data() + m * N, 1, N};
+  }
   // Blocks of whole rows, a multiple of a step (32 symbols), about 4096 symbols.
   const size_t unit = std::lcm(size_t(C), size_t(32)), block = std::max(unit, 4096 / unit * unit);
   auto hook = [&](size_t m, size_t b, size_t e, bool decoded) {
@@ -131,9 +133,9 @@ Status refine_chain(const LayeredContext& cx, uint32_t first, uint32_t end, uint
       const size_t i = r / rows, lr = r % rows, n = std::min<size_t>(rows - lr, e / C - r);
       int32_t* q = &ls.q[i * E + lr * C];
       if (!decoded)
-        refinement_ids(q, zero + i * C, nonzero + i * C, &ls.chain_ids[m * N + r * C], uint32_t(n), C);
+        refinement_ids(q, zero + i * C, nonzero + i * C, &ls.ids[m * N + r * C], uint32_t(n), C);
       else
-        refine_indices(q, &ls.chain_sym[m * N + r * C], n * C);
+        refine_indices(q, &ls.sym[m * N + r * C], n * C);
       r += n;
     }
   };
