@@ -8,7 +8,7 @@
 # Environment:
 #   KVSTREAM_FUZZ_BUILD_DIR  build directory (default: <repo>/build-fuzz)
 #   KVSTREAM_FUZZ_CXX        clang++ to use (default: clang++)
-#   KVSTREAM_FUZZ_JOBS       build parallelism (default: 2)
+#   KVSTREAM_FUZZ_JOBS       build parallelism, and targets fuzzed at once (default: 2)
 #   KVSTREAM_FUZZ_TARGETS    targets to run (default: all four)
 #
 # Exit status: 0 when every target ran its time without a crash, 77 when clang or
@@ -56,26 +56,45 @@ rm -rf "$SEEDS"
 "$BUILD/fuzz_seed_gen" "$SEEDS" || { echo "run_fuzz.sh: seed generation failed"; exit 1; }
 mkdir -p "$BUILD/artifacts" "$BUILD/logs"
 
-failed=0
-summary=""
-for t in $TARGETS; do
-  corpus="$BUILD/corpus/$t"
+# One target for SECS seconds; its exit status lands in <logs>/<target>.rc.
+fuzz_one() {
+  local t="$1" corpus="$BUILD/corpus/$1" log="$BUILD/logs/$1.log"
   mkdir -p "$corpus"
-  log="$BUILD/logs/$t.log"
-  echo "run_fuzz.sh: $t for ${SECS}s (log: $log)"
   # Inputs that once crashed a target (tests/fuzz/regressions/<target>/) are read with
   # the corpus, so each run replays them first.
-  regressions=()
+  local regressions=()
   [ -d "$ROOT/tests/fuzz/regressions/$t" ] && regressions=("$ROOT/tests/fuzz/regressions/$t")
   # -max_total_time bounds fuzzing; the outer timeout only guards against a hang
   # in corpus loading or a stuck run.
   timeout --kill-after=10 $((SECS + 120)) "$BUILD/$t" -max_total_time="$SECS" -timeout=20 -rss_limit_mb=2560 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t-" \
     "$corpus" "$SEEDS/$t" "${regressions[@]}" > "$log" 2>&1
-  rc=$?
+  echo $? > "$BUILD/logs/$t.rc"
+}
+
+# libFuzzer runs one process on one core: the targets run JOBS at a time (CI's
+# smoke run: four targets on two cores in half the time).
+running=0
+for t in $TARGETS; do
+  echo "run_fuzz.sh: $t for ${SECS}s (log: $BUILD/logs/$t.log)"
+  rm -f "$BUILD/logs/$t.rc"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+done
+wait
+
+failed=0
+summary=""
+for t in $TARGETS; do
+  log="$BUILD/logs/$t.log"
+  rc="$(cat "$BUILD/logs/$t.rc" 2> /dev/null || echo lost)"
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
-  if [ "$rc" -ne 0 ]; then
+  if [ "$rc" != 0 ]; then
     failed=1
     echo "run_fuzz.sh: $t FAILED (exit $rc); last lines of $log:"
     grep -v '^"' "$log" | tail -40
