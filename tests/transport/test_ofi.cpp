@@ -194,6 +194,44 @@ TEST_P(LibfabricProvider, OrderlyCloseIsSeenAtOnceAfterPendingMessages) {
   EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
 }
 
+// After Endpoint::kParkAfter (10 ms) with nothing, a waiting call parks and the
+// progress thread sleeps on the queue's fd (tcp;ofi_rxm; shm keeps polling): a message
+// after such a gap must still wake both, every time, and a cancel must end a parked
+// wait. The sleeps only make the gaps; nothing is timed.
+TEST_P(LibfabricProvider, MessagesAfterIdleGapsArriveAndCancelEndsAParkedWait) {
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    auto echo = std::async(std::launch::async, [&]() -> Status {
+      std::vector<std::byte> h;
+      KVS_ASSIGN_OR_RETURN(const size_t body, p->server->recv_header(h, deadline_in(10s), {}));
+      if (body != 0) return make_status(StatusCode::internal, "unexpected body of {} bytes", body);
+      std::this_thread::sleep_for(30ms);  // the client's wait for the echo goes idle too
+      return p->server->send(h, {}, deadline_in(10s), {});
+    });
+    std::this_thread::sleep_for(30ms);
+    const auto sent = fill(40 + round, uint8_t(round));
+    ASSERT_TRUE(p->client->send(sent, {}, deadline_in(10s), {}).ok());
+    std::vector<std::byte> got;
+    auto len = p->client->recv_header(got, deadline_in(10s), {});
+    ASSERT_TRUE(len.ok()) << len.status().to_string();
+    EXPECT_EQ(got, sent);
+    const Status st = echo.get();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  CancelToken cancel;
+  auto waiting = std::async(std::launch::async, [&] {
+    std::vector<std::byte> h;
+    return p->server->recv_header(h, deadline_in(60s), cancel);
+  });
+  std::this_thread::sleep_for(30ms);
+  cancel.cancel();
+  auto r = waiting.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::cancelled) << r.status().to_string();
+}
+
 TEST_P(LibfabricProvider, TimedOutBodyCanBeRetried) {
   auto p = make_ofi_pair(GetParam());
   ASSERT_TRUE(p.ok()) << p.status().to_string();

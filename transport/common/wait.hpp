@@ -30,6 +30,7 @@ class Backoff {
  public:
   void pause() {
     using namespace std::chrono_literals;
+    if (idle_ == 0) idle_since_ = std::chrono::steady_clock::now();
     if (idle_ < 64) std::this_thread::yield();
     else if (idle_ < 2000) std::this_thread::sleep_for(20us);
     else std::this_thread::sleep_for(200us);
@@ -37,9 +38,17 @@ class Backoff {
   }
   /// Progress was made: the next pause yields again.
   void reset() noexcept { idle_ = 0; }
+  /// Idle (pausing since the last reset) for at least `d`. A backend that can block
+  /// on an event and be woken by it does so after a while instead of sleeping between
+  /// polls: not at once, since the hand-off through the waking thread costs more than
+  /// a poll that finds a completion microseconds away.
+  [[nodiscard]] bool idle_for(std::chrono::steady_clock::duration d) const noexcept {
+    return idle_ > 0 && std::chrono::steady_clock::now() - idle_since_ >= d;
+  }
 
  private:
   int idle_ = 0;
+  std::chrono::steady_clock::time_point idle_since_{};
 };
 
 /// Polls until `step` returns a verdict, the deadline passes or `cancel` fires.

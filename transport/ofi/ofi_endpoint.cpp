@@ -1,11 +1,16 @@
 // RDM endpoint, completion queue and progress: see ofi_endpoint.hpp.
 #include "transport/ofi/ofi_endpoint.hpp"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -60,6 +65,7 @@ Endpoint::~Endpoint() {
   stop_.store(true);
   wake();
   if (progress_.joinable()) progress_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
   if (ep_ && core_->staged_reads && !park_if_reads_linger()) return;
   if (ep_) fi_close(&ep_->fid);
   if (cq_) fi_close(&cq_->fid);
@@ -76,10 +82,23 @@ Status Endpoint::init(fi_info* info) {
     return make_status(StatusCode::unavailable, "libfabric: fi_av_open: {}", fi_err(r));
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.wait_obj = FI_WAIT_NONE;
   cq_attr.size = 0;
-  if ((r = fi_cq_open(core_->domain, &cq_attr, &cq_, nullptr)))
-    return make_status(StatusCode::unavailable, "libfabric: fi_cq_open: {}", fi_err(r));
+  // A queue the progress thread can sleep on in the kernel where the provider offers
+  // one (tcp;ofi_rxm); shm has none (FI_WAIT_FD: not implemented), and its queue is
+  // polled as before.
+  cq_attr.wait_obj = FI_WAIT_FD;
+  if (fi_cq_open(core_->domain, &cq_attr, &cq_, nullptr) == 0) {
+    int fd = -1;
+    if (fi_control(&cq_->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) {
+      wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (wake_fd_ >= 0) wait_fd_ = fd;
+    }
+  } else {
+    cq_ = nullptr;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((r = fi_cq_open(core_->domain, &cq_attr, &cq_, nullptr)))
+      return make_status(StatusCode::unavailable, "libfabric: fi_cq_open: {}", fi_err(r));
+  }
   if ((r = fi_ep_bind(ep_, &av_->fid, 0)))
     return make_status(StatusCode::unavailable, "libfabric: fi_ep_bind(av): {}", fi_err(r));
   if ((r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)))
@@ -292,9 +311,30 @@ void Endpoint::complete(void* context, int err, size_t len, uint64_t tag) {
   if (op->counted) active_sends_.fetch_sub(1);
   op->done.store(true, std::memory_order_release);
   if (op->on_complete) op->on_complete(*op);
+  // After the state a waiter's predicate reads has changed. Dekker-style with park():
+  // either it sees the new count or this sees it parked and notifies.
+  completions_.fetch_add(1);
+  if (parked_.load() > 0) {
+    std::lock_guard lock(park_mu_);
+    park_cv_.notify_all();
+  }
+}
+
+void Endpoint::park(uint64_t seen, Deadline deadline) {
+  const Deadline until = std::min(deadline, Clock::now() + 5ms);
+  std::unique_lock lock(park_mu_);
+  parked_.fetch_add(1);
+  park_cv_.wait_until(lock, until, [&] { return completions_.load() != seen || stop_.load(); });
+  parked_.fetch_sub(1);
 }
 
 void Endpoint::wake() {
+  // Only a progress thread on its way into poll(2) needs the eventfd; one awake checks
+  // active_sends_ and stop_ before it sleeps again.
+  if (wait_fd_ >= 0 && asleep_.exchange(false)) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
   std::lock_guard lock(wake_mu_);
   kick_ = true;
   wake_cv_.notify_one();
@@ -302,13 +342,31 @@ void Endpoint::wake() {
 
 void Endpoint::progress_loop() {
   Backoff backoff;
+  // While completions come, 1 ms naps between polls (a thread woken by every event
+  // competes with the waiting callers that reap their own: a 4 KiB ping-pong took 3x
+  // as long); after kParkAfter without one, the kernel's wait on the queue's fd.
+  // Completions reaped by waiting callers count as work too: on a receiving side the
+  // callers reap nearly all of them.
+  auto last_work = Clock::now();
+  uint64_t seen = completions_.load();
   while (!stop_.load()) {
     if (poll() > 0) {
       backoff.reset();
+      last_work = Clock::now();
       continue;
+    }
+    if (const uint64_t c = completions_.load(); c != seen) {
+      seen = c;
+      last_work = Clock::now();
     }
     if (active_sends_.load() > 0) {
       backoff.pause();
+      last_work = Clock::now();
+      continue;
+    }
+    if (wait_fd_ >= 0 && Clock::now() - last_work >= kParkAfter) {
+      sleep_on_queue(50ms);
+      backoff.reset();
       continue;
     }
     std::unique_lock lock(wake_mu_);
@@ -316,6 +374,27 @@ void Endpoint::progress_loop() {
     kick_ = false;
     backoff.reset();
   }
+}
+
+void Endpoint::sleep_on_queue(std::chrono::milliseconds limit) {
+  // asleep_ first, then the checks: a sender that counts itself after them finds
+  // asleep_ set and writes the eventfd (wake()).
+  asleep_.store(true);
+  if (stop_.load() || active_sends_.load() > 0) {
+    asleep_.store(false);
+    return;
+  }
+  fid* queue = &cq_->fid;
+  const int r = locked([&] { return fi_trywait(core_->fabric, &queue, 1); });
+  // fi_trywait's -FI_EAGAIN: the provider has work its fd does not show; poll again
+  // within a millisecond (a kick still ends the wait at once).
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {wait_fd_, POLLIN, 0}};
+  ::poll(fds, r == FI_SUCCESS ? 2 : 1, r == FI_SUCCESS ? int(limit.count()) : 1);
+  if (fds[0].revents & POLLIN) {
+    uint64_t n;
+    (void)!::read(wake_fd_, &n, sizeof n);
+  }
+  asleep_.store(false);
 }
 
 }  // namespace kvstream::transport::ofi
