@@ -62,13 +62,15 @@ struct Staging {
 /// instead of sleeping 200 us between polls. So an idle connection or listener costs
 /// no polling (an idle storage node: 17% of a core before), while a busy one keeps
 /// its latency: parking and sleeping in poll(2) at once made a 4 KiB ping-pong 3x as
-/// slow (every event woke the progress thread, and a parked caller waited for it). Every call into the provider on this
-/// endpoint (post, inject, cancel, address insert, completion read) is made under
-/// one lock (fi_mu_), although the domain is FI_THREAD_SAFE: libfabric 1.17's shm
-/// provider, which declares that level, lost a message in about 2 of 100 runs of a
-/// 12-message exchange while posts ran beside another thread's completion reads
-/// (issue 19; the test EveryMessageArrivesOnFreshConnections). The calls are short and never block; the
-/// completion reads were serialized already.
+/// slow (every event woke the progress thread, and a parked caller waited for it).
+/// Every call into the provider on this endpoint (post, inject, cancel, address
+/// insert, completion read, fi_trywait) is made under one lock (fi_mu_), although the
+/// domain is FI_THREAD_SAFE: libfabric 1.17's shm provider, which declares that
+/// level, lost a message in about 2 of 100 runs of a 12-message exchange while posts
+/// ran beside another thread's completion reads (issue 19; the test
+/// EveryMessageArrivesOnFreshConnections). The calls are short and never block (the
+/// progress thread's poll(2) is outside the lock); the completion reads were
+/// serialized already.
 class Endpoint {
  public:
   /// Idle time after which the progress thread sleeps on the queue's fd and a
