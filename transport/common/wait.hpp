@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "kvstream/transport.hpp"
 
@@ -53,18 +54,27 @@ class Backoff {
 
 /// Polls until `step` returns a verdict, the deadline passes or `cancel` fires.
 /// `step()` makes progress and returns std::nullopt to go on, or the result; `moved`
-/// says whether it made progress (resets the backoff).
-template <typename Step>
+/// says whether it made progress (resets the backoff). Where the loop would pause,
+/// `block(backoff)` may wait on an event itself instead and return true; false takes
+/// the backoff's pause.
+template <typename Step, typename Block>
 Status poll_until(Step&& step, Deadline deadline, const CancelToken* cancel, std::string_view who,
-                  std::string_view what) {
+                  std::string_view what, Block&& block) {
   Backoff backoff;
   for (;;) {
     bool moved = false;
     if (std::optional<Status> done = step(moved)) return *std::move(done);
     KVS_RETURN_IF_ERROR(wait_verdict(deadline, cancel, who, what));
     if (moved) backoff.reset();
-    else backoff.pause();
+    else if (!block(std::as_const(backoff))) backoff.pause();
   }
+}
+
+/// poll_until that only ever pauses between polls.
+template <typename Step>
+Status poll_until(Step&& step, Deadline deadline, const CancelToken* cancel, std::string_view who,
+                  std::string_view what) {
+  return poll_until(std::forward<Step>(step), deadline, cancel, who, what, [](const Backoff&) { return false; });
 }
 
 }  // namespace kvstream::transport

@@ -311,8 +311,10 @@ void Endpoint::complete(void* context, int err, size_t len, uint64_t tag) {
   if (op->counted) active_sends_.fetch_sub(1);
   op->done.store(true, std::memory_order_release);
   if (op->on_complete) op->on_complete(*op);
-  // After the state a waiter's predicate reads has changed. Dekker-style with park():
-  // either it sees the new count or this sees it parked and notifies.
+  // Counted only where something watches the count (a blocking queue's parked
+  // callers and idle timer), after the state a waiter's predicate reads has changed.
+  // Dekker-style with park(): either it sees the new count or this sees it parked.
+  if (wait_fd_ < 0) return;
   completions_.fetch_add(1);
   if (parked_.load() > 0) {
     std::lock_guard lock(park_mu_);
@@ -346,22 +348,22 @@ void Endpoint::progress_loop() {
   // competes with the waiting callers that reap their own: a 4 KiB ping-pong took 3x
   // as long); after kParkAfter without one, the kernel's wait on the queue's fd.
   // Completions reaped by waiting callers count as work too: on a receiving side the
-  // callers reap nearly all of them.
+  // callers reap nearly all of them. (No idle timer on a queue without a wait fd.)
   auto last_work = Clock::now();
   uint64_t seen = completions_.load();
   while (!stop_.load()) {
-    if (poll() > 0) {
-      backoff.reset();
-      last_work = Clock::now();
-      continue;
-    }
-    if (const uint64_t c = completions_.load(); c != seen) {
+    const bool reaped = poll() > 0;
+    const bool sending = active_sends_.load() > 0;
+    if (const uint64_t c = completions_.load(); wait_fd_ >= 0 && (c != seen || reaped || sending)) {
       seen = c;
       last_work = Clock::now();
     }
-    if (active_sends_.load() > 0) {
+    if (reaped) {
+      backoff.reset();
+      continue;
+    }
+    if (sending) {
       backoff.pause();
-      last_work = Clock::now();
       continue;
     }
     if (wait_fd_ >= 0 && Clock::now() - last_work >= kParkAfter) {

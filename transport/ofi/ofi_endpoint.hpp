@@ -120,19 +120,20 @@ class Endpoint {
   /// Waits (polling the CQ) until pred() holds. ok, timed_out or cancelled.
   template <typename Pred>
   Status wait(Pred pred, Deadline deadline, const CancelToken* cancel, std::string_view what) {
-    for (Backoff backoff;;) {
-      const uint64_t seen = completions_.load();
-      const bool moved = poll() > 0;
-      if (pred()) return {};
-      KVS_RETURN_IF_ERROR(wait_verdict(deadline, cancel, "libfabric", what));
-      if (moved) {
-        backoff.reset();
-      } else if (wait_fd_ >= 0 && backoff.idle_for(kParkAfter)) {
-        park(seen, deadline);
-      } else {
-        backoff.pause();
-      }
-    }
+    uint64_t seen = 0;  // completions routed before this round's poll
+    return poll_until(
+        [&](bool& moved) -> std::optional<Status> {
+          seen = completions_.load();
+          moved = poll() > 0;
+          if (pred()) return Status{};
+          return std::nullopt;
+        },
+        deadline, cancel, "libfabric", what,
+        [&](const Backoff& backoff) {
+          if (wait_fd_ < 0 || !backoff.idle_for(kParkAfter)) return false;
+          park(seen, deadline);
+          return true;
+        });
   }
 
   /// Asks the provider to cancel a posted operation (it may not support it for sends).
