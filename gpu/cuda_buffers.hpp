@@ -1,5 +1,5 @@
-// Device and page-locked host buffers that grow on demand, and the CUDA error
-// mapping, for the GPU decoder's host code. CUDA builds only. Internal to gpu/.
+// Device and page-locked host buffers that grow on demand, for the GPU decoder's host
+// code. CUDA builds only. Internal to gpu/.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,20 +9,10 @@
 
 #include "kvstream/gpu.hpp"
 #include "kvstream/gpu_resources.hpp"
+#include "gpu/cuda_error.hpp"
 #include "kvstream/status.hpp"
 
 namespace kvstream::gpu::detail {
-
-inline Status cuda_error(cudaError_t e, std::string_view what) {
-  const StatusCode code =
-      e == cudaErrorMemoryAllocation ? StatusCode::resource_exhausted : StatusCode::unavailable;
-  return make_status(code, "{}: CUDA error {} ({}): {}", what, int(e), cudaGetErrorName(e), cudaGetErrorString(e));
-}
-#define KVS_CUDA(expr, what)                                          \
-  do {                                                                \
-    if (const cudaError_t kvs_e_ = (expr); kvs_e_ != cudaSuccess)     \
-      return cuda_error(kvs_e_, what);                                \
-  } while (0)
 
 // Device memory that grows on demand (contents are not kept across growth), over the
 // public DeviceBuffer, on the calling thread's current device (the decoder selects it).

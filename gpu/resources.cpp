@@ -10,6 +10,8 @@
 
 #if KVSTREAM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "gpu/cuda_error.hpp"
 #endif
 
 namespace kvstream::gpu {
@@ -18,28 +20,16 @@ namespace kvstream::gpu {
 
 namespace {
 
-Status cuda_error(cudaError_t e, std::string_view what) {
-  StatusCode code = StatusCode::unavailable;
-  if (e == cudaErrorMemoryAllocation) code = StatusCode::resource_exhausted;
-  if (e == cudaErrorInvalidValue || e == cudaErrorHostMemoryAlreadyRegistered) code = StatusCode::invalid_argument;
-  return make_status(code, "{}: CUDA error {} ({}): {}", what, int(e), cudaGetErrorName(e), cudaGetErrorString(e));
-}
-#define KVS_CUDA_OK(expr, what)                                   \
-  do {                                                            \
-    if (const cudaError_t kvs_e_ = (expr); kvs_e_ != cudaSuccess) \
-      return cuda_error(kvs_e_, what);                            \
-  } while (0)
-
 // A usable GPU, and `device` selected on this thread (CUDA's current device is per
 // thread, and streams, events and registrations belong to the current one).
 Status use_device(int device) {
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
   (void)info;
   int count = 0;
-  KVS_CUDA_OK(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  KVS_CUDA(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (device < 0 || device >= count)
     return make_status(StatusCode::unavailable, "GPU device {} does not exist ({} present)", device, count);
-  KVS_CUDA_OK(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  KVS_CUDA(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
   return {};
 }
 
@@ -64,7 +54,7 @@ Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, int device) {
   KVS_RETURN_IF_ERROR(use_device(device));
   DeviceBuffer b;
   b.device_ = device;
-  KVS_CUDA_OK(cudaMalloc(&b.p_, std::max<uint64_t>(bytes, 1)), fmt::format("cudaMalloc of {} bytes", bytes));
+  KVS_CUDA(cudaMalloc(&b.p_, std::max<uint64_t>(bytes, 1)), fmt::format("cudaMalloc of {} bytes", bytes));
   b.n_ = bytes;
   return b;
 }
@@ -84,7 +74,7 @@ Result<PinnedHostMemory> PinnedHostMemory::allocate(size_t bytes) {
   (void)info;
   PinnedHostMemory m;
   // Portable: pinned for every device, not only the current one.
-  KVS_CUDA_OK(cudaHostAlloc(&m.p_, bytes ? bytes : 1, cudaHostAllocPortable),
+  KVS_CUDA(cudaHostAlloc(&m.p_, bytes ? bytes : 1, cudaHostAllocPortable),
               fmt::format("cudaHostAlloc of {} bytes", bytes));
   m.n_ = bytes;
   return m;
@@ -95,7 +85,7 @@ Result<PinnedHostMemory> PinnedHostMemory::register_range(void* data, size_t byt
     return make_status(StatusCode::invalid_argument, "cannot page-lock an empty range");
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
   (void)info;
-  KVS_CUDA_OK(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
+  KVS_CUDA(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
               fmt::format("cudaHostRegister of {} bytes", bytes));
   PinnedHostMemory m;
   m.p_ = data, m.n_ = bytes, m.registered_ = true;
@@ -105,7 +95,7 @@ Result<PinnedHostMemory> PinnedHostMemory::register_range(void* data, size_t byt
 Result<Stream> Stream::create(int device) {
   KVS_RETURN_IF_ERROR(use_device(device));
   cudaStream_t s = nullptr;
-  KVS_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  KVS_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   Stream r;
   r.s_ = s, r.device_ = device;
   return r;
@@ -120,14 +110,14 @@ Stream::~Stream() {
 
 Status Stream::synchronize() const {
   if (!s_) return make_status(StatusCode::invalid_argument, "synchronize on an empty Stream");
-  KVS_CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t>(s_)), "cudaStreamSynchronize");
+  KVS_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s_)), "cudaStreamSynchronize");
   return {};
 }
 
 Result<Event> Event::create(int device, bool timing) {
   KVS_RETURN_IF_ERROR(use_device(device));
   cudaEvent_t e = nullptr;
-  KVS_CUDA_OK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+  KVS_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
               "cudaEventCreateWithFlags");
   Event r;
   r.e_ = e, r.device_ = device;
@@ -143,35 +133,35 @@ Event::~Event() {
 
 Status Event::record(const Stream& stream) {
   if (!e_ || !stream.handle()) return make_status(StatusCode::invalid_argument, "record of an empty Event or Stream");
-  KVS_CUDA_OK(cudaEventRecord(static_cast<cudaEvent_t>(e_), static_cast<cudaStream_t>(stream.handle())),
+  KVS_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(e_), static_cast<cudaStream_t>(stream.handle())),
               "cudaEventRecord");
   return {};
 }
 
 Status Event::synchronize() const {
   if (!e_) return make_status(StatusCode::invalid_argument, "synchronize on an empty Event");
-  KVS_CUDA_OK(cudaEventSynchronize(static_cast<cudaEvent_t>(e_)), "cudaEventSynchronize");
+  KVS_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(e_)), "cudaEventSynchronize");
   return {};
 }
 
 Result<float> Event::elapsed_ms(const Event& start) const {
   if (!e_ || !start.e_) return make_status(StatusCode::invalid_argument, "elapsed_ms of an empty Event");
   float ms = 0;
-  KVS_CUDA_OK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.e_), static_cast<cudaEvent_t>(e_)),
+  KVS_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.e_), static_cast<cudaEvent_t>(e_)),
               "cudaEventElapsedTime");
   return ms;
 }
 
 Status copy_to_host(void* host_dst, const void* device_src, size_t bytes, int device) {
   KVS_RETURN_IF_ERROR(use_device(device));
-  KVS_CUDA_OK(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost),
+  KVS_CUDA(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost),
               fmt::format("copy of {} bytes to the host", bytes));
   return {};
 }
 
 Status copy_to_device(void* device_dst, const void* host_src, size_t bytes, int device) {
   KVS_RETURN_IF_ERROR(use_device(device));
-  KVS_CUDA_OK(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice),
+  KVS_CUDA(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice),
               fmt::format("copy of {} bytes to the device", bytes));
   return {};
 }
@@ -183,7 +173,7 @@ Status check_device_pointer(const void* p, int device) {
   cudaPointerAttributes a{};
   if (const cudaError_t e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it so that the next call does not report it
-    return cuda_error(e, "cudaPointerGetAttributes");
+    return detail::cuda_error(e, "cudaPointerGetAttributes");
   }
   if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
     return make_status(StatusCode::invalid_argument, "{} is not device memory (CUDA memory type {})", p, int(a.type));
@@ -196,7 +186,7 @@ Result<Graph> Graph::capture(const Stream& stream, const std::function<Status()>
   if (!stream.handle()) return make_status(StatusCode::invalid_argument, "graph capture on an empty Stream");
   KVS_RETURN_IF_ERROR(use_device(stream.device()));
   const auto s = static_cast<cudaStream_t>(stream.handle());
-  KVS_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  KVS_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   const Status st = work();
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(s, &g);  // always ends it, also after a failed `work`
@@ -204,11 +194,11 @@ Result<Graph> Graph::capture(const Stream& stream, const std::function<Status()>
     if (g) cudaGraphDestroy(g);
     return st;
   }
-  if (e != cudaSuccess) return cuda_error(e, "cudaStreamEndCapture");
+  if (e != cudaSuccess) return detail::cuda_error(e, "cudaStreamEndCapture");
   Graph r;
   r.graph_ = g, r.device_ = stream.device();
   cudaGraphExec_t x = nullptr;
-  KVS_CUDA_OK(cudaGraphInstantiate(&x, g, 0), "cudaGraphInstantiate");
+  KVS_CUDA(cudaGraphInstantiate(&x, g, 0), "cudaGraphInstantiate");
   r.exec_ = x;
   return r;
 }
@@ -222,7 +212,7 @@ Graph::~Graph() {
 
 Status Graph::launch(const Stream& stream) const {
   if (!exec_) return make_status(StatusCode::invalid_argument, "launch of an empty Graph");
-  KVS_CUDA_OK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream.handle())),
+  KVS_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream.handle())),
               "cudaGraphLaunch");
   return {};
 }
