@@ -116,11 +116,18 @@ Status refresh(ClusterWorker& w, Deadline deadline, uint64_t seen, const std::st
   ask.push_back(s.cfg.address);
   // The node that just failed us is asked last: a stalled one would hold each try.
   std::stable_partition(ask.begin(), ask.end(), [&](const std::string& a) { return a != failed; });
+  // Once a topology is known, a node that has not answered in 500 ms is passed over
+  // for the next. The first one (at connect) waits for each seed up to
+  // connect_timeout: its only seed may be on a slow link or a loaded host, and the
+  // connect's own deadline is the caller's to choose.
+  const Clock::duration per_node = s.map.addresses().empty()
+                                       ? Clock::duration(s.cfg.connect_timeout)
+                                       : std::min<Clock::duration>(s.cfg.connect_timeout, 500ms);
   Status last(StatusCode::unavailable, "no redis cluster node to ask for the topology");
   for (const auto& a : ask) {
     if (Clock::now() >= deadline) return Status(StatusCode::timed_out, "redis cluster topology: past the deadline");
     Conn& c = w.conn(a, false);
-    const Deadline d = std::min(deadline, Clock::now() + std::min<Clock::duration>(s.cfg.connect_timeout, 500ms));
+    const Deadline d = std::min(deadline, Clock::now() + per_node);
     auto rs = c.run({{"CLUSTER", "SLOTS"}}, d);
     if (!rs.ok()) {
       last = rs.status();

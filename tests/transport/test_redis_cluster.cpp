@@ -131,8 +131,9 @@ TEST_F(RedisClusterTest, PutGetStatListRemoveAcrossShards) {
 }
 
 // A stalled primary (SIGSTOP): reads go to its replica after replica_after, well
-// before the cluster would fail it over.
-TEST_F(RedisClusterTest, ReadsFromAReplicaWhileThePrimaryStalls) {
+// before the cluster would fail it over. Then a new client connects through that
+// node alone while it stalls for a moment.
+TEST_F(RedisClusterTest, ReadsFromAReplicaWhileThePrimaryStallsAndConnectsThroughALateSeed) {
   auto cluster = start("kvs-rc-stall", 5000);
   ASSERT_TRUE(cluster);
   auto c = cluster->client(4, 1, 100ms);
@@ -156,6 +157,29 @@ TEST_F(RedisClusterTest, ReadsFromAReplicaWhileThePrimaryStalls) {
   }
   ::kill(cluster->server(primary).pid(), SIGCONT);
   EXPECT_EQ(ok, kChunks);
+
+  // A client whose only seed answers late (stopped, resumed 800 ms later): its first
+  // topology waits for the seed up to connect_timeout, within the connect's deadline
+  // (a refresh passes a silent node over after 500 ms, but here there is no other).
+  redis::RedisConfig late_seed;
+  late_seed.cluster = true;
+  late_seed.address = cluster->server(primary).address();
+  late_seed.name_space = "tenant-a";
+  late_seed.connect_timeout = 5s;
+  ::kill(cluster->server(primary).pid(), SIGSTOP);
+  std::thread resume([pid = cluster->server(primary).pid()] {
+    std::this_thread::sleep_for(800ms);
+    ::kill(pid, SIGCONT);
+  });
+  auto late = redis::connect(late_seed, deadline_in(10s));
+  resume.join();
+  ASSERT_TRUE(late.ok()) << late.status().to_string();
+  auto late_mr = (*late)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(late_mr.ok());
+  auto n = (*late)->get("ctx", 0, 0, *late_mr, 0, buf.size(), deadline_in(5s));
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  const auto want = object(0, 0);
+  EXPECT_EQ(std::memcmp(buf.data(), want.data(), want.size()), 0);
 }
 
 // Issue 21's figure: a primary killed (SIGKILL) while 100 fetches run. The cluster
