@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <string_view>
 
+#include "gpu/cuda_error.hpp"
 #include "kvstream/gpu.hpp"
 #include "kvstream/gpu_resources.hpp"
-#include "gpu/cuda_error.hpp"
 #include "kvstream/status.hpp"
 
 namespace kvstream::gpu::detail {

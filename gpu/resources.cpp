@@ -75,7 +75,7 @@ Result<PinnedHostMemory> PinnedHostMemory::allocate(size_t bytes) {
   PinnedHostMemory m;
   // Portable: pinned for every device, not only the current one.
   KVS_CUDA(cudaHostAlloc(&m.p_, bytes ? bytes : 1, cudaHostAllocPortable),
-              fmt::format("cudaHostAlloc of {} bytes", bytes));
+           fmt::format("cudaHostAlloc of {} bytes", bytes));
   m.n_ = bytes;
   return m;
 }
@@ -86,7 +86,7 @@ Result<PinnedHostMemory> PinnedHostMemory::register_range(void* data, size_t byt
   KVS_ASSIGN_OR_RETURN(const DeviceInfo info, probe_device());
   (void)info;
   KVS_CUDA(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
-              fmt::format("cudaHostRegister of {} bytes", bytes));
+           fmt::format("cudaHostRegister of {} bytes", bytes));
   PinnedHostMemory m;
   m.p_ = data, m.n_ = bytes, m.registered_ = true;
   return m;
@@ -118,7 +118,7 @@ Result<Event> Event::create(int device, bool timing) {
   KVS_RETURN_IF_ERROR(use_device(device));
   cudaEvent_t e = nullptr;
   KVS_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
-              "cudaEventCreateWithFlags");
+           "cudaEventCreateWithFlags");
   Event r;
   r.e_ = e, r.device_ = device;
   return r;
@@ -134,7 +134,7 @@ Event::~Event() {
 Status Event::record(const Stream& stream) {
   if (!e_ || !stream.handle()) return make_status(StatusCode::invalid_argument, "record of an empty Event or Stream");
   KVS_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(e_), static_cast<cudaStream_t>(stream.handle())),
-              "cudaEventRecord");
+           "cudaEventRecord");
   return {};
 }
 
@@ -148,21 +148,21 @@ Result<float> Event::elapsed_ms(const Event& start) const {
   if (!e_ || !start.e_) return make_status(StatusCode::invalid_argument, "elapsed_ms of an empty Event");
   float ms = 0;
   KVS_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.e_), static_cast<cudaEvent_t>(e_)),
-              "cudaEventElapsedTime");
+           "cudaEventElapsedTime");
   return ms;
 }
 
 Status copy_to_host(void* host_dst, const void* device_src, size_t bytes, int device) {
   KVS_RETURN_IF_ERROR(use_device(device));
   KVS_CUDA(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost),
-              fmt::format("copy of {} bytes to the host", bytes));
+           fmt::format("copy of {} bytes to the host", bytes));
   return {};
 }
 
 Status copy_to_device(void* device_dst, const void* host_src, size_t bytes, int device) {
   KVS_RETURN_IF_ERROR(use_device(device));
   KVS_CUDA(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice),
-              fmt::format("copy of {} bytes to the device", bytes));
+           fmt::format("copy of {} bytes to the device", bytes));
   return {};
 }
 
@@ -213,7 +213,7 @@ Graph::~Graph() {
 Status Graph::launch(const Stream& stream) const {
   if (!exec_) return make_status(StatusCode::invalid_argument, "launch of an empty Graph");
   KVS_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream.handle())),
-              "cudaGraphLaunch");
+           "cudaGraphLaunch");
   return {};
 }
 

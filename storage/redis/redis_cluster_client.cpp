@@ -112,17 +112,16 @@ Status refresh(ClusterWorker& w, Deadline deadline, uint64_t seen, const std::st
   if (s.map.version() != seen || Clock::now() - s.last_refresh < 50ms) return {};
   s.last_refresh = Clock::now();
   std::vector<std::string> ask = s.map.addresses();
-  for (const auto& a : s.cfg.seeds) ask.push_back(a);
-  ask.push_back(s.cfg.address);
-  // The node that just failed us is asked last: a stalled one would hold each try.
-  std::stable_partition(ask.begin(), ask.end(), [&](const std::string& a) { return a != failed; });
   // Once a topology is known, a node that has not answered in 500 ms is passed over
   // for the next. The first one (at connect) waits for each seed up to
   // connect_timeout: its only seed may be on a slow link or a loaded host, and the
   // connect's own deadline is the caller's to choose.
-  const Clock::duration per_node = s.map.addresses().empty()
-                                       ? Clock::duration(s.cfg.connect_timeout)
-                                       : std::min<Clock::duration>(s.cfg.connect_timeout, 500ms);
+  const Clock::duration per_node = ask.empty() ? Clock::duration(s.cfg.connect_timeout)
+                                               : std::min<Clock::duration>(s.cfg.connect_timeout, 500ms);
+  for (const auto& a : s.cfg.seeds) ask.push_back(a);
+  ask.push_back(s.cfg.address);
+  // The node that just failed us is asked last: a stalled one would hold each try.
+  std::stable_partition(ask.begin(), ask.end(), [&](const std::string& a) { return a != failed; });
   Status last(StatusCode::unavailable, "no redis cluster node to ask for the topology");
   for (const auto& a : ask) {
     if (Clock::now() >= deadline) return Status(StatusCode::timed_out, "redis cluster topology: past the deadline");
