@@ -3,13 +3,22 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kvstream/status.hpp"
 #include "kvstream/storage.hpp"
 
 namespace kvstream::bench {
+
+/// Reports a failed step of subcommand `what` on stderr; returns the exit status 1.
+inline int fail(std::string_view what, const Status& s) {
+  fmt::print(stderr, "kvstream-bench {}: {}\n", what, s.to_string());
+  return 1;
+}
 
 /// Seconds since `t0` on the steady clock.
 inline double since(transport::Clock::time_point t0) {
