@@ -27,7 +27,7 @@
 #include "tests/codec/codec_cases.hpp"
 #include "tests/codec/synthetic_kv.hpp"
 
-namespace kvstream::codec {
+namespace kvstream::codec::test_codec {
 namespace {
 
 using namespace test;  // codec_cases.hpp
@@ -420,7 +420,7 @@ TEST_P(CodecCase, NonFiniteInputIsAClearError) {
 INSTANTIATE_TEST_SUITE_P(Geometries, CodecCase, ::testing::ValuesIn(case_names()), case_name);
 
 }  // namespace
-}  // namespace kvstream::codec
+}  // namespace kvstream::codec::test_codec
 
 TEST(CodecChunks, RangesCoverTheContext) {
   using kvstream::codec::chunk_ranges;

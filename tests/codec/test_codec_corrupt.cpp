@@ -21,7 +21,7 @@
 #include "tests/codec/codec_cases.hpp"
 #include "tests/codec/decode_untouched.hpp"
 
-namespace kvstream::codec {
+namespace kvstream::codec::test_codec_corrupt {
 namespace {
 
 using namespace test;  // codec_cases.hpp, decode_untouched.hpp
@@ -182,4 +182,4 @@ TEST(CodecCorrupt, EncodeRejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace kvstream::codec
+}  // namespace kvstream::codec::test_codec_corrupt

@@ -21,7 +21,7 @@
 #include "tests/codec/codec_cases.hpp"
 #include <xxhash.h>
 
-namespace kvstream::codec {
+namespace kvstream::codec::test_codec_profile {
 namespace {
 
 using namespace test;  // codec_cases.hpp
@@ -191,4 +191,4 @@ TEST(CodecProfile, MlaNeverUndoesRope) {
 }
 
 }  // namespace
-}  // namespace kvstream::codec
+}  // namespace kvstream::codec::test_codec_profile

@@ -22,7 +22,7 @@
 #include "tests/codec/decode_untouched.hpp"
 #include "tests/codec/synthetic_kv.hpp"
 
-namespace kvstream::codec {
+namespace kvstream::codec::test_progressive {
 namespace {
 
 struct Case {
@@ -566,4 +566,4 @@ TEST(ProgressiveProfile, RecentTokensOfAChunkAreItsShareOfTheContextsLast) {
 }
 
 }  // namespace
-}  // namespace kvstream::codec
+}  // namespace kvstream::codec::test_progressive

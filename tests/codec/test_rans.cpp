@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-namespace kvstream::codec {
+namespace kvstream::codec::test_rans {
 namespace {
 
 using Counts = std::vector<uint64_t>;
@@ -444,4 +444,4 @@ TEST(Rans, CompressedSizeNearEntropy) {
 }
 
 }  // namespace
-}  // namespace kvstream::codec
+}  // namespace kvstream::codec::test_rans

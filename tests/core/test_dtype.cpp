@@ -6,7 +6,7 @@
 
 #include "kvstream/dtype.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_dtype {
 
 namespace {
 // Reference fp32 -> fp16 by exhaustive nearest search over the 63488 finite halves,
@@ -102,3 +102,5 @@ TEST(DType, ConvertElementsMatchesScalar) {
   EXPECT_EQ(*parse_dtype("fp16"), DType::f16);
   EXPECT_FALSE(parse_dtype("int8").ok());
 }
+
+}  // namespace kvstream::test_dtype

@@ -5,7 +5,7 @@
 
 #include "kvstream/kv_model.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_kv_model {
 
 namespace {
 KvGeometry gqa() { return {3, 2, 8, 4, AttentionKind::gqa}; }
@@ -213,3 +213,5 @@ TEST(Rope, InverseUndoesForward) {
   rope_rotate(z.data(), 64, 5, partial, false);
   for (size_t i = 16; i < 64; ++i) EXPECT_EQ(z[i], 1.0f);
 }
+
+}  // namespace kvstream::test_kv_model

@@ -9,6 +9,8 @@
 #include "core/log.hpp"
 #include "kvstream/log.hpp"
 
+namespace kvstream::test_log {
+
 namespace {
 
 struct Captured {
@@ -27,8 +29,6 @@ class LogSinkTest : public ::testing::Test {
   }
   Captured cap_;
 };
-
-}  // namespace
 
 TEST_F(LogSinkTest, ReceivesLinesWithTheirLevel) {
   kvstream::set_log_level(kvstream::LogLevel::debug);
@@ -91,3 +91,6 @@ TEST(LogLevel, NamesRoundTrip) {
     EXPECT_EQ(*parsed, l);
   }
 }
+
+}  // namespace
+}  // namespace kvstream::test_log

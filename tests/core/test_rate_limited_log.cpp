@@ -3,6 +3,8 @@
 
 #include "core/rate_limited_log.hpp"
 
+namespace kvstream::test_rate_limited_log {
+
 using kvstream::detail::RateLimitedLog;
 using namespace std::chrono_literals;
 
@@ -39,3 +41,5 @@ TEST(RateLimitedLog, HeldBackEventsAreReportedWhenTheIntervalEnds) {
   EXPECT_EQ(log.lines(), 2u);
   EXPECT_FALSE(log.flush());
 }
+
+}  // namespace kvstream::test_rate_limited_log

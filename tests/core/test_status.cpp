@@ -3,7 +3,7 @@
 #include "kvstream/gpu.hpp"
 #include "kvstream/status.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_status {
 
 namespace {
 Result<int> half(int x) {
@@ -57,3 +57,5 @@ TEST(Gpu, ProbeSaysWhyWhenNoGpu) {
     EXPECT_FALSE(r.status().message().empty());
   }
 }
+
+}  // namespace kvstream::test_status

@@ -23,7 +23,7 @@
 #include "kvstream/log.hpp"
 #include "codec/impl_access.hpp"
 
-namespace kvstream::gpu {
+namespace kvstream::gpu::test_gpu_decoder {
 namespace {
 
 using codec::Profile;
@@ -312,4 +312,4 @@ INSTANTIATE_TEST_SUITE_P(Geometries, GpuCase, ::testing::ValuesIn(names()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
-}  // namespace kvstream::gpu
+}  // namespace kvstream::gpu::test_gpu_decoder

@@ -31,7 +31,7 @@
 #include "tests/codec/synthetic_kv.hpp"
 #include "tests/fuzz/fuzz_common.hpp"
 
-namespace kvstream::gpu {
+namespace kvstream::gpu::test_gpu_paged {
 namespace {
 
 const KvGeometry kGeom{3, 2, 32, 4, AttentionKind::gqa};
@@ -349,4 +349,4 @@ TEST(GpuPaged, WithoutAGpuTheStreamOrderedCallsAreClearErrors) {
 }
 
 }  // namespace
-}  // namespace kvstream::gpu
+}  // namespace kvstream::gpu::test_gpu_paged

@@ -28,7 +28,7 @@
 #include "tests/codec/synthetic_kv.hpp"
 #include "tests/fuzz/fuzz_common.hpp"
 
-namespace kvstream::gpu {
+namespace kvstream::gpu::test_gpu_progressive {
 namespace {
 
 using codec::Profile;
@@ -288,4 +288,4 @@ INSTANTIATE_TEST_SUITE_P(Streams, ProgressiveCase, ::testing::ValuesIn(pnames())
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
-}  // namespace kvstream::gpu
+}  // namespace kvstream::gpu::test_gpu_progressive

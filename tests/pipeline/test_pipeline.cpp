@@ -25,7 +25,8 @@
 #include "tests/support/fake_clock.hpp"
 #include "tests/transport/redis_server.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_pipeline {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -441,3 +442,5 @@ TEST_F(PipelineTest, FetchThroughRedisEqualsTheNativeNode) {
   EXPECT_EQ(std::memcmp(via_redis.bytes().data(), native.bytes().data(), native.bytes().size()), 0);
 }
 }  // namespace
+
+}  // namespace kvstream::test_pipeline

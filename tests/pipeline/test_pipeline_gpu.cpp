@@ -21,7 +21,8 @@
 #include "tests/pipeline/pipeline_fixture.hpp"
 #include "transport/common/registration.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_pipeline_gpu {
+
 using namespace kvstream::pipeline_test;
 
 namespace {
@@ -375,3 +376,5 @@ TEST_F(PipelineTest, GpuDirectLandsChunksInDeviceMemory) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_pipeline_gpu

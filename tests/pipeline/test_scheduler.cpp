@@ -14,7 +14,8 @@
 #include "tests/codec/synthetic_kv.hpp"
 #include "tests/support/fake_clock.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_scheduler {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -41,14 +42,14 @@ class SchedulerTest : public ::testing::Test {
     cc.secret = "scheduler-secret-01";
     client_ = std::move(storage::Client::connect(cc, deadline_in(10s))).value();
     auto train = KvCache::create(kGeom, DType::f32, kTokens).value();
-    test_util::fill_synthetic(train, kRope, 99);
+    kvstream::test_util::fill_synthetic(train, kRope, 99);
     std::vector<KvView> samples;
     for (const auto& r : codec::chunk_ranges(kTokens, kChunk)) samples.push_back(*train.view().slice(r));
     codec::ProfileOptions opt;
     opt.level_steps = {0.1f, 0.4f, 1.2f};
     profile_ = std::move(codec::ProfileBuilder::build(samples, kRope, opt)).value();
     kv_ = KvCache::create(kGeom, DType::f32, kTokens).value();
-    test_util::fill_synthetic(kv_, kRope, 7);
+    kvstream::test_util::fill_synthetic(kv_, kRope, 7);
     ranges_ = codec::chunk_ranges(kTokens, kChunk);
     for (const char* ctx : {"a", "b", "c"})
       for (uint32_t i = 0; i < ranges_.size(); ++i)
@@ -304,3 +305,5 @@ TEST_F(SchedulerTest, CancelRunningFreesBuffersAndDestructionEndsEverything) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_scheduler

@@ -17,7 +17,8 @@
 #include "tests/policy/fixed_estimator.hpp"
 #include "tests/policy/policy_inputs.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_chooser {
+
 using namespace kvstream::policy;
 using namespace kvstream::policy::test;  // policy_inputs.hpp, fixed_estimator.hpp
 
@@ -332,3 +333,5 @@ TEST(Chooser, QualityFloorAndBadInputs) {
   EXPECT_EQ(simulate({constant_link(1e9), c, -1, 1}, *e, ch).status().code(), StatusCode::invalid_argument);
   EXPECT_EQ(simulate({constant_link(1e9), c, 0, 0}, *e, ch).status().code(), StatusCode::invalid_argument);
 }
+
+}  // namespace kvstream::test_chooser

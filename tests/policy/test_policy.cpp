@@ -20,7 +20,8 @@
 #include "tests/policy/fixed_estimator.hpp"
 #include "tests/policy/policy_inputs.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_policy {
+
 using namespace kvstream::policy;
 using namespace kvstream::policy::test;  // policy_inputs.hpp, fixed_estimator.hpp
 
@@ -246,3 +247,5 @@ TEST(EstimatorSet, PerPeerAndThreadSafe) {
   EXPECT_EQ(n, 1000u);
   EXPECT_EQ(s.estimator_name(), "harmonic");
 }
+
+}  // namespace kvstream::test_policy

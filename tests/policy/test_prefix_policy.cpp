@@ -7,7 +7,8 @@
 #include "kvstream/policy.hpp"
 #include "tests/policy/fixed_estimator.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_prefix_policy {
+
 using namespace kvstream::policy;
 using kvstream::policy::test::FixedEstimator;
 
@@ -112,3 +113,5 @@ TEST(RefinementPlan, BadInputsAreClearErrors) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_prefix_policy

@@ -15,7 +15,8 @@
 #include "tests/policy/fixed_estimator.hpp"
 #include "tests/policy/policy_inputs.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_study {
+
 using namespace kvstream::policy;
 using namespace kvstream::policy::test;  // policy_inputs.hpp
 
@@ -139,3 +140,5 @@ TEST(Study, MistralGeometryLikeTheShapedLinkRun) {
     }
   }
 }
+
+}  // namespace kvstream::test_study

@@ -11,7 +11,7 @@
 
 #include "kvstream/storage.hpp"
 
-namespace kvstream::storage::test_util {
+namespace kvstream::storage::node_test_util {
 
 /// A fresh directory under the system's temporary one, removed with this object.
 class TempDir {
@@ -52,4 +52,4 @@ inline Result<std::unique_ptr<Client>> connect_client(const std::string& address
   return Client::connect(cc, transport::deadline_in(std::chrono::seconds(10)));
 }
 
-}  // namespace kvstream::storage::test_util
+}  // namespace kvstream::storage::node_test_util

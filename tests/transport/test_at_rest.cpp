@@ -22,7 +22,8 @@
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_at_rest {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -32,7 +33,7 @@ namespace {
 
 const std::string kSecret = "0123456789abcdef-tenant-a";
 using transport::test_util::pattern;
-namespace node_util = kvstream::storage::test_util;
+namespace node_util = kvstream::storage::node_test_util;
 using node_util::TempDir;
 
 constexpr size_t kBlock = 64 << 10;
@@ -562,3 +563,5 @@ TEST_F(AtRest, OfflineReencryptionMovesEveryObject) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_at_rest

@@ -7,6 +7,8 @@
 
 #include "kvstream/transport_config.hpp"
 
+namespace kvstream::test_backend_config {
+
 using kvstream::StatusCode;
 using kvstream::transport::BackendConfig;
 using kvstream::transport::MemoryType;
@@ -57,3 +59,5 @@ TEST(BackendConfig, TableListsEveryFieldOnceWithItsDefault) {
   for (const auto& r : rows) EXPECT_NE(text.find(std::string(r.name) + " = "), std::string::npos) << r.name;
   EXPECT_NE(text.find("libfabric.provider = tcp;ofi_rxm"), std::string::npos);
 }
+
+}  // namespace kvstream::test_backend_config

@@ -21,7 +21,8 @@
 #include "kvstream/storage.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_cluster {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -480,3 +481,5 @@ TEST_F(Cluster, StartsWithANodeDownAndAllDownIsUnavailable) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_cluster

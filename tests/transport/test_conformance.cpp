@@ -12,7 +12,8 @@
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_conformance {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 
@@ -374,3 +375,5 @@ std::vector<std::string> backends() {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return info.param; });
+
+}  // namespace kvstream::test_conformance

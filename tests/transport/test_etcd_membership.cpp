@@ -18,7 +18,8 @@
 #include "tests/support/node_process.hpp"
 #include "tests/transport/etcd_server.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_etcd_membership {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -336,3 +337,5 @@ TEST(EtcdClient, PrefixEndIncrementsTheLastByte) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_etcd_membership

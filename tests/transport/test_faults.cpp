@@ -11,7 +11,8 @@
 #include "kvstream/storage.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_faults {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -168,3 +169,5 @@ TEST(DiskFull, PutFailsCleanlyAndLeavesNothingBehind) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_faults

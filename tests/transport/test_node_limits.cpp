@@ -12,7 +12,8 @@
 #include "tests/transport/node_test_util.hpp"
 #include "storage/protocol.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_node_limits {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -25,11 +26,13 @@ const std::string kSecretA = "0123456789abcdef-tenant-a", kSecretB = "0123456789
 
 class NodeLimits : public ::testing::Test {
  protected:
-  ServerConfig config() { return test_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}}); }
-  Result<std::unique_ptr<Client>> client(const std::string& addr) {
-    return test_util::connect_client(addr, "tenant-b", kSecretB);
+  ServerConfig config() {
+    return node_test_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}});
   }
-  test_util::TempDir tmp_{"kvstream-limits"};
+  Result<std::unique_ptr<Client>> client(const std::string& addr) {
+    return node_test_util::connect_client(addr, "tenant-b", kSecretB);
+  }
+  node_test_util::TempDir tmp_{"kvstream-limits"};
 };
 
 // Puts that declare 1 GiB and send 1 KiB allocate nothing of the declared size: each
@@ -119,3 +122,5 @@ TEST_F(NodeLimits, AuthenticationHasADeadline) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_node_limits

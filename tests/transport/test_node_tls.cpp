@@ -9,7 +9,8 @@
 #include "kvstream/storage.hpp"
 #include "tests/transport/tls_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_node_tls {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -140,3 +141,5 @@ TEST(NodeClearText, RefusedOffLoopbackUnlessAsked) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_node_tls

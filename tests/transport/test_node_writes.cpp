@@ -16,7 +16,8 @@
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_node_writes {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -26,7 +27,7 @@ namespace {
 
 const std::string kSecret = "0123456789abcdef-tenant-a";
 using transport::test_util::pattern;
-namespace node_util = kvstream::storage::test_util;
+namespace node_util = kvstream::storage::node_test_util;
 using node_util::TempDir;
 
 // A node of one tenant over `backend` in a fresh directory, and its clients.
@@ -442,3 +443,5 @@ TEST_F(NodeLayout, RefusedOrInterruptedPutKeepsTheOldPartsWithTheOldBytes) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_node_writes

@@ -16,7 +16,8 @@
 #include "kvstream/transport.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_ofi {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 
@@ -553,3 +554,5 @@ TEST(libfabric, UnknownProviderIsUnavailable) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_ofi

@@ -10,7 +10,7 @@
 #include "kvstream/paced_client.hpp"
 #include "tests/support/fake_clock.hpp"
 
-namespace kvstream::storage {
+namespace kvstream::storage::test_paced_client {
 namespace {
 
 using namespace std::chrono_literals;
@@ -347,4 +347,4 @@ TEST(PacedClient, DestroyingReleasesHeldCompletions) {
 }
 
 }  // namespace
-}  // namespace kvstream::storage
+}  // namespace kvstream::storage::test_paced_client

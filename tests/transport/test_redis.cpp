@@ -15,7 +15,8 @@
 #include "tests/transport/transport_test_util.hpp"
 #include "tests/transport/redis_server.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_redis {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -331,3 +332,5 @@ TEST_F(Redis, DeadlineAndCancelEvenWhenTheServerStalls) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_redis

@@ -19,7 +19,8 @@
 #include "tests/transport/redis_server.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_redis_at_rest {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -261,3 +262,5 @@ TEST_F(RedisAtRest, ClearAndSealedValuesSideBySide) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_redis_at_rest

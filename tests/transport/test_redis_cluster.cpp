@@ -16,7 +16,8 @@
 #include "tests/transport/redis_cluster.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_redis_cluster {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -339,3 +340,5 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_redis_cluster

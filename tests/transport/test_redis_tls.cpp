@@ -17,7 +17,8 @@
 #include "tests/transport/redis_server.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_redis_tls {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -246,3 +247,5 @@ TEST_F(RedisTls, ClusterOverTls) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_redis_tls

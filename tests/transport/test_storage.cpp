@@ -18,7 +18,8 @@
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_storage {
+
 using namespace kvstream::storage;
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
@@ -646,3 +647,5 @@ std::vector<std::string> backends() {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Storage, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return info.param; });
+
+}  // namespace kvstream::test_storage

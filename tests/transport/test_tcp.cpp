@@ -20,7 +20,8 @@
 #include "transport/tcp/tcp_framing.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_tcp {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 namespace tcpb = kvstream::transport::tcp;
@@ -494,3 +495,5 @@ TEST(tcp, DestroyingAConnectionWithPostedSendsReturnsPromptly) {
   s.server.reset();
   EXPECT_TRUE(s.peer.sees_close(kCloseGuard));
 }
+
+}  // namespace kvstream::test_tcp

@@ -16,7 +16,8 @@
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_tls {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 
@@ -284,3 +285,5 @@ TEST(Tls, SettingsAreCheckedWhenTheBackendIsMade) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_tls

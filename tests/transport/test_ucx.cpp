@@ -11,7 +11,8 @@
 #include "tests/transport/transport_test_util.hpp"
 #include "transport/ucx/ucx_wire.hpp"
 
-using namespace kvstream;
+namespace kvstream::test_ucx {
+
 using namespace kvstream::transport;
 using namespace std::chrono_literals;
 
@@ -241,3 +242,5 @@ TEST(ucx, RecvBodyDeadlineThenRetry) {
 }
 
 }  // namespace
+
+}  // namespace kvstream::test_ucx

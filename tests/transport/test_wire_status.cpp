@@ -3,6 +3,8 @@
 
 #include "storage/wire_status.hpp"
 
+namespace kvstream::test_wire_status {
+
 using kvstream::StatusCode;
 using kvstream::storage::from_wire;
 using kvstream::storage::to_wire;
@@ -31,3 +33,5 @@ TEST(WireStatus, UnknownNumbersAreCorrupt) {
     EXPECT_EQ(r.status().code(), StatusCode::corrupt_data);
   }
 }
+
+}  // namespace kvstream::test_wire_status
