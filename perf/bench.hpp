@@ -14,11 +14,15 @@
 
 namespace kvstream::bench {
 
-/// Reports a failed step of subcommand `what` on stderr; returns the exit status 1.
-inline int fail(std::string_view what, const Status& s) {
-  fmt::print(stderr, "kvstream-bench {}: {}\n", what, s.to_string());
-  return 1;
-}
+/// A subcommand's error exit: `fail(status)` prints "kvstream-bench <what>: <status>"
+/// on stderr and returns 1, the exit status.
+struct Fail {
+  std::string_view what;
+  int operator()(const Status& s) const {
+    fmt::print(stderr, "kvstream-bench {}: {}\n", what, s.to_string());
+    return 1;
+  }
+};
 
 /// Seconds since `t0` on the steady clock.
 inline double since(transport::Clock::time_point t0) {

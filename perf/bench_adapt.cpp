@@ -78,22 +78,22 @@ double percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int run_adapt_bench(const AdaptBenchOptions& o) {
+  const Fail fail{"adapt"};
   // Quality per level: the perplexity increase tinyllama measured at the same level
   // steps (the assembled cache has no model to score it; the levels share steps).
   auto qprof = codec::Profile::load_file(o.quality_profile);
   if (!qprof.ok())
-    return fail("adapt", qprof.status().with_context(
+    return fail(qprof.status().with_context(
         fmt::format("quality profile '{}' (make demo or kvstream-profile writes it)", o.quality_profile)));
   auto setup = assemble_setup(o.geometry, o.tokens, o.data, 1024, &*qprof);
-  if (!setup.ok()) return fail("adapt", setup.status());
+  if (!setup.ok()) return fail(setup.status());
   const codec::Profile* profile = &setup->profile;
   KvCache* ctx = &setup->context;
   const uint32_t levels = profile->levels();
   std::vector<double> quality(levels, 0.0);
   for (uint32_t L = 0; L < levels; ++L) {
     if (L >= qprof->levels() || qprof->level(L).kl_nats < 0)  // KL >= 0 whenever measured
-      return fail("adapt",
-                  make_status(StatusCode::invalid_argument, "quality profile has no measured quality for level {}", L));
+      return fail(make_status(StatusCode::invalid_argument, "quality profile has no measured quality for level {}", L));
     quality[L] = std::max(0.0, qprof->level(L).ppl_increase_pct);
   }
 
@@ -108,13 +108,13 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
       if (profile->progressive() && L > 0) {
         // A progressive level is a prefix of level 0's stream: cut, not encoded again.
         auto ps = codec::chunk_prefixes(enc[i][0]);
-        if (!ps.ok()) return fail("adapt", ps.status());
+        if (!ps.ok()) return fail(ps.status());
         for (const codec::ChunkPrefix& p : *ps)
           if (p.whole_layer && p.level == L) enc[i][L].assign(enc[i][0].begin(), enc[i][0].begin() + int64_t(p.end));
       } else if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), L,
                                                 {codec::recent_tokens_of(*profile, ranges[i], o.tokens)}, enc[i][L]);
                  !s.ok()) {
-        return fail("adapt", s);
+        return fail(s);
       }
       max_chunk = std::max<uint64_t>(max_chunk, enc[i][L].size());
     }
@@ -123,7 +123,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   }
   // Decode cost per level, measured (seconds per encoded byte).
   auto dest = KvCache::create(setup->geometry, DType::f16, o.tokens);
-  if (!dest.ok()) return fail("adapt", dest.status());
+  if (!dest.ok()) return fail(dest.status());
   std::vector<double> decode_spb(levels);
   codec::DecodeScratch scratch;
   for (uint32_t L = 0; L < levels; ++L) {
@@ -131,7 +131,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
     for (int rep = 0; rep < 3; ++rep) {  // best of three: first-use allocations are not a decode cost
       const auto t0 = Clock::now();
       if (Status s = codec::decode_chunk(*profile, enc[0][L], *dest->view().slice(ranges[0]), &scratch); !s.ok())
-        return fail("adapt", s);
+        return fail(s);
       best = std::min(best, since(t0));
     }
     decode_spb[L] = best / double(enc[0][L].size());
@@ -144,11 +144,11 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   // The storage node (external: the far side of the shaped link).
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-adapt-{}", ::getpid());
   auto node = open_bench_node(o.server, "tcp", o.secret, dir.string());
-  if (!node.ok()) return fail("adapt", node.status());
+  if (!node.ok()) return fail(node.status());
   std::unique_ptr<storage::Server> server = std::move(node->server);
   const storage::ClientConfig cc = node->client;
   auto client = storage::Client::connect(cc, deadline_in(10s));
-  if (!client.ok()) return fail("adapt", client.status());
+  if (!client.ok()) return fail(client.status());
   // Progressive: each chunk's every prefix (finest first) with its own quality loss,
   // the options of the "any prefix" configurations. A prefix's loss is its measured
   // distortion times the loss per unit of distortion of the whole levels around it
@@ -159,7 +159,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   std::vector<std::vector<codec::ChunkPrefix>> prefixes(nchunks);  // coarsest first, as the header lists them
   for (uint32_t i = 0; i < nchunks && profile->progressive(); ++i) {
     auto ps = codec::chunk_prefixes(enc[i][0]);
-    if (!ps.ok()) return fail("adapt", ps.status());
+    if (!ps.ok()) return fail(ps.status());
     prefixes[i] = std::move(ps).value();
     for (size_t j = prefixes[i].size(); j-- > 0;) {  // finest first
       const codec::ChunkPrefix& p = prefixes[i][j];
@@ -193,13 +193,13 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
       if (Status s = (*client)->put_parts("adapt-ctx", i, 0, std::as_bytes(std::span(enc[i][0])), parts, 0,
                                           deadline_in(120s));
           !s.ok())
-        return fail("adapt", s);
+        return fail(s);
     }
     for (uint32_t L = 0; L < (profile->progressive() ? 0 : levels); ++L)
       if (Status s = (*client)->put("adapt-ctx", i, L, std::as_bytes(std::span(enc[i][L])), deadline_in(120s)); !s.ok())
-        return fail("adapt", s);
+        return fail(s);
     if (Status s = (*client)->put("adapt-int8", i, 0, std::as_bytes(std::span(int8[i])), deadline_in(120s)); !s.ok())
-      return fail("adapt", s);
+      return fail(s);
   }
   // Whole levels (every configuration but "any prefix"): as stored for single-level
   // profiles; a progressive chunk's whole-layer prefix ends, what a level-L fetch reads.
@@ -209,7 +209,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
       for (uint32_t L = 0; L < levels; ++L) level_bytes[i].push_back(enc[i][L].size());
   } else {
     auto stats = (*client)->stat("adapt-ctx", deadline_in(10s));
-    if (!stats.ok()) return fail("adapt", stats.status());
+    if (!stats.ok()) return fail(stats.status());
     for (const auto& st : *stats) level_bytes[st.chunk] = pipeline::stored_level_bytes(st, false);
   }
 
@@ -218,7 +218,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
   pc.max_chunk_bytes = std::max(max_chunk, int8_max);
   pc.decode_threads = o.decode_threads;
   auto pipe = pipeline::Pipeline::create(**client, *profile, pc);
-  if (!pipe.ok()) return fail("adapt", pipe.status());
+  if (!pipe.ok()) return fail(pipe.status());
 
   // Estimators, one set per kind, every one fed by every transfer.
   std::map<std::string, std::shared_ptr<policy::EstimatorSet>> estimators;
@@ -226,7 +226,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
     policy::EstimatorOptions eo;
     eo.prior_bits_per_second = 1e9;
     auto set = policy::EstimatorSet::create(name, eo);
-    if (!set.ok()) return fail("adapt", set.status());
+    if (!set.ok()) return fail(set.status());
     estimators[name] = std::shared_ptr<policy::EstimatorSet>(std::move(set).value());
   }
   const std::string peer = cc.address;
@@ -250,13 +250,12 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
     for (const auto& c : configs)
       if (std::find(o.configs.begin(), o.configs.end(), c.name) != o.configs.end()) keep.push_back(c);
     configs = std::move(keep);
-    if (configs.empty())
-      return fail("adapt", make_status(StatusCode::invalid_argument, "no configuration matches --configs"));
+    if (configs.empty()) return fail(make_status(StatusCode::invalid_argument, "no configuration matches --configs"));
   }
   std::map<std::string, std::shared_ptr<const policy::Chooser>> choosers;
   for (const char* n : {"paper", "deadline"}) {
     auto c = policy::make_chooser(n);
-    if (!c.ok()) return fail("adapt", c.status());
+    if (!c.ok()) return fail(c.status());
     choosers[n] = std::shared_ptr<const policy::Chooser>(std::move(c).value());
   }
   std::vector<uint64_t> chunk_tokens;
@@ -265,7 +264,7 @@ int run_adapt_bench(const AdaptBenchOptions& o) {
 
   std::vector<std::byte> landing(int8_max * o.depth);
   auto landing_mr = (*client)->register_memory(landing.data(), landing.size());
-  if (!landing_mr.ok()) return fail("adapt", landing_mr.status());
+  if (!landing_mr.ok()) return fail(landing_mr.status());
 
   auto run_one = [&](const Config& c, double deadline_s) -> Outcome {
     Outcome out;

@@ -29,25 +29,24 @@ using transport::Clock;
 using transport::deadline_in;
 
 int run_pipeline_bench(const PipelineBenchOptions& o) {
+  const Fail fail{"pipeline"};
   auto geom = named_geometry(o.geometry);
-  if (!geom.ok()) return fail("pipeline", geom.status());
+  if (!geom.ok()) return fail(geom.status());
   auto decode_on = pipeline::parse_decode_on(o.decode);
-  if (!decode_on.ok()) return fail("pipeline", decode_on.status());
+  if (!decode_on.ok()) return fail(decode_on.status());
   // Before the minutes of data preparation: --decode gpu without a GPU is an error now.
   if (*decode_on == pipeline::DecodeOn::gpu)
-    if (auto probe = gpu::probe_device(); !probe.ok())
-      return fail("pipeline", probe.status().with_context("--decode gpu"));
+    if (auto probe = gpu::probe_device(); !probe.ok()) return fail(probe.status().with_context("--decode gpu"));
   auto d = tinyllama::load_eval_data(tinyllama::data_dir(o.data));
-  if (!d.ok()) return fail("pipeline", d.status());
+  if (!d.ok()) return fail(d.status());
   // Profile from the first half, context from the second half (assembled).
   auto train_src = source_windows(d->model, d->first_half, 48);
   auto test_src = source_windows(d->model, d->second_half, 48);
-  if (!train_src.ok() || !test_src.ok())
-    return fail("pipeline", train_src.ok() ? test_src.status() : train_src.status());
+  if (!train_src.ok() || !test_src.ok()) return fail(train_src.ok() ? test_src.status() : train_src.status());
   const auto t_asm = Clock::now();
   auto train = assemble_kv(*geom, 2 * uint64_t(o.profile_tokens), *train_src, 1);
   auto ctx = assemble_kv(*geom, o.tokens, *test_src, 1);  // same channel mapping as the profile's samples
-  if (!train.ok() || !ctx.ok()) return fail("pipeline", train.ok() ? ctx.status() : train.status());
+  if (!train.ok() || !ctx.ok()) return fail(train.ok() ? ctx.status() : train.status());
   fmt::print(stderr, "assembled {} x {} tokens of {} in {:.1f} s\n", o.geometry, o.tokens, o.geometry, since(t_asm));
   std::vector<KvView> samples;
   for (const auto& r : codec::chunk_ranges(train->tokens(), o.profile_tokens)) samples.push_back(*train->view().slice(r));
@@ -55,7 +54,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   po.max_transform_block = o.max_transform_block;
   const auto t_prof = Clock::now();
   auto profile = codec::ProfileBuilder::build(samples, RopeParams{}, po);
-  if (!profile.ok()) return fail("pipeline", profile.status());
+  if (!profile.ok()) return fail(profile.status());
   const uint32_t level = std::min(o.level, profile->levels() - 1);
   fmt::print(stderr, "profile in {:.1f} s; level {} ({:.2f} bits/element on the profile samples)\n", since(t_prof),
              level, profile->level(level).bits_per_element);
@@ -65,8 +64,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   std::vector<std::vector<uint8_t>> chunks(ranges.size());
   uint64_t bytes = 0, max_chunk = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
-    if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), level, chunks[i]); !s.ok())
-      return fail("pipeline", s);
+    if (Status s = codec::encode_chunk(*profile, *ctx->view().slice(ranges[i]), level, chunks[i]); !s.ok()) return fail(s);
     bytes += chunks[i].size();
     max_chunk = std::max<uint64_t>(max_chunk, chunks[i].size());
   }
@@ -77,16 +75,16 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   // A storage node: in-process on loopback, or an external one (shaped link).
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-pbench-{}", ::getpid());
   auto node = open_bench_node(o.server, o.backend, o.secret, dir.string());
-  if (!node.ok()) return fail("pipeline", node.status());
+  if (!node.ok()) return fail(node.status());
   std::unique_ptr<storage::Server> server = std::move(node->server);
   storage::ClientConfig cc = node->client;
   cc.connections = o.connections;
   auto client = storage::Client::connect(cc, deadline_in(10s));
-  if (!client.ok()) return fail("pipeline", client.status());
+  if (!client.ok()) return fail(client.status());
   for (size_t i = 0; i < chunks.size(); ++i)
     if (Status s = (*client)->put("bench-ctx", uint32_t(i), level, std::as_bytes(std::span(chunks[i])), deadline_in(60s));
         !s.ok())
-      return fail("pipeline", s);
+      return fail(s);
 
   const unsigned threads = o.decode_threads;
   // The pipeline first, so that --decode auto is resolved (and logged) before the
@@ -97,13 +95,13 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   pc.decode_threads = threads;
   pc.decode = *decode_on;
   auto pipe = pipeline::Pipeline::create(**client, *profile, pc);
-  if (!pipe.ok()) return fail("pipeline", pipe.status());
+  if (!pipe.ok()) return fail(pipe.status());
   const bool on_gpu = (*pipe)->decodes_on() == pipeline::DecodeOn::gpu;
 
   // The runtime's KV memory: a host cache, or on the GPU paged blocks (NHD, 16 tokens
   // a block, the context's blocks scattered over a pool twice its size).
   Result<KvCache> dest = KvCache::create(*geom, DType::f16, on_gpu ? 1 : o.tokens);
-  if (!dest.ok()) return fail("pipeline", dest.status());
+  if (!dest.ok()) return fail(dest.status());
   constexpr uint32_t kBlock = 16;
   const uint64_t used_blocks = (o.tokens + kBlock - 1) / kBlock, pool_blocks = 2 * used_blocks;
   std::vector<uint32_t> table(pool_blocks);
@@ -116,34 +114,34 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
     std::vector<void*> keys, values;
     for (uint32_t i = 0; i < 2 * geom->layers; ++i) {
       auto b = gpu::DeviceBuffer::allocate(pool_bytes);
-      if (!b.ok()) return fail("pipeline", b.status());
+      if (!b.ok()) return fail(b.status());
       (i % 2 ? values : keys).push_back(b->data());
       pools.push_back(std::move(b).value());
     }
     auto v = KvView::paged(PagedLayout::blocks(PagedOrder::nhd, *geom, kBlock, pool_blocks, keys, values, table),
                            DType::f16, *geom, o.tokens);
-    if (!v.ok()) return fail("pipeline", v.status());
+    if (!v.ok()) return fail(v.status());
     device_view = *v;
   }
 
   // 1. Transfer alone: every chunk into memory, `depth` in flight, no decode.
   std::vector<std::byte> landing(max_chunk * o.depth);
   auto mr = (*client)->register_memory(landing.data(), landing.size());
-  if (!mr.ok()) return fail("pipeline", mr.status());
+  if (!mr.ok()) return fail(mr.status());
   auto t0 = Clock::now();
   {
     std::vector<std::future<Result<size_t>>> inflight;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (inflight.size() == o.depth) {
         auto r = inflight.front().get();
-        if (!r.ok()) return fail("pipeline", r.status());
+        if (!r.ok()) return fail(r.status());
         inflight.erase(inflight.begin());
       }
       inflight.push_back((*client)->get_future("bench-ctx", uint32_t(i), level, *mr, (i % o.depth) * max_chunk,
                                                max_chunk, deadline_in(120s)));
     }
     for (auto& f : inflight)
-      if (auto r = f.get(); !r.ok()) return fail("pipeline", r.status());
+      if (auto r = f.get(); !r.ok()) return fail(r.status());
   }
   const double transfer_s = since(t0);
 
@@ -157,13 +155,13 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
     std::vector<gpu::Stream> streams;
     for (auto& c : chunks) {
       auto pin = gpu::PinnedHostMemory::register_range(c.data(), c.size());
-      if (!pin.ok()) return fail("pipeline", pin.status());
+      if (!pin.ok()) return fail(pin.status());
       pins.push_back(std::move(pin).value());
     }
     for (unsigned t = 0; t < threads; ++t) {
       auto dec = gpu::GpuDecoder::create(*profile);
       auto st = gpu::Stream::create();
-      if (!dec.ok() || !st.ok()) return fail("pipeline", dec.ok() ? st.status() : dec.status());
+      if (!dec.ok() || !st.ok()) return fail(dec.ok() ? st.status() : dec.status());
       decoders.push_back(std::move(dec).value());
       streams.push_back(std::move(st).value());
     }
@@ -180,7 +178,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
         });
       for (auto& th : pool) th.join();
       for (auto& e : err)
-        if (!e.ok()) return fail("pipeline", e);
+        if (!e.ok()) return fail(e);
       decode_s = std::min(decode_s, since(t0));
     }
   }
@@ -198,7 +196,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
       });
     for (auto& th : pool) th.join();
     for (auto& e : err)
-      if (!e.ok()) return fail("pipeline", e);
+      if (!e.ok()) return fail(e);
     decode_s = std::min(decode_s, since(t0));
   }
 
@@ -216,8 +214,8 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
   double one_chunk_decode = 0;
   t0 = Clock::now();
   auto fetch = (*pipe)->fetch(req, cb);
-  if (!fetch.ok()) return fail("pipeline", fetch.status());
-  if (Status s = (*fetch)->wait(); !s.ok()) return fail("pipeline", s);
+  if (!fetch.ok()) return fail(fetch.status());
+  if (Status s = (*fetch)->wait(); !s.ok()) return fail(s);
   const double pipelined_s = since(t0);
   for (const auto& t : (*fetch)->timings())
     one_chunk_decode = std::max(one_chunk_decode, std::chrono::duration<double>(t.decode_end - t.decode_start).count());
@@ -232,13 +230,12 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
     std::vector<std::vector<std::byte>> back(pools.size(), std::vector<std::byte>(pool_bytes));
     std::vector<void*> hk, hv;
     for (size_t i = 0; i < pools.size(); ++i) {
-      if (Status s = gpu::copy_to_host(back[i].data(), pools[i].data(), pool_bytes); !s.ok())
-        return fail("pipeline", s);
+      if (Status s = gpu::copy_to_host(back[i].data(), pools[i].data(), pool_bytes); !s.ok()) return fail(s);
       (i % 2 ? hv : hk).push_back(host[i].data());
     }
     auto hview = KvView::paged(PagedLayout::blocks(PagedOrder::nhd, *geom, kBlock, pool_blocks, hk, hv, table),
                                DType::f16, *geom, o.tokens);
-    if (!hview.ok()) return fail("pipeline", hview.status());
+    if (!hview.ok()) return fail(hview.status());
     const unsigned cpu_threads = std::max(1u, std::thread::hardware_concurrency());
     std::vector<std::thread> pool;
     std::vector<Status> err(cpu_threads);
@@ -251,7 +248,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
       });
     for (auto& th : pool) th.join();
     for (auto& e : err)
-      if (!e.ok()) return fail("pipeline", e);
+      if (!e.ok()) return fail(e);
     // Compare only the slots the context owns (the rest of the pool is never written).
     std::atomic<uint32_t> differ{0};
     const size_t slot_bytes = size_t(geom->channels()) * 2;
@@ -291,7 +288,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
     sc.directory = dir.string();
     sc.reps = o.store_reps;
     cmp = compare_store_with_pipeline(sc);
-    if (!cmp.ok()) return fail("pipeline", cmp.status().with_context("KvStore against the pipeline"));
+    if (!cmp.ok()) return fail(cmp.status().with_context("KvStore against the pipeline"));
     fmt::print("whole chunks ({}), median of {} alternated: KvStore lookup+fetch {:.3f} s (fetch alone {:.3f} s), {} "
                "bytes; by hand {:.3f} s, {} bytes; ratio {:.3f} (fetch alone {:.3f})\n",
                cmp->chunks, o.store_reps, cmp->store_s, cmp->store_fetch_s, cmp->store_bytes, cmp->pipeline_s,

@@ -47,7 +47,6 @@ namespace {
 
 constexpr uint32_t kDistinct = 2;  // distinct full chunks stored per geometry
 
-
 // Which stored chunk fills each 1536-token range of a context of `tokens` tokens:
 // the distinct full chunks in turn, the short one (id kDistinct) at a partial end.
 struct Layout {
@@ -247,22 +246,22 @@ Status write_plot(const nlohmann::json& rows, const TtftBenchOptions& o) {
 }  // namespace
 
 int run_ttft_bench(const TtftBenchOptions& o) {
+  const Fail fail{"ttft"};
   const uint32_t kChunk = o.chunk_tokens;
-  if (kChunk == 0) return fail("ttft", make_status(StatusCode::invalid_argument, "--chunk-tokens must be > 0"));
+  if (kChunk == 0) return fail(make_status(StatusCode::invalid_argument, "--chunk-tokens must be > 0"));
   auto qprof = codec::Profile::load_file(o.quality_profile);
   if (!qprof.ok())
-    return fail("ttft", qprof.status().with_context(
+    return fail(qprof.status().with_context(
         fmt::format("quality profile '{}' (make demo or kvstream-profile writes it)", o.quality_profile)));
   if (o.prefill_gpus.empty() || o.contexts.empty() || o.links.empty() || o.geometries.empty())
-    return fail("ttft",
-                make_status(StatusCode::invalid_argument, "give at least one geometry, context, link and prefill GPU"));
+    return fail(make_status(StatusCode::invalid_argument, "give at least one geometry, context, link and prefill GPU"));
   const uint64_t max_tokens = *std::max_element(o.contexts.begin(), o.contexts.end());
   nlohmann::json rows = nlohmann::json::array();
   std::map<std::string, std::map<std::string, double>> prefill;  // geometry -> gpu -> tokens/s
   for (const auto& gname : o.geometries)
     for (const auto& gpu : o.prefill_gpus) {
       auto r = prefill_tokens_per_s(gname, gpu, o.prefill_efficiency);
-      if (!r.ok()) return fail("ttft", r.status());
+      if (!r.ok()) return fail(r.status());
       prefill[gname][gpu] = *r;
     }
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-ttft-{}", ::getpid());
@@ -278,14 +277,13 @@ int run_ttft_bench(const TtftBenchOptions& o) {
     for (uint64_t t : o.contexts)
       if (t % kChunk) {
         if (short_tokens && short_tokens != t % kChunk)
-          return fail("ttft",
-                      make_status(StatusCode::invalid_argument, "contexts must share one remainder mod {}", kChunk));
+          return fail(make_status(StatusCode::invalid_argument, "contexts must share one remainder mod {}", kChunk));
         short_tokens = t % kChunk;
       }
     const uint64_t asm_tokens = uint64_t(kDistinct) * kChunk + (short_tokens ? short_tokens : kChunk);
     const auto t_setup = Clock::now();
     auto setup = assemble_setup(gname, asm_tokens, o.data);
-    if (!setup.ok()) return fail("ttft", setup.status());
+    if (!setup.ok()) return fail(setup.status());
     const codec::Profile& profile = setup->profile;
     const uint32_t levels = profile.levels();
     std::vector<double> quality(levels);
@@ -293,11 +291,11 @@ int run_ttft_bench(const TtftBenchOptions& o) {
 
     // A node with every stored chunk at every level, as fp16 and as 8-bit.
     auto node = open_bench_node("", "tcp", o.secret, (dir / gname).string(), uint64_t(1) << 30);
-    if (!node.ok()) return fail("ttft", node.status());
+    if (!node.ok()) return fail(node.status());
     auto& server = node->server;
     const storage::ClientConfig cc = node->client;
     auto loader = storage::Client::connect(cc, deadline_in(10s));
-    if (!loader.ok()) return fail("ttft", loader.status());
+    if (!loader.ok()) return fail(loader.status());
     const auto stored_ranges = codec::chunk_ranges(asm_tokens, kChunk);
     uint64_t max_level_bytes = 0, max_int8 = 0, max_fp16 = 0;
     std::vector<double> decode_spb(levels, 0.0);
@@ -311,14 +309,14 @@ int run_ttft_bench(const TtftBenchOptions& o) {
     std::vector<KvCache> scratch_out;
     for (unsigned t = 0; t < dthreads; ++t) {
       auto c = KvCache::create(g, DType::f16, kChunk);
-      if (!c.ok()) return fail("ttft", c.status());
+      if (!c.ok()) return fail(c.status());
       scratch_out.push_back(std::move(c).value());
     }
     for (uint32_t s = 0; s < stored_ranges.size(); ++s) {
       const KvView src = *setup->context.view().slice(stored_ranges[s]);
       for (uint32_t L = 0; L < levels; ++L) {
         std::vector<uint8_t> bytes;
-        if (Status st = codec::encode_chunk(profile, src, L, bytes); !st.ok()) return fail("ttft", st);
+        if (Status st = codec::encode_chunk(profile, src, L, bytes); !st.ok()) return fail(st);
         if (s == 0) {  // seconds per byte of one chunk while every worker decodes, best of two
           double best = 1e300;
           for (int rep = 0; rep < 2; ++rep) {
@@ -330,26 +328,26 @@ int run_ttft_bench(const TtftBenchOptions& o) {
             for (auto& th : pool) th.join();
             best = std::min(best, since(t0));
             for (const Status& e : errs)
-              if (!e.ok()) return fail("ttft", e);
+              if (!e.ok()) return fail(e);
           }
           decode_spb[L] = best / double(bytes.size());
         }
         max_level_bytes = std::max<uint64_t>(max_level_bytes, bytes.size());
         if (Status st = (*loader)->put("kv", s, L, std::as_bytes(std::span(bytes)), deadline_in(300s)); !st.ok())
-          return fail("ttft", st);
+          return fail(st);
       }
       auto q8 = quantize_int8(src);
       max_int8 = std::max<uint64_t>(max_int8, q8.size());
       if (Status st = (*loader)->put("int8", s, 0, std::as_bytes(std::span(q8)), deadline_in(300s)); !st.ok())
-        return fail("ttft", st);
+        return fail(st);
       auto f16 = KvCache::create(g, DType::f16, src.tokens());
-      if (!f16.ok()) return fail("ttft", f16.status());
-      if (Status st = copy_kv(src, f16->view()); !st.ok()) return fail("ttft", st);
+      if (!f16.ok()) return fail(f16.status());
+      if (Status st = copy_kv(src, f16->view()); !st.ok()) return fail(st);
       max_fp16 = std::max<uint64_t>(max_fp16, f16->bytes().size());
-      if (Status st = (*loader)->put("fp16", s, 0, f16->bytes(), deadline_in(300s)); !st.ok()) return fail("ttft", st);
+      if (Status st = (*loader)->put("fp16", s, 0, f16->bytes(), deadline_in(300s)); !st.ok()) return fail(st);
     }
     auto stats = (*loader)->stat("kv", deadline_in(10s));
-    if (!stats.ok()) return fail("ttft", stats.status());
+    if (!stats.ok()) return fail(stats.status());
     std::map<uint32_t, std::vector<uint64_t>> stored_level_bytes;
     for (const auto& st : *stats) stored_level_bytes[st.chunk] = st.level_bytes;
     loader->reset();
@@ -357,7 +355,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
                stored_ranges.size(), since(t_setup), stored_level_bytes[0].back(), stored_level_bytes[0].front(),
                max_fp16);
     auto dest = KvCache::create(g, DType::f16, max_tokens);
-    if (!dest.ok()) return fail("ttft", dest.status());
+    if (!dest.ok()) return fail(dest.status());
     std::memset(dest->bytes().data(), 0, dest->bytes().size());  // first-touch page faults before timing
 
 
@@ -368,19 +366,19 @@ int run_ttft_bench(const TtftBenchOptions& o) {
                "TTFT s", "bytes", "quality %", "text", "vs text", "plan");
     for (double rate : o.links) {
       auto inner = storage::Client::connect(cc, deadline_in(10s));
-      if (!inner.ok()) return fail("ttft", inner.status());
+      if (!inner.ok()) return fail(inner.status());
       auto client = storage::make_paced_client(std::move(inner).value(), rate);
-      if (!client) return fail("ttft", make_status(StatusCode::internal, "paced client"));
+      if (!client) return fail(make_status(StatusCode::internal, "paced client"));
       pipeline::PipelineConfig pc;
       pc.depth = o.depth;
       pc.max_chunk_bytes = max_level_bytes;
       pc.decode_threads = o.decode_threads;
       auto pipe = pipeline::Pipeline::create(*client, profile, pc);
-      if (!pipe.ok()) return fail("ttft", pipe.status());
+      if (!pipe.ok()) return fail(pipe.status());
       const uint64_t slot = std::max(max_int8, max_fp16);
       std::vector<std::byte> landing(slot * o.depth);
       auto mr = client->register_memory(landing.data(), landing.size());
-      if (!mr.ok()) return fail("ttft", mr.status());
+      if (!mr.ok()) return fail(mr.status());
       for (uint64_t tokens : o.contexts) {
         const Layout lay = layout_for(tokens, short_tokens, kChunk);
         const auto chunks = uint32_t(lay.ranges.size());
@@ -395,7 +393,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
                                     fp.bytes += b.size();
                                     return {};
                                   });
-        if (!st.ok()) return fail("ttft", st);
+        if (!st.ok()) return fail(st);
         fp.ttft = since(t0);
         fetched.push_back(fp);
         // 8-bit: each chunk dequantized into the runtime's memory as it lands.
@@ -406,7 +404,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
                              q8.bytes += b.size();
                              return dequantize_int8(b, *dest->view().slice(lay.ranges[i]));
                            });
-        if (!st.ok()) return fail("ttft", st);
+        if (!st.ok()) return fail(st);
         q8.ttft = since(t0);
         fetched.push_back(q8);
         std::vector<std::vector<uint64_t>> lb;
@@ -417,7 +415,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
         kc.decode_seconds_per_byte = decode_spb;
         kc.decode_workers = dthreads;
         auto kv_only = kvstream_fetch(kc, 0, "kvstream-kv");
-        if (!kv_only.ok()) return fail("ttft", kv_only.status());
+        if (!kv_only.ok()) return fail(kv_only.status());
         fetched.push_back(*kv_only);
 
         for (const auto& gpu : o.prefill_gpus) {
@@ -425,7 +423,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
           const TtftRow text{"text", double(tokens) / rate_tps, 0, 0.0, chunks};
           // The adaptive row runs per GPU: the chooser's split depends on the prefill rate.
           auto adaptive = kvstream_fetch(kc, rate_tps, "kvstream");
-          if (!adaptive.ok()) return fail("ttft", adaptive.status());
+          if (!adaptive.ok()) return fail(adaptive.status());
           std::vector<TtftRow> out{text};
           out.insert(out.end(), fetched.begin(), fetched.end());
           out.push_back(*adaptive);
@@ -470,7 +468,7 @@ int run_ttft_bench(const TtftBenchOptions& o) {
     std::ofstream(o.json) << j.dump(1) << "\n";
   }
   if (!o.plot.empty())
-    if (Status s = write_plot(rows, o); !s.ok()) return fail("ttft", s);
+    if (Status s = write_plot(rows, o); !s.ok()) return fail(s);
   return 0;
 }
 
