@@ -176,7 +176,8 @@ inline size_t select_length(uint16_t sel, size_t size, std::span<const codec::Ch
 // [64, header_bytes)), then (when flag bits 1-3 hold J > 0) the u32 recent row count,
 // then per substream u32 length and u32 low half of its xxh3-64, then one f32
 // distortion per prefix point. With S = layers x planes base substreams, n layers and
-// G groups, E = S + (J + n - 1) G substreams and P = 1 + (n - 1) G points: the table
+// G groups, E = S + (J + n - 1 + L) G substreams and P = 1 + (n - 1 + L) G points, where
+// L = n - 1 - J when flag bit 4 says the recent rows lead (else 0): the table
 // sizes follow from chunk_header_bytes() and the geometry. If that layout changes, the
 // decoder target's check at start-up (reseal of a genuine stream) reports
 // "progressive reseal OFF" and it fuzzes v2 streams without resealing.
@@ -201,12 +202,15 @@ inline ProgressiveTables progressive_tables(std::span<const uint8_t> b) {
   std::memcpy(&layers, b.data() + 8, 4);
   const uint64_t S = uint64_t(layers) * (b[24] >= uint8_t(AttentionKind::mla) ? 1 : 2);
   const uint64_t n = b[7], J = (b[25] >> 1) & 7;
+  // Flag bit 4 with J > 0: the recent rows lead, so each of the first n - 1 - J
+  // refinement layers also carries G lead substreams and G prefix points.
+  const uint64_t L = (b[25] & 16) && J > 0 && n > J ? n - 1 - J : 0;
   const size_t table = kHdr + (J ? 4 : 0);
   if (n < 1 || H < table + 8 * S + 4) return {};
-  const uint64_t rest = H - table - 8 * S - 4, per_group = 8 * J + 12 * (n - 1);
+  const uint64_t rest = H - table - 8 * S - 4, per_group = 8 * (J + n - 1 + L) + 4 * (n - 1 + L);
   if (per_group == 0 ? rest != 0 : rest % per_group != 0) return {};
   const uint64_t G = per_group ? rest / per_group : 0;
-  return {H, table, S + (J + n - 1) * G};
+  return {H, table, S + (J + n - 1 + L) * G};
 }
 
 /// Rewrites the checksum of every substream the bytes hold whole, the stream size

@@ -229,6 +229,30 @@ TEST_P(ProgressiveCase, DefectsFoundWithoutDecodingAreTheCpusErrors) {
   }
 }
 
+// The GPU test below alters a refinement substream and reseals the stream, so that
+// only the device's rANS checks can see the defect. Here: resealing leaves a genuine
+// stream as it is (every layout, the recent rows' lead included), the altered stream
+// passes the host's checks, and the CPU decoder names the layer it fails in.
+TEST_P(ProgressiveCase, AResealedRefinementDefectPassesTheHostChecksAndNamesItsLayer) {
+  const Profile& p = pprofile(cs());
+  const std::vector<uint8_t> bytes = encode(p, cs(), 8);
+  std::vector<uint8_t> same = bytes;
+  fuzz::progressive_reseal(same);
+  EXPECT_TRUE(same == bytes) << "resealing changed a genuine stream";
+  std::vector<uint8_t> bad = bytes;
+  bad[bad.size() - 200] ^= 0x21;
+  fuzz::progressive_reseal(bad);
+  detail::LayeredDescriptors d;
+  const Status host = detail::parse_layered_chunk(p, ut_offsets(p), bad, d);
+  EXPECT_TRUE(host.ok()) << host.to_string();
+  KvCache out = KvCache::create(cs().geom, DType::f16, cs().tokens, 1000).value();
+  const Status st = codec::decode_chunk(p, bad, out.view());
+  if (!st.ok()) {
+    EXPECT_EQ(st.code(), StatusCode::corrupt_data) << st.to_string();
+    EXPECT_NE(st.message().find("refinement layer"), std::string::npos) << st.to_string();
+  }
+}
+
 // ---- on a GPU ------------------------------------------------------------------------
 
 TEST_P(ProgressiveCase, OnTheGpuEveryPrefixAndEveryRefinementEqualTheCpu) {
