@@ -20,12 +20,15 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD_DIR:-$ROOT/build-gpu}
-OUTDIR=${OUT:-$BUILD/out}
+# Logs go to $BUILD/logs; where OUT is set (the device machine, which returns at most 8
+# files) they also come back as one $OUT/gpu-logs.tgz, written on every exit.
+OUTDIR=$BUILD/logs
 JOBS=${JOBS:-$(nproc)}
 TOKENS=${BENCH_TOKENS:-1536}
 PIPE_TOKENS=${PIPE_TOKENS:-6144}
 START=$(date +%s)
-mkdir -p "$OUTDIR"
+rm -rf "$OUTDIR" && mkdir -p "$OUTDIR"
+[ -n "${OUT:-}" ] && trap 'tar czf "$OUT/gpu-logs.tgz" -C "$OUTDIR" . 2>/dev/null' EXIT
 say() { echo "[run.sh +$(( $(date +%s) - START ))s] $*"; }
 left() { echo $(( 470 - ($(date +%s) - START) )); }   # seconds left of the ~8 minute budget
 
