@@ -9,6 +9,7 @@
 #include "codec/klt.hpp"
 #include "codec/layered_quant.hpp"
 #include "core/log.hpp"
+#include "core/parallel_for.hpp"
 
 namespace kvstream::codec {
 
@@ -156,23 +157,26 @@ Result<std::pair<std::vector<FreqTable>, std::vector<uint32_t>>> cluster(const s
 // A progressive profile's levels: the base layer's tables from the channels' base
 // indices, each refinement layer's from their symbols in both contexts.
 Status build_layered_tables(Profile::Impl& p, const SampleSet& s, const std::vector<float>& level_steps,
-                            uint32_t max_tables) {
+                            uint32_t max_tables, unsigned threads) {
   const size_t N = p.channels_total();
   const uint32_t C = p.geom.channels(), n = uint32_t(level_steps.size());
   std::vector<Hist> base(N, Hist{});
   std::vector<std::vector<Hist>> refine(n, std::vector<Hist>(2 * N, Hist{}));  // [k][2 i + context]
-  std::vector<std::array<Hist, 2>> r;
-  for (size_t i = 0; i < N; ++i) {
-    const bool klt = p.transform_block[i / C] != 0;
-    const float pred = klt || Predictor(p.predictor[i]) == Predictor::none ? 0.0f : p.mean[i];
-    const float inv_finest = 1.0f / (klt ? level_steps[0] : level_steps[0] * p.step_scale[i]);
-    layered_channel_symbols(s, i / C, C, uint32_t(i % C), pred, inv_finest, n, base[i], r);
-    for (uint32_t k = 1; k < n; ++k) refine[k][2 * i] = r[k][0], refine[k][2 * i + 1] = r[k][1];
-  }
+  KVS_RETURN_IF_ERROR(parallel_for(N / C, threads, [&](size_t lp) -> Status {
+    std::vector<std::array<Hist, 2>> r;
+    for (size_t i = lp * C; i < (lp + 1) * C; ++i) {
+      const bool klt = p.transform_block[lp] != 0;
+      const float pred = klt || Predictor(p.predictor[i]) == Predictor::none ? 0.0f : p.mean[i];
+      const float inv_finest = 1.0f / (klt ? level_steps[0] : level_steps[0] * p.step_scale[i]);
+      layered_channel_symbols(s, lp, C, uint32_t(i % C), pred, inv_finest, n, base[i], r);
+      for (uint32_t k = 1; k < n; ++k) refine[k][2 * i] = r[k][0], refine[k][2 * i + 1] = r[k][1];
+    }
+    return {};
+  }));
   p.levels.assign(n, {});
-  for (uint32_t k = 0; k < n; ++k) {
-    Profile::Impl::Level& lv = p.levels[p.level_of_layer(k)];
-    lv.info.step = level_steps[p.level_of_layer(k)];
+  return parallel_for(n, threads, [&](size_t k) -> Status {
+    Profile::Impl::Level& lv = p.levels[p.level_of_layer(uint32_t(k))];
+    lv.info.step = level_steps[p.level_of_layer(uint32_t(k))];
     KVS_ASSIGN_OR_RETURN(auto clustered, cluster(k == 0 ? base : refine[k], max_tables));
     lv.tables = std::move(clustered.first);
     for (uint32_t role = 0; role < kRoles; ++role) lv.table_of[role].resize(N);
@@ -180,8 +184,8 @@ Status build_layered_tables(Profile::Impl& p, const SampleSet& s, const std::vec
       lv.table_of[kRoleCoarseZero][i] = uint8_t(clustered.second[k == 0 ? i : 2 * i]);
       lv.table_of[kRoleCoarseNonzero][i] = uint8_t(clustered.second[k == 0 ? i : 2 * i + 1]);
     }
-  }
-  return {};
+    return {};
+  });
 }
 
 }  // namespace
@@ -284,23 +288,25 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   const float mid_step = opt.progressive ? level_steps.back() : level_steps[level_steps.size() / 2];
   p.predictor.assign(N, uint8_t(Predictor::mean));
   std::vector<double> channel_bits(N, 0.0);
-  for (size_t i = 0; i < N; ++i) {
-    const size_t lp = i / C;
-    const uint32_t c = uint32_t(i % C);
-    double best = 1e300;
-    for (Predictor pr : {Predictor::mean, Predictor::none, Predictor::anchor}) {
-      // A progressive stream's layers nest only with a prediction that no layer changes.
-      if ((pr == Predictor::anchor && (!opt.allow_anchor || opt.progressive)) ||
-          (pr == Predictor::mean && !opt.allow_mean))
-        continue;
-      Hist a{}, b{};
-      uint64_t outl = 0;
-      channel_symbols(s, lp, C, c, G, pr, p.mean[i], mid_step * p.step_scale[i], a, b, outl);
-      const double bits = hist_bits(a) + hist_bits(b) + double(outl) * 64.0;
-      if (bits < best * 0.995) best = bits, p.predictor[i] = uint8_t(pr);  // a simpler predictor wins ties
+  KVS_RETURN_IF_ERROR(parallel_for(N / C, opt.threads, [&](size_t lp) -> Status {
+    for (uint32_t c = 0; c < C; ++c) {
+      const size_t i = lp * C + c;
+      double best = 1e300;
+      for (Predictor pr : {Predictor::mean, Predictor::none, Predictor::anchor}) {
+        // A progressive stream's layers nest only with a prediction that no layer changes.
+        if ((pr == Predictor::anchor && (!opt.allow_anchor || opt.progressive)) ||
+            (pr == Predictor::mean && !opt.allow_mean))
+          continue;
+        Hist a{}, b{};
+        uint64_t outl = 0;
+        channel_symbols(s, lp, C, c, G, pr, p.mean[i], mid_step * p.step_scale[i], a, b, outl);
+        const double bits = hist_bits(a) + hist_bits(b) + double(outl) * 64.0;
+        if (bits < best * 0.995) best = bits, p.predictor[i] = uint8_t(pr);  // a simpler predictor wins ties
+      }
+      channel_bits[i] = best;
     }
-    channel_bits[i] = best;
-  }
+    return {};
+  }));
 
   // Decorrelating transform per (layer, plane), where it measurably pays.
   const size_t LP = N / C;
@@ -314,7 +320,9 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   }
   uint64_t total_tokens = 0;
   for (uint32_t t : s.tokens) total_tokens += t;
-  for (size_t lp = 0; lp < LP && !candidates.empty(); ++lp) {
+  // Each (layer, plane) in parallel: it reads its own samples and writes only its own
+  // transform, predictors and samples.
+  KVS_RETURN_IF_ERROR(parallel_for(candidates.empty() ? 0 : LP, opt.threads, [&](size_t lp) -> Status {
     double identity = 0;
     for (uint32_t c = 0; c < C; ++c) identity += channel_bits[lp * C + c];
     // The normalised residuals z = (x - mean) / scale of every sample token.
@@ -348,7 +356,7 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
       }
       if (bits < best_bits) best_bits = bits, best_b = B, best_u = std::move(u), best_y = std::move(y);
     }
-    if (!best_b) continue;
+    if (!best_b) return {};
     KVS_LOG_DEBUG("layer {} plane {}: KLT blocks of {} save {:.1f}% of the bits", lp / p.geom.planes(),
                   lp % p.geom.planes(), best_b, 100.0 * (1.0 - best_bits / identity));
     p.transform_block[lp] = best_b;
@@ -359,16 +367,19 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
     for (size_t i = 0; i < s.tokens.size(); ++i)
       for (uint32_t t = 0; t < s.tokens[i]; ++t, ++row)
         std::copy_n(&best_y[row * C], C, &s.x[i][lp][size_t(t) * C]);
-  }
+    return {};
+  }));
 
   for (float step : level_steps)
     if (!(step > 0.0f)) return make_status(StatusCode::invalid_argument, "level step {} must be > 0", step);
   if (opt.progressive) {
-    KVS_RETURN_IF_ERROR(build_layered_tables(p, s, level_steps, opt.max_tables_per_level));
+    KVS_RETURN_IF_ERROR(build_layered_tables(p, s, level_steps, opt.max_tables_per_level, opt.threads));
   }
-  // Per level: histograms per (channel, role), clustered onto shared tables.
-  for (float step : opt.progressive ? std::vector<float>{} : level_steps) {
-    Profile::Impl::Level lv;
+  // Per level, in parallel: histograms per (channel, role), clustered onto shared tables.
+  if (!opt.progressive) p.levels.assign(level_steps.size(), {});
+  KVS_RETURN_IF_ERROR(parallel_for(opt.progressive ? 0 : level_steps.size(), opt.threads, [&](size_t L) -> Status {
+    const float step = level_steps[L];
+    Profile::Impl::Level& lv = p.levels[L];
     lv.info.step = step;
     std::vector<Hist> ctx;
     std::vector<size_t> ctx_plain(N), ctx_anchor(N);
@@ -396,8 +407,8 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
       lv.table_of[kRolePlain][i] = uint8_t(clustered.second[ctx_plain[i]]);
       lv.table_of[kRoleAnchor][i] = uint8_t(clustered.second[ctx_anchor[i]]);
     }
-    p.levels.push_back(std::move(lv));
-  }
+    return {};
+  }));
   KVS_RETURN_IF_ERROR(p.finalize());
   Profile profile(std::move(impl));
 
@@ -406,34 +417,40 @@ Result<Profile> ProfileBuilder::build(std::span<const KvView> samples, const Rop
   for (const KvView& v : samples) elems += v.tokens() * p.geom.elements_per_token();
   if (p.progressive) {
     // One encode per sample holds every level: level i is its whole-layer prefix.
+    // The samples encode in parallel; their prefixes are summed in sample order.
     std::vector<uint64_t> bytes(profile.levels(), 0);
     std::vector<double> distortion(profile.levels(), 0.0);  // weighted by each sample's elements
-    std::vector<uint8_t> out;
-    for (const KvView& v : samples) {
-      out.clear();
-      KVS_RETURN_IF_ERROR(encode_chunk(profile, v, 0, out));
-      KVS_ASSIGN_OR_RETURN(const std::vector<ChunkPrefix> prefixes, chunk_prefixes(out));
-      for (const ChunkPrefix& pf : prefixes)
+    std::vector<std::vector<ChunkPrefix>> prefixes(samples.size());
+    KVS_RETURN_IF_ERROR(parallel_for(samples.size(), opt.threads, [&](size_t i) -> Status {
+      std::vector<uint8_t> out;
+      KVS_RETURN_IF_ERROR(encode_chunk(profile, samples[i], 0, out));
+      KVS_ASSIGN_OR_RETURN(prefixes[i], chunk_prefixes(out));
+      return {};
+    }));
+    for (size_t i = 0; i < samples.size(); ++i)
+      for (const ChunkPrefix& pf : prefixes[i])
         if (pf.whole_layer) {
           bytes[pf.level] += pf.end;
-          distortion[pf.level] += pf.distortion * double(v.tokens() * p.geom.elements_per_token());
+          distortion[pf.level] += pf.distortion * double(samples[i].tokens() * p.geom.elements_per_token());
         }
-    }
     for (uint32_t L = 0; L < profile.levels(); ++L) {
       profile.impl_->levels[L].info.bits_per_element = double(bytes[L]) * 8.0 / double(elems);
       profile.impl_->levels[L].info.distortion = distortion[L] / double(elems);
     }
   }
-  for (uint32_t L = 0; L < (p.progressive ? 0 : profile.levels()); ++L) {
-    uint64_t bytes = 0;
+  // Levels in parallel; the profile is written only once every encode is done.
+  std::vector<uint64_t> level_bytes(p.progressive ? 0 : profile.levels(), 0);
+  KVS_RETURN_IF_ERROR(parallel_for(level_bytes.size(), opt.threads, [&](size_t L) -> Status {
     std::vector<uint8_t> out;
     for (const KvView& v : samples) {
       out.clear();
-      KVS_RETURN_IF_ERROR(encode_chunk(profile, v, L, out));
-      bytes += out.size();
+      KVS_RETURN_IF_ERROR(encode_chunk(profile, v, uint32_t(L), out));
+      level_bytes[L] += out.size();
     }
-    profile.impl_->levels[L].info.bits_per_element = double(bytes) * 8.0 / double(elems);
-  }
+    return {};
+  }));
+  for (size_t L = 0; L < level_bytes.size(); ++L)
+    profile.impl_->levels[L].info.bits_per_element = double(level_bytes[L]) * 8.0 / double(elems);
   KVS_RETURN_IF_ERROR(profile.impl_->finalize());
   const auto counts = profile.predictor_counts();
   KVS_LOG_INFO("codec profile built: {} channels (none {}, mean {}, anchor {}), {} levels, {:.2f}..{:.2f} bits/element",

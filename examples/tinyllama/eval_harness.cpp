@@ -1,13 +1,14 @@
 #include "examples/tinyllama/eval_harness.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
+
+#include "core/parallel_for.hpp"
 
 namespace tinyllama {
 
 using kvstream::make_status;
+using kvstream::parallel_for;
 using kvstream::StatusCode;
 
 Result<EvalData> load_eval_data(const std::string& dir) {
@@ -33,24 +34,6 @@ std::vector<std::vector<int>> make_windows(const std::vector<int>& text, const E
   }
   return w;
 }
-
-namespace {
-template <typename F>
-Status parallel_for(size_t n, unsigned threads, F&& f) {
-  std::atomic<size_t> next{0};
-  std::vector<Status> err(n);
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) err[i] = f(i);
-  };
-  threads = std::max(1u, std::min<unsigned>(threads ? threads : std::thread::hardware_concurrency(), unsigned(n)));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  for (auto& e : err) KVS_RETURN_IF_ERROR(e);
-  return {};
-}
-}  // namespace
 
 Result<Reference> score_reference(const Model& m, const std::vector<std::vector<int>>& windows, const EvalSetup& s,
                                   unsigned threads) {

@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   app.add_option("--quality-windows", quality_windows, "held-out first-half windows that measure each level")
       ->capture_default_str();
   app.add_option("--steps", steps, "with --independent: base quantization step per level, finest first");
-  app.add_option("--threads", threads, "worker threads (0: all cores)");
+  app.add_option("--threads", threads, "worker threads for the build and the model (0: all cores)");
   app.add_option("--layer-group-steps", group_steps,
                  "step multipliers for equal groups of layers, e.g. 0.5 1 1.5 (CacheGen's three groups)");
   app.add_option("--max-transform-block", max_block, "largest KLT block in channels")->capture_default_str();
@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   opt.max_transform_block = max_block;
   opt.max_tables_per_level = max_tables;
   opt.transform_min_gain = min_gain;
+  opt.threads = threads;
   opt.allow_transform = !no_transform;
   if (!group_steps.empty()) {
     const uint32_t L = d->model.geometry().layers;

@@ -164,6 +164,12 @@ struct ProfileOptions {
   /// profile's, whose predictions lean harder on them, this is what keeps the first
   /// refinement within a 1%-equivalent KL.
   bool recent_lead = true;
+  /// Workers for the build (0: one per hardware thread). The profile is the same,
+  /// byte for byte, for any count: each (layer, plane), level and sample is built on
+  /// its own and the results are combined in order. Each worker holds about four
+  /// copies of one (layer, plane)'s sample values while it fits a KLT, so many
+  /// workers over large samples need that much more memory.
+  unsigned threads = 0;
 };
 
 /// Step ratio between consecutive layers of a progressive stream (part of the format):

@@ -170,6 +170,38 @@ TEST(CodecProfile, BuilderRejectsBadOptions) {
   EXPECT_FALSE(ProfileBuilder::build({&va, 1}, {}, o).ok());
 }
 
+// The build runs its (layer, plane)s, levels and samples on parallel workers; the
+// profile must not depend on how many, byte for byte (single-level with KLT planes and
+// anchors, and progressive with a recent window).
+TEST(CodecProfile, TheBuildIsTheSameForAnyNumberOfWorkers) {
+  set_log_level(LogLevel::warn);
+  const Case& cs = case_named("gqa_rope_half_partial");
+  const KvCache a = make_cache(cs.geom, DType::f32, 48, 0, cs.rope, 5);
+  const KvCache b = make_cache(cs.geom, DType::f32, 33, 200, cs.rope, 6);
+  const KvView views[2] = {a.view(), b.view()};
+  for (const bool progressive : {false, true}) {
+    ProfileOptions opt;
+    opt.level_steps = {0.1f, 0.4f, 1.0f, 2.0f};
+    opt.progressive = progressive;
+    opt.progressive_layers = 3;
+    opt.recent_tokens = 8;
+    opt.transform_min_gain = 0.0;  // KLT wherever it saves anything
+    opt.max_tables_per_level = 4;
+    std::vector<uint8_t> first;
+    for (const unsigned threads : {1u, 2u, 5u}) {
+      opt.threads = threads;
+      auto p = ProfileBuilder::build(views, cs.rope, opt);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      if (first.empty()) {
+        first = p->serialize();
+        continue;
+      }
+      EXPECT_TRUE(p->serialize() == first) << (progressive ? "progressive" : "single-level") << ", " << threads
+                                           << " workers";
+    }
+  }
+}
+
 TEST(CodecProfile, MlaNeverUndoesRope) {
   set_log_level(LogLevel::warn);
   const KvGeometry g{1, 1, 32, 8, AttentionKind::mla};
