@@ -402,21 +402,31 @@ void FetchImpl::dispatch() {
   // decided as text gives its buffer to the next one.
   std::optional<uint32_t> held;
   const uint32_t max_on_wire = p_.cfg_.max_on_wire ? p_.cfg_.max_on_wire : p_.cfg_.depth;
+  // Ends chunk i here (text, an error, the fetch over). The last chunk first gives back
+  // a buffer no later chunk will take: its finish may end the fetch, and a fetch that
+  // has ended holds no buffer (buffers_in_use() is 0 once every wait() returned).
+  auto end_here = [&](uint32_t i, Status st) {
+    if (held && i + 1 == req_.chunks.size()) {
+      p_.release(*held);
+      held.reset();
+    }
+    finish(i, std::move(st));
+  };
   for (uint32_t i = 0; i < req_.chunks.size(); ++i) {
     if (Status st = over(); !st.ok()) {
-      finish(i, st);
+      end_here(i, st);
       continue;
     }
     if (!held) {
       auto buffer = p_.acquire(req_.deadline, req_.cancel);
       if (!buffer.ok()) {
-        finish(i, buffer.status());
+        end_here(i, buffer.status());
         continue;
       }
       held = *buffer;
     }
     if (Status st = wait_on_wire_below(max_on_wire); !st.ok()) {
-      finish(i, st);
+      end_here(i, st);
       continue;
     }
     const uint32_t stored = stored_chunk(req_, i);
@@ -428,15 +438,15 @@ void FetchImpl::dispatch() {
       timings_[i].queued = Clock::now();
     }
     if (d.action == ChunkDecision::Action::recompute) {
-      finish(i, {});
+      end_here(i, {});
       continue;
     }
     if (d.level >= level_bytes.size() || level_bytes[d.level] == 0) {
-      finish(i, make_status(StatusCode::not_found, "chunk {} has no level {} stored", i, d.level));
+      end_here(i, make_status(StatusCode::not_found, "chunk {} has no level {} stored", i, d.level));
       continue;
     }
     if (level_bytes[d.level] > p_.cfg_.max_chunk_bytes) {
-      finish(i, make_status(StatusCode::resource_exhausted, "chunk {} level {} is {} bytes, buffers hold {}", i,
+      end_here(i, make_status(StatusCode::resource_exhausted, "chunk {} level {} is {} bytes, buffers hold {}", i,
                             d.level, level_bytes[d.level], p_.cfg_.max_chunk_bytes));
       continue;
     }

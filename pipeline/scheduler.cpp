@@ -70,7 +70,7 @@ class TicketImpl final : public Ticket {
   }
   bool started() const override {
     std::lock_guard lk(mu_);
-    return running_ != nullptr || (ended_ && !timings_.empty());
+    return running_ != nullptr || chunk_seen_ || (ended_ && !timings_.empty());
   }
   std::vector<ChunkTimings> timings() const override {
     std::lock_guard lk(mu_);
@@ -98,6 +98,12 @@ class TicketImpl final : public Ticket {
     std::lock_guard lk(mu_);
     running_ = std::move(f);
   }
+  /// A chunk of its fetch was delivered, which can happen before the pipeline's fetch()
+  /// has returned it (and set_running).
+  void saw_chunk() {
+    std::lock_guard lk(mu_);
+    chunk_seen_ = true;
+  }
   /// When this fetch is predicted to release its slot (for later admissions).
   Clock::time_point predicted_end(Clock::time_point now) const {
     const auto start = started_at_ == Clock::time_point{} ? now : started_at_;
@@ -116,6 +122,7 @@ class TicketImpl final : public Ticket {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool ended_ = false;
+  bool chunk_seen_ = false;
   Status result_;
   std::vector<ChunkTimings> timings_;
   std::vector<std::vector<uint8_t>> kept_;
@@ -314,7 +321,12 @@ class SchedulerImpl final : public Scheduler {
     Result<std::shared_ptr<Fetch>> f = Status(StatusCode::internal, "not started");
     if (auto costs = costs_for(t->fetch_); !costs.ok()) {
       f = costs.status();
-    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_), t->fetch_.on_chunk);
+    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_),
+                                            [w = std::weak_ptr<TicketImpl>(t), user = t->fetch_.on_chunk](
+                                                const ChunkTimings& c) {
+                                              if (auto tk = w.lock()) tk->saw_chunk();
+                                              if (user) user(c);
+                                            });
                !cb.ok()) {
       f = cb.status();
     } else {

@@ -199,6 +199,31 @@ TEST_F(PipelineTest, RecomputeDecisionsAreReportedNotFetched) {
   EXPECT_GT(t[0].bytes, 0u);
 }
 
+// A fetch ends with its last chunk's callback; a chunk decided as text passes its
+// receive buffer on to the next one, and the last must give it back before that
+// callback, or a caller that checks buffers_in_use() once wait() returns sees one
+// still lent (the scheduler's test saw it under load).
+TEST_F(PipelineTest, AFetchEndingOnTextHoldsNoBufferWhenItEnds) {
+  auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
+  ASSERT_TRUE(p.ok());
+  auto out = KvCache::create(kGeom, DType::f16, kTokens).value();
+  const auto req = request(out.view());
+  const uint32_t last = uint32_t(req.chunks.size() - 1);
+  std::atomic<uint32_t> lent_at_last{99};
+  pipeline::FetchCallbacks cb;
+  cb.decide = [](uint32_t, std::span<const uint64_t>) {
+    return pipeline::ChunkDecision{pipeline::ChunkDecision::Action::recompute, 0};
+  };
+  cb.on_chunk = [&](const pipeline::ChunkTimings& t) {
+    if (t.chunk == last) lent_at_last = (*p)->buffers_in_use();
+  };
+  auto f = (*p)->fetch(req, cb);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->wait().ok());
+  EXPECT_EQ(lent_at_last.load(), 0u);
+  EXPECT_EQ((*p)->buffers_in_use(), 0u);
+}
+
 TEST_F(PipelineTest, BadRequestsAreRefused) {
   auto p = pipeline::Pipeline::create(*client_, profile_, {2, 1 << 20, 1});
   ASSERT_TRUE(p.ok());
