@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <exception>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -28,8 +30,18 @@ template <typename Fn>
 Status parallel_for(size_t n, unsigned threads, Fn&& fn) {
   std::vector<Status> status(n);
   std::atomic<size_t> next{0};
+  // An exception thrown on a worker thread would end the process: it becomes that
+  // index's error instead, as it would have reached the caller of a serial loop.
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) status[i] = fn(i);
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      try {
+        status[i] = fn(i);
+      } catch (const std::bad_alloc&) {
+        status[i] = make_status(StatusCode::resource_exhausted, "out of memory in parallel work item {}", i);
+      } catch (const std::exception& e) {
+        status[i] = make_status(StatusCode::internal, "parallel work item {}: {}", i, e.what());
+      }
+    }
   };
   std::vector<std::thread> pool;
   for (unsigned t = 1; t < worker_count(threads, n); ++t) {

@@ -447,7 +447,7 @@ void FetchImpl::dispatch() {
     }
     if (level_bytes[d.level] > p_.cfg_.max_chunk_bytes) {
       end_here(i, make_status(StatusCode::resource_exhausted, "chunk {} level {} is {} bytes, buffers hold {}", i,
-                            d.level, level_bytes[d.level], p_.cfg_.max_chunk_bytes));
+                              d.level, level_bytes[d.level], p_.cfg_.max_chunk_bytes));
       continue;
     }
     const uint32_t b = *held;

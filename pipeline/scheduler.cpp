@@ -319,14 +319,15 @@ class SchedulerImpl final : public Scheduler {
     // The sizes are read again: they may have changed since admission.
     // A placeholder every branch below overwrites: not logged (make_status would).
     Result<std::shared_ptr<Fetch>> f = Status(StatusCode::internal, "not started");
+    // Chunks can be delivered before pipeline_.fetch() returns: the ticket counts as
+    // started from the first one.
+    auto on_chunk = [w = std::weak_ptr<TicketImpl>(t), user = t->fetch_.on_chunk](const ChunkTimings& c) {
+      if (auto tk = w.lock()) tk->saw_chunk();
+      if (user) user(c);
+    };
     if (auto costs = costs_for(t->fetch_); !costs.ok()) {
       f = costs.status();
-    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_),
-                                            [w = std::weak_ptr<TicketImpl>(t), user = t->fetch_.on_chunk](
-                                                const ChunkTimings& c) {
-                                              if (auto tk = w.lock()) tk->saw_chunk();
-                                              if (user) user(c);
-                                            });
+    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_), std::move(on_chunk));
                !cb.ok()) {
       f = cb.status();
     } else {
