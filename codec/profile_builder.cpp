@@ -164,8 +164,8 @@ Status build_layered_tables(Profile::Impl& p, const SampleSet& s, const std::vec
   std::vector<std::vector<Hist>> refine(n, std::vector<Hist>(2 * N, Hist{}));  // [k][2 i + context]
   KVS_RETURN_IF_ERROR(parallel_for(N / C, threads, [&](size_t lp) -> Status {
     std::vector<std::array<Hist, 2>> r;
+    const bool klt = p.transform_block[lp] != 0;
     for (size_t i = lp * C; i < (lp + 1) * C; ++i) {
-      const bool klt = p.transform_block[lp] != 0;
       const float pred = klt || Predictor(p.predictor[i]) == Predictor::none ? 0.0f : p.mean[i];
       const float inv_finest = 1.0f / (klt ? level_steps[0] : level_steps[0] * p.step_scale[i]);
       layered_channel_symbols(s, lp, C, uint32_t(i % C), pred, inv_finest, n, base[i], r);

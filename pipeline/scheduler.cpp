@@ -70,7 +70,7 @@ class TicketImpl final : public Ticket {
   }
   bool started() const override {
     std::lock_guard lk(mu_);
-    return running_ != nullptr || chunk_seen_ || (ended_ && !timings_.empty());
+    return started_;
   }
   std::vector<ChunkTimings> timings() const override {
     std::lock_guard lk(mu_);
@@ -98,11 +98,11 @@ class TicketImpl final : public Ticket {
     std::lock_guard lk(mu_);
     running_ = std::move(f);
   }
-  /// A chunk of its fetch was delivered, which can happen before the pipeline's fetch()
-  /// has returned it (and set_running).
-  void saw_chunk() {
+  /// Set as it leaves the queue, before its chunks can be delivered (they may be before
+  /// the pipeline's fetch() returns); cleared when the pipeline refused it.
+  void set_started(bool started) {
     std::lock_guard lk(mu_);
-    chunk_seen_ = true;
+    started_ = started;
   }
   /// When this fetch is predicted to release its slot (for later admissions).
   Clock::time_point predicted_end(Clock::time_point now) const {
@@ -122,7 +122,7 @@ class TicketImpl final : public Ticket {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool ended_ = false;
-  bool chunk_seen_ = false;
+  bool started_ = false;
   Status result_;
   std::vector<ChunkTimings> timings_;
   std::vector<std::vector<uint8_t>> kept_;
@@ -311,6 +311,7 @@ class SchedulerImpl final : public Scheduler {
   // pipeline with adaptive decisions.
   void start(const std::shared_ptr<TicketImpl>& t, std::unique_lock<std::mutex>& lk) {
     t->started_at_ = now_();
+    t->set_started(true);
     running_.push_back(t);
     AdaptivePlan plan = plan_;
     plan.chunk_tokens = t->fetch_.chunk_tokens;
@@ -319,15 +320,9 @@ class SchedulerImpl final : public Scheduler {
     // The sizes are read again: they may have changed since admission.
     // A placeholder every branch below overwrites: not logged (make_status would).
     Result<std::shared_ptr<Fetch>> f = Status(StatusCode::internal, "not started");
-    // Chunks can be delivered before pipeline_.fetch() returns: the ticket counts as
-    // started from the first one.
-    auto on_chunk = [w = std::weak_ptr<TicketImpl>(t), user = t->fetch_.on_chunk](const ChunkTimings& c) {
-      if (auto tk = w.lock()) tk->saw_chunk();
-      if (user) user(c);
-    };
     if (auto costs = costs_for(t->fetch_); !costs.ok()) {
       f = costs.status();
-    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_), std::move(on_chunk));
+    } else if (auto cb = adaptive_callbacks(plan, costs->level_bytes, target_of(t->fetch_), t->fetch_.on_chunk);
                !cb.ok()) {
       f = cb.status();
     } else {
@@ -336,6 +331,7 @@ class SchedulerImpl final : public Scheduler {
     lk.lock();
     if (!f.ok()) {
       running_.erase(std::find(running_.begin(), running_.end(), t));
+      t->set_started(false);
       t->end(f.status(), {});
       return;
     }

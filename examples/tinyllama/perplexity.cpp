@@ -1,9 +1,8 @@
 // Windowed perplexity with a KV transform: the hook by which codecs are judged.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
 
+#include "core/parallel_for.hpp"
 #include "examples/tinyllama/tinyllama.hpp"
 
 namespace tinyllama {
@@ -88,32 +87,19 @@ Result<PerplexityResult> perplexity(const Model& m, std::span<const int> text, c
   if (nwin == 0) return make_status(StatusCode::invalid_argument, "no tokens to score");
   PerplexityResult res;
   res.windows.resize(nwin);
-  std::vector<Status> errors(nwin);
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    std::vector<int> w;
-    for (size_t i; (i = next.fetch_add(1)) < nwin;) {
-      const size_t b = i * per, e = std::min(text.size(), b + per);
-      w.assign(1, kBos);
-      w.insert(w.end(), text.begin() + b, text.begin() + e);
-      // A short last window keeps the same context length when it can, else it is scored whole.
-      const int ctx = int(w.size()) > opt.context_tokens ? opt.context_tokens : 0;
-      auto r = score_window(m, w, ctx, opt.transform, opt.keep_logprobs);
-      if (r.ok())
-        res.windows[i] = std::move(r).value();
-      else
-        errors[i] = r.status().with_context(fmt::format("window {}", i));
-    }
-  };
-  unsigned threads = opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = unsigned(std::min<size_t>(threads, nwin));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  KVS_RETURN_IF_ERROR(kvstream::parallel_for(nwin, opt.threads, [&](size_t i) -> Status {
+    const size_t b = i * per, e = std::min(text.size(), b + per);
+    std::vector<int> w{kBos};
+    w.insert(w.end(), text.begin() + b, text.begin() + e);
+    // A short last window keeps the same context length when it can, else it is scored whole.
+    const int ctx = int(w.size()) > opt.context_tokens ? opt.context_tokens : 0;
+    auto r = score_window(m, w, ctx, opt.transform, opt.keep_logprobs);
+    if (!r.ok()) return r.status().with_context(fmt::format("window {}", i));
+    res.windows[i] = std::move(r).value();
+    return {};
+  }));
   double nll = 0;
   for (size_t i = 0; i < nwin; ++i) {
-    KVS_RETURN_IF_ERROR(errors[i]);
     nll += res.windows[i].nll_sum;
     res.scored_tokens += uint64_t(res.windows[i].scored);
   }
