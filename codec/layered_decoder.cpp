@@ -38,7 +38,7 @@ struct LayeredContext {
   const KvView* out;
 };
 
-std::string where(uint32_t lp, uint32_t planes) { return fmt::format("layer {} plane {}", lp / planes, lp % planes); }
+std::string plane_where(uint32_t lp, uint32_t planes) { return fmt::format("layer {} plane {}", lp / planes, lp % planes); }
 
 // The base substreams of the group's planes: exact values, and the coded matrix framed.
 Status parse_base(const LayeredContext& cx, uint32_t first, uint32_t end, LayeredScratch& ls) {
@@ -47,15 +47,15 @@ Status parse_base(const LayeredContext& cx, uint32_t first, uint32_t end, Layere
   for (uint32_t lp = first; lp < end; ++lp) {
     const size_t i = lp - first;
     ByteReader r(cx.src.at(cx.h->sub_offset[lp], cx.h->sub_bytes[lp]), "substream");
-    const auto name = [&] { return where(lp, P); };
+    const auto name = [&] { return plane_where(lp, P); };
     KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].out_index, ls.exact[i].out_value, name));
     KVS_RETURN_IF_ERROR(read_exact_list(r, T, C, ls.exact[i].direct_index, ls.exact[i].direct_value, name));
     if (!ls.exact[i].direct_index.empty() && p.block_of(lp) == 0)
-      return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", where(lp, P));
+      return make_status(StatusCode::corrupt_data, "{}: exact values on a plane without a transform", plane_where(lp, P));
     const std::span<const uint8_t> rest = r.rest();
     KVS_ASSIGN_OR_RETURN(size_t len, rans_coded_size(rest));
     if (len != rest.size())
-      return make_status(StatusCode::corrupt_data, "{}: base symbols of {} bytes in {}", where(lp, P), len,
+      return make_status(StatusCode::corrupt_data, "{}: base symbols of {} bytes in {}", plane_where(lp, P), len,
                          rest.size());
     ls.code[i] = rest;
   }

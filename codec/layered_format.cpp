@@ -10,7 +10,7 @@
 namespace kvstream::codec {
 
 namespace {
-constexpr size_t kOffStreamBytes = 48, kOffHeaderSum = 56;
+constexpr size_t kLayeredOffStreamBytes = 48, kLayeredOffHeaderSum = 56;
 
 size_t points_of(uint32_t layers, const LayeredGrouping& g, uint32_t recent_layers, bool lead) {
   return 1 + size_t(layers - 1 + lead_layers_of(layers, recent_layers, lead)) * g.groups;
@@ -24,7 +24,7 @@ size_t recent_field_of(uint32_t recent_layers) { return recent_layers ? 4 : 0; }
 uint64_t header_sum(const uint8_t* base, size_t header_bytes) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, base, kOffHeaderSum);
+  XXH3_64bits_update(st, base, kLayeredOffHeaderSum);
   XXH3_64bits_update(st, base + kChunkHeaderBytes, header_bytes - kChunkHeaderBytes);
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
@@ -70,7 +70,7 @@ void write_layered_header(std::vector<uint8_t>& out, size_t at, LayeredHeader& h
   for (float d : h.distortion) w.put(d);
   std::memcpy(out.data() + at, head.data(), hb);
   const uint64_t hs = header_sum(out.data() + at, hb);
-  std::memcpy(out.data() + at + kOffHeaderSum, &hs, 8);
+  std::memcpy(out.data() + at + kLayeredOffHeaderSum, &hs, 8);
 }
 
 Result<LayeredHeader> parse_layered_header(std::span<const uint8_t> bytes) {
