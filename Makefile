@@ -5,9 +5,10 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 # ctest runs twice as many tests as there are cores: most tests spend their time waiting
 # on sockets, child processes (redis, etcd, kvstream-server) and deadlines, not computing.
-# Measured on 2 cores (2026-12-04, clean cost data): at -j2 the CPUs were 52-67% busy;
-# at -j4 the suite took 185 s instead of 225, the ASan transport pass 127 s instead of
-# 172 and the TSan one 235 s instead of 272. fuzz_smoke still runs alone (RUN_SERIAL).
+# Measured on 2 cores (2026-12-04, no cost data, as in a clean clone): at -j2 the CPUs
+# were 65-78% busy (the suite 52% outside fuzz_smoke); at -j4 the suite took 185 s
+# instead of 225, the ASan transport pass 127 s instead of 172 and the TSan one 235 s
+# instead of 272. fuzz_smoke still runs alone (RUN_SERIAL).
 TEST_JOBS  ?= $(shell echo $$(( $(JOBS) * 2 )))
 CMAKE_ARGS ?=
 # Line tables only (-g1) instead of full debug info: backtraces, perf and sanitizer
