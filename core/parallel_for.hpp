@@ -44,7 +44,8 @@ Status parallel_for(size_t n, unsigned threads, Fn&& fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < worker_count(threads, n); ++t) {
+  const unsigned workers = worker_count(threads, n);
+  for (unsigned t = 1; t < workers; ++t) {
     try {
       pool.emplace_back(work);
     } catch (const std::system_error&) {
