@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -93,6 +94,9 @@ class ChunkStore {
   struct ReencryptOptions {
     uint64_t bytes_per_second = 0;  ///< payload read and rewritten per second; 0: unpaced
     transport::CancelToken cancel;  ///< ends the pass between pieces of an object
+    /// Where given, counts each object as it is committed, before objects_under_old_keys()
+    /// drops: a reader of both never sees an object gone from one and not yet in the other.
+    std::atomic<uint64_t>* committed = nullptr;
   };
   /// One pass over the index: every object not under the current key is read, verified
   /// and rewritten under it with its write version and parts table, committed only if
@@ -205,7 +209,7 @@ class ChunkStore {
   // reencrypt(): one object, if it still is the version `generation` names.
   Status reencrypt_one(const ObjectKey& k, uint64_t generation, const security::KeyRing& keys,
                        std::span<std::byte> buffer, const std::function<bool(uint64_t)>& pace,
-                       ReencryptReport& report);
+                       std::atomic<uint64_t>* committed, ReencryptReport& report);
 };
 
 }  // namespace kvstream::storage

@@ -76,7 +76,7 @@ Result<ReencryptReport> ChunkStore::reencrypt(const ReencryptOptions& o) {
       ++report.missing_key;
       continue;
     }
-    const Status s = reencrypt_one(t.key, t.generation, *ring, buffer, pace, report);
+    const Status s = reencrypt_one(t.key, t.generation, *ring, buffer, pace, o.committed, report);
     if (s.code() == StatusCode::cancelled) {
       report.cancelled = true;
       break;
@@ -92,7 +92,7 @@ Result<ReencryptReport> ChunkStore::reencrypt(const ReencryptOptions& o) {
 
 Status ChunkStore::reencrypt_one(const ObjectKey& k, uint64_t generation, const security::KeyRing& ring,
                                  std::span<std::byte> buffer, const std::function<bool(uint64_t)>& pace,
-                                 ReencryptReport& report) {
+                                 std::atomic<uint64_t>* committed, ReencryptReport& report) {
   const std::string name = k.name(), path = object_path(k);
   // The version the index names, opened under the stripe as a get opens it.
   Result<ObjectFile> f = [&]() -> Result<ObjectFile> {
@@ -154,6 +154,7 @@ Status ChunkStore::reencrypt_one(const ObjectKey& k, uint64_t generation, const 
   {
     // The plaintext is the same, so a cached copy stays valid.
     std::lock_guard lock(mu_);
+    if (committed) committed->fetch_add(1, std::memory_order_relaxed);
     set_entry_locked(k, Entry{h.length, next_generation_++, h.version, h.parts, tmp.key_id()});
   }
   ++report.reencrypted;

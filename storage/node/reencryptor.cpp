@@ -35,7 +35,7 @@ void Reencryptor::loop() {
     if (stopping_) return;
     pending_ = false;
     running_ = transport::CancelToken();
-    const ChunkStore::ReencryptOptions options{bytes_per_second_, running_};
+    const ChunkStore::ReencryptOptions options{bytes_per_second_, running_, &reencrypted_};
     lock.unlock();
     auto r = store_.reencrypt(options);
     lock.lock();
@@ -43,7 +43,6 @@ void Reencryptor::loop() {
       KVS_LOG_WARN("at-rest re-encryption: {}", r.status().to_string());
       continue;
     }
-    reencrypted_ += r->reencrypted;
     if (r->reencrypted || r->missing_key || r->failed || r->remaining)
       KVS_LOG_INFO("at-rest re-encryption{}: {} objects ({} MiB) rewritten under the current key, {} left to newer "
                    "writes, {} under keys the key file lacks, {} failed; {} objects not under the current key",
