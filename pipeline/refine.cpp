@@ -78,7 +78,9 @@ Result<RefineReport> refine_fetch(storage::Client& client, const codec::Profile&
   std::unique_ptr<gpu::GpuDecoder> gpu_decoder;
   gpu::Stream stream;
   if (on_device) {
-    KVS_ASSIGN_OR_RETURN(gpu_decoder, gpu::GpuDecoder::create(profile, req.gpu_device));
+    auto made = gpu::GpuDecoder::create(profile, req.gpu_device);
+    if (!made.ok()) return made.status().with_context(fmt::format("refining device KV on GPU {}", req.gpu_device));
+    gpu_decoder = std::move(*made);
     KVS_ASSIGN_OR_RETURN(stream, gpu::Stream::create(req.gpu_device));
   }
   auto landing = std::make_shared<Landing>();
