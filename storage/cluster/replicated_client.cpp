@@ -2,18 +2,17 @@
 // hash ring, reads from the replica estimated fastest with failover within the
 // deadline (include/kvstream/cluster.hpp, docs/storage-backends.md).
 #include <algorithm>
-#include <condition_variable>
+#include <future>
 #include <map>
 #include <set>
-#include <thread>
 
 #include <fmt/ranges.h>
 
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
-#include "transport/common/registration.hpp"
 #include "storage/cluster/cluster_view.hpp"
 #include "storage/cluster/membership_watch.hpp"
+#include "storage/cluster/node_links.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::cluster {
@@ -66,33 +65,9 @@ bool final_error(StatusCode c) {
 class ReplicatedClient final : public storage::Client {
  public:
   ~ReplicatedClient() override {
-    stop_.cancel();  // ends a connect that a membership change is waiting for
+    links_.stop();   // ends a connect that a membership change is waiting for
     watch_.reset();  // no membership change from here on
-    {
-      std::lock_guard lock(maint_mu_);
-      closing_ = true;
-    }
-    maint_cv_.notify_all();
-    if (maintenance_.joinable()) maintenance_.join();
-    // Pending gets complete now ("client closed"); their callbacks see closing_.
-    for (auto& n : all_nodes_) {
-      std::shared_ptr<storage::Client> c;
-      {
-        std::lock_guard lock(n->mu);
-        c = std::move(n->client);
-        n->regions.clear();
-      }
-      destroy_when_unique(std::move(c));
-    }
-    for (auto& c : graveyard_) destroy_when_unique(std::move(c));
-    graveyard_.clear();
-  }
-
-  // Other threads may hold a node client for the length of one call; it is destroyed
-  // here, never on one of its own threads.
-  static void destroy_when_unique(std::shared_ptr<storage::Client> c) {
-    while (c && c.use_count() > 1) std::this_thread::sleep_for(1ms);
-    c.reset();
+    links_.close(all_nodes_);
   }
 
   static Result<std::unique_ptr<storage::Client>> create(ClusterConfig cfg, Deadline deadline,
@@ -127,7 +102,7 @@ class ReplicatedClient final : public storage::Client {
     std::vector<std::future<Status>> pending;
     for (Node* n : first->now->nodes)
       pending.push_back(std::async(std::launch::async, [p = c.get(), n, deadline, cancel] {
-        return p->connect_node(*n, std::min(deadline, Clock::now() + p->cfg_.connect_timeout), cancel);
+        return p->links_.connect(*n, std::min(deadline, Clock::now() + p->cfg_.connect_timeout), cancel);
       }));
     size_t up = 0;
     std::string errors;
@@ -147,7 +122,7 @@ class ReplicatedClient final : public storage::Client {
     if (!errors.empty())
       KVS_LOG_WARN("cluster: {} of {} nodes up; retrying the others in the background: {}", up, pending.size(),
                    errors);
-    c->maintenance_ = std::thread([p = c.get()] { p->maintain(); });
+    c->links_.start_maintenance();
     return std::unique_ptr<storage::Client>(std::move(c));
   }
 
@@ -311,17 +286,7 @@ class ReplicatedClient final : public storage::Client {
   mutable std::mutex view_mu_;
   std::shared_ptr<const ClusterView> view_;
   std::unique_ptr<MembershipWatch> watch_;  // etcd membership; null for a static list
-  CancelToken stop_;
-  std::mutex maint_mu_;
-  std::condition_variable maint_cv_;
-  bool closing_ = false;
-  std::thread maintenance_;
-  std::vector<std::shared_ptr<storage::Client>> graveyard_;  // retired clients, guarded by maint_mu_
-
-  bool closing() {
-    std::lock_guard lock(maint_mu_);
-    return closing_;
-  }
+  NodeLinks links_{cfg_, [this] { return view()->now->nodes; }};
 
   std::shared_ptr<const ClusterView> view() const {
     std::lock_guard lock(view_mu_);
@@ -365,35 +330,14 @@ class ReplicatedClient final : public storage::Client {
     std::vector<std::future<Status>> connects;
     for (const auto& a : joined) {
       Node* n = &node_locked(a);
-      if (client_of(*n)) continue;
-      connects.push_back(std::async(std::launch::async, [this, n] {
-        return connect_node(*n, Clock::now() + cfg_.connect_timeout, stop_);
-      }));
+      if (links_.client_of(*n)) continue;
+      connects.push_back(std::async(std::launch::async, [this, n] { return links_.reconnect(*n); }));
     }
     for (auto& f : connects) (void)f.get();  // a node that did not answer is retried in the background
     set_view_locked(members);
-    for (const auto& a : left) let_go(node_locked(a));
+    for (const auto& a : left) links_.let_go(node_locked(a));
     KVS_LOG_INFO("cluster: membership now {} nodes ({} joined: {}; {} left: {})", members.size(), joined.size(),
                  fmt::join(joined, ", "), left.size(), fmt::join(left, ", "));
-  }
-
-  // A node that left: its connection is closed (on the maintenance thread).
-  void let_go(Node& n) {
-    std::shared_ptr<storage::Client> old;
-    {
-      std::lock_guard lock(n.mu);
-      old = std::move(n.client);
-      n.regions.clear();
-    }
-    if (old) bury(std::move(old));
-  }
-
-  // A connection no longer used: destroyed on the maintenance thread once its last
-  // user is done, never on one of its own threads.
-  void bury(std::shared_ptr<storage::Client> c) {
-    std::lock_guard lock(maint_mu_);
-    graveyard_.push_back(std::move(c));
-    maint_cv_.notify_all();
   }
 
   // Who to ask for a chunk first: its owners now, best first (attempt() adds, when
@@ -405,93 +349,6 @@ class ReplicatedClient final : public storage::Client {
     op.order = rank(op.view->now->replicas(op.key, op.view->replication), bytes);
   }
 
-  Status connect_node(Node& n, Deadline deadline, const CancelToken& cancel) {
-    storage::ClientConfig cc;
-    cc.address = n.address;
-    cc.backend = cfg_.backend;
-    cc.name_space = cfg_.name_space;
-    cc.secret = cfg_.secret;
-    cc.connections = cfg_.connections_per_node;
-    auto c = storage::Client::connect(cc, deadline, cancel);
-    std::lock_guard lock(n.mu);
-    if (!c.ok()) {
-      n.retry_at = Clock::now() + cfg_.retry_down_after;
-      return c.status();
-    }
-    n.client = std::shared_ptr<storage::Client>(std::move(c).value());
-    n.regions.clear();
-    n.health.clear_down();
-    return {};
-  }
-
-  // Drops a node's connection (dead or broken) if it is still `c`.
-  void retire(Node& n, const storage::Client* c, const Status& why) {
-    std::shared_ptr<storage::Client> old;
-    {
-      std::lock_guard lock(n.mu);
-      if (!c || n.client.get() != c) return;
-      old = std::move(n.client);
-      n.regions.clear();
-      n.retry_at = Clock::now() + cfg_.retry_down_after;
-    }
-    n.health.mark_down(Clock::now() + cfg_.retry_down_after);
-    KVS_LOG_WARN("cluster: node {} is down ({}); reconnecting in the background", n.address, why.to_string());
-    bury(std::move(old));
-  }
-
-  // Reconnects nodes that are down and frees retired connections.
-  void maintain() {
-    std::unique_lock lock(maint_mu_);
-    while (!closing_) {
-      maint_cv_.wait_for(lock, 50ms);
-      if (closing_) break;
-      // A retired client whose last user is gone is destroyed here.
-      std::vector<std::shared_ptr<storage::Client>> free_now;
-      for (auto it = graveyard_.begin(); it != graveyard_.end();) {
-        if (it->use_count() == 1) {
-          free_now.push_back(std::move(*it));
-          it = graveyard_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      lock.unlock();
-      free_now.clear();
-      const auto now = Clock::now();
-      std::vector<std::future<Status>> reconnects;
-      for (Node* np : view()->now->nodes) {
-        Node& n = *np;
-        {
-          std::lock_guard nl(n.mu);
-          if (n.client || now < n.retry_at) continue;
-        }
-        reconnects.push_back(std::async(std::launch::async, [this, np] {
-          return connect_node(*np, Clock::now() + cfg_.connect_timeout, stop_);
-        }));
-      }
-      for (auto& f : reconnects) (void)f.get();
-      lock.lock();
-    }
-  }
-
-  std::shared_ptr<storage::Client> client_of(Node& n) {
-    std::lock_guard lock(n.mu);
-    return n.client;
-  }
-
-  // The caller's region as registered with node `n`'s backend (cached).
-  Result<MemoryRegion> region_for(Node& n, storage::Client& c, const MemoryRegion& user) {
-    if (!user.valid()) return user;
-    std::lock_guard lock(n.mu);
-    const void* key = transport::RegionAccess::of(user).get();
-    if (auto it = n.regions.find(key); it != n.regions.end() && !it->second.first.expired()) return it->second.second;
-    for (auto it = n.regions.begin(); it != n.regions.end();)
-      it = it->second.first.expired() ? n.regions.erase(it) : std::next(it);
-    KVS_ASSIGN_OR_RETURN(auto mr, c.register_memory(user.data(), user.size()));
-    n.regions[key] = {transport::RegionAccess::of(user), mr};
-    return mr;
-  }
-
   // Replicas ordered best first: nodes not marked down before those that are; then by
   // expected time for `bytes`; ties keep ring order (primary first).
   std::vector<Node*> rank(std::vector<Node*> replicas, uint64_t bytes) {
@@ -499,7 +356,7 @@ class ReplicatedClient final : public storage::Client {
     std::vector<std::tuple<bool, double, size_t, Node*>> keyed;
     for (size_t i = 0; i < replicas.size(); ++i) {
       Node& n = *replicas[i];
-      const bool connected = client_of(n) != nullptr;
+      const bool connected = links_.client_of(n) != nullptr;
       keyed.emplace_back(!connected || n.health.down(now), n.health.expected_seconds(bytes), i, replicas[i]);
     }
     std::sort(keyed.begin(), keyed.end());
@@ -527,7 +384,7 @@ class ReplicatedClient final : public storage::Client {
   void attempt(std::shared_ptr<GetOp> op) {
     while (true) {
       if (op->cancel.cancelled()) return finish(op, make_status(StatusCode::cancelled, "get cancelled"));
-      if (closing()) return finish(op, make_status(StatusCode::cancelled, "client closed"));
+      if (links_.closing()) return finish(op, make_status(StatusCode::cancelled, "client closed"));
       if (Clock::now() >= op->deadline)
         return finish(op, make_status(StatusCode::timed_out, "chunk {} level {} of '{}': deadline passed{}{}",
                                       op->chunk, op->level, op->context, op->errors.empty() ? "" : " after ",
@@ -547,14 +404,14 @@ class ReplicatedClient final : public storage::Client {
       }
       // Replicas left that can be asked (connected): the time is shared among them.
       size_t left = 0;
-      for (size_t i = op->next; i < op->order.size(); ++i) left += client_of(*op->order[i]) != nullptr;
+      for (size_t i = op->next; i < op->order.size(); ++i) left += links_.client_of(*op->order[i]) != nullptr;
       Node& n = *op->order[op->next++];
-      auto c = client_of(n);
+      auto c = links_.client_of(n);
       if (!c) {
         note_failure(*op, n, make_status(StatusCode::unavailable, "not connected"));
         continue;
       }
-      auto region = region_for(n, *c, op->dest);
+      auto region = links_.region_for(n, *c, op->dest);
       if (!region.ok()) {
         note_failure(*op, n, region.status());
         continue;
@@ -603,7 +460,7 @@ class ReplicatedClient final : public storage::Client {
       n.health.mark_down(now + cfg_.retry_down_after);
       KVS_LOG_WARN("cluster: node {} stalled past its share of the deadline; trying another replica", n.address);
     } else if (s.code() == StatusCode::unavailable || s.code() == StatusCode::corrupt_data) {
-      retire(n, c, s);
+      links_.retire(n, c, s);
     }
     note_failure(*op, n, s);
     attempt(std::move(op));
@@ -612,7 +469,7 @@ class ReplicatedClient final : public storage::Client {
   Status put_one(Node& n, const std::string& context, uint32_t chunk, uint32_t level,
                  std::span<const std::byte> bytes, std::span<const storage::ObjectPart> parts, uint64_t version,
                  Deadline deadline, const CancelToken& cancel) {
-    auto c = client_of(n);
+    auto c = links_.client_of(n);
     if (!c) return make_status(StatusCode::unavailable, "not connected");
     const auto t0 = Clock::now();
     n.health.started(0);
@@ -621,7 +478,7 @@ class ReplicatedClient final : public storage::Client {
       n.health.succeeded(0, seconds_between(t0, Clock::now()), 0);
     } else {
       n.health.failed(0);
-      if (s.code() == StatusCode::unavailable || s.code() == StatusCode::corrupt_data) retire(n, c.get(), s);
+      if (s.code() == StatusCode::unavailable || s.code() == StatusCode::corrupt_data) links_.retire(n, c.get(), s);
     }
     return s;
   }
@@ -646,7 +503,7 @@ class ReplicatedClient final : public storage::Client {
     std::vector<std::future<Result<T>>> futures;
     for (Node* n : nodes) {
       futures.push_back(std::async(std::launch::async, [&, n]() -> Result<T> {
-        auto c = client_of(*n);
+        auto c = links_.client_of(*n);
         if (!c) return make_status(StatusCode::unavailable, "not connected");
         if (tolerant && n->health.down(now)) return make_status(StatusCode::unavailable, "marked down");
         const auto t0 = Clock::now();
@@ -657,7 +514,7 @@ class ReplicatedClient final : public storage::Client {
           n->health.failed(0, seconds_between(t0, Clock::now()));
           n->health.mark_down(Clock::now() + cfg_.retry_down_after);
         } else if (r.status().code() == StatusCode::unavailable || r.status().code() == StatusCode::corrupt_data) {
-          retire(*n, c.get(), r.status());
+          links_.retire(*n, c.get(), r.status());
         }
         return r;
       }));
