@@ -4,7 +4,6 @@
 #pragma once
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,9 +15,8 @@
 #include <fmt/format.h>
 
 #include "kvstream/membership.hpp"
+#include "tests/support/spawn_service.hpp"
 #include "tests/transport/free_port.hpp"
-
-extern char** environ;
 
 namespace kvstream::transport::test_util {
 
@@ -94,11 +92,8 @@ class EtcdServer {
                                            "--initial-advertise-peer-urls", peer,
                                            "--initial-cluster", "t=" + peer,
                                            "--logger", "zap", "--log-outputs", (dir_ / "etcd.log").string()};
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return;
+    const pid_t pid = kvstream::testing::spawn_service(args, dir_ / "etcd.out");
+    if (pid < 0) return;
     // Ready when it answers a read (a new member elects itself within about a second).
     for (int i = 0; i < 100; ++i) {
       int st = 0;

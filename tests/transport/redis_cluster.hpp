@@ -3,7 +3,6 @@
 // destruction. Tests skip when redis-server or redis-cli is missing.
 #pragma once
 
-#include <fcntl.h>
 
 #include <fstream>
 #include <memory>
@@ -195,17 +194,9 @@ class RedisCluster {
     const auto out = std::filesystem::temp_directory_path() / fmt::format("redis-cli-{}-{}.out", ::getpid(), n++);
     std::vector<std::string> all{"/usr/bin/redis-cli"};
     all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, all[0].c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return "cannot run redis-cli";
+    std::filesystem::remove(out);
+    const pid_t pid = kvstream::testing::spawn_service(all, out);
+    if (pid < 0) return "cannot run redis-cli";
     ::waitpid(pid, nullptr, 0);
     std::ifstream in(out);
     std::stringstream text;

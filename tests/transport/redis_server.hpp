@@ -5,7 +5,6 @@
 
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -21,9 +20,8 @@
 #include <fmt/format.h>
 
 #include "kvstream/redis_storage.hpp"
+#include "tests/support/spawn_service.hpp"
 #include "tests/transport/free_port.hpp"
-
-extern char** environ;
 
 namespace kvstream::transport::test_util {
 
@@ -160,11 +158,8 @@ class RedisServer {
     if (cluster_)
       args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file", (dir_ / "nodes.conf").string(),
                                "--cluster-port", std::to_string(free_port())});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, prog.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return;
+    const pid_t pid = kvstream::testing::spawn_service(args, dir_ / "redis.out");
+    if (pid < 0) return;
     // Ready when a client connects (PING answered).
     for (int i = 0; i < 100; ++i) {
       int st = 0;
