@@ -1,0 +1,76 @@
+// What one KvStore holds (its config, profile, client, pipeline and scheduler) and
+// the stats it reads: each chunk's stored level sizes and its own distortion, kept a
+// moment for the fetch that follows a lookup. Shared by the store's put, lookup and
+// eviction (kv_store.cpp) and its fetches (store_fetch.cpp).
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvstream/adaptive_fetch.hpp"
+#include "kvstream/kv_store.hpp"
+#include "kvstream/scheduler.hpp"
+#include "store/chunk_key.hpp"
+#include "store/chunk_record.hpp"
+
+namespace kvstream {
+
+struct KvStore::Impl {
+  StoreConfig cfg;
+  codec::Profile profile;
+  std::unique_ptr<storage::Client> client;
+  store::ChunkKeyer keyer;
+  std::unique_ptr<pipeline::Pipeline> pipe;
+  pipeline::AdaptivePlan plan;
+  std::unique_ptr<pipeline::Scheduler> scheduler;
+
+  // One small registered buffer for reading chunk records (evict).
+  std::mutex record_mu;
+  std::vector<std::byte> record_buf = std::vector<std::byte>(store::kChunkRecordBytes);
+  transport::MemoryRegion record_region;
+
+  // Sizes read by recent stats (lookup), which a fetch right after takes instead of
+  // asking again: a runtime looks a prompt up, then fetches it.
+  struct Recent {
+    std::vector<uint64_t> sizes;
+    std::vector<double> distortion;  // per level, a progressive chunk's own (empty: unknown)
+    transport::Clock::time_point when;
+  };
+  std::mutex recent_mu;
+  std::unordered_map<std::string, Recent> recent;
+  static constexpr size_t kMaxRecent = 4096;
+  // Stats of a long prompt's chunks go out this many at a time (each is a round trip).
+  static constexpr size_t kParallelStats = 8;
+
+  void forget(const std::string& key) {
+    std::lock_guard lk(recent_mu);
+    recent.erase(key);
+  }
+
+  // The stored level sizes of one chunk; empty when it is not stored whole (levels
+  // and record).
+  Result<std::vector<uint64_t>> stat_one(const std::string& key, transport::Deadline deadline,
+                                         const transport::CancelToken& cancel);
+
+  // The stored sizes of each chunk of `keys`, in order, up to the first that is not
+  // stored whole. `all`: every key, missing ones empty (put). `reuse`: sizes a stat
+  // read less than storage.stat_reuse ago are taken as they are.
+  Result<std::vector<std::vector<uint64_t>>> stat_chunks(const std::vector<std::string>& keys, bool all,
+                                                         transport::Deadline deadline,
+                                                         const transport::CancelToken& cancel, bool reuse = false);
+
+  double level_loss(uint32_t level) const {
+    return level < plan.level_quality_loss.size() ? plan.level_quality_loss[level] : 0.0;
+  }
+
+  // Each chunk's own quality loss per level, from the distortion its encoder measured
+  // (stored with it) against the profile's mean distortion of that level: the
+  // profile's measured loss scaled by how much worse or better this chunk codes. A
+  // chunk of text unlike the profile's keeps a true estimate. Empty unless every key
+  // has one (from the stats just read).
+  std::vector<std::vector<double>> chunk_losses(const std::vector<std::string>& keys);
+};
+
+}  // namespace kvstream
