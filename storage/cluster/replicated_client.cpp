@@ -65,7 +65,7 @@ bool final_error(StatusCode c) {
 class ReplicatedClient final : public storage::Client {
  public:
   ~ReplicatedClient() override {
-    links_.stop();   // ends a connect that a membership change is waiting for
+    links_.stop();   // ends the connects in progress and the background reconnects
     watch_.reset();  // no membership change from here on
     links_.close(all_nodes_);
   }
