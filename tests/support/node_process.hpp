@@ -1,16 +1,22 @@
 // A kvstream-server run as a process of its own, for the tools that must kill it
 // (-9) or read its resident size: started with its arguments, ready once it has
-// printed "listening on <address>", stopped by PID.
+// printed "listening on <address>", stopped by PID. Its log (stderr) goes to a file
+// that is copied to ours when it stops: a node must not hold the test's output, or
+// ctest would wait on a crashed test until its time limit (tests/support/spawn_service.hpp).
 #pragma once
 
 #include <csignal>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+extern char** environ;
 
 namespace kvstream::testing {
 
@@ -26,16 +32,33 @@ class NodeProcess {
     kill();
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) return false;
+    char log_path[] = "/tmp/kvstream-node-log-XXXXXX";
+    const int log = ::mkostemp(log_path, O_CLOEXEC);
+    if (log < 0) {
+      ::close(out[0]);
+      ::close(out[1]);
+      return false;
+    }
+    log_path_ = log_path;
+    // Everything the child needs is made before the fork (only async-signal-safe calls
+    // after it).
+    std::vector<char*> argv{const_cast<char*>(bin.c_str())};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const std::string level = "KVSTREAM_LOG_LEVEL=" + log_level;
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e)
+      if (std::string_view(*e).rfind("KVSTREAM_LOG_LEVEL=", 0) != 0) envp.push_back(*e);
+    envp.push_back(const_cast<char*>(level.c_str()));
+    envp.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
-      std::vector<char*> argv{const_cast<char*>(bin.c_str())};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::setenv("KVSTREAM_LOG_LEVEL", log_level.c_str(), 1);
       ::dup2(out[1], 1);
-      ::execv(bin.c_str(), argv.data());
+      ::dup2(log, 2);
+      ::execve(bin.c_str(), argv.data(), envp.data());
       ::_exit(127);
     }
+    ::close(log);
     ::close(out[1]);
     std::string line;
     pollfd p{out[0], POLLIN, 0};
@@ -55,11 +78,13 @@ class NodeProcess {
 
   /// Sends `sig` (SIGKILL: a crash; SIGTERM: an orderly stop) and waits for the exit.
   void kill(int sig = SIGKILL) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    pid_ = -1;
+    if (pid_ > 0) {
+      ::kill(pid_, sig);
+      int st = 0;
+      ::waitpid(pid_, &st, 0);
+      pid_ = -1;
+    }
+    copy_log();
   }
 
   [[nodiscard]] const std::string& address() const { return address_; }
@@ -68,6 +93,20 @@ class NodeProcess {
  private:
   pid_t pid_ = -1;
   std::string address_;
+  std::string log_path_;  // the node's stderr
+
+  // The stopped node's log onto our stderr, then the file removed.
+  void copy_log() {
+    if (log_path_.empty()) return;
+    if (const int fd = ::open(log_path_.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+      char buf[4096];
+      for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+        if (::write(2, buf, size_t(n)) < 0) break;
+      ::close(fd);
+    }
+    ::unlink(log_path_.c_str());
+    log_path_.clear();
+  }
 };
 
 }  // namespace kvstream::testing
