@@ -19,7 +19,7 @@ namespace kvstream::cluster {
 class NodeLinks {
  public:
   /// `members` names the nodes to keep connected (the client's current view); it is
-  /// called on the maintenance thread.
+  /// called on the maintenance thread. `cfg` is the client's and outlives this.
   NodeLinks(const ClusterConfig& cfg, std::function<std::vector<ClusterNode*>()> members);
   NodeLinks(const NodeLinks&) = delete;
   NodeLinks& operator=(const NodeLinks&) = delete;
