@@ -56,8 +56,9 @@ class NodeLinks {
   /// True once stop() began: calls in flight finish as cancelled.
   bool closing();
 
-  /// After stop(): closes every connection of `nodes` and those retired (pending gets
-  /// complete with their errors; the caller's callbacks see closing()).
+  /// stop() (if not done yet), then closes every connection of `nodes` and those
+  /// retired (pending gets complete with their errors; the caller's callbacks see
+  /// closing()).
   void close(const std::vector<std::unique_ptr<ClusterNode>>& nodes);
 
  private:

@@ -1,14 +1,12 @@
 // A kvstream-server run as a process of its own, for the tools that must kill it
 // (-9) or read its resident size: started with its arguments, ready once it has
 // printed "listening on <address>", stopped by PID. Its log (stderr) goes to a file
-// that is copied to ours when it stops: a node must not hold the test's output, or
-// ctest would wait on a crashed test until its time limit (tests/support/spawn_service.hpp).
+// that is copied to ours when it stops (tests/support/spawn_service.hpp says why).
 #pragma once
 
 #include <csignal>
 #include <cstdlib>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
@@ -16,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-extern char** environ;
+#include "tests/support/spawn_service.hpp"
 
 namespace kvstream::testing {
 
@@ -39,26 +37,11 @@ class NodeProcess {
       ::close(out[1]);
       return false;
     }
+    ::close(log);  // the node appends to it
     log_path_ = log_path;
-    // Everything the child needs is made before the fork (only async-signal-safe calls
-    // after it).
-    std::vector<char*> argv{const_cast<char*>(bin.c_str())};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const std::string level = "KVSTREAM_LOG_LEVEL=" + log_level;
-    std::vector<char*> envp;
-    for (char** e = environ; *e; ++e)
-      if (std::string_view(*e).rfind("KVSTREAM_LOG_LEVEL=", 0) != 0) envp.push_back(*e);
-    envp.push_back(const_cast<char*>(level.c_str()));
-    envp.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], 1);
-      ::dup2(log, 2);
-      ::execve(bin.c_str(), argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::close(log);
+    std::vector<std::string> argv{bin};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid_ = spawn_service(argv, log_path_, {.stdout_fd = out[1], .env = {"KVSTREAM_LOG_LEVEL=" + log_level}});
     ::close(out[1]);
     std::string line;
     pollfd p{out[0], POLLIN, 0};

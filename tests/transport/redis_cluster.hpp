@@ -3,7 +3,6 @@
 // destruction. Tests skip when redis-server or redis-cli is missing.
 #pragma once
 
-
 #include <fstream>
 #include <memory>
 #include <sstream>
