@@ -13,6 +13,13 @@ bool built_with_cuda() noexcept { return KVSTREAM_HAVE_CUDA != 0; }
 
 namespace {
 
+// The probe's errors are built without make_status's log: probe_device() logs the one
+// line a process gets about its GPU, with what follows from it ("say so once").
+template <typename... Args>
+Status no_gpu(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
+  return Status(code, fmt::format(f, std::forward<Args>(args)...));
+}
+
 Result<DeviceInfo> probe_once() {
 #if KVSTREAM_HAVE_CUDA
   DeviceInfo info;
@@ -23,14 +30,14 @@ Result<DeviceInfo> probe_once() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess)
-    return make_status(StatusCode::unavailable, "no usable GPU: cudaGetDeviceCount failed with {} ({}): {}", int(err),
-                       cudaGetErrorName(err), cudaGetErrorString(err));
-  if (count == 0) return make_status(StatusCode::unavailable, "no usable GPU: the CUDA driver reports 0 devices");
+    return no_gpu(StatusCode::unavailable, "no usable GPU: cudaGetDeviceCount failed with {} ({}): {}", int(err),
+                  cudaGetErrorName(err), cudaGetErrorString(err));
+  if (count == 0) return no_gpu(StatusCode::unavailable, "no usable GPU: the CUDA driver reports 0 devices");
   cudaDeviceProp prop{};
   const cudaError_t perr = cudaGetDeviceProperties(&prop, 0);
   if (perr != cudaSuccess)
-    return make_status(StatusCode::unavailable, "no usable GPU: cudaGetDeviceProperties failed with {} ({})",
-                       int(perr), cudaGetErrorName(perr));
+    return no_gpu(StatusCode::unavailable, "no usable GPU: cudaGetDeviceProperties failed with {} ({})", int(perr),
+                  cudaGetErrorName(perr));
   info.device = 0;
   info.name = prop.name;
   info.compute_major = prop.major;
@@ -38,7 +45,7 @@ Result<DeviceInfo> probe_once() {
   info.total_memory = prop.totalGlobalMem;
   return info;
 #else
-  return make_status(StatusCode::unsupported, "kvstream was built without CUDA (KVSTREAM_WITH_CUDA)");
+  return no_gpu(StatusCode::unsupported, "kvstream was built without CUDA (KVSTREAM_WITH_CUDA)");
 #endif
 }
 
