@@ -110,14 +110,20 @@ class Channel {
     if (done) done(std::move(r), std::move(body));
   }
 
-  void fail_all(const Status& s) {
+  // Fails every request still waiting with `s`; how many there were.
+  size_t fail_all(const Status& s) {
     std::map<uint64_t, Pending> all;
     {
       std::lock_guard lock(mu_);
       all.swap(pending_);
     }
+    size_t failed = 0;
     for (auto& [id, p] : all)
-      if (!p.abandoned && p.done) p.done(s, {});
+      if (!p.abandoned && p.done) {
+        ++failed;
+        p.done(s, {});
+      }
+    return failed;
   }
 
   // Requests past their deadline or cancelled complete now; the slot stays so their
@@ -152,7 +158,12 @@ class Channel {
         if (len.status().code() == StatusCode::timed_out) continue;
         if (len.status().code() == StatusCode::cancelled) return;
         mark_broken(len.status());
-        fail_all(len.status().with_context("storage connection lost"));
+        // The transport logs a node that closed between two messages at debug only
+        // (transport/common/peer_closed.hpp); here it cost requests, which is worth
+        // a warning.
+        if (const size_t n = fail_all(len.status().with_context("storage connection lost")); n > 0)
+          KVS_LOG_WARN("storage client: {} lost with {} requests waiting: {}", conn_->describe(), n,
+                       len.status().to_string());
         return;
       }
       auto resp = decode_response(header);

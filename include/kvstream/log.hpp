@@ -6,7 +6,9 @@
 // at error; io_error, corrupt_data, unavailable, permission_denied and
 // resource_exhausted at warn; the codes a caller causes or expects (invalid_argument,
 // out_of_range, not_found, already_exists, unsupported, timed_out, cancelled) at
-// debug. Errors passed up the stack are not logged again.
+// debug. Errors passed up the stack are not logged again. A peer that closes a
+// connection between two messages is `unavailable` but logged at debug: for a node it
+// is a client leaving; a storage client that loses waiting requests by it warns.
 #pragma once
 
 #include <functional>

@@ -4,10 +4,12 @@
 
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
 
+#include "kvstream/log.hpp"
 #include "kvstream/transport.hpp"
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
@@ -329,6 +331,36 @@ TEST_P(Conformance, DeadPeerIsAnErrorNotAHang) {
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(r.status().code() == StatusCode::unavailable || r.status().code() == StatusCode::timed_out)
       << r.status().to_string();
+}
+
+// A peer that closes between two messages ends the conversation: the receiver gets
+// `unavailable`, and nothing is logged at warn (a node would otherwise warn once per
+// client that leaves; transport/common/peer_closed.hpp).
+TEST_P(Conformance, APeerThatLeavesBetweenMessagesIsNoWarning) {
+  auto p = make_pair();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const auto header = pattern(16, 3);
+  ASSERT_TRUE(p->client->send(header, {}, deadline_in(10s), {}).ok());
+  std::vector<std::byte> h;
+  auto first = p->server->recv_header(h, deadline_in(10s), {});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_TRUE(p->server->recv_body({}, deadline_in(10s), {}).ok());
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  set_log_sink([&](LogLevel level, std::string_view message) {
+    if (level < LogLevel::warn) return;
+    std::lock_guard lock(mu);
+    warnings.emplace_back(message);
+  });
+  p->client.reset();  // the peer leaves, at a message boundary
+  p->client_backend.reset();
+  // A hang guard, not a bound: every backend notices the close well before it.
+  auto r = p->server->recv_header(h, deadline_in(60s), {});
+  set_log_sink({});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
+  std::lock_guard lock(mu);
+  EXPECT_TRUE(warnings.empty()) << warnings.size() << " lines at warn or above, the first: " << warnings.front();
 }
 
 TEST_P(Conformance, ConnectToNothingFailsByDeadline) {

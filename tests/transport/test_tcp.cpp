@@ -11,8 +11,10 @@
 
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <thread>
 
+#include "kvstream/log.hpp"
 #include "kvstream/transport.hpp"
 #include "transport/backends.hpp"
 #include "transport/common/address.hpp"
@@ -264,18 +266,29 @@ TEST(tcp, CancelDuringBodyIsCancelledThenBroken) {
 }
 
 TEST(tcp, TruncatedMessageThenCloseIsUnavailable) {
-  {  // closed inside the header
+  {  // closed inside the header: broken framing, a warning (a close between two
+     // messages is not one: Conformance.APeerThatLeavesBetweenMessagesIsNoWarning)
     RawSetup s;
     make_raw(s);
     s.peer.write_prefix(tcpb::kTcpMagic, 50, 0);
     s.peer.write_all("short", 5);
     close(s.peer.fd);
     s.peer.fd = -1;
+    std::mutex mu;
+    std::vector<std::string> warnings;
+    set_log_sink([&](LogLevel level, std::string_view message) {
+      std::lock_guard lock(mu);
+      if (level >= LogLevel::warn) warnings.emplace_back(message);
+    });
     std::vector<std::byte> h;
     auto r = s.server->recv_header(h, deadline_in(5s), {});
+    set_log_sink({});
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
     EXPECT_NE(r.status().message().find("127.0.0.1"), std::string::npos) << r.status().to_string();
+    std::lock_guard lock(mu);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("in the middle of a message"), std::string::npos) << warnings[0];
   }
   {  // closed inside the body
     RawSetup s;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "transport/common/peer_closed.hpp"
 #include "transport/ofi/ofi_connection.hpp"
 
 namespace kvstream::transport::ofi {
@@ -44,7 +45,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
       deadline, &cancel, "recv_header");
   if (!st.ok()) return st;
   if (!hdr_op_->done.load(std::memory_order_acquire))
-    return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
+    return peer_closed(fmt::format("libfabric: peer {} closed the connection", peer_name_));
   auto op = std::move(hdr_op_);
   if (op->err)
     return make_status(StatusCode::unavailable, "libfabric: receive from {} failed: {}", peer_name_,

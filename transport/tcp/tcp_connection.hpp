@@ -98,9 +98,12 @@ class TcpConnection final : public Connection {
   /// Reads at most `n` (> 0) bytes of plaintext into `to` through the user-space
   /// record layer (under rx_mu_); `coming`: plaintext bytes the stream certainly
   /// still holds for the caller (a body's rest), so they are waited for in one
-  /// receive. A deadline or cancel leaves what arrived buffered (the next call
-  /// continues); other errors break the connection.
-  Result<size_t> tls_read(std::byte* to, size_t n, uint64_t coming, Deadline deadline, const CancelToken& cancel);
+  /// receive; `at_message_start`: no byte of the next message has been read, so a
+  /// close here is the peer ending the conversation (transport/common/peer_closed.hpp).
+  /// A deadline or cancel leaves what arrived buffered (the next call continues); other
+  /// errors break the connection.
+  Result<size_t> tls_read(std::byte* to, size_t n, uint64_t coming, bool at_message_start, Deadline deadline,
+                          const CancelToken& cancel);
 
   // ---- the send pipeline, all under tx_mu_ (tcp_send.cpp) ----
 

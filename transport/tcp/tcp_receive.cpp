@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "transport/common/peer_closed.hpp"
 #include "transport/common/wait.hpp"
 #include "transport/tcp/tcp_connection.hpp"
 #include "transport/tcp/tcp_socket.hpp"
@@ -73,7 +74,7 @@ Status TcpConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   while (rx_user_tls_ && off < total) {
     std::byte* to = discard ? rx_buf_.data() : dest.data() + off;
     const uint64_t want = discard ? std::min<uint64_t>(total - off, rx_buf_.size()) : total - off;
-    auto got = tls_read(to, size_t(want), total - off, deadline, cancel);
+    auto got = tls_read(to, size_t(want), total - off, /*at_message_start=*/false, deadline, cancel);
     if (!got.ok()) {
       if (broken_.load(std::memory_order_acquire)) return got.status();
       return fail(got.status().with_context(
@@ -116,8 +117,8 @@ Status TcpConnection::fill(size_t need, Deadline deadline, const CancelToken& ca
     }
     KVS_RETURN_IF_ERROR(wait_verdict(deadline, &cancel, who_, "recv_header"));
     if (rx_user_tls_) {
-      auto got = tls_read(rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, need - (rx_end_ - rx_begin_), deadline,
-                          cancel);
+      auto got = tls_read(rx_buf_.data() + rx_end_, rx_buf_.size() - rx_end_, need - (rx_end_ - rx_begin_),
+                          /*at_message_start=*/rx_end_ == rx_begin_, deadline, cancel);
       if (!got.ok()) return got.status();
       rx_end_ += *got;
       continue;
@@ -141,7 +142,7 @@ Status TcpConnection::fill(size_t need, Deadline deadline, const CancelToken& ca
     if (res == 0) {
       const size_t partial = rx_end_ - rx_begin_;
       if (partial == 0)
-        return fail(make_status(StatusCode::unavailable, "tcp recv from {}: peer closed the connection", peer_));
+        return fail(peer_closed(fmt::format("tcp recv from {}: peer closed the connection", peer_)));
       return fail(make_status(StatusCode::unavailable,
                               "tcp recv from {}: peer closed the connection in the middle of a message ({} bytes "
                               "of its prefix/header received)",

@@ -11,6 +11,7 @@
 #include <openssl/crypto.h>
 
 #include "security/tls_keys.hpp"
+#include "transport/common/peer_closed.hpp"
 #include "transport/common/wait.hpp"
 #include "transport/tcp/kernel_tls.hpp"
 #include "transport/tcp/tcp_connection.hpp"
@@ -89,8 +90,8 @@ Result<size_t> TcpConnection::seal_message(TxMsg& m, std::span<const std::byte> 
   return first + second;
 }
 
-Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming, Deadline deadline,
-                                       const CancelToken& cancel) {
+Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming, bool at_message_start,
+                                       Deadline deadline, const CancelToken& cancel) {
   if (tls_plain_begin_ < tls_plain_end_) {
     const size_t take = std::min(n, tls_plain_end_ - tls_plain_begin_);
     std::memcpy(to, tls_plain_.data() + tls_plain_begin_, take);
@@ -147,8 +148,11 @@ Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming,
     }
     if (res == 0) {
       const size_t partial = tls_in_end_ - tls_in_begin_;
-      return fail(make_status(StatusCode::unavailable, "tls recv from {}: peer closed the connection{}", peer_,
-                              partial ? fmt::format(" inside a record ({} bytes of it received)", partial) : ""));
+      if (partial == 0 && at_message_start)
+        return fail(peer_closed(fmt::format("tls recv from {}: peer closed the connection", peer_)));
+      return fail(make_status(StatusCode::unavailable, "tls recv from {}: peer closed the connection {}", peer_,
+                              partial ? fmt::format("inside a record ({} bytes of it received)", partial)
+                                      : std::string("in the middle of a message")));
     }
     if (res < 0) return fail(make_status(code_for_errno(-res), "tls recv from {}: {}", peer_, errno_text(-res)));
   }
