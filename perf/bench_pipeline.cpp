@@ -274,7 +274,7 @@ int run_pipeline_bench(const PipelineBenchOptions& o) {
              "(figure <= 1.1)\n",
              pipelined_s, efficiency, pipelined_s / (bound + one_chunk_decode));
   // 4. The same whole chunks through the front door and by hand (CPU path).
-  Result<StoreVsPipeline> cmp = make_status(StatusCode::unsupported, "not on the GPU path");
+  Result<StoreVsPipeline> cmp = Status(StatusCode::unsupported, "not on the GPU path");
   if (!on_gpu && o.store_reps > 0) {
     fetch->reset();
     StoreComparison sc;

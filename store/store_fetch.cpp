@@ -25,7 +25,9 @@ struct StoreFetch::State {
   std::vector<std::vector<double>> chunk_loss;  // each chunk's own loss per level (empty: the profile's)
   std::vector<std::vector<uint8_t>> kept;
   bool waited = false;
-  Result<FetchReport> result = make_status(StatusCode::internal, "not waited");
+  // A placeholder until wait() sets it: built without make_status, which would log an
+  // internal error for every fetch.
+  Result<FetchReport> result = Status(StatusCode::internal, "not waited");
 };
 
 StoreFetch::StoreFetch(std::shared_ptr<State> s) : s_(std::move(s)) {}
@@ -251,7 +253,7 @@ Result<pipeline::RefineReport> StoreFetch::refine_within(std::chrono::duration<d
   for (size_t c = 0; c < sizes.size() && c < s.kept.size(); ++c)
     for (uint32_t l = 0; l < sizes[c].size(); ++l)
       if (!s.kept[c].empty() && sizes[c][l] == s.kept[c].size()) current[c] = l;
-  Result<policy::RefinementPlan> plan = make_status(StatusCode::internal, "refinement not planned");
+  Result<policy::RefinementPlan> plan = Status(StatusCode::internal, "refinement not planned");  // set below
   KVS_RETURN_IF_ERROR(m.plan.estimators->with(m.plan.peer, [&](policy::Estimator& e) {
     plan = policy::plan_refinement(costs, current, e, budget.count());
   }));

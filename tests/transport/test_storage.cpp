@@ -295,7 +295,7 @@ TEST(Limits, ConnectionsPerNamespace) {
   auto b1 = connect("tenant-b", "another-secret-of-16+");
   EXPECT_TRUE(b1.ok()) << b1.status().to_string();
   a1->reset();
-  Result<std::unique_ptr<Client>> again = make_status(StatusCode::internal, "not tried");
+  Result<std::unique_ptr<Client>> again = Status(StatusCode::internal, "not tried");
   // The node notices the close on its own time: refused until then.
   EXPECT_TRUE(kvstream::testing::eventually([&] {
     again = connect("tenant-a", kSecret);
