@@ -408,7 +408,7 @@ class ReplicatedClient final : public storage::Client {
       Node& n = *op->order[op->next++];
       auto c = links_.client_of(n);
       if (!c) {
-        note_failure(*op, n, make_status(StatusCode::unavailable, "not connected"));
+        note_failure(*op, n, not_connected());
         continue;
       }
       auto region = links_.region_for(n, *c, op->dest);
@@ -430,6 +430,13 @@ class ReplicatedClient final : public storage::Client {
                      op->cancel, std::move(then));
       return;
     }
+  }
+
+  // A node without a connection was said to be down once, where that was found
+  // (NodeLinks' "node X is down", the start's "N of M nodes up"); each request that
+  // passes it over does not say so again. The caller's message names the node.
+  static Status not_connected() {
+    return detail::repeated_status(StatusCode::unavailable, "not connected (reconnecting in the background)");
   }
 
   void note_failure(GetOp& op, const Node& n, const Status& s) {
@@ -470,7 +477,7 @@ class ReplicatedClient final : public storage::Client {
                  std::span<const std::byte> bytes, std::span<const storage::ObjectPart> parts, uint64_t version,
                  Deadline deadline, const CancelToken& cancel) {
     auto c = links_.client_of(n);
-    if (!c) return make_status(StatusCode::unavailable, "not connected");
+    if (!c) return not_connected();
     const auto t0 = Clock::now();
     n.health.started(0);
     Status s = c->put_parts(context, chunk, level, bytes, parts, version, deadline, cancel);
@@ -504,8 +511,9 @@ class ReplicatedClient final : public storage::Client {
     for (Node* n : nodes) {
       futures.push_back(std::async(std::launch::async, [&, n]() -> Result<T> {
         auto c = links_.client_of(*n);
-        if (!c) return make_status(StatusCode::unavailable, "not connected");
-        if (tolerant && n->health.down(now)) return make_status(StatusCode::unavailable, "marked down");
+        if (!c) return not_connected();
+        if (tolerant && n->health.down(now))
+          return detail::repeated_status(StatusCode::unavailable, "marked down after a stall");
         const auto t0 = Clock::now();
         Result<T> r = fn(*c, each);
         if (r.ok() || r.status().code() == StatusCode::not_found) {
