@@ -17,6 +17,14 @@ Status repeated_status(StatusCode code, fmt::format_string<Args...> f, Args&&...
   return Status(code, fmt::format(f, std::forward<Args>(args)...));
 }
 
+/// An error whose caller logs it itself, with what follows from it or through a
+/// rate-limited log (a node's failed logins, which a flood must not turn into a line
+/// each): built like make_status, not logged here.
+template <typename... Args>
+Status unlogged_status(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
+  return Status(code, fmt::format(f, std::forward<Args>(args)...));
+}
+
 }  // namespace kvstream::detail
 
 #define KVS_LOG_INFO(...) ::kvstream::detail::logger().info(__VA_ARGS__)

@@ -13,11 +13,11 @@ bool built_with_cuda() noexcept { return KVSTREAM_HAVE_CUDA != 0; }
 
 namespace {
 
-// The probe's errors are built without make_status's log: probe_device() logs the one
+// The probe's errors are not logged where they are made: probe_device() logs the one
 // line a process gets about its GPU, with what follows from it ("say so once").
 template <typename... Args>
 Status no_gpu(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
-  return Status(code, fmt::format(f, std::forward<Args>(args)...));
+  return detail::unlogged_status(code, f, std::forward<Args>(args)...);
 }
 
 Result<DeviceInfo> probe_once() {

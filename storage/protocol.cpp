@@ -11,6 +11,8 @@
 #include <openssl/rand.h>
 #include <xxhash.h>
 
+#include "core/log.hpp"
+
 namespace kvstream::storage {
 
 namespace {
@@ -173,9 +175,11 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   const uint8_t version = rd.get<uint8_t>(), op = rd.get<uint8_t>();
   rd.get<uint16_t>();
   r.id = rd.get<uint64_t>(), r.chunk = rd.get<uint32_t>(), r.level = rd.get<uint32_t>();
-  if (!rd.ok() || magic != kRequestMagic) return make_status(StatusCode::corrupt_data, "not a kvstream request");
+  if (!rd.ok() || magic != kRequestMagic)
+    return detail::unlogged_status(StatusCode::corrupt_data, "not a kvstream request");
   if (version != kVersion) return version_error("the client", version);
-  if (!op_valid(op) || Op(op) == Op::hello) return make_status(StatusCode::corrupt_data, "request op {}", op);
+  if (!op_valid(op) || Op(op) == Op::hello)
+    return detail::unlogged_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
   bool parts_ok = true;
   if (r.op == Op::put) {
@@ -192,13 +196,13 @@ Result<Request> decode_request(std::span<const std::byte> header) {
     r.name_space = rd.get_str(n, kMaxNamespaceBytes);
     rd.get_bytes(r.mac.data(), r.mac.size());
   }
-  if (!parts_ok || !rd.done()) return make_status(StatusCode::corrupt_data, "malformed request header");
+  if (!parts_ok || !rd.done()) return detail::unlogged_status(StatusCode::corrupt_data, "malformed request header");
   if (r.total > kMaxChunkBytes)
     return make_status(StatusCode::out_of_range, "body of {} bytes (limit {})", r.total, kMaxChunkBytes);
   if (Status s = validate_parts(r.parts, r.total); !s.ok())
-    return make_status(StatusCode::corrupt_data, "put with a bad parts table: {}", s.message());
+    return detail::unlogged_status(StatusCode::corrupt_data, "put with a bad parts table: {}", s.message());
   if (r.range_length == 0 && r.range_offset != 0)
-    return make_status(StatusCode::corrupt_data, "range at byte {} of no length", r.range_offset);
+    return detail::unlogged_status(StatusCode::corrupt_data, "range at byte {} of no length", r.range_offset);
   if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
     return make_status(StatusCode::out_of_range, "range [{}, +{}) past the largest object ({} bytes)", r.range_offset,
                        r.range_length, kMaxChunkBytes);

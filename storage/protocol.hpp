@@ -72,7 +72,9 @@ struct Response {
 std::vector<std::byte> encode(const Request& r);
 std::vector<std::byte> encode(const Response& r);
 /// Parse untrusted headers. Errors: corrupt_data (bad magic, version, op, bounds),
-/// invalid_argument (ids that fail validate_id).
+/// invalid_argument (ids that fail validate_id). Only the node parses requests, and it
+/// notes a malformed one in its rate-limited log, so decode_request does not log its
+/// corrupt_data errors: a peer could otherwise write a line per message it sends.
 Result<Request> decode_request(std::span<const std::byte> header);
 Result<Response> decode_response(std::span<const std::byte> header);
 

@@ -209,7 +209,8 @@ class ServerImpl final : public Server {
   }
 
   // Challenge-response: the client proves it knows the namespace's secret without
-  // sending it. A failure says nothing about which namespaces exist.
+  // sending it. A failure says nothing about which namespaces exist. Its own errors are
+  // not logged here: serve() notes them in the rate-limited login log.
   // `ticket` (the pre-auth place) is given back before the answer goes out, so the
   // place of a login that succeeded is never taken from it.
   Result<std::string> authenticate(Connection& c, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
@@ -221,7 +222,7 @@ class ServerImpl final : public Server {
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
-    if (body != 0) return make_status(StatusCode::corrupt_data, "authentication message with a body");
+    if (body != 0) return detail::unlogged_status(StatusCode::corrupt_data, "authentication message with a body");
     KVS_ASSIGN_OR_RETURN(Request req, decode_request(header));
     Response r;
     r.op = Op::auth;
@@ -238,7 +239,7 @@ class ServerImpl final : public Server {
       r.code = StatusCode::permission_denied;
       r.message = "authentication failed";
       (void)reply(c, r, deadline, cancel);
-      return make_status(StatusCode::permission_denied, "authentication failed from {}", c.describe());
+      return detail::unlogged_status(StatusCode::permission_denied, "authentication failed from {}", c.describe());
     }
     {
       std::lock_guard lock(mu_);
@@ -253,8 +254,8 @@ class ServerImpl final : public Server {
         r.code = StatusCode::resource_exhausted;
         r.message = refusal;
         (void)reply(c, r, deadline, cancel);
-        return make_status(StatusCode::resource_exhausted, "refusing {} for '{}': {}", c.describe(), req.name_space,
-                           refusal);
+        return detail::unlogged_status(StatusCode::resource_exhausted, "refusing {} for '{}': {}", c.describe(),
+                                       req.name_space, refusal);
       }
       ++held, ++authenticated_;
     }

@@ -3,9 +3,12 @@
 // memory stays inside its budget and tenants keep being served.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
+#include "kvstream/log.hpp"
 #include "kvstream/storage.hpp"
 #include "tests/support/hang_guard.hpp"
 #include "tests/support/raw_peer.hpp"
@@ -119,6 +122,45 @@ TEST_F(NodeLimits, AuthenticationHasADeadline) {
   ASSERT_TRUE(tenant.authenticate("tenant-a", kSecretA));
   EXPECT_TRUE(idle.closed_by_peer(10000));
   EXPECT_FALSE(tenant.closed_by_peer(600)) << "an authenticated connection is held to idle_timeout";
+}
+
+// Failed logins reach the node's log through its rate limit only: a flood of them is
+// one line and a count, not a line each (each failure was also logged where it was
+// made: 30 lines for 30 wrong secrets, 10 for 10 requests that were not kvstream's).
+TEST_F(NodeLimits, FailedLoginsAreLoggedThroughTheRateLimit) {
+  auto cfg = config();
+  cfg.log_interval = std::chrono::hours(1);  // everything after the first line is held
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok());
+  std::mutex mu;
+  std::vector<std::string> lines;
+  set_log_sink([&](LogLevel level, std::string_view message) {
+    std::lock_guard lock(mu);
+    if (level >= LogLevel::warn) lines.emplace_back(message);
+  });
+  for (int i = 0; i < 30; ++i) {
+    RawPeer p;
+    ASSERT_TRUE(p.connect((*server)->address()));
+    EXPECT_FALSE(p.authenticate("tenant-a", "not-the-secret-of-tenant-a"));
+  }
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*server)->counters().auth_failures == 30; }));
+  // And 10 that answer the hello with a message that is not a kvstream request.
+  for (int i = 0; i < 10; ++i) {
+    RawPeer p;
+    ASSERT_TRUE(p.connect((*server)->address()));
+    ASSERT_TRUE(p.read_response());  // the hello
+    ASSERT_TRUE(p.send_message(std::vector<std::byte>(64, std::byte{0x5a}), 0, {}));
+    EXPECT_TRUE(p.closed_by_peer(60000));
+  }
+  server->reset();  // its threads joined and the count it held back written
+  set_log_sink({});
+  std::lock_guard lock(mu);
+  const auto count = [&](std::string_view what) {
+    return std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != l.npos; });
+  };
+  EXPECT_EQ(count("authentication failed from"), 1) << lines.size() << " lines";
+  EXPECT_EQ(count("not a kvstream request"), 0) << lines.size() << " lines";
+  EXPECT_EQ(count("storage node login failed: 39 more"), 1) << lines.size() << " lines";
 }
 
 }  // namespace
