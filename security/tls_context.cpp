@@ -135,19 +135,20 @@ HandshakeStep step_handshake(SSL* ssl, std::string_view peer) {
   const unsigned long first = ERR_peek_error();
   const int sys_errno = errno;
   if (verify != X509_V_OK) {
-    out.error = detail::repeated_status(StatusCode::permission_denied, "tls handshake with {}: certificate refused: {}", peer,
-                            X509_verify_cert_error_string(verify));
+    out.error = detail::unlogged_status(StatusCode::permission_denied, "tls handshake with {}: certificate refused: {}",
+                                        peer, X509_verify_cert_error_string(verify));
   } else if (err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && first == 0) ||
              ERR_GET_REASON(first) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
     ERR_clear_error();
-    out.error = detail::repeated_status(StatusCode::unavailable, "tls handshake with {}: the peer closed the connection{}", peer,
-                            sys_errno != 0 ? fmt::format(" ({})", std::strerror(sys_errno)) : "");
+    out.error = detail::unlogged_status(StatusCode::unavailable,
+                                        "tls handshake with {}: the peer closed the connection{}", peer,
+                                        sys_errno != 0 ? fmt::format(" ({})", std::strerror(sys_errno)) : "");
   } else {
     const std::string why = openssl_errors();
     // Alerts the peer sent about our certificate, or its absence.
     const bool refused = why.find("certificate") != std::string::npos || why.find("alert") != std::string::npos;
-    out.error = detail::repeated_status(refused ? StatusCode::permission_denied : StatusCode::corrupt_data,
-                            "tls handshake with {} failed: {}", peer, why);
+    out.error = detail::unlogged_status(refused ? StatusCode::permission_denied : StatusCode::corrupt_data,
+                                        "tls handshake with {} failed: {}", peer, why);
   }
   return out;
 }

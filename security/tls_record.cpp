@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "core/log.hpp"
+
 namespace kvstream::security {
 namespace {
 
@@ -88,16 +90,19 @@ Status RecordOpener::init(const TrafficKey& key) {
   return init_ctx(ctx_, key_, false);
 }
 
+// The errors a peer causes with what it sends are not logged here: the connection that
+// reads the records logs them as its side calls for (a node's accepted connections at
+// debug, their owner rate-limits; tcp_connection.hpp, peer_fault).
 Result<size_t> RecordOpener::record_bytes(std::span<const std::byte> in) const {
   if (in.size() < kTlsRecordHeaderBytes) return size_t(0);
   const auto type = uint8_t(in[0]);
   const size_t len = size_t(uint8_t(in[3])) << 8 | size_t(uint8_t(in[4]));
   // In TLS 1.3 every protected record says application data on the outside.
   if (type != kApplicationData || in[1] != std::byte(3) || in[2] != std::byte(3))
-    return make_status(StatusCode::corrupt_data, "not a TLS 1.3 record (type {}, version {:#04x}{:02x})", type,
-                       uint8_t(in[1]), uint8_t(in[2]));
+    return detail::unlogged_status(StatusCode::corrupt_data, "not a TLS 1.3 record (type {}, version {:#04x}{:02x})",
+                                   type, uint8_t(in[1]), uint8_t(in[2]));
   if (len < 17 || len > kTlsMaxPlaintext + 256)
-    return make_status(StatusCode::corrupt_data, "a TLS record of {} bytes is outside its bounds", len);
+    return detail::unlogged_status(StatusCode::corrupt_data, "a TLS record of {} bytes is outside its bounds", len);
   return kTlsRecordHeaderBytes + len;
 }
 
@@ -108,7 +113,8 @@ Result<size_t> RecordOpener::open(std::span<const std::byte> record, std::span<s
   const size_t inner = whole - kTlsRecordHeaderBytes - 16;
   if (out.size() < inner) return make_status(StatusCode::internal, "tls record layer: output too small");
   if (seq_ >= kTlsMaxRecordsPerKey)
-    return make_status(StatusCode::resource_exhausted, "tls: the peer's key protected 2^24 records, its limit");
+    return detail::unlogged_status(StatusCode::resource_exhausted,
+                                   "tls: the peer's key protected 2^24 records, its limit");
   const auto nonce = nonce_of(key_, seq_++);
   const std::byte* body = record.data() + kTlsRecordHeaderBytes;
   std::array<uint8_t, 16> tag;
@@ -120,29 +126,32 @@ Result<size_t> RecordOpener::open(std::span<const std::byte> record, std::span<s
                        EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, 16, tag.data()) == 1;
   if (!started) return make_status(StatusCode::internal, "tls: record decryption failed to start");
   if (EVP_DecryptFinal_ex(ctx_, nullptr, &w) != 1)
-    return make_status(StatusCode::corrupt_data,
-                       "a TLS record failed authentication (bad_record_mac: changed, replayed or reordered)");
+    return detail::unlogged_status(StatusCode::corrupt_data,
+                                   "a TLS record failed authentication (bad_record_mac: changed, replayed or "
+                                   "reordered)");
   // The inner plaintext ends with its content type, then zero padding.
   size_t end = inner;
   while (end > 0 && out[end - 1] == std::byte(0)) --end;
-  if (end == 0) return make_status(StatusCode::corrupt_data, "a TLS record without a content type");
+  if (end == 0) return detail::unlogged_status(StatusCode::corrupt_data, "a TLS record without a content type");
   const auto type = uint8_t(out[end - 1]);
   if (type == kAlert) {
     // (level, description): what the peer says when it closes. After the handshake a
     // server still refuses a client's certificate this way (TLS 1.3 lets the client
     // finish first).
     const int description = end >= 3 ? int(uint8_t(out[end - 2])) : -1;
-    if (description == 0) return make_status(StatusCode::unavailable, "the peer closed its TLS stream (close_notify)");
+    if (description == 0)
+      return detail::unlogged_status(StatusCode::unavailable, "the peer closed its TLS stream (close_notify)");
     const bool certificate = (description >= 42 && description <= 49) || description == 116;
-    return make_status(certificate ? StatusCode::permission_denied : StatusCode::unavailable,
-                       "the peer ended the TLS stream with alert {}{}", description,
-                       certificate ? " (it refused this side's certificate, or its absence)" : "");
+    return detail::unlogged_status(certificate ? StatusCode::permission_denied : StatusCode::unavailable,
+                                   "the peer ended the TLS stream with alert {}{}", description,
+                                   certificate ? " (it refused this side's certificate, or its absence)" : "");
   }
   if (type == kHandshake)
-    return make_status(StatusCode::unsupported,
-                       "the peer sent a TLS handshake message after the handshake (KeyUpdate or a ticket), which "
-                       "kvstream does not take");
-  if (type != kApplicationData) return make_status(StatusCode::corrupt_data, "a TLS record of inner type {}", type);
+    return detail::unlogged_status(StatusCode::unsupported,
+                                   "the peer sent a TLS handshake message after the handshake (KeyUpdate or a "
+                                   "ticket), which kvstream does not take");
+  if (type != kApplicationData)
+    return detail::unlogged_status(StatusCode::corrupt_data, "a TLS record of inner type {}", type);
   return end - 1;
 }
 

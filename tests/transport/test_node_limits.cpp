@@ -126,7 +126,8 @@ TEST_F(NodeLimits, AuthenticationHasADeadline) {
 
 // Failed logins reach the node's log through its rate limit only: a flood of them is
 // one line and a count, not a line each (each failure was also logged where it was
-// made: 30 lines for 30 wrong secrets, 10 for 10 requests that were not kvstream's).
+// made: 30 lines for 30 wrong secrets, 10 for 10 requests that were not kvstream's,
+// 10 for 10 answers that were not framed).
 TEST_F(NodeLimits, FailedLoginsAreLoggedThroughTheRateLimit) {
   auto cfg = config();
   cfg.log_interval = std::chrono::hours(1);  // everything after the first line is held
@@ -152,6 +153,15 @@ TEST_F(NodeLimits, FailedLoginsAreLoggedThroughTheRateLimit) {
     ASSERT_TRUE(p.send_message(std::vector<std::byte>(64, std::byte{0x5a}), 0, {}));
     EXPECT_TRUE(p.closed_by_peer(60000));
   }
+  // And 10 that answer it with bytes that are not even a frame.
+  for (int i = 0; i < 10; ++i) {
+    RawPeer p;
+    ASSERT_TRUE(p.connect((*server)->address()));
+    ASSERT_TRUE(p.read_response());
+    const std::vector<std::byte> junk(64, std::byte{0x5a});
+    ASSERT_TRUE(p.write_all(junk.data(), junk.size()));
+    EXPECT_TRUE(p.closed_by_peer(60000));
+  }
   server->reset();  // its threads joined and the count it held back written
   set_log_sink({});
   std::lock_guard lock(mu);
@@ -160,7 +170,8 @@ TEST_F(NodeLimits, FailedLoginsAreLoggedThroughTheRateLimit) {
   };
   EXPECT_EQ(count("authentication failed from"), 1) << lines.size() << " lines";
   EXPECT_EQ(count("not a kvstream request"), 0) << lines.size() << " lines";
-  EXPECT_EQ(count("storage node login failed: 39 more"), 1) << lines.size() << " lines";
+  EXPECT_EQ(count("bad frame magic"), 0) << lines.size() << " lines";
+  EXPECT_EQ(count("storage node login failed: 49 more"), 1) << lines.size() << " lines";
 }
 
 }  // namespace

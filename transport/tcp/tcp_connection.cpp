@@ -11,9 +11,17 @@
 
 namespace kvstream::transport::tcp {
 
-TcpConnection::TcpConnection(int fd, std::string peer, const TcpSettings& opt)
-    : fd_(fd), peer_(std::move(peer)), who_("tcp " + peer_), opt_(opt) {
+TcpConnection::TcpConnection(int fd, std::string peer, const TcpSettings& opt, Side side)
+    : fd_(fd), peer_(std::move(peer)), side_(side), who_("tcp " + peer_), opt_(opt) {
   rx_buf_.resize(kTcpRxBufferBytes);
+}
+
+Status TcpConnection::peer_fault(Status why) const {
+  if (side_ == Side::accepted)
+    KVS_LOG_DEBUG("{}", why.to_string());
+  else
+    detail::log_new_error(why);
+  return why;
 }
 
 TcpConnection::~TcpConnection() {

@@ -38,8 +38,15 @@ inline constexpr size_t kTcpRxBufferBytes = 32 * 1024;
 
 class TcpConnection final : public Connection {
  public:
+  /// Which side opened the connection. An accepted one's peer is whoever connected:
+  /// the errors it can cause at will (its framing, its records, how it closes or
+  /// resets) are logged at debug, and the listener's owner logs what it is given, a
+  /// node through its rate-limited logs (a flood must not write a line a connection).
+  /// A connection this side opened logs them at their level, as any error.
+  enum class Side : uint8_t { connected, accepted };
+
   /// Takes `fd` (a socket, connected or not); `peer` names the other side in errors.
-  TcpConnection(int fd, std::string peer, const TcpSettings& opt);
+  TcpConnection(int fd, std::string peer, const TcpSettings& opt, Side side = Side::connected);
   ~TcpConnection() override;
 
   /// Sets up both rings of `depth` entries. Errors: unavailable.
@@ -89,6 +96,12 @@ class TcpConnection final : public Connection {
   /// the other direction's call ends) and returns `why` (logged unless it is a
   /// deadline or cancel, which the caller asked for).
   Status fail(Status why);
+  /// An error the peer caused, built unlogged: logged as Side calls for, and returned.
+  Status peer_fault(Status why) const;
+  template <typename... Args>
+  Status peer_fault(StatusCode code, fmt::format_string<Args...> f, Args&&... args) const {
+    return peer_fault(Status(code, fmt::format(f, std::forward<Args>(args)...)));
+  }
 
   // ---- TLS (tcp_tls.cpp) ----
 
@@ -137,6 +150,7 @@ class TcpConnection final : public Connection {
 
   const int fd_;
   const std::string peer_;
+  const Side side_;
   const std::string who_;  ///< "tcp <peer>": names this connection in wait verdicts
   const TcpSettings opt_;
 

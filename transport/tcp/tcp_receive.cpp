@@ -26,14 +26,14 @@ Result<size_t> TcpConnection::recv_header(std::vector<std::byte>& header, Deadli
   KVS_RETURN_IF_ERROR(fill(kTcpPrefixBytes, deadline, cancel));
   const TcpPrefix p = decode_prefix(rx_buf_.data() + rx_begin_);
   if (p.magic != kTcpMagic)
-    return fail(make_status(StatusCode::corrupt_data, "tcp recv from {}: bad frame magic {:#010x} (want {:#010x})",
-                            peer_, p.magic, kTcpMagic));
+    return fail(peer_fault(StatusCode::corrupt_data, "tcp recv from {}: bad frame magic {:#010x} (want {:#010x})",
+                           peer_, p.magic, kTcpMagic));
   if (p.header_len > kMaxHeaderBytes)
-    return fail(make_status(StatusCode::corrupt_data, "tcp recv from {}: header length {} exceeds {}", peer_,
-                            p.header_len, kMaxHeaderBytes));
+    return fail(peer_fault(StatusCode::corrupt_data, "tcp recv from {}: header length {} exceeds {}", peer_,
+                           p.header_len, kMaxHeaderBytes));
   if (p.body_len > kTcpMaxBodyBytes)
-    return fail(make_status(StatusCode::corrupt_data, "tcp recv from {}: body length {} exceeds {}", peer_,
-                            p.body_len, kTcpMaxBodyBytes));
+    return fail(peer_fault(StatusCode::corrupt_data, "tcp recv from {}: body length {} exceeds {}", peer_,
+                           p.body_len, kTcpMaxBodyBytes));
   KVS_RETURN_IF_ERROR(fill(kTcpPrefixBytes + p.header_len, deadline, cancel));
   const std::byte* h = rx_buf_.data() + rx_begin_ + kTcpPrefixBytes;
   header.assign(h, h + p.header_len);
@@ -97,10 +97,10 @@ Status TcpConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
       return fail(st.with_context(
           fmt::format("tcp recv_body from {} ({} of {} body bytes received)", peer_, off, total)));
     if (res == 0)
-      return fail(make_status(StatusCode::unavailable,
-                              "tcp recv_body: peer {} closed the connection after {} of {} body bytes", peer_, off,
-                              total));
-    if (res < 0) return fail(make_status(code_for_errno(-res), "tcp recv_body from {}: {}", peer_, errno_text(-res)));
+      return fail(peer_fault(StatusCode::unavailable,
+                             "tcp recv_body: peer {} closed the connection after {} of {} body bytes", peer_, off,
+                             total));
+    if (res < 0) return fail(peer_fault(code_for_errno(-res), "tcp recv_body from {}: {}", peer_, errno_text(-res)));
     off += uint64_t(res);
   }
   body_left_ = 0;
@@ -143,12 +143,12 @@ Status TcpConnection::fill(size_t need, Deadline deadline, const CancelToken& ca
       const size_t partial = rx_end_ - rx_begin_;
       if (partial == 0)
         return fail(peer_closed(fmt::format("tcp recv from {}: peer closed the connection", peer_)));
-      return fail(make_status(StatusCode::unavailable,
-                              "tcp recv from {}: peer closed the connection in the middle of a message ({} bytes "
-                              "of its prefix/header received)",
-                              peer_, partial));
+      return fail(peer_fault(StatusCode::unavailable,
+                             "tcp recv from {}: peer closed the connection in the middle of a message ({} bytes "
+                             "of its prefix/header received)",
+                             peer_, partial));
     }
-    if (res < 0) return fail(make_status(code_for_errno(-res), "tcp recv from {}: {}", peer_, errno_text(-res)));
+    if (res < 0) return fail(peer_fault(code_for_errno(-res), "tcp recv from {}: {}", peer_, errno_text(-res)));
   }
   return {};
 }

@@ -166,9 +166,9 @@ void TcpConnection::tx_complete(const Completion& c) {
   if (c.res == -ECANCELED) {
     tx_chain_cancelled_ = true;  // a link after a short send: none of it was sent
   } else if (c.res < 0) {
-    tx_err_ = make_status(code_for_errno(-c.res), "tcp send to {}: {}", peer_, errno_text(-c.res));
+    tx_err_ = peer_fault(code_for_errno(-c.res), "tcp send to {}: {}", peer_, errno_text(-c.res));  // a reset, a pipe
   } else if (c.res == 0) {
-    tx_err_ = make_status(StatusCode::unavailable, "tcp send to {}: connection closed", peer_);
+    tx_err_ = peer_fault(StatusCode::unavailable, "tcp send to {}: connection closed", peer_);
   } else {
     size_t done = std::min<uint64_t>(uint64_t(c.res), m->left);
     m->left -= done;

@@ -98,10 +98,16 @@ Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming,
     tls_plain_begin_ += take;
     return take;
   }
+  // The record layer's errors are the peer's doing (it logs none of them), except an
+  // internal one, which it has logged.
+  const auto record_error = [&](const Status& s) {
+    const Status out = s.with_context(fmt::format("tls recv from {}", peer_));
+    return fail(s.code() == StatusCode::internal ? out : peer_fault(out));
+  };
   for (;;) {
     const std::span<const std::byte> have(tls_in_.data() + tls_in_begin_, tls_in_end_ - tls_in_begin_);
     auto whole = opener_.record_bytes(have);
-    if (!whole.ok()) return fail(whole.status().with_context(fmt::format("tls recv from {}", peer_)));
+    if (!whole.ok()) return record_error(whole.status());
     if (*whole != 0 && have.size() >= *whole) {
       const auto record = have.first(*whole);
       const size_t inner = *whole - security::kTlsRecordHeaderBytes - 16;
@@ -109,7 +115,7 @@ Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming,
       const bool direct = n >= inner;
       auto got = opener_.open(record, direct ? std::span(to, inner) : std::span(tls_plain_));
       tls_in_begin_ += *whole;
-      if (!got.ok()) return fail(got.status().with_context(fmt::format("tls recv from {}", peer_)));
+      if (!got.ok()) return record_error(got.status());
       if (*got == 0) continue;  // an empty record
       if (direct) return *got;
       tls_plain_begin_ = 0, tls_plain_end_ = *got;
@@ -150,11 +156,11 @@ Result<size_t> TcpConnection::tls_read(std::byte* to, size_t n, uint64_t coming,
       const size_t partial = tls_in_end_ - tls_in_begin_;
       if (partial == 0 && at_message_start)
         return fail(peer_closed(fmt::format("tls recv from {}: peer closed the connection", peer_)));
-      return fail(make_status(StatusCode::unavailable, "tls recv from {}: peer closed the connection {}", peer_,
-                              partial ? fmt::format("inside a record ({} bytes of it received)", partial)
-                                      : std::string("in the middle of a message")));
+      return fail(peer_fault(StatusCode::unavailable, "tls recv from {}: peer closed the connection {}", peer_,
+                             partial ? fmt::format("inside a record ({} bytes of it received)", partial)
+                                     : std::string("in the middle of a message")));
     }
-    if (res < 0) return fail(make_status(code_for_errno(-res), "tls recv from {}: {}", peer_, errno_text(-res)));
+    if (res < 0) return fail(peer_fault(code_for_errno(-res), "tls recv from {}: {}", peer_, errno_text(-res)));
   }
 }
 
