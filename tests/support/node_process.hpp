@@ -4,7 +4,9 @@
 // that is copied to ours when it stops (tests/support/spawn_service.hpp says why).
 #pragma once
 
+#include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -72,6 +74,16 @@ class NodeProcess {
 
   [[nodiscard]] const std::string& address() const { return address_; }
   [[nodiscard]] pid_t pid() const { return pid_; }
+  /// Lines the running node has logged so far (its stderr).
+  [[nodiscard]] uint64_t log_lines() const {
+    uint64_t n = 0;
+    if (const int fd = ::open(log_path_.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+      char buf[4096];
+      for (ssize_t got; (got = ::read(fd, buf, sizeof buf)) > 0;) n += uint64_t(std::count(buf, buf + got, '\n'));
+      ::close(fd);
+    }
+    return n;
+  }
 
  private:
   pid_t pid_ = -1;
