@@ -13,13 +13,8 @@ bool built_with_cuda() noexcept { return KVSTREAM_HAVE_CUDA != 0; }
 
 namespace {
 
-// The probe's errors are not logged where they are made: probe_device() logs the one
-// line a process gets about its GPU, with what follows from it ("say so once").
-template <typename... Args>
-Status no_gpu(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
-  return detail::unlogged_status(code, f, std::forward<Args>(args)...);
-}
-
+// Its errors are not logged where they are made: probe_device() logs the one line a
+// process gets about its GPU, with what follows from it ("say so once").
 Result<DeviceInfo> probe_once() {
 #if KVSTREAM_HAVE_CUDA
   DeviceInfo info;
@@ -30,14 +25,16 @@ Result<DeviceInfo> probe_once() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess)
-    return no_gpu(StatusCode::unavailable, "no usable GPU: cudaGetDeviceCount failed with {} ({}): {}", int(err),
-                  cudaGetErrorName(err), cudaGetErrorString(err));
-  if (count == 0) return no_gpu(StatusCode::unavailable, "no usable GPU: the CUDA driver reports 0 devices");
+    return detail::unlogged_status(StatusCode::unavailable, "no usable GPU: cudaGetDeviceCount failed with {} ({}): {}",
+                                   int(err), cudaGetErrorName(err), cudaGetErrorString(err));
+  if (count == 0)
+    return detail::unlogged_status(StatusCode::unavailable, "no usable GPU: the CUDA driver reports 0 devices");
   cudaDeviceProp prop{};
   const cudaError_t perr = cudaGetDeviceProperties(&prop, 0);
   if (perr != cudaSuccess)
-    return no_gpu(StatusCode::unavailable, "no usable GPU: cudaGetDeviceProperties failed with {} ({})", int(perr),
-                  cudaGetErrorName(perr));
+    return detail::unlogged_status(StatusCode::unavailable,
+                                   "no usable GPU: cudaGetDeviceProperties failed with {} ({})", int(perr),
+                                   cudaGetErrorName(perr));
   info.device = 0;
   info.name = prop.name;
   info.compute_major = prop.major;
@@ -45,7 +42,7 @@ Result<DeviceInfo> probe_once() {
   info.total_memory = prop.totalGlobalMem;
   return info;
 #else
-  return no_gpu(StatusCode::unsupported, "kvstream was built without CUDA (KVSTREAM_WITH_CUDA)");
+  return detail::unlogged_status(StatusCode::unsupported, "kvstream was built without CUDA (KVSTREAM_WITH_CUDA)");
 #endif
 }
 

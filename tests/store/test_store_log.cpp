@@ -4,39 +4,14 @@
 // buries the real ones.
 #include <gtest/gtest.h>
 
-#include <mutex>
-#include <string>
-#include <vector>
-
 #include "kvstream/kvstream.hpp"
-#include "kvstream/log.hpp"
 #include "tests/store/store_test_fixture.hpp"
+#include "tests/support/log_capture.hpp"
 
 using namespace kvstream;
 using namespace kvstream::store_test;
 
 namespace {
-
-// The lines logged at warn or above while it lives.
-class WarningsSeen {
- public:
-  WarningsSeen() {
-    set_log_sink([this](LogLevel level, std::string_view message) {
-      if (level < LogLevel::warn) return;
-      std::lock_guard lock(mu_);
-      lines_.emplace_back(message);
-    });
-  }
-  ~WarningsSeen() { set_log_sink({}); }
-  std::vector<std::string> lines() {
-    std::lock_guard lock(mu_);
-    return lines_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
 
 // Put, lookup, an adaptive fetch, a fixed-level fetch kept for refinement, both kinds
 // of refinement, a plan and a remove, on a healthy node: every call succeeds and none
@@ -46,7 +21,7 @@ TEST_F(StoreTest, AHealthyStoreLogsNoWarning) {
   KvStore store = open(config("quiet"));
   const auto tokens = tokens_from(11);
   auto dest = KvCache::create(kGeom, DType::f16, 480).value();
-  WarningsSeen seen;
+  kvstream::testing::LogCapture log;
   ASSERT_TRUE(store.put(tokens, kv_.view(), soon()).ok());
   ASSERT_EQ(store.lookup(tokens, soon()).value(), 480u);
   const std::span<const Token> stored(tokens.data(), 480);
@@ -67,7 +42,7 @@ TEST_F(StoreTest, AHealthyStoreLogsNoWarning) {
     ASSERT_TRUE(f->refine(0, soon()).ok());
   }
   ASSERT_TRUE(store.remove(stored, soon()).ok());
-  const auto lines = seen.lines();
+  const auto lines = log.warnings();
   EXPECT_TRUE(lines.empty()) << lines.size() << " lines at warn or above, the first: " << lines.front();
 }
 

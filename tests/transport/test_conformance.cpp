@@ -4,13 +4,12 @@
 
 #include <cstring>
 #include <future>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
 
-#include "kvstream/log.hpp"
 #include "kvstream/transport.hpp"
+#include "tests/support/log_capture.hpp"
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
@@ -345,21 +344,14 @@ TEST_P(Conformance, APeerThatLeavesBetweenMessagesIsNoWarning) {
   auto first = p->server->recv_header(h, deadline_in(10s), {});
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   ASSERT_TRUE(p->server->recv_body({}, deadline_in(10s), {}).ok());
-  std::mutex mu;
-  std::vector<std::string> warnings;
-  set_log_sink([&](LogLevel level, std::string_view message) {
-    if (level < LogLevel::warn) return;
-    std::lock_guard lock(mu);
-    warnings.emplace_back(message);
-  });
+  kvstream::testing::LogCapture log;
   p->client.reset();  // the peer leaves, at a message boundary
   p->client_backend.reset();
   // A hang guard, not a bound: every backend notices the close well before it.
   auto r = p->server->recv_header(h, deadline_in(60s), {});
-  set_log_sink({});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
-  std::lock_guard lock(mu);
+  const auto warnings = log.warnings();
   EXPECT_TRUE(warnings.empty()) << warnings.size() << " lines at warn or above, the first: " << warnings.front();
 }
 

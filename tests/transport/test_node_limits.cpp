@@ -5,12 +5,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 
-#include "kvstream/log.hpp"
 #include "kvstream/storage.hpp"
 #include "tests/support/hang_guard.hpp"
+#include "tests/support/log_capture.hpp"
 #include "tests/support/raw_peer.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "storage/protocol.hpp"
@@ -133,12 +132,7 @@ TEST_F(NodeLimits, FailedLoginsAreLoggedThroughTheRateLimit) {
   cfg.log_interval = std::chrono::hours(1);  // everything after the first line is held
   auto server = Server::start(cfg);
   ASSERT_TRUE(server.ok());
-  std::mutex mu;
-  std::vector<std::string> lines;
-  set_log_sink([&](LogLevel level, std::string_view message) {
-    std::lock_guard lock(mu);
-    if (level >= LogLevel::warn) lines.emplace_back(message);
-  });
+  kvstream::testing::LogCapture log;
   for (int i = 0; i < 30; ++i) {
     RawPeer p;
     ASSERT_TRUE(p.connect((*server)->address()));
@@ -163,8 +157,7 @@ TEST_F(NodeLimits, FailedLoginsAreLoggedThroughTheRateLimit) {
     EXPECT_TRUE(p.closed_by_peer(60000));
   }
   server->reset();  // its threads joined and the count it held back written
-  set_log_sink({});
-  std::lock_guard lock(mu);
+  const auto lines = log.warnings();
   const auto count = [&](std::string_view what) {
     return std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != l.npos; });
   };

@@ -12,15 +12,14 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
-#include <mutex>
 #include <thread>
 
-#include "kvstream/log.hpp"
 #include "kvstream/transport.hpp"
 #include "transport/backends.hpp"
 #include "transport/common/address.hpp"
 #include "transport/common/registration.hpp"
 #include "transport/tcp/tcp_framing.hpp"
+#include "tests/support/log_capture.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
 namespace kvstream::test_tcp {
@@ -276,21 +275,13 @@ TEST(tcp, TruncatedMessageThenCloseIsUnavailable) {
     s.peer.write_all("short", 5);
     close(s.peer.fd);
     s.peer.fd = -1;
-    std::mutex mu;
-    std::vector<std::pair<LogLevel, std::string>> lines;
-    set_log_level(LogLevel::debug);
-    set_log_sink([&](LogLevel level, std::string_view message) {
-      std::lock_guard lock(mu);
-      lines.emplace_back(level, message);
-    });
+    kvstream::testing::LogCapture log(LogLevel::debug);
     std::vector<std::byte> h;
     auto r = s.server->recv_header(h, deadline_in(5s), {});
-    set_log_sink({});
-    set_log_level(LogLevel::info);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
     EXPECT_NE(r.status().message().find("127.0.0.1"), std::string::npos) << r.status().to_string();
-    std::lock_guard lock(mu);
+    const auto lines = log.lines();
     const auto it = std::find_if(lines.begin(), lines.end(), [](const auto& l) {
       return l.second.find("in the middle of a message") != std::string::npos;
     });

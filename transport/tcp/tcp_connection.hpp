@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/log.hpp"
 #include "kvstream/transport.hpp"
 #include "security/tls_context.hpp"
 #include "security/tls_record.hpp"
@@ -100,7 +101,7 @@ class TcpConnection final : public Connection {
   Status peer_fault(Status why) const;
   template <typename... Args>
   Status peer_fault(StatusCode code, fmt::format_string<Args...> f, Args&&... args) const {
-    return peer_fault(Status(code, fmt::format(f, std::forward<Args>(args)...)));
+    return peer_fault(detail::unlogged_status(code, f, std::forward<Args>(args)...));
   }
 
   // ---- TLS (tcp_tls.cpp) ----
