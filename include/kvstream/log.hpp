@@ -9,9 +9,10 @@
 // debug. Errors passed up the stack are not logged again. A peer that closes a
 // connection between two messages is `unavailable` but logged at debug: for a node it
 // is a client leaving; a storage client that loses waiting requests by it warns. What
-// a peer causes at will on a connection a tcp listener accepted (its framing, its TLS
-// records, resets) is logged at debug too: the storage node counts those in its
-// rate-limited log instead of writing a line each.
+// a peer causes at will on a connection a listener accepted (its framing, its TLS
+// records, a handshake it never finishes, resets), on every backend, is logged at debug
+// too: the storage node counts those in its rate-limited log instead of writing a line
+// each.
 #pragma once
 
 #include <functional>

@@ -48,7 +48,8 @@ class OfiBackend final : public Backend {
     KVS_ASSIGN_OR_RETURN(auto ep, Endpoint::open(core_, info.p));
     KVS_ASSIGN_OR_RETURN(fi_addr_t server, ep->insert(info.p->dest_addr));
     KVS_ASSIGN_OR_RETURN(uint32_t id, say_hello(*ep, server, address, deadline, cancel));
-    auto conn = std::make_unique<OfiConnection>(ep, server, id, fmt::format("{}:{}", host, port), true);
+    auto conn = std::make_unique<OfiConnection>(ep, server, id, fmt::format("{}:{}", host, port),
+                                                 Side::connected);
     KVS_RETURN_IF_ERROR(conn->start());
     KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, id);
     return std::unique_ptr<Connection>(std::move(conn));

@@ -11,8 +11,8 @@ namespace kvstream::transport::ofi {
 using namespace std::chrono_literals;
 
 OfiConnection::OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name,
-                             bool owns_endpoint)
-    : ep_(std::move(ep)), peer_(peer), id_(id), peer_name_(std::move(peer_name)), owns_endpoint_(owns_endpoint),
+                             Side side)
+    : ep_(std::move(ep)), peer_(peer), id_(id), peer_name_(std::move(peer_name)), side_(side),
       shared_(std::make_shared<ConnShared>()) {}
 
 Status OfiConnection::start() {

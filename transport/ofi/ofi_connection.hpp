@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvstream/transport.hpp"
+#include "transport/common/peer_fault.hpp"
 #include "transport/ofi/ofi_endpoint.hpp"
 
 namespace kvstream::transport::ofi {
@@ -26,10 +27,10 @@ struct ConnShared {
 
 class OfiConnection final : public Connection {
  public:
-  /// `owns_endpoint`: the endpoint is this connection's alone (a client's), so an
-  /// interrupted read may close it; an accepted connection shares its listener's.
-  OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name,
-                bool owns_endpoint);
+  /// `side`: a connection this side opened owns its endpoint (so an interrupted read
+  /// may close it); an accepted one shares its listener's, and logs the peer's faults
+  /// at debug (transport/common/peer_fault.hpp).
+  OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name, Side side);
   ~OfiConnection() override;
 
   /// Posts the receive for the peer's "bye".
@@ -83,7 +84,7 @@ class OfiConnection final : public Connection {
   fi_addr_t peer_;
   uint32_t id_;
   std::string peer_name_;
-  bool owns_endpoint_;
+  Side side_;
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
   // Sending side: the sender's thread alone, but for backlog_, which the receiving

@@ -32,7 +32,7 @@ Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoin
   hs->give_up = deadline_in(kHandshakeLimit);
   KVS_ASSIGN_OR_RETURN(hs->peer, ep->insert(hello.addr));
   hs->id = id;
-  hs->conn = std::make_unique<OfiConnection>(ep, hs->peer, hs->id, ep->peer_name(hello.addr), false);
+  hs->conn = std::make_unique<OfiConnection>(ep, hs->peer, hs->id, ep->peer_name(hello.addr), Side::accepted);
   KVS_RETURN_IF_ERROR(hs->conn->start());
   // The ack, tagged with the client's nonce, tells it its connection id.
   hs->ack = ep->new_op(sizeof(HelloAck));
@@ -54,12 +54,12 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
     st = ep.wait([&] { return hs.ack->done.load(std::memory_order_acquire); }, until, &cancel,
                  "accept (hello-ack)");
   if (st.code() == StatusCode::timed_out && Clock::now() >= hs.give_up)
-    return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} did not complete in {} s",
-                       hs.conn->describe(), kHandshakeLimit.count());
+    return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} did not complete in {} s",
+                      hs.conn->describe(), kHandshakeLimit.count());
   KVS_RETURN_IF_ERROR(st);
   if (hs.ack->err)
-    return make_status(StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}", hs.conn->describe(),
-                       fi_err(hs.ack->err));
+    return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}",
+                      hs.conn->describe(), fi_err(hs.ack->err));
   return {};
 }
 

@@ -48,8 +48,8 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
     return peer_closed(fmt::format("libfabric: peer {} closed the connection", peer_name_));
   auto op = std::move(hdr_op_);
   if (op->err)
-    return make_status(StatusCode::unavailable, "libfabric: receive from {} failed: {}", peer_name_,
-                       fi_err(op->err));
+    return peer_fault(side_, StatusCode::unavailable, "libfabric: receive from {} failed: {}", peer_name_,
+                      fi_err(op->err));
   HeaderPrefix prefix;
   if (op->len < sizeof prefix) return corrupt("short header message");
   std::memcpy(&prefix, op->buf.get(), sizeof prefix);
@@ -126,8 +126,8 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   }
   for (auto& o : body_ops_)
     if (o->err) {
-      auto e = make_status(StatusCode::unavailable, "libfabric: body from {} failed: {}", peer_name_,
-                           fi_err(o->err));
+      auto e = peer_fault(side_, StatusCode::unavailable, "libfabric: body from {} failed: {}", peer_name_,
+                          fi_err(o->err));
       body_ops_.clear();
       broken_ = e.message();
       return e;
@@ -160,7 +160,7 @@ Status OfiConnection::fail_body(const Status& st) {
 
 Result<size_t> OfiConnection::corrupt(std::string_view what) {
   broken_ = fmt::format("{} from {}", what, peer_name_);
-  return make_status(StatusCode::corrupt_data, "libfabric: {}", broken_);
+  return peer_fault(side_, StatusCode::corrupt_data, "libfabric: {}", broken_);
 }
 
 }  // namespace kvstream::transport::ofi

@@ -167,7 +167,7 @@ Status OfiConnection::read(std::span<std::byte> dest, const RemoteRegion& src, u
     // wait briefly for them, then close the endpoint (ours alone) under them; staged
     // reads land in their own buffers, which the operations keep alive.
     if (!staged && !ep_->wait(all_done, deadline_in(20ms), nullptr, "read drain").ok()) {
-      if (owns_endpoint_) {
+      if (side_ == Side::connected) {  // the endpoint is ours alone
         ep_->close_now();
       } else {
         KVS_LOG_ERROR("libfabric: a read into a caller's buffer from {} could not be stopped", peer_name_);

@@ -79,8 +79,8 @@ Status OfiConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
                        send_seq_);
   auto failed = [&]() -> Status {
     abort_sends();
-    return make_status(StatusCode::unavailable, "libfabric: send to {} failed: {}", peer_name_,
-                       fi_err(shared_->send_error.load()));
+    return peer_fault(side_, StatusCode::unavailable, "libfabric: send to {} failed: {}", peer_name_,
+                      fi_err(shared_->send_error.load()));
   };
   if (shared_->send_error.load()) return failed();
   Status flushed;
@@ -107,20 +107,22 @@ Status OfiConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
 
 Status OfiConnection::send_usable() const {
   if (int e = shared_->send_error.load())
-    return make_status(StatusCode::unavailable, "libfabric: connection to {} is broken: {}", peer_name_, fi_err(e));
+    return peer_fault(side_, StatusCode::unavailable, "libfabric: connection to {} is broken: {}", peer_name_,
+                      fi_err(e));
   if (shared_->bye.load())
-    return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
+    return peer_fault(side_, StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);
   return {};
 }
 
 std::shared_ptr<Op> OfiConnection::new_send_op(size_t buf_size) {
   auto op = ep_->new_op(buf_size);
   auto sh = shared_;
-  op->on_complete = [sh](Op& o) {
+  op->on_complete = [sh, side = side_](Op& o) {
     if (o.err) {
       int expected = 0;
       sh->send_error.compare_exchange_strong(expected, o.err);
-      if (o.err != FI_ECANCELED) KVS_LOG_WARN("libfabric: send failed: {}", fi_err(o.err));
+      if (o.err != FI_ECANCELED)
+        detail::logger().log(peer_fault_level(side), "libfabric: send failed: {}", fi_err(o.err));
     }
   };
   return op;
@@ -143,7 +145,8 @@ Status OfiConnection::flush_locked() {
     if (r != 0) {
       int expected = 0;
       shared_->send_error.compare_exchange_strong(expected, int(-r));
-      return make_status(StatusCode::unavailable, "libfabric: send to {} failed: {}", peer_name_, fi_err(int(r)));
+      return peer_fault(side_, StatusCode::unavailable, "libfabric: send to {} failed: {}", peer_name_,
+                        fi_err(int(r)));
     }
     if (p.inject) p.op->done.store(true, std::memory_order_release);
     backlog_.pop_front();

@@ -16,14 +16,6 @@ TcpConnection::TcpConnection(int fd, std::string peer, const TcpSettings& opt, S
   rx_buf_.resize(kTcpRxBufferBytes);
 }
 
-Status TcpConnection::peer_fault(Status why) const {
-  if (side_ == Side::accepted)
-    KVS_LOG_DEBUG("{}", why.to_string());
-  else
-    detail::log_new_error(why);
-  return why;
-}
-
 TcpConnection::~TcpConnection() {
   // Posted messages nobody waited for: take them back from the kernel first.
   if (tx_ops_ > 0 || !tx_notif_.empty()) tx_abort();

@@ -26,6 +26,7 @@
 #include "kvstream/transport.hpp"
 #include "security/tls_context.hpp"
 #include "security/tls_record.hpp"
+#include "transport/common/peer_fault.hpp"
 #include "transport/tcp/tcp_framing.hpp"
 #include "transport/tcp/tcp_ring.hpp"
 
@@ -39,14 +40,8 @@ inline constexpr size_t kTcpRxBufferBytes = 32 * 1024;
 
 class TcpConnection final : public Connection {
  public:
-  /// Which side opened the connection. An accepted one's peer is whoever connected:
-  /// the errors it can cause at will (its framing, its records, how it closes or
-  /// resets) are logged at debug, and the listener's owner logs what it is given, a
-  /// node through its rate-limited logs (a flood must not write a line a connection).
-  /// A connection this side opened logs them at their level, as any error.
-  enum class Side : uint8_t { connected, accepted };
-
   /// Takes `fd` (a socket, connected or not); `peer` names the other side in errors.
+  /// `side`: whether this side opened it (how the peer's faults are logged).
   TcpConnection(int fd, std::string peer, const TcpSettings& opt, Side side = Side::connected);
   ~TcpConnection() override;
 
@@ -97,12 +92,13 @@ class TcpConnection final : public Connection {
   /// the other direction's call ends) and returns `why` (logged unless it is a
   /// deadline or cancel, which the caller asked for).
   Status fail(Status why);
-  /// An error the peer caused, built unlogged: logged as Side calls for, and returned.
-  Status peer_fault(Status why) const;
+  /// An error the peer caused: logged as this connection's side calls for
+  /// (transport/common/peer_fault.hpp), and returned.
   template <typename... Args>
   Status peer_fault(StatusCode code, fmt::format_string<Args...> f, Args&&... args) const {
-    return peer_fault(detail::unlogged_status(code, f, std::forward<Args>(args)...));
+    return transport::peer_fault(side_, code, f, std::forward<Args>(args)...);
   }
+  Status peer_fault(Status why) const { return transport::peer_fault(side_, std::move(why)); }
 
   // ---- TLS (tcp_tls.cpp) ----
 

@@ -67,7 +67,7 @@ class TcpListener final : public Listener {
       cfd = res;
     }
     configure_socket(cfd, opt_);
-    auto conn = std::make_unique<TcpConnection>(cfd, format_address(peer), opt_, TcpConnection::Side::accepted);
+    auto conn = std::make_unique<TcpConnection>(cfd, format_address(peer), opt_, Side::accepted);
     if (Status st = conn->init(depth_); !st.ok()) return st;
     return std::unique_ptr<Connection>(std::move(conn));
   }
@@ -76,7 +76,7 @@ class TcpListener final : public Listener {
   Result<std::unique_ptr<Connection>> accept_tls(Deadline deadline, const CancelToken& cancel) {
     KVS_ASSIGN_OR_RETURN(auto ready, acceptor_->next(deadline, cancel));
     auto conn =
-        std::make_unique<TcpConnection>(ready.fd, format_address(ready.peer), opt_, TcpConnection::Side::accepted);
+        std::make_unique<TcpConnection>(ready.fd, format_address(ready.peer), opt_, Side::accepted);
     KVS_RETURN_IF_ERROR(conn->init(depth_));
     KVS_RETURN_IF_ERROR(conn->use_tls(std::move(ready.tls), tls_->settings().kernel_tls));
     return std::unique_ptr<Connection>(std::move(conn));

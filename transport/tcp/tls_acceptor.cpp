@@ -142,8 +142,8 @@ void TlsAcceptor::accept_new() {
         std::lock_guard lock(mu_);
         ++counters_.evicted;
       }
-      drop(*oldest, make_status(StatusCode::resource_exhausted, "tls handshake with {}: replaced by a newer one",
-                                oldest->peer_text));
+      drop(*oldest, detail::unlogged_status(StatusCode::resource_exhausted,
+                                            "tls handshake with {}: replaced by a newer one", oldest->peer_text));
       pending_.erase(oldest);
     }
     // The client speaks first; its hello is often already there.

@@ -17,6 +17,7 @@
 
 #include "core/log.hpp"
 #include "kvstream/transport.hpp"
+#include "transport/common/peer_fault.hpp"
 #include "transport/ucx/ucx_engine.hpp"
 #include "transport/ucx/ucx_request.hpp"
 #include "transport/ucx/ucx_wire.hpp"
@@ -33,6 +34,7 @@ struct ConnState {
   std::string peer;
   std::string who;  // "ucx <peer>": names this connection's waits in errors
   std::string tls = "?";
+  Side side = Side::connected;  // accepted: the peer's faults are logged at debug (peer_fault.hpp)
   uint32_t rx_id = 0;
   uint32_t peer_rx_id = 0;
   bool hello = false;
@@ -112,8 +114,8 @@ struct ConnState {
 
   /// Marks the connection failed with `msg` unless it already was (the first cause
   /// is the one reported, and logged here at `level`: warn for our own findings, debug
-  /// for UCX's peer errors, which are mostly a peer that left). Returns whether this
-  /// call failed it.
+  /// for UCX's peer errors, which are mostly a peer that left, and for a setup an
+  /// accepted peer never finished). Returns whether this call failed it.
   bool fail(std::string msg, spdlog::level::level_enum level = spdlog::level::warn) {
     if (failed) return false;
     failed = true;
@@ -177,7 +179,8 @@ class UcxConnection final : public Connection {
 
 /// Creates the endpoint (from a sockaddr or a connection request), posts the header
 /// receives, sends the hello and waits for the peer's (ucx_handshake.cpp). Any failure,
-/// the deadline and a cancel included, closes the half-made connection.
+/// the deadline and a cancel included, closes the half-made connection. This side
+/// opens the connection (Side::connected).
 Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
                                               std::string peer, Deadline deadline, const CancelToken* cancel);
 
@@ -185,8 +188,9 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
 /// while a connection it took is still being set up: begin_establish creates the
 /// endpoint and sends the hello; finish_establish waits for the peer's hello. A
 /// timed_out or cancelled finish leaves the state open, to be finished by a later
-/// call; any other failure closes it.
-Result<std::shared_ptr<ConnState>> begin_establish(Engine& eng, ucp_ep_params_t params, std::string peer);
+/// call; any other failure closes it. `side`: accepted for a listener's connection.
+Result<std::shared_ptr<ConnState>> begin_establish(Engine& eng, ucp_ep_params_t params, std::string peer,
+                                                   Side side);
 Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engine>& eng,
                                                      const std::shared_ptr<ConnState>& cs, Deadline deadline,
                                                      const CancelToken* cancel);

@@ -26,7 +26,9 @@ ucs_status_t hello_cb(void* arg, const void* /*header*/, size_t /*header_length*
   std::memcpy(msg, data, std::min(length, sizeof msg));
   auto it = e->by_ep.find(param->reply_ep);
   if (msg[0] != kHelloMagic || it == e->by_ep.end()) {
-    KVS_LOG_WARN("ucx: ignoring an unexpected hello message");
+    // Any peer can send one; nothing is lost by dropping it (a setup that waited for a
+    // real hello ends by its own deadline, and says so).
+    KVS_LOG_DEBUG("ucx: ignoring an unexpected hello message");
     return UCS_OK;
   }
   it->second->peer_rx_id = msg[1];
@@ -114,9 +116,11 @@ Status set_hello_handler(Engine& e) {
   return {};
 }
 
-Result<std::shared_ptr<ConnState>> begin_establish(Engine& e, ucp_ep_params_t params, std::string peer) {
+Result<std::shared_ptr<ConnState>> begin_establish(Engine& e, ucp_ep_params_t params, std::string peer,
+                                                   Side side) {
   auto cs = std::make_shared<ConnState>();
   cs->peer = std::move(peer);
+  cs->side = side;
   cs->who = "ucx " + cs->peer;
   std::lock_guard lk(e.mu);
   KVS_RETURN_IF_ERROR(start_locked(e, *cs, params));
@@ -126,14 +130,15 @@ Result<std::shared_ptr<ConnState>> begin_establish(Engine& e, ucp_ep_params_t pa
 void abandon_establish(Engine& e, const std::shared_ptr<ConnState>& cs, std::string_view why) {
   {
     std::lock_guard lk(e.mu);
-    cs->fail(std::string(why));  // force close: the peer may be absent
+    // Force close: the peer may be absent.
+    cs->fail(std::string(why), peer_fault_level(cs->side));
   }
   close_conn(e, cs);
 }
 
 Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng, ucp_ep_params_t params,
                                               std::string peer, Deadline deadline, const CancelToken* cancel) {
-  KVS_ASSIGN_OR_RETURN(auto cs, begin_establish(*eng, params, std::move(peer)));
+  KVS_ASSIGN_OR_RETURN(auto cs, begin_establish(*eng, params, std::move(peer), Side::connected));
   auto conn = finish_establish(eng, cs, deadline, cancel);
   if (!conn.ok() && (conn.status().code() == StatusCode::timed_out || conn.status().code() == StatusCode::cancelled))
     abandon_establish(*eng, cs, conn.status().message());
@@ -148,8 +153,8 @@ Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engin
       [&]() -> std::optional<Status> {
         if (cs->failed) return cs->failure();
         if (cs->hello_op.done && cs->hello_op.status != UCS_OK)
-          return make_status(StatusCode::unavailable, "ucx: handshake with {} failed: {}", cs->peer,
-                             ucs_status_string(cs->hello_op.status));
+          return peer_fault(cs->side, StatusCode::unavailable, "ucx: handshake with {} failed: {}", cs->peer,
+                            ucs_status_string(cs->hello_op.status));
         if (cs->hello && cs->hello_op.done) return Status{};
         return std::nullopt;
       },
@@ -165,7 +170,9 @@ Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engin
     cs->hello_op.release();
     cs->tls = ep_transports(cs->ep);
   }
-  KVS_LOG_INFO("ucx: connected to {} over {} ({})", cs->peer, cs->tls, e.ctx->provider);
+  // A client's connection is news; a node's accepted ones would be a line each.
+  detail::logger().log(cs->side == Side::accepted ? spdlog::level::debug : spdlog::level::info,
+                       "ucx: connected to {} over {} ({})", cs->peer, cs->tls, e.ctx->provider);
   return std::unique_ptr<Connection>(std::make_unique<UcxConnection>(eng, std::move(cs)));
 }
 

@@ -46,8 +46,8 @@ class UcxListener final : public Listener {
       return conn;
     }
     if (Clock::now() >= setup_give_up_) {
-      auto st = make_status(StatusCode::unavailable, "ucx: connection setup with {} did not finish in {} s",
-                            setup_->peer, kSetupLimit.count());
+      auto st = peer_fault(Side::accepted, StatusCode::unavailable,
+                           "ucx: connection setup with {} did not finish in {} s", setup_->peer, kSetupLimit.count());
       abandon_establish(*eng_, setup_, st.message());
       setup_.reset();
       return st;
@@ -82,7 +82,7 @@ class UcxListener final : public Listener {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     params.conn_request = req;
-    KVS_ASSIGN_OR_RETURN(setup_, begin_establish(e, params, peer));
+    KVS_ASSIGN_OR_RETURN(setup_, begin_establish(e, params, peer, Side::accepted));
     setup_give_up_ = Clock::now() + kSetupLimit;
     return {};
   }

@@ -69,11 +69,12 @@ Result<size_t> UcxConnection::take_header_locked(std::vector<std::byte>& header)
   slot.op.release();
   if (slot.op.status != UCS_OK) {
     if (cs_->failed) return cs_->failure();
-    return make_status(StatusCode::unavailable, "ucx: receive from {} failed: {}", cs_->peer,
-                       ucs_status_string(slot.op.status));
+    return peer_fault(cs_->side, StatusCode::unavailable, "ucx: receive from {} failed: {}", cs_->peer,
+                      ucs_status_string(slot.op.status));
   }
   if (slot.op.length < kPrefix)
-    return make_status(StatusCode::corrupt_data, "ucx: message header of {} bytes from {}", slot.op.length, cs_->peer);
+    return peer_fault(cs_->side, StatusCode::corrupt_data, "ucx: message header of {} bytes from {}", slot.op.length,
+                      cs_->peer);
   uint64_t body_size;
   std::memcpy(&body_size, slot.buf.data(), kPrefix);
   const bool inl = (body_size & kInlineFlag) != 0;
@@ -81,8 +82,9 @@ Result<size_t> UcxConnection::take_header_locked(std::vector<std::byte>& header)
   size_t hend = slot.op.length;
   if (inl) {
     if (body_size == 0 || body_size > slot.op.length - kPrefix)
-      return make_status(StatusCode::corrupt_data, "ucx: message of {} bytes from {} announces {} inline body bytes",
-                         slot.op.length, cs_->peer, body_size);
+      return peer_fault(cs_->side, StatusCode::corrupt_data,
+                        "ucx: message of {} bytes from {} announces {} inline body bytes", slot.op.length, cs_->peer,
+                        body_size);
     hend -= size_t(body_size);
   }
   header.assign(slot.buf.data() + kPrefix, slot.buf.data() + hend);
@@ -208,12 +210,13 @@ Status UcxConnection::wait_for_body(std::unique_lock<std::mutex>& lk, const Op& 
 namespace {
 
 /// What a completed body receive says: ok, failed, or not the size the header said.
-Status body_outcome(const Op& op, size_t size, const std::string& peer) {
+Status body_outcome(const Op& op, size_t size, const ConnState& cs) {
   if (op.status != UCS_OK)
-    return make_status(StatusCode::unavailable, "ucx: body from {} failed: {}", peer, ucs_status_string(op.status));
+    return peer_fault(cs.side, StatusCode::unavailable, "ucx: body from {} failed: {}", cs.peer,
+                      ucs_status_string(op.status));
   if (op.length != size)
-    return make_status(StatusCode::corrupt_data, "ucx: body from {} has {} bytes, header said {}", peer, op.length,
-                       size);
+    return peer_fault(cs.side, StatusCode::corrupt_data, "ucx: body from {} has {} bytes, header said {}", cs.peer,
+                      op.length, size);
   return {};
 }
 
@@ -223,7 +226,7 @@ Status body_outcome(const Op& op, size_t size, const std::string& peer) {
 /// the body copied to `dest` unless it landed there or is discarded.
 Status UcxConnection::take_landed_body(Op& op, const std::byte* landed, std::span<std::byte> dest) {
   op.release();
-  Status result = body_outcome(op, cs_->body_size, cs_->peer);
+  Status result = body_outcome(op, cs_->body_size, *cs_);
   if (result.ok() && !dest.empty() && dest.data() != landed) std::memcpy(dest.data(), landed, cs_->body_size);
   return result;
 }
@@ -296,7 +299,7 @@ Status UcxConnection::recv_unexpected_body(std::unique_lock<std::mutex>& lk, std
   cs_->body_claimed = false;  // the body is still pending: a retry may receive it
   if (!s.ok()) return s;
   if (op.status != UCS_OK && cs_->failed) return cs_->failure();
-  return body_outcome(op, size, cs_->peer);
+  return body_outcome(op, size, *cs_);
 }
 
 /// Withdraws a receive nobody waits for any more: cancelled (an unmatched receive

@@ -23,7 +23,7 @@ void UcxConnection::reap_locked() {
     const ucs_status_t st = snd->hop.status != UCS_OK ? snd->hop.status : snd->bop.status;
     if (st != UCS_OK && cs_->tx_error_seq == 0) {
       cs_->tx_error_seq = snd->seq;
-      cs_->fail(fmt::format("send to {} failed: {}", cs_->peer, ucs_status_string(st)));
+      cs_->fail(fmt::format("send to {} failed: {}", cs_->peer, ucs_status_string(st)), peer_fault_level(cs_->side));
     }
     cs_->tx_reaped = snd->seq;
     if (cs_->send_pool.size() < 64) cs_->send_pool.push_back(std::move(snd));
@@ -105,7 +105,7 @@ Result<uint64_t> UcxConnection::post_send(std::span<const std::byte> header, std
   cs_->sends.push_back(std::move(snd));
   if (!ok) {
     // Half a message may be on the wire: the stream is unusable from here on.
-    cs_->fail(fmt::format("send to {} failed: {}", cs_->peer, ucs_status_string(st)));
+    cs_->fail(fmt::format("send to {} failed: {}", cs_->peer, ucs_status_string(st)), peer_fault_level(cs_->side));
     reap_locked();
     return cs_->failure();
   }
