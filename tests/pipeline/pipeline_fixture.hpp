@@ -13,6 +13,7 @@
 #include "kvstream/codec.hpp"
 #include "kvstream/pipeline.hpp"
 #include "kvstream/storage.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace kvstream::pipeline_test {
 
@@ -47,8 +48,6 @@ inline KvCache synthetic_kv(uint32_t seed) {
 class PipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-pipeline-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
     storage::ServerConfig sc;
     sc.address = "127.0.0.1:0";
     sc.directory = dir_.string();
@@ -82,7 +81,6 @@ class PipelineTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
     server_.reset();
-    fs::remove_all(dir_);
   }
   static uint32_t level_of(uint32_t i) { return i % 4; }
 
@@ -110,8 +108,8 @@ class PipelineTest : public ::testing::Test {
     return cb;
   }
 
-  fs::path dir_;
-  static inline int counter_ = 0;
+  kvstream::testing::TempDir tmp_{"kvstream-pipeline"};
+  const fs::path dir_ = tmp_.path();
   std::unique_ptr<storage::Server> server_;
   std::unique_ptr<storage::Client> client_;
   KvCache train_, kv_;

@@ -13,6 +13,7 @@
 #include "kvstream/scheduler.hpp"
 #include "tests/codec/synthetic_kv.hpp"
 #include "tests/support/fake_clock.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace kvstream::test_scheduler {
 
@@ -29,8 +30,6 @@ constexpr uint32_t kTokens = 384, kChunk = 64;
 class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-scheduler-{}", ::getpid());
-    fs::remove_all(dir_);
     storage::ServerConfig sc;
     sc.address = "127.0.0.1:0";
     sc.directory = dir_.string();
@@ -68,7 +67,6 @@ class SchedulerTest : public ::testing::Test {
     pipeline_.reset();
     client_.reset();
     server_.reset();
-    fs::remove_all(dir_);
   }
 
   // A plan on a link the estimators believe runs at `bits_per_second` until told
@@ -99,7 +97,8 @@ class SchedulerTest : public ::testing::Test {
     return f;
   }
 
-  fs::path dir_;
+  kvstream::testing::TempDir tmp_{"kvstream-scheduler"};
+  const fs::path dir_ = tmp_.path();
   std::unique_ptr<storage::Server> server_;
   std::unique_ptr<storage::Client> client_;
   std::unique_ptr<pipeline::Pipeline> pipeline_;

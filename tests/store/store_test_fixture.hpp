@@ -10,6 +10,7 @@
 
 #include "kvstream/kvstream.hpp"
 #include "tests/codec/synthetic_kv.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace kvstream::store_test {
 
@@ -40,9 +41,6 @@ inline transport::Deadline soon() { return transport::deadline_in(20s); }
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-store-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     storage::ServerConfig sc;
     sc.address = "127.0.0.1:0";
     sc.directory = (dir_ / "node").string();
@@ -53,10 +51,7 @@ class StoreTest : public ::testing::Test {
     ASSERT_TRUE(profile_.save_file(profile_path_).ok());
     kv_ = synthetic_kv(7);
   }
-  void TearDown() override {
-    server_.reset();
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { server_.reset(); }
   static codec::Profile make_profile(uint32_t seed, std::vector<float> steps) {
     auto train = synthetic_kv(seed);
     std::vector<KvView> samples;
@@ -106,8 +101,8 @@ class StoreTest : public ::testing::Test {
     return out;
   }
 
-  static inline int counter_ = 0;
-  fs::path dir_;
+  kvstream::testing::TempDir tmp_{"kvstream-store"};
+  const fs::path dir_ = tmp_.path();
   std::unique_ptr<storage::Server> server_;
   std::string profile_path_;
   codec::Profile profile_;

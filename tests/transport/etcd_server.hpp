@@ -16,6 +16,7 @@
 
 #include "kvstream/membership.hpp"
 #include "tests/support/spawn_service.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/free_port.hpp"
 
 namespace kvstream::transport::test_util {
@@ -28,11 +29,7 @@ class EtcdServer {
     return {};
   }
 
-  explicit EtcdServer(const std::string& tag) {
-    static int counter = 0;
-    dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", tag, ::getpid(), counter++);
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+  explicit EtcdServer(const std::string& tag) : tmp_(tag) {
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) start();
   }
   ~EtcdServer() {
@@ -40,7 +37,6 @@ class EtcdServer {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
-    std::filesystem::remove_all(dir_);
   }
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
@@ -70,7 +66,8 @@ class EtcdServer {
   }
 
  private:
-  std::filesystem::path dir_;
+  kvstream::testing::TempDir tmp_;  // <tmp>/<tag>-<pid>-<n>: its data and logs
+  const std::filesystem::path dir_ = tmp_.path();
   uint16_t port_ = 0;
   pid_t pid_ = -1;
 

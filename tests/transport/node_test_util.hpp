@@ -2,34 +2,17 @@
 // and a client of one namespace.
 #pragma once
 
-#include <atomic>
 #include <filesystem>
+#include <map>
 #include <string>
 
-#include <fmt/format.h>
-#include <unistd.h>
-
 #include "kvstream/storage.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace kvstream::storage::node_test_util {
 
 /// A fresh directory under the system's temporary one, removed with this object.
-class TempDir {
- public:
-  explicit TempDir(const std::string& prefix) {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", prefix, ::getpid(), counter++);
-    std::filesystem::remove_all(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using kvstream::testing::TempDir;
 
 /// A node on loopback (any port) over `backend`, storing in `dir`.
 inline ServerConfig node_config(const std::filesystem::path& dir, std::map<std::string, std::string> secrets,

@@ -21,6 +21,7 @@
 
 #include "kvstream/redis_storage.hpp"
 #include "tests/support/spawn_service.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/free_port.hpp"
 
 namespace kvstream::transport::test_util {
@@ -50,11 +51,7 @@ class RedisServer {
   /// tls->clear_port_too).
   explicit RedisServer(const std::string& tag, std::vector<std::string> extra_args = {}, bool cluster = false,
                        std::optional<RedisServerTls> tls = std::nullopt)
-      : extra_args_(std::move(extra_args)), cluster_(cluster), tls_(std::move(tls)) {
-    static int counter = 0;
-    dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}-{}", tag, ::getpid(), counter++);
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+      : extra_args_(std::move(extra_args)), cluster_(cluster), tls_(std::move(tls)), tmp_(tag) {
     // A free port can be taken between our probe and redis' bind: try a few.
     for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) start();
   }
@@ -65,7 +62,6 @@ class RedisServer {
       int st = 0;
       ::waitpid(pid_, &st, 0);
     }
-    std::filesystem::remove_all(dir_);
   }
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -120,7 +116,8 @@ class RedisServer {
   std::vector<std::string> extra_args_;
   bool cluster_ = false;
   std::optional<RedisServerTls> tls_;
-  std::filesystem::path dir_;
+  kvstream::testing::TempDir tmp_;
+  const std::filesystem::path dir_ = tmp_.path();
   uint16_t port_ = 0, tls_port_ = 0;
   pid_t pid_ = -1;
 

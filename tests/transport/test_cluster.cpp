@@ -19,6 +19,7 @@
 
 #include "kvstream/cluster.hpp"
 #include "kvstream/storage.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
 namespace kvstream::test_cluster {
@@ -145,8 +146,6 @@ class Cluster : public ::testing::Test {
     if (available_backends().empty() ||
         std::find(available_backends().begin(), available_backends().end(), "tcp") == available_backends().end())
       GTEST_SKIP() << "the tcp backend is not built in";
-    root_ = fs::temp_directory_path() / fmt::format("kvstream-cluster-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(root_);
     for (int i = 0; i < 3; ++i) {
       ServerConfig cfg;
       cfg.address = "127.0.0.1:0";
@@ -160,7 +159,6 @@ class Cluster : public ::testing::Test {
   void TearDown() override {
     proxies_.clear();
     servers_.clear();
-    fs::remove_all(root_);
   }
 
   cluster::ClusterConfig config(const std::vector<std::string>& addresses) {
@@ -192,10 +190,10 @@ class Cluster : public ::testing::Test {
     return stored;
   }
 
-  fs::path root_;
+  kvstream::testing::TempDir tmp_{"kvstream-cluster"};
+  const fs::path root_ = tmp_.path();
   std::vector<std::unique_ptr<Server>> servers_;
   std::vector<std::unique_ptr<StallProxy>> proxies_;
-  static inline int counter_ = 0;
 };
 
 // One backend serves every node's connection: the replicated client reports its

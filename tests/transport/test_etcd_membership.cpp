@@ -16,6 +16,7 @@
 #include "kvstream/storage.hpp"
 #include "storage/cluster/etcd_client.hpp"
 #include "tests/support/node_process.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/etcd_server.hpp"
 
 namespace kvstream::test_etcd_membership {
@@ -44,14 +45,10 @@ std::vector<std::byte> payload(uint32_t chunk, size_t bytes) {
 class EtcdCluster {
  public:
   EtcdCluster() {
-    dir_ = fs::temp_directory_path() / fmt::format("kvs-etcd-nodes-{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     std::ofstream(dir_ / "secrets.json") << fmt::format("{{\"{}\": \"{}\"}}", kNs, kSecret);
   }
   ~EtcdCluster() {
-    nodes_.clear();  // SIGKILL each (what is left of them)
-    fs::remove_all(dir_);
+    nodes_.clear();  // SIGKILL each (what is left of them), then the directory goes
   }
 
   EtcdServer etcd{"kvs-etcd"};
@@ -86,7 +83,8 @@ class EtcdCluster {
   }
 
  private:
-  fs::path dir_;
+  kvstream::testing::TempDir tmp_{"kvs-etcd-nodes"};
+  const fs::path dir_ = tmp_.path();
   std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes_;
 };
 

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "kvstream/storage.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
 namespace kvstream::test_faults {
@@ -25,8 +26,6 @@ const std::string kSecret = "faults-secret-0123456789";
 class Faults : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-faults-{}", ::getpid());
-    fs::remove_all(dir_);
     ServerConfig sc;
     sc.address = "127.0.0.1:0";
     sc.directory = dir_.string();
@@ -43,7 +42,6 @@ class Faults : public ::testing::Test {
   void TearDown() override {
     proxy_.reset();
     server_.reset();
-    fs::remove_all(dir_);
   }
   Result<std::unique_ptr<Client>> connect_to(const std::string& address, Deadline deadline = deadline_in(5s)) {
     ClientConfig cc;
@@ -53,7 +51,8 @@ class Faults : public ::testing::Test {
     return Client::connect(cc, deadline);
   }
 
-  fs::path dir_;
+  kvstream::testing::TempDir tmp_{"kvstream-faults"};
+  const fs::path dir_ = tmp_.path();
   std::unique_ptr<Server> server_;
   std::unique_ptr<test_util::TcpProxy> proxy_;
   std::vector<std::byte> chunk_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "kvstream/storage.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/tls_test_util.hpp"
 
 namespace kvstream::test_node_tls {
@@ -24,10 +25,7 @@ class NodeTls : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(test_util::process_certs().ok()) << test_util::process_certs().error;
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-node-tls-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // tenant-a: by certificate alone; tenant-b: by secret alone; tenant-c: both.
   ServerConfig server_config() {
@@ -66,8 +64,8 @@ class NodeTls : public ::testing::Test {
     ASSERT_TRUE(n.ok()) << n.status().to_string();
     EXPECT_EQ(buf, bytes);
   }
-  fs::path dir_;
-  static inline int counter_ = 0;
+  kvstream::testing::TempDir tmp_{"kvstream-node-tls"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(NodeTls, ACertificateAloneLogsIntoItsNamespace) {
@@ -124,7 +122,7 @@ TEST_F(NodeTls, CertificateNamespacesNeedTls) {
 
 // kvstream-server off loopback: TLS, or --clear-text said out loud.
 TEST(NodeClearText, RefusedOffLoopbackUnlessAsked) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-clear-{}", ::getpid());
+  const kvstream::testing::TempDir dir("kvstream-clear");
   const std::string base = fmt::format(
       "timeout 20 {} --dir {} --listen 0.0.0.0:0 --set storage.namespace=t --set storage.secret=0123456789abcdef-x",
       KVSTREAM_SERVER_BIN, dir.string());
@@ -137,7 +135,6 @@ TEST(NodeClearText, RefusedOffLoopbackUnlessAsked) {
   const int rc = ::pclose(p);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--clear-text"), std::string::npos) << out;
-  fs::remove_all(dir);
 }
 
 }  // namespace

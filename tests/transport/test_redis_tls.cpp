@@ -12,6 +12,7 @@
 
 #include "kvstream/redis_storage.hpp"
 #include "kvstream/storage.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/support/test_certs.hpp"
 #include "tests/transport/redis_cluster.hpp"
 #include "tests/transport/redis_server.hpp"
@@ -34,15 +35,10 @@ class RedisTls : public ::testing::Test {
  protected:
   void SetUp() override {
     if (auto why = RedisServer::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-    static int n = 0;
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-redis-certs-{}-{}", ::getpid(), n++);
     certs_ = certs::make_test_certs(dir_.string());
     ASSERT_TRUE(certs_.ok()) << certs_.error;
   }
-  void TearDown() override {
-    server_.reset();
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { server_.reset(); }
 
   // A redis-server serving TLS only, asking clients for certificates per `auth`.
   RedisServer& start(const std::string& auth = "yes") {
@@ -64,7 +60,8 @@ class RedisTls : public ::testing::Test {
     return cfg;
   }
 
-  fs::path dir_;
+  kvstream::testing::TempDir tmp_{"kvstream-redis-certs"};
+  const fs::path dir_ = tmp_.path();
   certs::TestCerts certs_;
   std::unique_ptr<RedisServer> server_;
 };

@@ -15,6 +15,7 @@
 #include "kvstream/storage.hpp"
 #include "storage/protocol.hpp"
 #include "tests/support/hang_guard.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
@@ -39,12 +40,6 @@ using transport::test_util::pattern;
 
 class Storage : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kvstream-storage-{}-{}", ::getpid(), counter_++);
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   ServerConfig server_config() {
     ServerConfig cfg;
     cfg.address = "127.0.0.1:0";
@@ -63,8 +58,8 @@ class Storage : public ::testing::TestWithParam<std::string> {
     cc.connections = conns;
     return Client::connect(cc, deadline_in(kSlowMachine));
   }
-  fs::path dir_;
-  static inline int counter_ = 0;
+  kvstream::testing::TempDir tmp_{"kvstream-storage"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_P(Storage, PutGetStatListRemove) {
@@ -273,7 +268,7 @@ TEST_P(Storage, MalformedRequestClosesTheConnection) {
 // resource_exhausted while another tenant still connects; a slot comes back when a
 // connection closes.
 TEST(Limits, ConnectionsPerNamespace) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-limits-{}", ::getpid());
+  const kvstream::testing::TempDir dir("kvstream-limits");
   ServerConfig sc;
   sc.address = "127.0.0.1:0";
   sc.directory = dir.string();
@@ -303,7 +298,6 @@ TEST(Limits, ConnectionsPerNamespace) {
   }));
   EXPECT_TRUE(again.ok()) << again.status().to_string();
   server->reset();
-  fs::remove_all(dir);
 }
 
 // 64 clients of one tenant fetching at once from one node (tcp, loopback), briefly:
@@ -311,8 +305,7 @@ TEST(Limits, ConnectionsPerNamespace) {
 // client while they fetch (one busy tenant cannot starve another). The 60 s version is `kvstream-bench storage
 // --clients 64 --seconds 60` (perf/results/2026-11-30/storage-load.md).
 TEST(Load, SixtyFourClientsNoErrors) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-load-test-{}", ::getpid());
-  fs::remove_all(dir);
+  const kvstream::testing::TempDir dir("kvstream-load-test");
   ServerConfig sc;
   sc.address = "127.0.0.1:0";
   sc.directory = dir.string();
@@ -399,7 +392,6 @@ TEST(Load, SixtyFourClientsNoErrors) {
   EXPECT_EQ(wrong.load(), 0u);
   EXPECT_GE(ok.load(), 64u * kGets);
   server->reset();
-  fs::remove_all(dir);
 }
 
 TEST(Protocol, HeadersRoundTripAndRejectGarbage) {

@@ -1,22 +1,23 @@
 // TLS settings for transport tests: test certificates made once per process under
-// a temporary directory (tests/support/test_certs.hpp).
+// a temporary directory (tests/support/test_certs.hpp), removed when it exits.
 #pragma once
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <string>
 
 #include "kvstream/transport_config.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "tests/support/test_certs.hpp"
 
 namespace kvstream::transport::test_util {
 
-/// The process's test certificates (made at the first call).
+/// The process's test certificates (made at the first call, removed at its exit).
 inline const kvstream::testing::TestCerts& process_certs() {
-  static const kvstream::testing::TestCerts certs = kvstream::testing::make_test_certs(
-      (std::filesystem::temp_directory_path() / ("kvs-tls-" + std::to_string(::getpid()))).string());
-  return certs;
+  struct Made {
+    kvstream::testing::TempDir dir{"kvs-tls"};
+    kvstream::testing::TestCerts certs = kvstream::testing::make_test_certs(dir.string());
+  };
+  static const Made made;
+  return made.certs;
 }
 
 /// A tcp config with TLS on both sides: the server certificate (localhost,
