@@ -23,6 +23,7 @@
 #include "kvstream/storage.hpp"
 #include "tests/checker/history.hpp"
 #include "tests/support/node_process.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace kvstream;
 using namespace kvstream::checker;
@@ -131,9 +132,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   set_log_level(LogLevel::off);  // broken connections are the point here
 
-  const bool own_dir = work_dir.empty();
-  if (own_dir) work_dir = (fs::temp_directory_path() / fmt::format("kvstream-checker-{}", ::getpid())).string();
-  fs::remove_all(work_dir);
+  std::optional<kvstream::testing::TempDir> own_dir;  // outlives the node
+  if (work_dir.empty()) {
+    own_dir.emplace("kvstream-checker");
+    work_dir = own_dir->string();
+  } else {
+    fs::remove_all(work_dir);
+  }
   fs::create_directories(work_dir + "/store");
   const std::string secrets = work_dir + "/secrets.json";
   std::ofstream(secrets) << fmt::format("{{\"checker\": \"{}\"}}", kSecret);
@@ -259,7 +264,6 @@ int main(int argc, char** argv) {
     fmt::print("  anomaly: op {} (get key {}, tickets {}..{}, read put {}): {}\n", anomalies[i].op, o.key, o.invoked,
                o.returned, o.put_id, anomalies[i].what);
   }
-  if (own_dir) fs::remove_all(work_dir);
   if (history.size() < ops / 2) return fmt::print(stderr, "too few operations completed\n"), 1;
   if (crash_count < crashes) return fmt::print(stderr, "only {} of {} crashes happened\n", crash_count.load(), crashes), 1;
   return anomalies.empty() ? 0 : 1;
