@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "kvstream/transport.hpp"
+#include "tests/support/log_capture.hpp"
 #include "transport/backends.hpp"  // the backend factories some tests call directly (test_tcp)
 
 namespace kvstream::transport::test_util {
@@ -196,6 +197,20 @@ inline void accept_past_its_deadline_loses_no_connection(const BackendConfig& cf
     ASSERT_TRUE(len.ok()) << "round " << round << ": " << len.status().to_string();
     EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
   }
+}
+
+/// The next message on `accepted` (a connection a listener accepted), whose peer sent
+/// a malformed one: corrupt_data, and nothing at warn in the log (the listener's owner
+/// logs what it is given; a node through its rate limit).
+inline void expect_malformed_without_warning(Connection& accepted) {
+  using namespace std::chrono_literals;
+  kvstream::testing::LogCapture log;
+  std::vector<std::byte> h;
+  auto r = accepted.recv_header(h, deadline_in(30s), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::corrupt_data) << r.status().to_string();
+  const auto warnings = log.warnings();
+  EXPECT_TRUE(warnings.empty()) << warnings.size() << " lines at warn or above, the first: " << warnings.front();
 }
 
 }  // namespace kvstream::transport::test_util
