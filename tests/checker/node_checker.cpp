@@ -67,11 +67,13 @@ std::optional<uint64_t> parse_value(std::span<const std::byte> b) {
 // The node under test: restarted on the same port and directory after each crash.
 class Node {
  public:
-  Node(std::string bin, std::string dir, std::string secrets, uint16_t port)
-      : bin_(std::move(bin)), dir_(std::move(dir)), secrets_(std::move(secrets)), port_(port) {}
+  Node(std::string bin, std::string dir, std::string secrets, uint16_t port, std::string backend)
+      : bin_(std::move(bin)), dir_(std::move(dir)), secrets_(std::move(secrets)), backend_(std::move(backend)),
+        port_(port) {}
   // Starts the node, retried for up to 10 s (a port can linger briefly after a kill).
   bool start_retrying(std::atomic<uint64_t>& retries) {
-    const std::vector<std::string> args{"--listen", address(), "--dir", dir_, "--secrets", secrets_, "--cache-mb", "4"};
+    const std::vector<std::string> args{"--listen",   address(), "--dir", dir_, "--secrets", secrets_,
+                                        "--cache-mb", "4",       "--backend", backend_};
     for (int i = 0; i < 100; ++i) {
       if (proc_.start(bin_, args, "error")) return true;
       ++retries;
@@ -83,7 +85,7 @@ class Node {
   [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
 
  private:
-  std::string bin_, dir_, secrets_;
+  std::string bin_, dir_, secrets_, backend_;
   uint16_t port_;
   kvstream::testing::NodeProcess proc_;
 };
@@ -115,7 +117,7 @@ Outcome outcome_of(const Status& s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node checker: random operations, kill -9 and restart, history check"};
-  std::string server_bin, work_dir;
+  std::string server_bin, work_dir, backend = "tcp";
   uint64_t seed = 1, ops = 20000, crashes = 10;
   uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2;
   size_t max_bytes = 3 << 20;
@@ -129,6 +131,8 @@ int main(int argc, char** argv) {
   app.add_option("--levels", levels, "levels per chunk")->capture_default_str()->check(CLI::Range(1u, 32u));
   app.add_option("--max-bytes", max_bytes, "largest value (spans several protocol segments)")->capture_default_str();
   app.add_option("--dir", work_dir, "work directory (default: a new one under /tmp, removed after)");
+  app.add_option("--backend", backend, "transport between the clients and the node: tcp, ucx or libfabric")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   set_log_level(LogLevel::off);  // broken connections are the point here
 
@@ -142,7 +146,7 @@ int main(int argc, char** argv) {
   fs::create_directories(work_dir + "/store");
   const std::string secrets = work_dir + "/secrets.json";
   std::ofstream(secrets) << fmt::format("{{\"checker\": \"{}\"}}", kSecret);
-  Node node(server_bin, work_dir + "/store", secrets, free_port());
+  Node node(server_bin, work_dir + "/store", secrets, free_port(), backend);
   std::atomic<uint64_t> start_retries{0};
   if (!node.start_retrying(start_retries)) return fmt::print(stderr, "cannot start {}\n", server_bin), 2;
 
@@ -157,6 +161,7 @@ int main(int argc, char** argv) {
   auto connect = [&](std::unique_ptr<storage::Client>& c) {
     storage::ClientConfig cc;
     cc.address = node.address(), cc.name_space = "checker", cc.secret = kSecret;
+    cc.backend.name = backend;
     for (int i = 0; i < 3000 && !done; ++i) {  // the node may be restarting
       auto r = storage::Client::connect(cc, transport::deadline_in(2s));
       if (r.ok()) return c = std::move(r).value(), true;

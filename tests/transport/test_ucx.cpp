@@ -96,6 +96,35 @@ TEST(ucx, TcpRoundTrips) {
   round_trips("tcp", "tcp");
 }
 
+// A node that crashed comes back on its port at once: the port's connections that the
+// listening side closed first linger in TIME_WAIT, and a new listener must bind over
+// them (as the tcp backend's does, with SO_REUSEADDR). Without it UCX refused the
+// port for a minute ("Device is busy"), and kvstream-node-checker --backend ucx could
+// not restart its node after a kill.
+TEST(ucx, AListenerComesBackOnItsPortWhileItsConnectionsLinger) {
+  if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
+  BackendConfig cfg;
+  cfg.name = "ucx";
+  cfg.ucx.tls = "tcp";
+  std::string address;
+  {
+    auto p = test_util::make_backend_pair(cfg);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    address = p->listener->address();
+    ASSERT_TRUE(p->client->send(fill(16, 1), {}, deadline_in(10s), {}).ok());
+    std::vector<std::byte> h;
+    ASSERT_TRUE(p->server->recv_header(h, deadline_in(10s), {}).ok());
+    // The listening side closes first, as a node that is stopped or killed does.
+    p->server.reset();
+    p->listener.reset();
+    p->server_backend.reset();
+  }
+  auto again = create_backend(cfg);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  auto l = (*again)->listen(address);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+}
+
 TEST(ucx, SharedMemoryRoundTrips) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
   // UCX 1.13 needs tcp beside shared memory for sockaddr connection establishment;

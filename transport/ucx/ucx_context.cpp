@@ -40,6 +40,18 @@ void tune_for_peer_errors(ucp_config_t* cfg, const UcxSettings& settings) {
     KVS_LOG_DEBUG("ucx: RNDV_SCHEME is not a setting of this UCX");
 }
 
+/// Lets a listener bind its port while connections of an earlier listener on it linger
+/// in TIME_WAIT (the side that closes first keeps them a minute; a node that was killed
+/// or stopped is that side), as the tcp backend does with SO_REUSEADDR: otherwise a
+/// restarted node is refused its own port ("Device is busy") for that minute. The
+/// connection managers' setting (CM_REUSEADDR; UCX 1.13 takes no per-manager name
+/// here); the environment's wins.
+void reuse_listener_addresses(ucp_config_t* cfg) {
+  if (std::getenv("UCX_CM_REUSEADDR") || std::getenv("UCX_TCP_CM_REUSEADDR")) return;
+  if (ucp_config_modify(cfg, "CM_REUSEADDR", "y") != UCS_OK)
+    KVS_LOG_DEBUG("ucx: CM_REUSEADDR is not a setting of this UCX");
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Context>> Context::create(const UcxSettings& settings, MemoryType memory) {
@@ -60,6 +72,7 @@ Result<std::shared_ptr<Context>> Context::create(const UcxSettings& settings, Me
     ctx->provider = "UCX default";
   }
   tune_for_peer_errors(cfg.get(), settings);
+  reuse_listener_addresses(cfg.get());
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
