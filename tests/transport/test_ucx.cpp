@@ -30,12 +30,16 @@ bool have_ucx() {
 
 using UcxPair = test_util::BackendPair;
 
-Result<UcxPair> make_ucx_pair(const std::string& tls, bool peer_errors = true) {
+BackendConfig ucx_config(const std::string& tls, bool peer_errors = true) {
   BackendConfig cfg;
   cfg.name = "ucx";
   cfg.ucx.tls = tls;
   cfg.ucx.peer_errors = peer_errors;
-  return test_util::make_backend_pair(cfg);
+  return cfg;
+}
+
+Result<UcxPair> make_ucx_pair(const std::string& tls, bool peer_errors = true) {
+  return test_util::make_backend_pair(ucx_config(tls, peer_errors));
 }
 
 std::vector<std::byte> fill(size_t n, uint8_t seed) {
@@ -103,9 +107,7 @@ TEST(ucx, TcpRoundTrips) {
 // not restart its node after a kill.
 TEST(ucx, AListenerComesBackOnItsPortWhileItsConnectionsLinger) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
-  BackendConfig cfg;
-  cfg.name = "ucx";
-  cfg.ucx.tls = "tcp";
+  const BackendConfig cfg = ucx_config("tcp");
   std::string address;
   {
     auto p = test_util::make_backend_pair(cfg);
@@ -154,9 +156,7 @@ TEST(ucx, CudaMemoryIsAClearError) {
 
 TEST(ucx, BadTlsIsAnError) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
-  BackendConfig cfg;
-  cfg.name = "ucx";
-  cfg.ucx.tls = "no_such_transport";
+  const BackendConfig cfg = ucx_config("no_such_transport");
   auto b = create_backend(cfg);
   if (!b.ok()) return;  // refused at init
   // Some UCX versions accept unknown names and fail when nothing is usable.
@@ -281,9 +281,7 @@ TEST(ucx, RecvBodyDeadlineThenRetry) {
 // header message too short to hold the header's prefix.
 TEST(ucx, AMalformedMessageOnAnAcceptedConnectionIsNoWarning) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
-  BackendConfig cfg;
-  cfg.name = "ucx";
-  cfg.ucx.tls = "tcp";
+  const BackendConfig cfg = ucx_config("tcp");
   auto sb = create_backend(cfg);
   ASSERT_TRUE(sb.ok()) << sb.status().to_string();
   auto l = (*sb)->listen("127.0.0.1:0");
