@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node checker: random operations, kill -9 and restart, history check"};
   std::string server_bin, work_dir, backend = "tcp";
   uint64_t seed = 1, ops = 20000, crashes = 10;
-  uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2;
+  uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2, connections = 1;
   size_t max_bytes = 3 << 20;
   app.add_option("--server", server_bin, "path of kvstream-server")->required();
   app.add_option("--seed", seed, "seed of operations, sizes and crash points")->capture_default_str();
@@ -133,6 +133,9 @@ int main(int argc, char** argv) {
   app.add_option("--dir", work_dir, "work directory (default: a new one under /tmp, removed after)");
   app.add_option("--backend", backend, "transport between the clients and the node: tcp, ucx or libfabric")
       ->capture_default_str();
+  app.add_option("--connections", connections, "connections of each client")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 16u));
   CLI11_PARSE(app, argc, argv);
   set_log_level(LogLevel::off);  // broken connections are the point here
 
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
     storage::ClientConfig cc;
     cc.address = node.address(), cc.name_space = "checker", cc.secret = kSecret;
     cc.backend.name = backend;
+    cc.connections = connections;
     for (int i = 0; i < 3000 && !done; ++i) {  // the node may be restarting
       auto r = storage::Client::connect(cc, transport::deadline_in(2s));
       if (r.ok()) return c = std::move(r).value(), true;

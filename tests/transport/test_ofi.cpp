@@ -171,6 +171,55 @@ TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
   for (int i : {0, 1}) EXPECT_TRUE(clients[i]->wait_sends(last[i], deadline_in(10s), {}).ok());
 }
 
+// One client backend connected to two listeners: each numbers its connections from
+// 1, so the client's two connections carry the same id in their tags. On tcp;ofi_rxm
+// they share the client's endpoint (one set of the provider's buffers), and each
+// receive names its peer: a message from the second listener must not land in a
+// receive the first connection has posted. That receive is left posted by a
+// recv_header that timed out (it stays posted: no message is lost).
+TEST_P(LibfabricProvider, ConnectionsToTwoListenersDoNotTakeEachOthersMessages) {
+  std::unique_ptr<Backend> servers_b[2];
+  std::unique_ptr<Listener> listeners[2];
+  std::unique_ptr<Connection> clients[2], servers[2];
+  auto cb = create_backend(ofi_config(GetParam()));
+  ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+  for (int i = 0; i < 2; ++i) {
+    auto sb = create_backend(ofi_config(GetParam()));
+    ASSERT_TRUE(sb.ok()) << sb.status().to_string();
+    servers_b[i] = std::move(sb).value();
+    auto l = servers_b[i]->listen("127.0.0.1:0");
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    listeners[i] = std::move(l).value();
+    auto acc = std::async(std::launch::async, [&] { return listeners[i]->accept(deadline_in(10s), {}); });
+    auto c = (*cb)->connect(listeners[i]->address(), deadline_in(10s), {});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto s = acc.get();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    clients[i] = std::move(c).value();
+    servers[i] = std::move(s).value();
+  }
+  std::vector<std::byte> h;
+  auto early = clients[0]->recv_header(h, deadline_in(20ms), {});
+  ASSERT_EQ(early.status().code(), StatusCode::timed_out) << early.status().to_string();
+  const std::byte from1[3] = {std::byte('B'), std::byte(1), std::byte(1)};
+  ASSERT_TRUE(servers[1]->send(from1, {}, deadline_in(10s), {}).ok());
+  auto got1 = clients[1]->recv_header(h, deadline_in(10s), {});
+  ASSERT_TRUE(got1.ok()) << got1.status().to_string();
+  EXPECT_EQ(h, std::vector<std::byte>(std::begin(from1), std::end(from1)));
+  const std::byte from0[2] = {std::byte('A'), std::byte(0)};
+  ASSERT_TRUE(servers[0]->send(from0, {}, deadline_in(10s), {}).ok());
+  auto got0 = clients[0]->recv_header(h, deadline_in(10s), {});
+  ASSERT_TRUE(got0.ok()) << got0.status().to_string();
+  EXPECT_EQ(h, std::vector<std::byte>(std::begin(from0), std::end(from0)));
+  // And the other way, on the servers' side.
+  ASSERT_TRUE(clients[1]->send(from1, {}, deadline_in(10s), {}).ok());
+  ASSERT_TRUE(clients[0]->send(from0, {}, deadline_in(10s), {}).ok());
+  ASSERT_TRUE(servers[0]->recv_header(h, deadline_in(10s), {}).ok());
+  EXPECT_EQ(h, std::vector<std::byte>(std::begin(from0), std::end(from0)));
+  ASSERT_TRUE(servers[1]->recv_header(h, deadline_in(10s), {}).ok());
+  EXPECT_EQ(h, std::vector<std::byte>(std::begin(from1), std::end(from1)));
+}
+
 // An accept() whose deadline ends mid-handshake (the client's hello taken, the
 // hello-ack not yet complete) loses no connection: the next call finishes it. The
 // storage node accepts in 200 ms rounds; a hello that came late in a round used to be

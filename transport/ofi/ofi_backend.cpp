@@ -5,6 +5,10 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
 
 #include "core/log.hpp"
 #include "transport/common/address.hpp"
@@ -45,7 +49,7 @@ class OfiBackend final : public Backend {
     if (r || !info.p->dest_addr)
       return make_status(StatusCode::unavailable, "libfabric: cannot resolve {} with {}: {}", address,
                          core_->provider, fi_err(r ? r : -FI_EADDRNOTAVAIL));
-    KVS_ASSIGN_OR_RETURN(auto ep, Endpoint::open(core_, info.p));
+    KVS_ASSIGN_OR_RETURN(auto ep, client_endpoint(info.p));
     KVS_ASSIGN_OR_RETURN(fi_addr_t server, ep->insert(info.p->dest_addr));
     KVS_ASSIGN_OR_RETURN(uint32_t id, say_hello(*ep, server, address, deadline, cancel));
     auto conn = std::make_unique<OfiConnection>(ep, server, id, fmt::format("{}:{}", host, port),
@@ -69,8 +73,30 @@ class OfiBackend final : public Backend {
   }
 
  private:
+  /// The endpoint for a connection to `info`'s destination. Where reads are staged (an
+  /// interrupted read never needs its endpoint closed: Core::staged_reads) and receives
+  /// name their source (Core::directed_recv), the connections from one local address
+  /// share one endpoint: ofi_rxm's buffer pools, about 100 MB resident an endpoint at
+  /// its default eager size, are then paid once and not per connection. Elsewhere
+  /// each connection opens its own.
+  Result<std::shared_ptr<Endpoint>> client_endpoint(fi_info* info) {
+    if (!core_->staged_reads || !core_->directed_recv) return Endpoint::open(core_, info);
+    const std::string local = info->src_addr
+                                  ? std::string(static_cast<const char*>(info->src_addr), info->src_addrlen)
+                                  : std::string();
+    std::lock_guard lock(client_eps_mu_);
+    std::erase_if(client_eps_, [](const auto& e) { return e.second.expired(); });
+    if (auto it = client_eps_.find(local); it != client_eps_.end())
+      if (auto ep = it->second.lock()) return ep;
+    KVS_ASSIGN_OR_RETURN(auto ep, Endpoint::open(core_, info, /*shared=*/true));
+    client_eps_[local] = ep;
+    return ep;
+  }
+
   std::shared_ptr<Core> core_;
   Capabilities caps_;
+  std::mutex client_eps_mu_;
+  std::map<std::string, std::weak_ptr<Endpoint>> client_eps_;  // by local address; alive while connections use them
   RegistrationCache cache_;
 };
 

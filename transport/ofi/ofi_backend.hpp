@@ -18,9 +18,12 @@
 //    at most the provider's max_msg_size, capped at 1 GiB), received straight into
 //    the caller's registered buffer.
 //  * ofi_handshake, ofi_listener: a Listener owns one RDM endpoint bound to
-//    host:port and keeps a few "hello" receives posted; a client opens its own
-//    endpoint, inserts the listener's address into its address vector and sends a
-//    hello carrying its own address (fi_getname) and a nonce; the listener's accept()
+//    host:port and keeps a few "hello" receives posted; a client opens an endpoint
+//    (or, where reads are staged and receives can name their source, shares the one
+//    its backend holds for that local address: ofi_rxm's buffer pools cost about
+//    100 MB an endpoint; its receives then name the peer, since two listeners may
+//    assign the same connection id), inserts the listener's address into its address
+//    vector and sends a hello carrying its own address (fi_getname) and a nonce; the listener's accept()
 //    inserts that address, assigns the connection an id and answers with a
 //    hello-ack (tagged with the nonce) carrying the id. A deadline or cancel that
 //    ends accept() after it took a hello but before the ack completed leaves that
@@ -45,9 +48,10 @@
 //    Connection::read posts fi_read segments straight into the caller's registered
 //    buffer (on ofi_rxm into a staging buffer, copied out: Core::staged_reads).
 //    libfabric cannot cancel an RMA read, so an interrupted direct one is given
-//    20 ms to finish and then a client's endpoint (one per connection) is closed
-//    under it: nothing lands in the caller's buffer after read returns. An accepted
-//    connection shares the listener's endpoint and can only log that case.
+//    20 ms to finish and then a client's own endpoint is closed under it: nothing
+//    lands in the caller's buffer after read returns. A shared endpoint (a
+//    listener's, or a client endpoint shared where reads are staged) is never closed
+//    so; an accepted connection can only log that case.
 //  * ofi_backend: the factory, the capabilities, connect and register_memory.
 #pragma once
 

@@ -27,9 +27,10 @@ struct ConnShared {
 
 class OfiConnection final : public Connection {
  public:
-  /// `side`: a connection this side opened owns its endpoint (so an interrupted read
-  /// may close it); an accepted one shares its listener's, and logs the peer's faults
-  /// at debug (transport/common/peer_fault.hpp).
+  /// `side`: an accepted connection shares its listener's endpoint and logs the peer's
+  /// faults at debug (transport/common/peer_fault.hpp); one this side opened receives
+  /// only what its peer sends (its endpoint may be shared with connections to other
+  /// listeners, whose connection ids can be the same as its own).
   OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name, Side side);
   ~OfiConnection() override;
 
@@ -85,6 +86,7 @@ class OfiConnection final : public Connection {
   uint32_t id_;
   std::string peer_name_;
   Side side_;
+  fi_addr_t recv_from_;  // the peer (a connection this side opened), else anyone
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
   // Sending side: the sender's thread alone, but for backlog_, which the receiving

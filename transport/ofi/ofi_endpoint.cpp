@@ -54,8 +54,8 @@ Result<std::shared_ptr<Staging>> Endpoint::new_staging(size_t size) {
   return st;
 }
 
-Result<std::shared_ptr<Endpoint>> Endpoint::open(std::shared_ptr<Core> core, fi_info* info) {
-  auto e = std::shared_ptr<Endpoint>(new Endpoint(std::move(core)));
+Result<std::shared_ptr<Endpoint>> Endpoint::open(std::shared_ptr<Core> core, fi_info* info, bool shared) {
+  auto e = std::shared_ptr<Endpoint>(new Endpoint(std::move(core), shared));
   KVS_RETURN_IF_ERROR(e->init(info));
   e->progress_ = std::thread([p = e.get()] { p->progress_loop(); });
   return e;
@@ -163,11 +163,12 @@ Status Endpoint::retry_post(Attempt attempt, std::string_view call, std::string_
 }
 
 Status Endpoint::post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag,
-                           uint64_t ignore, Deadline deadline) {
+                           uint64_t ignore, Deadline deadline, fi_addr_t src) {
   if (!ep_) return closed_error();
+  if (!core_->directed_recv) src = FI_ADDR_UNSPEC;
   track(op);
   for (Backoff backoff;;) {
-    const ssize_t r = locked([&] { return fi_trecv(ep_, buf, len, desc, FI_ADDR_UNSPEC, tag, ignore, &op->ctx); });
+    const ssize_t r = locked([&] { return fi_trecv(ep_, buf, len, desc, src, tag, ignore, &op->ctx); });
     if (r == 0) return {};
     if (r != -FI_EAGAIN || Clock::now() >= deadline) {
       untrack(op.get());

@@ -76,12 +76,15 @@ class Endpoint {
   /// Idle time after which the progress thread sleeps on the queue's fd and a
   /// waiting call parks (blocking queues only).
   static constexpr std::chrono::milliseconds kParkAfter{10};
-  static Result<std::shared_ptr<Endpoint>> open(std::shared_ptr<Core> core, fi_info* info);
+  /// `shared`: many connections will use it (a listener's, or a client endpoint a
+  /// backend shares), so no one connection may close it under the others.
+  static Result<std::shared_ptr<Endpoint>> open(std::shared_ptr<Core> core, fi_info* info, bool shared = false);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
   Core& core() { return *core_; }
+  [[nodiscard]] bool shared() const { return shared_; }
 
   /// The endpoint's own address (fi_getname).
   Result<std::vector<unsigned char>> name();
@@ -98,9 +101,11 @@ class Endpoint {
   /// A staging buffer of at least `size` bytes, registered where FI_MR_LOCAL asks.
   Result<std::shared_ptr<Staging>> new_staging(size_t size);
 
-  /// Posts a tagged receive (retrying while the provider says EAGAIN, until the deadline).
+  /// Posts a tagged receive (retrying while the provider says EAGAIN, until the
+  /// deadline), of a message from `src` only where it is a peer's address
+  /// (Core::directed_recv), else from anyone.
   Status post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag, uint64_t ignore,
-                   Deadline deadline);
+                   Deadline deadline, fi_addr_t src = FI_ADDR_UNSPEC);
   /// Posts a tagged send from `buf` to `dest` (retrying while the provider says EAGAIN).
   Status post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                    uint64_t tag, Deadline deadline, const CancelToken& cancel);
@@ -152,7 +157,7 @@ class Endpoint {
   int poll();
 
  private:
-  explicit Endpoint(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  Endpoint(std::shared_ptr<Core> core, bool shared) : core_(std::move(core)), shared_(shared) {}
   Status init(fi_info* info);
 
   /// Makes one post (`attempt`: an fi_* call) until the provider takes it, retrying
@@ -182,6 +187,7 @@ class Endpoint {
   void park(uint64_t seen, Deadline deadline);
 
   std::shared_ptr<Core> core_;
+  const bool shared_;
   fid_ep* ep_ = nullptr;
   fid_av* av_ = nullptr;
   fid_cq* cq_ = nullptr;

@@ -12,11 +12,12 @@
 namespace kvstream::transport::ofi {
 namespace {
 
-fi_info* make_hints(const std::string& provider, bool rma, bool hmem) {
+fi_info* make_hints(const std::string& provider, bool rma, bool hmem, bool directed) {
   fi_info* h = fi_allocinfo();
   if (!h) return nullptr;
   h->ep_attr->type = FI_EP_RDM;
-  h->caps = FI_TAGGED | FI_MSG | (rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0) | (hmem ? FI_HMEM : 0);
+  h->caps = FI_TAGGED | FI_MSG | (rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0) | (hmem ? FI_HMEM : 0) |
+            (directed ? FI_DIRECTED_RECV : 0);
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
                             (hmem ? FI_MR_HMEM : 0);
@@ -30,7 +31,7 @@ fi_info* make_hints(const std::string& provider, bool rma, bool hmem) {
 /// missing? The error to return.
 Status no_provider(const std::string& provider, bool want_cuda, int err) {
   if (want_cuda) {
-    fi_info* plain = make_hints(provider, false, false);
+    fi_info* plain = make_hints(provider, false, false, false);
     fi_info* probe = nullptr;
     const int pr = plain ? fi_getinfo(kFiVersion, nullptr, nullptr, 0, plain, &probe) : -FI_ENOMEM;
     if (probe) fi_freeinfo(probe);
@@ -69,20 +70,26 @@ bool Core::sockaddr_names() const {
 Result<std::shared_ptr<Core>> open_core(const LibfabricSettings& settings, bool want_cuda) {
   auto core = std::make_shared<Core>();
   fi_info* got = nullptr;
-  // Prefer RMA reads (a declared capability); fall back to plain tagged messages.
+  // Prefer RMA reads (a declared capability), then receives directed to their source
+  // (client connections then share an endpoint); fall back to plain tagged messages.
+  int r = 0;
   for (bool rma : {true, false}) {
-    fi_info* hints = make_hints(settings.provider, rma, want_cuda);
-    if (!hints) return make_status(StatusCode::resource_exhausted, "libfabric: fi_allocinfo failed");
-    const int r = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, &got);
-    if (r == 0 && got) {
-      core->hints = hints;
-      core->rma = rma;
-      break;
+    for (bool directed : {true, false}) {
+      fi_info* hints = make_hints(settings.provider, rma, want_cuda, directed);
+      if (!hints) return make_status(StatusCode::resource_exhausted, "libfabric: fi_allocinfo failed");
+      r = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, &got);
+      if (r == 0 && got) {
+        core->hints = hints;
+        core->rma = rma;
+        core->directed_recv = directed;
+        break;
+      }
+      fi_freeinfo(hints);
+      got = nullptr;
     }
-    fi_freeinfo(hints);
-    got = nullptr;
-    if (!rma) return no_provider(settings.provider, want_cuda, r);
+    if (got) break;
   }
+  if (!got) return no_provider(settings.provider, want_cuda, r);
   // The fabric and domain of the first match; listen/connect reuse the same hints.
   core->info = got;
   core->provider = got->fabric_attr->prov_name ? got->fabric_attr->prov_name : settings.provider;
@@ -103,7 +110,7 @@ Result<std::shared_ptr<Core>> open_core(const LibfabricSettings& settings, bool 
   free(core->hints->fabric_attr->prov_name);
   core->hints->fabric_attr->prov_name = strdup(core->provider.c_str());
   core->hints->domain_attr->mr_mode = got->domain_attr->mr_mode;
-  int r = fi_fabric(got->fabric_attr, &core->fabric, nullptr);
+  r = fi_fabric(got->fabric_attr, &core->fabric, nullptr);
   if (r) return make_status(StatusCode::unavailable, "libfabric: fi_fabric({}): {}", core->provider, fi_err(r));
   r = fi_domain(core->fabric, got, &core->domain, nullptr);
   if (r) return make_status(StatusCode::unavailable, "libfabric: fi_domain({}): {}", core->provider, fi_err(r));

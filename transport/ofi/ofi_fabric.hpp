@@ -48,6 +48,9 @@ struct Core {
   /// 1.17 (SIGSEGV in about 1 of 15 reads interrupted by their deadline), so an
   /// interrupted read must not close the endpoint under it.
   bool staged_reads = false;
+  /// Receives can name their source (FI_DIRECTED_RECV): a client's connections to
+  /// different listeners, whose connection ids may be equal, can share an endpoint.
+  bool directed_recv = false;
   size_t inject = 0;
   std::atomic<uint64_t> next_key{1};
 

@@ -76,7 +76,7 @@ Result<uint32_t> say_hello(Endpoint& ep, fi_addr_t server, const std::string& ad
   // Post the ack receive first, then say hello.
   auto ack = ep.new_op(sizeof(HelloAck));
   KVS_ASSIGN_OR_RETURN(void* adesc, ep.local_desc(*ack));
-  KVS_RETURN_IF_ERROR(ep.post_recv(ack, ack->buf.get(), sizeof(HelloAck), adesc, hello_ack_tag(nonce), 0, deadline));
+  KVS_RETURN_IF_ERROR(ep.post_recv(ack, ack->buf.get(), sizeof(HelloAck), adesc, hello_ack_tag(nonce), 0, deadline, server));
   auto hello = ep.new_op(sizeof(Hello));
   Hello h{};
   h.magic = kHelloMagic;

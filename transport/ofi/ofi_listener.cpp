@@ -157,7 +157,7 @@ Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, c
     return make_status(StatusCode::unavailable, "libfabric: cannot listen on {} with {}: {}", address,
                        core->provider, fi_err(r));
   }
-  auto ep = Endpoint::open(core, info.p);
+  auto ep = Endpoint::open(core, info.p, /*shared=*/true);
   if (!ep.ok()) {
     if (reserved >= 0) ::close(reserved);
     return ep.status().with_context(fmt::format("listen on {}", address));

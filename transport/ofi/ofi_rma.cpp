@@ -165,9 +165,10 @@ Status OfiConnection::read(std::span<std::byte> dest, const RemoteRegion& src, u
   if (!st.ok()) {
     // RMA reads cannot be cancelled: nothing may land in `dest` after we return, so
     // wait briefly for them, then close the endpoint (ours alone) under them; staged
-    // reads land in their own buffers, which the operations keep alive.
+    // reads land in their own buffers, which the operations keep alive (a shared
+    // endpoint is one whose reads are staged: ofi_backend.cpp).
     if (!staged && !ep_->wait(all_done, deadline_in(20ms), nullptr, "read drain").ok()) {
-      if (side_ == Side::connected) {  // the endpoint is ours alone
+      if (!ep_->shared()) {  // the endpoint is ours alone
         ep_->close_now();
       } else {
         KVS_LOG_ERROR("libfabric: a read into a caller's buffer from {} could not be stopped", peer_name_);
