@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kvstream storage node checker: random operations, kill -9 and restart, history check"};
   std::string server_bin, work_dir, backend = "tcp";
   uint64_t seed = 1, ops = 20000, crashes = 10;
-  uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2, connections = 1;
+  uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2, connections = 1, op_deadline_ms = 20000;
   size_t max_bytes = 3 << 20;
   app.add_option("--server", server_bin, "path of kvstream-server")->required();
   app.add_option("--seed", seed, "seed of operations, sizes and crash points")->capture_default_str();
@@ -133,11 +133,16 @@ int main(int argc, char** argv) {
   app.add_option("--dir", work_dir, "work directory (default: a new one under /tmp, removed after)");
   app.add_option("--backend", backend, "transport between the clients and the node: tcp, ucx or libfabric")
       ->capture_default_str();
+  app.add_option("--op-deadline-ms", op_deadline_ms,
+                 "each operation's deadline (on libfabric a killed node is noticed only there)")
+      ->capture_default_str()
+      ->check(CLI::Range(100u, 600000u));
   app.add_option("--connections", connections, "connections of each client")
       ->capture_default_str()
       ->check(CLI::Range(1u, 16u));
   CLI11_PARSE(app, argc, argv);
   set_log_level(LogLevel::off);  // broken connections are the point here
+  const auto op_deadline = std::chrono::milliseconds(op_deadline_ms);
 
   std::optional<kvstream::testing::TempDir> own_dir;  // outlives the node
   if (work_dir.empty()) {
@@ -201,12 +206,12 @@ int main(int argc, char** argv) {
           const size_t size = (rng() % 8 == 0) ? rng() % (max_bytes + 1) : rng() % 20000;
           const auto v = make_value(o.put_id, size);
           o.invoked = ticket();
-          st = c->put(ctx, chunk, level, v, transport::deadline_in(20s));
+          st = c->put(ctx, chunk, level, v, transport::deadline_in(op_deadline));
           o.returned = ticket();
         } else if (dice < 92) {
           o.kind = Kind::get;
           o.invoked = ticket();
-          auto r = c->get(ctx, chunk, level, mr, 0, buf.size(), transport::deadline_in(20s));
+          auto r = c->get(ctx, chunk, level, mr, 0, buf.size(), transport::deadline_in(op_deadline));
           o.returned = ticket();
           if (r.ok()) {
             auto id = parse_value(std::span(buf).first(*r));
@@ -222,7 +227,7 @@ int main(int argc, char** argv) {
         } else {
           o.kind = Kind::remove;
           o.invoked = ticket();
-          st = c->remove(ctx, transport::deadline_in(20s));
+          st = c->remove(ctx, transport::deadline_in(op_deadline));
           o.returned = ticket();
           if (st.code() == StatusCode::not_found) st = {};  // removing nothing is a remove
         }
