@@ -108,8 +108,7 @@ class PipelineTest : public ::testing::Test {
     return cb;
   }
 
-  kvstream::testing::TempDir tmp_{"kvstream-pipeline"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-pipeline"};
   std::unique_ptr<storage::Server> server_;
   std::unique_ptr<storage::Client> client_;
   KvCache train_, kv_;

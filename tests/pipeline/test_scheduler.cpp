@@ -97,8 +97,7 @@ class SchedulerTest : public ::testing::Test {
     return f;
   }
 
-  kvstream::testing::TempDir tmp_{"kvstream-scheduler"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-scheduler"};
   std::unique_ptr<storage::Server> server_;
   std::unique_ptr<storage::Client> client_;
   std::unique_ptr<pipeline::Pipeline> pipeline_;

@@ -101,8 +101,7 @@ class StoreTest : public ::testing::Test {
     return out;
   }
 
-  kvstream::testing::TempDir tmp_{"kvstream-store"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-store"};
   std::unique_ptr<storage::Server> server_;
   std::string profile_path_;
   codec::Profile profile_;

@@ -16,8 +16,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-
 #include "tests/support/spawn_service.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -35,7 +33,7 @@ class NodeProcess {
     kill();
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) return false;
-    log_path_ = (logs_ / fmt::format("node-{}.log", starts_++)).string();  // the node creates it
+    log_path_ = (logs_ / "node.log").string();  // the node creates it; copy_log removes it
     std::vector<std::string> argv{bin};
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = spawn_service(argv, log_path_, {.stdout_fd = out[1], .env = {"KVSTREAM_LOG_LEVEL=" + log_level}});
@@ -82,7 +80,6 @@ class NodeProcess {
 
  private:
   TempDir logs_{"kvstream-node-log"};  // removed with us, or by the next run if we crash
-  uint32_t starts_ = 0;
   pid_t pid_ = -1;
   std::string address_;
   std::string log_path_;  // the node's stderr

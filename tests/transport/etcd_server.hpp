@@ -29,7 +29,7 @@ class EtcdServer {
     return {};
   }
 
-  explicit EtcdServer(const std::string& tag) : tmp_(tag) {
+  explicit EtcdServer(const std::string& tag) : dir_(tag) {
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) start();
   }
   ~EtcdServer() {
@@ -66,8 +66,7 @@ class EtcdServer {
   }
 
  private:
-  kvstream::testing::TempDir tmp_;  // <tmp>/<tag>-<pid>-<n>: its data and logs
-  const std::filesystem::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_;  // <tmp>/<tag>-<pid>-<n>: its data and logs
   uint16_t port_ = 0;
   pid_t pid_ = -1;
 

@@ -51,7 +51,7 @@ class RedisServer {
   /// tls->clear_port_too).
   explicit RedisServer(const std::string& tag, std::vector<std::string> extra_args = {}, bool cluster = false,
                        std::optional<RedisServerTls> tls = std::nullopt)
-      : extra_args_(std::move(extra_args)), cluster_(cluster), tls_(std::move(tls)), tmp_(tag) {
+      : extra_args_(std::move(extra_args)), cluster_(cluster), tls_(std::move(tls)), dir_(tag) {
     // A free port can be taken between our probe and redis' bind: try a few.
     for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) start();
   }
@@ -69,7 +69,7 @@ class RedisServer {
   [[nodiscard]] bool started() const { return pid_ > 0; }
   [[nodiscard]] pid_t pid() const { return pid_; }
   [[nodiscard]] uint16_t port() const { return port_; }
-  [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
+  [[nodiscard]] const std::filesystem::path& dir() const { return dir_.path(); }
   [[nodiscard]] std::string address() const { return fmt::format("127.0.0.1:{}", port_); }
   /// The TLS port (0 without TLS) and its address.
   [[nodiscard]] uint16_t tls_port() const { return tls_port_; }
@@ -116,8 +116,7 @@ class RedisServer {
   std::vector<std::string> extra_args_;
   bool cluster_ = false;
   std::optional<RedisServerTls> tls_;
-  kvstream::testing::TempDir tmp_;
-  const std::filesystem::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_;
   uint16_t port_ = 0, tls_port_ = 0;
   pid_t pid_ = -1;
 

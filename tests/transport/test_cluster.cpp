@@ -190,8 +190,7 @@ class Cluster : public ::testing::Test {
     return stored;
   }
 
-  kvstream::testing::TempDir tmp_{"kvstream-cluster"};
-  const fs::path root_ = tmp_.path();
+  kvstream::testing::TempDir root_{"kvstream-cluster"};
   std::vector<std::unique_ptr<Server>> servers_;
   std::vector<std::unique_ptr<StallProxy>> proxies_;
 };

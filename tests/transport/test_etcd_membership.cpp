@@ -83,8 +83,7 @@ class EtcdCluster {
   }
 
  private:
-  kvstream::testing::TempDir tmp_{"kvs-etcd-nodes"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvs-etcd-nodes"};
   std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes_;
 };
 

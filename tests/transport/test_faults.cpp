@@ -51,8 +51,7 @@ class Faults : public ::testing::Test {
     return Client::connect(cc, deadline);
   }
 
-  kvstream::testing::TempDir tmp_{"kvstream-faults"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-faults"};
   std::unique_ptr<Server> server_;
   std::unique_ptr<test_util::TcpProxy> proxy_;
   std::vector<std::byte> chunk_;

@@ -64,8 +64,7 @@ class NodeTls : public ::testing::Test {
     ASSERT_TRUE(n.ok()) << n.status().to_string();
     EXPECT_EQ(buf, bytes);
   }
-  kvstream::testing::TempDir tmp_{"kvstream-node-tls"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-node-tls"};
 };
 
 TEST_F(NodeTls, ACertificateAloneLogsIntoItsNamespace) {

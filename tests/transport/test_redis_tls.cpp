@@ -60,8 +60,7 @@ class RedisTls : public ::testing::Test {
     return cfg;
   }
 
-  kvstream::testing::TempDir tmp_{"kvstream-redis-certs"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-redis-certs"};
   certs::TestCerts certs_;
   std::unique_ptr<RedisServer> server_;
 };

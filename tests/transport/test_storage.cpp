@@ -58,8 +58,7 @@ class Storage : public ::testing::TestWithParam<std::string> {
     cc.connections = conns;
     return Client::connect(cc, deadline_in(kSlowMachine));
   }
-  kvstream::testing::TempDir tmp_{"kvstream-storage"};
-  const fs::path dir_ = tmp_.path();
+  kvstream::testing::TempDir dir_{"kvstream-storage"};
 };
 
 TEST_P(Storage, PutGetStatListRemove) {

@@ -13,8 +13,7 @@ using namespace std::chrono_literals;
 OfiConnection::OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name,
                              Side side)
     : ep_(std::move(ep)), peer_(peer), id_(id), peer_name_(std::move(peer_name)), side_(side),
-      // An accepted connection's id is unique on its listener's endpoint already.
-      recv_from_(side == Side::connected ? peer : FI_ADDR_UNSPEC), shared_(std::make_shared<ConnShared>()) {}
+      shared_(std::make_shared<ConnShared>()) {}
 
 Status OfiConnection::start() {
   bye_op_ = ep_->new_op(sizeof(uint64_t));
@@ -28,7 +27,7 @@ Status OfiConnection::start() {
   };
   KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*bye_op_));
   return ep_->post_recv(bye_op_, bye_op_->buf.get(), sizeof(uint64_t), desc, make_tag(MsgType::bye, id_), 0,
-                        deadline_in(5s), recv_from_);
+                        deadline_in(5s), recv_from());
 }
 
 OfiConnection::~OfiConnection() {

@@ -78,6 +78,10 @@ class OfiConnection final : public Connection {
   void abort_sends();
 
   // Receiving side (ofi_receive.cpp).
+  /// Whom receives take messages from: the peer on a connection this side opened (its
+  /// endpoint may be shared), anyone on an accepted one (its id is unique on its
+  /// listener's endpoint already).
+  fi_addr_t recv_from() const { return side_ == Side::connected ? peer_ : FI_ADDR_UNSPEC; }
   Status fail_body(const Status& st);
   Result<size_t> corrupt(std::string_view what);
 
@@ -86,7 +90,6 @@ class OfiConnection final : public Connection {
   uint32_t id_;
   std::string peer_name_;
   Side side_;
-  fi_addr_t recv_from_;  // the peer (a connection this side opened), else anyone
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
   // Sending side: the sender's thread alone, but for backlog_, which the receiving

@@ -28,7 +28,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
     hdr_op_ = ep_->new_op(kHeaderBufBytes);
     KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*hdr_op_));
     auto st = ep_->post_recv(hdr_op_, hdr_op_->buf.get(), kHeaderBufBytes, desc,
-                             make_tag(MsgType::header, id_, recv_seq_), 0, deadline, recv_from_);
+                             make_tag(MsgType::header, id_, recv_seq_), 0, deadline, recv_from());
     if (!st.ok()) {
       hdr_op_.reset();
       return st;
@@ -97,7 +97,7 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
     auto op = ep_->new_op();
     if (scratch_holder) op->buf = scratch_holder->buf;
     auto st =
-        ep_->post_recv(op, base + off, len, desc, make_tag(MsgType::body, id_, seq, i), 0, deadline, recv_from_);
+        ep_->post_recv(op, base + off, len, desc, make_tag(MsgType::body, id_, seq, i), 0, deadline, recv_from());
     if (!st.ok()) {
       for (auto& o : body_ops_) ep_->cancel_and_drain(*o);
       return fail_body(st);
