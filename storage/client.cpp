@@ -261,12 +261,17 @@ class Channel {
 
 class ClientImpl final : public Client {
  public:
-  static Result<std::unique_ptr<Client>> create(const ClientConfig& cfg, Deadline deadline, const CancelToken& cancel) {
+  /// Over `backend`, or over one of its own made from cfg.backend when that is null.
+  static Result<std::unique_ptr<Client>> create(const ClientConfig& cfg, std::shared_ptr<transport::Backend> backend,
+                                                Deadline deadline, const CancelToken& cancel) {
     KVS_RETURN_IF_ERROR(validate_id(cfg.name_space, kMaxNamespaceBytes, "namespace"));
     if (cfg.connections == 0 || cfg.connections > 64)
       return make_status(StatusCode::invalid_argument, "{} connections (1..64)", cfg.connections);
     auto c = std::make_unique<ClientImpl>();
-    KVS_ASSIGN_OR_RETURN(c->backend_, transport::create_backend(cfg.backend));
+    if (!backend) {
+      KVS_ASSIGN_OR_RETURN(backend, transport::create_backend(cfg.backend));
+    }
+    c->backend_ = std::move(backend);
     for (uint32_t i = 0; i < cfg.connections; ++i) {
       KVS_ASSIGN_OR_RETURN(auto conn, c->backend_->connect(cfg.address, deadline, cancel));
       KVS_RETURN_IF_ERROR(authenticate(*conn, cfg, deadline, cancel));
@@ -383,7 +388,7 @@ class ClientImpl final : public Client {
   }
 
  private:
-  std::unique_ptr<transport::Backend> backend_;
+  std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
   std::vector<std::unique_ptr<Channel>> channels_;
   std::atomic<uint64_t> rr_{0};
 
@@ -441,7 +446,13 @@ class ClientImpl final : public Client {
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,
                                                 const CancelToken& cancel) {
-  return ClientImpl::create(config, deadline, cancel);
+  return ClientImpl::create(config, nullptr, deadline, cancel);
+}
+
+Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, std::shared_ptr<transport::Backend> backend,
+                                                Deadline deadline, const CancelToken& cancel) {
+  if (!backend) return make_status(StatusCode::invalid_argument, "storage client: no backend to connect over");
+  return ClientImpl::create(config, std::move(backend), deadline, cancel);
 }
 
 Result<MemoryRegion> Client::register_memory(void* data, size_t size, transport::MemoryType type) {

@@ -185,6 +185,17 @@ class Client {
   /// secret; no hint of what exists), unavailable, timed_out.
   static Result<std::unique_ptr<Client>> connect(const ClientConfig& config, transport::Deadline deadline,
                                                  const transport::CancelToken& cancel = {});
+  /// connect() over a backend the caller made (transport::create_backend) instead of
+  /// one of the client's own; `config.backend` is not used. Clients to several nodes
+  /// on one backend share what it holds: a libfabric endpoint (about 100 MB resident
+  /// on tcp;ofi_rxm), a UCX worker, and every registration, so a buffer registered
+  /// once (with the backend or any of these clients) serves gets from all of them.
+  /// The backend lives as long as any client on it. Errors: those of connect,
+  /// invalid_argument (a null backend).
+  static Result<std::unique_ptr<Client>> connect(const ClientConfig& config,
+                                                 std::shared_ptr<transport::Backend> backend,
+                                                 transport::Deadline deadline,
+                                                 const transport::CancelToken& cancel = {});
 
   /// Registers a buffer of host memory with the client's backend (chunks land in it
   /// directly).

@@ -193,6 +193,8 @@ class Listener {
 };
 
 /// A transport backend: creates listeners and connections, registers memory.
+/// Thread-safe: several threads may connect, listen and register at once (storage
+/// clients to several nodes share one backend: storage::Client::connect).
 class Backend {
  public:
   virtual ~Backend() = default;

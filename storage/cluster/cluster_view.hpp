@@ -6,7 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,9 +31,6 @@ struct ClusterNode {
   std::mutex mu;
   std::shared_ptr<storage::Client> client;       // null while not connected
   transport::Clock::time_point retry_at{};       // reconnect not before
-  // Registrations of callers' regions with this node's backend, by the caller's
-  // region (kept while the caller's region lives).
-  std::map<const void*, std::pair<std::weak_ptr<transport::MemoryRegion::Impl>, transport::MemoryRegion>> regions;
 
   ClusterNode(std::string a, double weight) : address(std::move(a)), health(weight) {}
 };

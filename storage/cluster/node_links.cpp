@@ -3,7 +3,6 @@
 #include <future>
 
 #include "core/log.hpp"
-#include "transport/common/registration.hpp"
 
 namespace kvstream::cluster {
 
@@ -11,10 +10,10 @@ using namespace std::chrono_literals;
 using transport::CancelToken;
 using transport::Clock;
 using transport::Deadline;
-using transport::MemoryRegion;
 
-NodeLinks::NodeLinks(const ClusterConfig& cfg, std::function<std::vector<ClusterNode*>()> members)
-    : cfg_(cfg), members_(std::move(members)) {}
+NodeLinks::NodeLinks(const ClusterConfig& cfg, std::shared_ptr<transport::Backend> backend,
+                     std::function<std::vector<ClusterNode*>()> members)
+    : cfg_(cfg), backend_(std::move(backend)), members_(std::move(members)) {}
 
 NodeLinks::~NodeLinks() { stop(); }
 
@@ -23,18 +22,16 @@ void NodeLinks::start_maintenance() { maintenance_ = std::thread([this] { mainta
 Status NodeLinks::connect(ClusterNode& n, Deadline deadline, const CancelToken& cancel) {
   storage::ClientConfig cc;
   cc.address = n.address;
-  cc.backend = cfg_.backend;
   cc.name_space = cfg_.name_space;
   cc.secret = cfg_.secret;
   cc.connections = cfg_.connections_per_node;
-  auto c = storage::Client::connect(cc, deadline, cancel);
+  auto c = storage::Client::connect(cc, backend_, deadline, cancel);
   std::lock_guard lock(n.mu);
   if (!c.ok()) {
     n.retry_at = Clock::now() + cfg_.retry_down_after;
     return c.status();
   }
   n.client = std::shared_ptr<storage::Client>(std::move(c).value());
-  n.regions.clear();
   n.health.clear_down();
   return {};
 }
@@ -46,26 +43,13 @@ std::shared_ptr<storage::Client> NodeLinks::client_of(ClusterNode& n) {
   return n.client;
 }
 
-Result<MemoryRegion> NodeLinks::region_for(ClusterNode& n, storage::Client& c, const MemoryRegion& user) {
-  if (!user.valid()) return user;
-  std::lock_guard lock(n.mu);
-  const void* key = transport::RegionAccess::of(user).get();
-  if (auto it = n.regions.find(key); it != n.regions.end() && !it->second.first.expired()) return it->second.second;
-  for (auto it = n.regions.begin(); it != n.regions.end();)
-    it = it->second.first.expired() ? n.regions.erase(it) : std::next(it);
-  KVS_ASSIGN_OR_RETURN(auto mr, c.register_memory(user.data(), user.size()));
-  n.regions[key] = {transport::RegionAccess::of(user), mr};
-  return mr;
-}
-
 void NodeLinks::retire(ClusterNode& n, const storage::Client* c, const Status& why) {
   std::shared_ptr<storage::Client> old;
   {
     std::lock_guard lock(n.mu);
     if (!c || n.client.get() != c) return;
     old = std::move(n.client);
-    n.regions.clear();
-    n.retry_at = Clock::now() + cfg_.retry_down_after;
+      n.retry_at = Clock::now() + cfg_.retry_down_after;
   }
   n.health.mark_down(Clock::now() + cfg_.retry_down_after);
   KVS_LOG_WARN("cluster: node {} is down ({}); reconnecting in the background", n.address, why.to_string());
@@ -77,8 +61,7 @@ void NodeLinks::let_go(ClusterNode& n) {
   {
     std::lock_guard lock(n.mu);
     old = std::move(n.client);
-    n.regions.clear();
-  }
+    }
   if (old) bury(std::move(old));
 }
 
@@ -95,7 +78,6 @@ void NodeLinks::close(const std::vector<std::unique_ptr<ClusterNode>>& nodes) {
     {
       std::lock_guard lock(n->mu);
       c = std::move(n->client);
-      n->regions.clear();
     }
     destroy_when_unique(std::move(c));
   }

@@ -19,8 +19,10 @@ namespace kvstream::cluster {
 class NodeLinks {
  public:
   /// `members` names the nodes to keep connected (the client's current view); it is
-  /// called on the maintenance thread. `cfg` is the client's and outlives this.
-  NodeLinks(const ClusterConfig& cfg, std::function<std::vector<ClusterNode*>()> members);
+  /// called on the maintenance thread. `cfg` is the client's and outlives this. Every
+  /// node's client is made on `backend` (the client's).
+  NodeLinks(const ClusterConfig& cfg, std::shared_ptr<transport::Backend> backend,
+            std::function<std::vector<ClusterNode*>()> members);
   NodeLinks(const NodeLinks&) = delete;
   NodeLinks& operator=(const NodeLinks&) = delete;
   /// Stops the maintenance thread if stop() did not.
@@ -38,10 +40,6 @@ class NodeLinks {
   /// The node's connection, or null while it has none. A caller holds it for the
   /// length of one call.
   std::shared_ptr<storage::Client> client_of(ClusterNode& n);
-
-  /// The caller's region as registered with node `n`'s backend (cached while the
-  /// caller's region lives).
-  Result<transport::MemoryRegion> region_for(ClusterNode& n, storage::Client& c, const transport::MemoryRegion& user);
 
   /// Drops a node's connection (dead or broken) if it is still `c`, marks the node
   /// down and reconnects it in the background.
@@ -67,6 +65,7 @@ class NodeLinks {
   static void destroy_when_unique(std::shared_ptr<storage::Client> c);
 
   const ClusterConfig& cfg_;
+  std::shared_ptr<transport::Backend> backend_;
   std::function<std::vector<ClusterNode*>()> members_;
   transport::CancelToken stop_;
   std::mutex mu_;

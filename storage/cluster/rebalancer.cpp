@@ -149,15 +149,28 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
   const std::set<std::string> members(target.begin(), target.end());
   // Connections to the new owners, per tenant; a node that does not answer is not
   // asked again in this pass (its objects count as failed and the pass is retried).
+  // All of them on one backend, made at the first: one endpoint or worker for the
+  // pass, not one per tenant and node.
+  std::shared_ptr<transport::Backend> backend;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<storage::Client>> clients;
   std::set<std::pair<std::string, std::string>> unreachable;
   auto client_for = [&](const std::string& ns, const std::string& node) -> storage::Client* {
     const auto key = std::make_pair(ns, node);
     if (auto it = clients.find(key); it != clients.end()) return it->second.get();
     if (unreachable.count(key)) return nullptr;
+    if (!backend) {
+      auto b = transport::create_backend(backend_);
+      if (!b.ok()) {
+        KVS_LOG_WARN("rebalance: node {} cannot make its {} backend ({}); its objects wait for the next pass", self_,
+                     backend_.name, b.status().to_string());
+        unreachable.insert(key);
+        return nullptr;
+      }
+      backend = std::move(b).value();
+    }
     storage::ClientConfig cc;
-    cc.address = node, cc.backend = backend_, cc.name_space = ns, cc.secret = secrets_.at(ns);
-    auto c = storage::Client::connect(cc, Clock::now() + 2s, stop_);
+    cc.address = node, cc.name_space = ns, cc.secret = secrets_.at(ns);
+    auto c = storage::Client::connect(cc, backend, Clock::now() + 2s, stop_);
     if (!c.ok()) {
       KVS_LOG_WARN("rebalance: node {} cannot reach {} for '{}' ({}); its objects wait for the next pass", self_, node,
                    ns, c.status().to_string());

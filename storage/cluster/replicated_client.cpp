@@ -78,8 +78,8 @@ class ReplicatedClient final : public storage::Client {
       KVS_ASSIGN_OR_RETURN(EtcdClient e, EtcdClient::create(cfg.etcd));
       etcd = std::make_unique<EtcdClient>(std::move(e));
     }
-    auto c = std::unique_ptr<ReplicatedClient>(new ReplicatedClient(cfg));
-    KVS_ASSIGN_OR_RETURN(c->backend_, transport::create_backend(cfg.backend));
+    KVS_ASSIGN_OR_RETURN(auto backend, transport::create_backend(cfg.backend));
+    auto c = std::unique_ptr<ReplicatedClient>(new ReplicatedClient(cfg, std::move(backend)));
     {
       // Held until the first view is in place: a change the watch reports meanwhile
       // waits for it (and is then applied against it).
@@ -126,8 +126,8 @@ class ReplicatedClient final : public storage::Client {
     return std::unique_ptr<storage::Client>(std::move(c));
   }
 
-  // Every node's connection comes from the one backend, so a region registered here
-  // serves gets from any replica.
+  // Every node's client is on the one backend, so a region registered here serves
+  // gets from any replica as it is.
   const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
 
   Result<MemoryRegion> register_memory(void* data, size_t size) override {
@@ -276,17 +276,20 @@ class ReplicatedClient final : public storage::Client {
   }
 
  private:
-  explicit ReplicatedClient(ClusterConfig cfg) : cfg_(std::move(cfg)) {}
+  ReplicatedClient(ClusterConfig cfg, std::shared_ptr<transport::Backend> backend)
+      : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
 
   ClusterConfig cfg_;
-  std::unique_ptr<transport::Backend> backend_;  // registers callers' buffers
+  // Shared by every node's client: one endpoint or worker, and one registration of
+  // each caller's buffer, however many nodes there are.
+  std::shared_ptr<transport::Backend> backend_;
   // Every node ever a member (never shrinks: views and calls hold their pointers).
   std::vector<std::unique_ptr<Node>> all_nodes_;  // guarded by apply_mu_
   std::mutex apply_mu_;                           // one membership change at a time
   mutable std::mutex view_mu_;
   std::shared_ptr<const ClusterView> view_;
   std::unique_ptr<MembershipWatch> watch_;  // etcd membership; null for a static list
-  NodeLinks links_{cfg_, [this] { return view()->now->nodes; }};
+  NodeLinks links_{cfg_, backend_, [this] { return view()->now->nodes; }};
 
   std::shared_ptr<const ClusterView> view() const {
     std::lock_guard lock(view_mu_);
@@ -411,11 +414,6 @@ class ReplicatedClient final : public storage::Client {
         note_failure(*op, n, not_connected());
         continue;
       }
-      auto region = links_.region_for(n, *c, op->dest);
-      if (!region.ok()) {
-        note_failure(*op, n, region.status());
-        continue;
-      }
       const Deadline until = attempt_deadline(op->deadline, left);
       const auto t0 = Clock::now();
       n.health.started(op->capacity);
@@ -423,10 +421,10 @@ class ReplicatedClient final : public storage::Client {
         on_attempt(std::move(op), *np, cp, t0, until, std::move(r));
       };
       if (op->range)
-        c->get_range_async(op->context, op->chunk, op->level, op->range_offset, op->capacity, std::move(region).value(),
+        c->get_range_async(op->context, op->chunk, op->level, op->range_offset, op->capacity, op->dest,
                            op->offset, until, op->cancel, std::move(then));
       else
-        c->get_async(op->context, op->chunk, op->level, std::move(region).value(), op->offset, op->capacity, until,
+        c->get_async(op->context, op->chunk, op->level, op->dest, op->offset, op->capacity, until,
                      op->cancel, std::move(then));
       return;
     }
