@@ -55,6 +55,17 @@ struct CodecBenchOptions {
 };
 int run_codec_bench(const CodecBenchOptions& o);
 
+struct ClusterClientBenchOptions {
+  std::string backend = "tcp";
+  std::vector<std::string> nodes;  ///< "host:port" of running storage nodes
+  /// own: each node's client on a backend of its own (the anchor); shared: all on one
+  /// backend; cluster: the replicated client (replication 1).
+  std::string mode = "shared";
+  std::string name_space = "bench", secret;
+  size_t buffer_mb = 64;  ///< the registered buffer gets land in
+};
+int run_cluster_client_bench(const ClusterClientBenchOptions& o);
+
 struct StorageBenchOptions {
   std::string backend = "tcp";
   uint32_t clients = 32;

@@ -118,7 +118,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tt->add_option("--json", to.json, "write the rows as JSON");
   tt->add_option("--plot", to.plot, "write TTFT against context length (PNG, gnuplot)");
+  kvstream::bench::ClusterClientBenchOptions cco;
+  auto* cc = app.add_subcommand("cluster-client", "what a client of several storage nodes costs: a backend per node "
+                                                  "(anchor), one shared backend, the replicated client");
+  cc->add_option("--backend", cco.backend, "tcp, ucx or libfabric")->capture_default_str();
+  cc->add_option("--node", cco.nodes, "a running storage node, host:port (repeat)")->required();
+  cc->add_option("--mode", cco.mode, "own, shared or cluster")->capture_default_str();
+  cc->add_option("--namespace", cco.name_space, "namespace on the nodes")->capture_default_str();
+  cc->add_option("--secret", cco.secret, "its secret")->required();
+  cc->add_option("--buffer-mb", cco.buffer_mb, "registered buffer the gets land in, MiB")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (*cc) return kvstream::bench::run_cluster_client_bench(cco);
   if (*tt) return kvstream::bench::run_ttft_bench(to);
   if (*ad) return kvstream::bench::run_adapt_bench(ao);
   if (*pl) return kvstream::bench::run_pipeline_bench(po);
