@@ -45,6 +45,9 @@ const settings::Table<BackendConfig>& table() {
       KVS_SETTING(C, "ucx.stage_limit_bytes", "bytes staged for messages that arrived before their receiver asked",
                 ucx.stage_limit_bytes),
       KVS_SETTING(C, "libfabric.provider", "libfabric provider (FI_PROVIDER syntax)", libfabric.provider),
+      KVS_SETTING(C, "libfabric.peer_timeout_ms",
+                "a peer that answers no liveness probe for this long is taken as gone (0: no probes)",
+                libfabric.peer_timeout),
   }, "");
   return t;
 }

@@ -4,6 +4,7 @@
 // --transport options do.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -51,6 +52,14 @@ struct UcxSettings {
 /// The libfabric backend.
 struct LibfabricSettings {
   std::string provider = "tcp;ofi_rxm";  ///< provider (FI_PROVIDER syntax)
+  /// A connection this side opened probes its peer while a call waits on it and the
+  /// peer has said nothing for a quarter of this; a peer that answers no probe for
+  /// this long is taken as gone, and the call fails with unavailable instead of
+  /// waiting for its deadline (RDM has no connection for a killed peer to break).
+  /// A single message (or read) that takes longer than this to arrive, with nothing
+  /// else from the peer meanwhile, is taken for a lost peer too: raise it for such
+  /// transfers. 0: no probes (a dead peer is seen at the call's deadline).
+  std::chrono::milliseconds peer_timeout{4000};
 };
 
 /// Settings of one backend instance.

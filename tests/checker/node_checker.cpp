@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1, ops = 20000, crashes = 10;
   uint32_t clients = 4, contexts = 3, chunks = 2, levels = 2, connections = 1, op_deadline_ms = 20000;
   size_t max_bytes = 3 << 20;
+  std::vector<std::string> transport_settings;
   app.add_option("--server", server_bin, "path of kvstream-server")->required();
   app.add_option("--seed", seed, "seed of operations, sizes and crash points")->capture_default_str();
   app.add_option("--ops", ops, "operations in all")->capture_default_str();
@@ -134,13 +135,20 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "transport between the clients and the node: tcp, ucx or libfabric")
       ->capture_default_str();
   app.add_option("--op-deadline-ms", op_deadline_ms,
-                 "each operation's deadline (on libfabric a killed node is noticed only there)")
+                 "each operation's deadline")
       ->capture_default_str()
       ->check(CLI::Range(100u, 600000u));
   app.add_option("--connections", connections, "connections of each client")
       ->capture_default_str()
       ->check(CLI::Range(1u, 16u));
+  app.add_option("--transport", transport_settings,
+                 "a client backend setting, name=value (repeatable; e.g. libfabric.peer_timeout_ms=0)");
   CLI11_PARSE(app, argc, argv);
+  transport::BackendConfig client_backend;
+  client_backend.name = backend;
+  for (const auto& t : transport_settings)
+    if (Status s = client_backend.set(t); !s.ok())
+      return fmt::print(stderr, "--transport {}: {}\n", t, s.to_string()), 2;
   set_log_level(LogLevel::off);  // broken connections are the point here
   const auto op_deadline = std::chrono::milliseconds(op_deadline_ms);
 
@@ -169,7 +177,7 @@ int main(int argc, char** argv) {
   auto connect = [&](std::unique_ptr<storage::Client>& c) {
     storage::ClientConfig cc;
     cc.address = node.address(), cc.name_space = "checker", cc.secret = kSecret;
-    cc.backend.name = backend;
+    cc.backend = client_backend;
     cc.connections = connections;
     for (int i = 0; i < 3000 && !done; ++i) {  // the node may be restarting
       auto r = storage::Client::connect(cc, transport::deadline_in(2s));

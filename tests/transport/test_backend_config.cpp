@@ -53,11 +53,14 @@ TEST(BackendConfig, TableListsEveryFieldOnceWithItsDefault) {
     EXPECT_FALSE(r.doc.empty()) << r.name;
     EXPECT_TRUE(r.env.empty()) << r.name;  // hosts pass settings explicitly
   }
-  EXPECT_EQ(rows.size(), 17u);
+  EXPECT_EQ(rows.size(), 18u);
   BackendConfig c;
   const std::string text = c.describe();
   for (const auto& r : rows) EXPECT_NE(text.find(std::string(r.name) + " = "), std::string::npos) << r.name;
   EXPECT_NE(text.find("libfabric.provider = tcp;ofi_rxm"), std::string::npos);
+  EXPECT_NE(text.find("libfabric.peer_timeout_ms = 4000"), std::string::npos) << text;
+  ASSERT_TRUE(c.set("libfabric.peer_timeout_ms", "250").ok());
+  EXPECT_EQ(c.libfabric.peer_timeout, std::chrono::milliseconds(250));
 }
 
 }  // namespace kvstream::test_backend_config

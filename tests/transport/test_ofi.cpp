@@ -16,8 +16,7 @@
 #include "kvstream/transport.hpp"
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
-#include "transport/common/address.hpp"
-#include "transport/ofi/ofi_handshake.hpp"
+#include "tests/transport/ofi_raw_peer.hpp"
 #endif
 
 namespace kvstream::test_ofi {
@@ -586,29 +585,19 @@ TEST_P(LibfabricProvider, AMalformedMessageOnAnAcceptedConnectionIsNoWarning) {
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   auto accepted = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
 
-  auto core = ofi::open_core(ofi_config(GetParam()).libfabric, false);
-  ASSERT_TRUE(core.ok()) << core.status().to_string();
-  std::string host;
-  uint16_t port = 0;
-  ASSERT_TRUE(parse_host_port((*l)->address(), host, port).ok());
-  ofi::InfoPtr info;
-  ASSERT_EQ((*core)->getinfo(host, port, 0, info), 0);
-  auto ep = ofi::Endpoint::open(*core, info.p);
-  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
-  auto server_addr = (*ep)->insert(info.p->dest_addr);
-  ASSERT_TRUE(server_addr.ok()) << server_addr.status().to_string();
-  auto id = ofi::say_hello(**ep, *server_addr, (*l)->address(), deadline_in(30s), {});
-  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  auto peer = test_util::raw_ofi_peer(ofi_config(GetParam()).libfabric, (*l)->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto& ep = peer->ep;
   auto server = accepted.get();
   ASSERT_TRUE(server.ok()) << server.status().to_string();
 
-  auto op = (*ep)->new_op(3);  // a header prefix is 16 bytes
-  auto desc = (*ep)->local_desc(*op);
+  auto op = ep->new_op(3);  // a header prefix is 16 bytes
+  auto desc = ep->local_desc(*op);
   ASSERT_TRUE(desc.ok()) << desc.status().to_string();
-  ASSERT_TRUE((*ep)->post_send(op, op->buf.get(), 3, *desc, *server_addr, ofi::make_tag(ofi::MsgType::header, *id),
-                               deadline_in(30s), {})
+  ASSERT_TRUE(ep->post_send(op, op->buf.get(), 3, *desc, peer->server,
+                            ofi::make_tag(ofi::MsgType::header, peer->greeted.id), deadline_in(30s), {})
                   .ok());
-  ASSERT_TRUE((*ep)->wait([&] { return op->done.load(); }, deadline_in(30s), nullptr, "junk send").ok());
+  ASSERT_TRUE(ep->wait([&] { return op->done.load(); }, deadline_in(30s), nullptr, "junk send").ok());
 
   test_util::expect_malformed_without_warning(**server);
 }

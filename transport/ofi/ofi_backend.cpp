@@ -51,11 +51,13 @@ class OfiBackend final : public Backend {
                          core_->provider, fi_err(r ? r : -FI_EADDRNOTAVAIL));
     KVS_ASSIGN_OR_RETURN(auto ep, client_endpoint(info.p));
     KVS_ASSIGN_OR_RETURN(fi_addr_t server, ep->insert(info.p->dest_addr));
-    KVS_ASSIGN_OR_RETURN(uint32_t id, say_hello(*ep, server, address, deadline, cancel));
-    auto conn = std::make_unique<OfiConnection>(ep, server, id, fmt::format("{}:{}", host, port),
+    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server, address, deadline, cancel));
+    auto conn = std::make_unique<OfiConnection>(ep, server, g.id, fmt::format("{}:{}", host, port),
                                                  Side::connected);
     KVS_RETURN_IF_ERROR(conn->start());
-    KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, id);
+    if (core_->peer_timeout.count() > 0)
+      conn->probe_peer(std::make_unique<PeerProbe>(ep, server, g.id, g.nonce, core_->peer_timeout));
+    KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, g.id);
     return std::unique_ptr<Connection>(std::move(conn));
   }
 

@@ -31,22 +31,27 @@ Status OfiConnection::start() {
 }
 
 OfiConnection::~OfiConnection() {
+  if (responder_) responder_->remove(id_);
   // Let our sends finish (bounded), then say bye so the peer stops waiting at once.
-  // Sends still outstanding then are cancelled: their bodies are the caller's.
-  (void)ep_->wait(
-      [&] {
-        (void)flush();
-        reap();
-        return outstanding_.empty() || shared_->send_error.load() != 0;
-      },
-      deadline_in(2s), nullptr, "close");
+  // Sends still outstanding then are cancelled: their bodies are the caller's. A peer
+  // found gone (no answer to a liveness probe) gets neither the wait nor the bye.
+  if (!peer_lost_) {
+    (void)ep_->wait(
+        [&] {
+          (void)flush();
+          reap();
+          return outstanding_.empty() || shared_->send_error.load() != 0;
+        },
+        deadline_in(2s), nullptr, "close");
+  }
   if (!outstanding_.empty()) abort_sends();
   // A peer that said bye is gone: sending to it is pointless, and with shm in one
   // process its memory may already be unmapped. Give its bye a moment to be reaped.
   (void)ep_->wait([&] { return shared_->bye.load(); }, deadline_in(3ms), nullptr, "close");
   // After our own abort (FI_ECANCELED) the peer is alive: it still gets the bye, so
   // it neither waits for more nor sends to an endpoint that is going away.
-  if (const int e = shared_->send_error.load(); (e == 0 || e == FI_ECANCELED) && !shared_->bye.load()) {
+  if (const int e = shared_->send_error.load();
+      (e == 0 || e == FI_ECANCELED) && !shared_->bye.load() && !peer_lost_) {
     auto op = ep_->new_op(sizeof(uint64_t));
     const uint64_t n = send_seq_;
     std::memcpy(op->buf.get(), &n, sizeof n);
@@ -59,6 +64,17 @@ OfiConnection::~OfiConnection() {
   if (bye_op_) ep_->cancel_and_drain(*bye_op_, 1s);
   if (hdr_op_) ep_->cancel_and_drain(*hdr_op_, 1s);
   for (auto& op : body_ops_) ep_->cancel_and_drain(*op, 1s);
+}
+
+void OfiConnection::answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce) {
+  responder_ = std::move(responder);
+  responder_->add(id_, nonce, peer_);
+}
+
+Status OfiConnection::lost_peer(const Status& why) {
+  peer_lost_ = true;
+  broken_ = fmt::format("peer {} lost: {}", peer_name_, why.message());
+  return peer_fault(side_, StatusCode::unavailable, "libfabric: {}", broken_);
 }
 
 std::string OfiConnection::describe() const {

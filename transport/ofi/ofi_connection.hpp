@@ -15,6 +15,7 @@
 #include "kvstream/transport.hpp"
 #include "transport/common/peer_fault.hpp"
 #include "transport/ofi/ofi_endpoint.hpp"
+#include "transport/ofi/ofi_liveness.hpp"
 
 namespace kvstream::transport::ofi {
 
@@ -36,6 +37,11 @@ class OfiConnection final : public Connection {
 
   /// Posts the receive for the peer's "bye".
   Status start();
+  /// Accepted side: `responder` answers the peer's liveness probes for this
+  /// connection until it closes.
+  void answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce);
+  /// Connecting side: calls that wait on the peer probe it (ofi_liveness.hpp).
+  void probe_peer(std::unique_ptr<PeerProbe> probe) { probe_ = std::move(probe); }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
   Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
@@ -84,6 +90,15 @@ class OfiConnection final : public Connection {
   fi_addr_t recv_from() const { return side_ == Side::connected ? peer_ : FI_ADDR_UNSPEC; }
   Status fail_body(const Status& st);
   Result<size_t> corrupt(std::string_view what);
+  /// For a waiting call's predicate: true (with the reason in `why`) once the peer
+  /// answered no liveness probe for the timeout; false where it is not probed.
+  bool peer_gone(Status& why) {
+    if (!probe_) return false;
+    why = probe_->check();
+    return !why.ok();
+  }
+  /// The connection is unusable: its peer is gone (`why` from peer_gone).
+  Status lost_peer(const Status& why);
 
   std::shared_ptr<Endpoint> ep_;
   fi_addr_t peer_;
@@ -92,6 +107,9 @@ class OfiConnection final : public Connection {
   Side side_;
   std::shared_ptr<ConnShared> shared_;
   std::shared_ptr<Op> bye_op_;
+  std::shared_ptr<ProbeResponder> responder_;  // accepted side
+  std::unique_ptr<PeerProbe> probe_;           // connecting side, where probes are on
+  std::atomic<bool> peer_lost_{false};         // a probe went unanswered: nothing to wait for at close
   // Sending side: the sender's thread alone, but for backlog_, which the receiving
   // side flushes too (progress_sends), under backlog_mu_.
   uint64_t send_seq_ = 0;          // messages posted

@@ -92,6 +92,7 @@ Result<std::shared_ptr<Core>> open_core(const LibfabricSettings& settings, bool 
   if (!got) return no_provider(settings.provider, want_cuda, r);
   // The fabric and domain of the first match; listen/connect reuse the same hints.
   core->info = got;
+  core->peer_timeout = settings.peer_timeout;
   core->provider = got->fabric_attr->prov_name ? got->fabric_attr->prov_name : settings.provider;
   core->mr_local = (got->domain_attr->mr_mode & FI_MR_LOCAL) || (got->mode & FI_LOCAL_MR);
   core->mr_prov_key = got->domain_attr->mr_mode & FI_MR_PROV_KEY;

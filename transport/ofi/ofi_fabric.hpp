@@ -6,6 +6,7 @@
 #include <rdma/fabric.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,6 +53,8 @@ struct Core {
   /// different listeners, whose connection ids may be equal, can share an endpoint.
   bool directed_recv = false;
   size_t inject = 0;
+  /// LibfabricSettings::peer_timeout (0: connections do not probe their peers).
+  std::chrono::milliseconds peer_timeout{0};
   std::atomic<uint64_t> next_key{1};
 
   std::mutex regions_mu;

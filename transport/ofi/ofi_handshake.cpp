@@ -27,13 +27,14 @@ Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<
 }
 
 Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoint>& ep, const Hello& hello,
-                                                   uint32_t id) {
+                                                   uint32_t id, const std::shared_ptr<ProbeResponder>& responder) {
   auto hs = std::make_unique<Handshake>();
   hs->give_up = deadline_in(kHandshakeLimit);
   KVS_ASSIGN_OR_RETURN(hs->peer, ep->insert(hello.addr));
   hs->id = id;
   hs->conn = std::make_unique<OfiConnection>(ep, hs->peer, hs->id, ep->peer_name(hello.addr), Side::accepted);
   KVS_RETURN_IF_ERROR(hs->conn->start());
+  hs->conn->answer_probes(responder, hello.nonce);
   // The ack, tagged with the client's nonce, tells it its connection id.
   hs->ack = ep->new_op(sizeof(HelloAck));
   const HelloAck ack{kHelloMagic, hs->id};
@@ -63,8 +64,8 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
   return {};
 }
 
-Result<uint32_t> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                           const CancelToken& cancel) {
+Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
+                          const CancelToken& cancel) {
   KVS_ASSIGN_OR_RETURN(auto me, ep.name());
   if (me.size() > kMaxAddrBytes)
     return make_status(StatusCode::internal, "libfabric: endpoint address of {} bytes is too long", me.size());
@@ -102,7 +103,7 @@ Result<uint32_t> say_hello(Endpoint& ep, fi_addr_t server, const std::string& ad
   std::memcpy(&a, ack->buf.get(), sizeof a);
   if (ack->err || ack->len != sizeof a || a.magic != kHelloMagic)
     return make_status(StatusCode::unavailable, "libfabric: bad hello-ack from {}", address);
-  return a.conn_id;
+  return Greeted{a.conn_id, nonce};
 }
 
 }  // namespace kvstream::transport::ofi

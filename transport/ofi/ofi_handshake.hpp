@@ -44,9 +44,9 @@ struct Handshake {
 };
 
 /// Makes the connection `hello` asks for, as connection `id` on the listener's
-/// endpoint, and prepares its ack.
+/// endpoint, whose probes `responder` answers, and prepares its ack.
 Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoint>& ep, const Hello& hello,
-                                                   uint32_t id);
+                                                   uint32_t id, const std::shared_ptr<ProbeResponder>& responder);
 
 /// Posts the handshake's ack (if not yet posted) and waits for it to complete.
 /// timed_out or cancelled leave it pending; both make progress even past the
@@ -56,9 +56,16 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
 
 // ---- Client side -------------------------------------------------------------------
 
+/// What a client's hello made: the connection id the listener assigned, and the
+/// hello's nonce (its liveness probes carry it).
+struct Greeted {
+  uint32_t id = 0;
+  uint64_t nonce = 0;
+};
+
 /// Says hello from `ep` to the listener at `server` (`address` names it in errors)
-/// and waits for its ack. The connection id the listener assigned.
-Result<uint32_t> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                           const CancelToken& cancel);
+/// and waits for its ack.
+Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
+                          const CancelToken& cancel);
 
 }  // namespace kvstream::transport::ofi

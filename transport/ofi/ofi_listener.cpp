@@ -40,6 +40,7 @@ class OfiListener final : public Listener {
   }
 
   Status start() {
+    KVS_ASSIGN_OR_RETURN(responder_, ProbeResponder::start(ep_));
     for (size_t i = 0; i < kHelloPool; ++i) KVS_RETURN_IF_ERROR(post_hello());
     return {};
   }
@@ -65,7 +66,7 @@ class OfiListener final : public Listener {
           },
           deadline, &cancel, "accept"));
       refill_hellos();
-      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, h, next_id_++ & uint32_t(Tag::kConnMask)));
+      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, h, next_id_++ & uint32_t(Tag::kConnMask), responder_));
     }
     if (Status st = finish_handshake(*ep_, *pending_, deadline, cancel); !st.ok()) {
       if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) pending_.reset();
@@ -104,6 +105,7 @@ class OfiListener final : public Listener {
   int reserved_fd_;
   std::shared_ptr<HelloQueue> hellos_;
   std::vector<std::shared_ptr<Op>> hello_ops_;
+  std::shared_ptr<ProbeResponder> responder_;  // shared with the accepted connections
   uint32_t next_id_ = 1;
   std::unique_ptr<Handshake> pending_;  // taken hello whose ack a deadline interrupted
 };

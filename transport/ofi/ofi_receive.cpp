@@ -35,15 +35,17 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
     }
   }
   bool closed = false;
+  Status gone;
   auto st = ep_->wait(
       [&] {
         if (hdr_op_->done.load(std::memory_order_acquire)) return true;
         if (shared_->bye.load(std::memory_order_acquire) && shared_->peer_sent.load() <= recv_seq_) closed = true;
         if (!closed) progress_sends();
-        return closed;
+        return closed || peer_gone(gone);
       },
       deadline, &cancel, "recv_header");
   if (!st.ok()) return st;
+  if (!gone.ok() && !hdr_op_->done.load(std::memory_order_acquire)) return lost_peer(gone);
   if (!hdr_op_->done.load(std::memory_order_acquire))
     return peer_closed(fmt::format("libfabric: peer {} closed the connection", peer_name_));
   auto op = std::move(hdr_op_);
@@ -57,6 +59,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
       op->len != sizeof prefix + prefix.header_len)
     return corrupt("malformed header message");
   header.assign(op->buf.get() + sizeof prefix, op->buf.get() + op->len);
+  if (probe_) probe_->heard();
   ++recv_seq_;
   body_size_ = prefix.body_size;
   body_pending_ = body_size_ > 0;
@@ -109,13 +112,15 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
       if (!o->done.load(std::memory_order_acquire)) return false;
     return true;
   };
+  Status gone;
   auto st = ep_->wait(
       [&] {
         if (all_done()) return true;
         progress_sends();
-        return false;
+        return peer_gone(gone);
       },
       deadline, &cancel, "recv_body");
+  if (st.ok() && !gone.ok() && !all_done()) st = lost_peer(gone);
   if (!st.ok()) {
     // Nothing may write into the caller's buffer after we return.
     for (auto& o : body_ops_)
@@ -135,6 +140,7 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
     }
   body_ops_.clear();
   body_pending_ = false;
+  if (probe_) probe_->heard();
   return {};
 }
 

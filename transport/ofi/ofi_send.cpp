@@ -83,15 +83,18 @@ Status OfiConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
                       fi_err(shared_->send_error.load()));
   };
   if (shared_->send_error.load()) return failed();
-  Status flushed;
+  Status flushed, gone;
+  auto done = [&] {
+    return !flushed.ok() || shared_->send_error.load() != 0 || outstanding_.empty() || outstanding_.front().seq > seq;
+  };
   auto st = ep_->wait(
       [&] {
         if (flushed.ok()) flushed = flush();
         reap();
-        return !flushed.ok() || shared_->send_error.load() != 0 || outstanding_.empty() ||
-               outstanding_.front().seq > seq;
+        return done() || peer_gone(gone);
       },
       deadline, &cancel, "wait_sends");
+  if (st.ok() && !gone.ok() && !done()) st = lost_peer(gone);
   if (!st.ok()) {
     // Nothing may read the caller's bodies after we return: the connection breaks.
     abort_sends();
@@ -106,6 +109,9 @@ Status OfiConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
 }
 
 Status OfiConnection::send_usable() const {
+  if (peer_lost_.load())  // said where it was found (lost_peer); its abort set send_error
+    return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost (it answered no liveness probe)",
+                                   peer_name_);
   if (int e = shared_->send_error.load())
     return peer_fault(side_, StatusCode::unavailable, "libfabric: connection to {} is broken: {}", peer_name_,
                       fi_err(e));

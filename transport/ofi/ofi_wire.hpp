@@ -14,7 +14,7 @@ namespace kvstream::transport::ofi {
 /// listener's endpoint, and a receive names exactly the piece it wants.
 using Tag = TagLayout<4, 20, 24, 16>;
 
-enum class MsgType : uint64_t { hello = 1, hello_ack = 2, header = 3, body = 4, bye = 5 };
+enum class MsgType : uint64_t { hello = 1, hello_ack = 2, header = 3, body = 4, bye = 5, probe = 6, probe_ack = 7 };
 
 constexpr uint64_t make_tag(MsgType t, uint64_t conn, uint64_t seq = 0, uint64_t seg = 0) {
   return Tag::pack({uint64_t(t), conn, seq, seg});
@@ -46,6 +46,12 @@ struct Hello {
 struct HelloAck {
   uint32_t magic;
   uint32_t conn_id;
+};
+/// A liveness probe (ofi_liveness.hpp), tagged with the connection and the probe's
+/// number, and its answer (the same bytes): the nonce of the connection's hello, so
+/// only the endpoint that made the connection answers for it.
+struct Probe {
+  uint64_t nonce;
 };
 /// Starts a header message; the header follows it, the body comes as separate segments.
 struct HeaderPrefix {

@@ -1,0 +1,141 @@
+// libfabric liveness probes (transport/ofi/ofi_liveness.hpp): a killed node fails the
+// calls waiting on it with unavailable instead of at their deadline, a peer that is
+// alive but silent is not taken for gone, and an endpoint answers only for the
+// connections it made (the hello's nonce), not for an id a restarted node reuses.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <future>
+
+#include "kvstream/storage.hpp"
+#include "tests/support/node_process.hpp"
+#include "tests/support/temp_dir.hpp"
+#include "tests/transport/transport_test_util.hpp"
+#if KVSTREAM_HAVE_LIBFABRIC
+#include "tests/transport/ofi_raw_peer.hpp"
+#endif
+
+namespace kvstream::test_ofi_liveness {
+
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+#if KVSTREAM_HAVE_LIBFABRIC
+
+const std::string kSecret = "0123456789abcdef-liveness";
+
+BackendConfig probing(const std::string& provider, std::chrono::milliseconds timeout) {
+  BackendConfig cfg;
+  cfg.name = "libfabric";
+  cfg.libfabric.provider = provider;
+  cfg.libfabric.peer_timeout = timeout;
+  return cfg;
+}
+
+class OfiLiveness : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!test_util::backend_built("libfabric")) GTEST_SKIP() << "libfabric backend not built";
+  }
+};
+
+// A storage node killed -9 under a client: the client's get fails unavailable, named
+// as a lost peer, long before its deadline (without probes it waited the whole 30 s
+// and failed timed_out).
+TEST_P(OfiLiveness, AKilledNodeFailsTheCallsWaitingOnItUnavailable) {
+  kvstream::testing::TempDir dir{"kvs-liveness"};
+  std::ofstream(dir / "secrets.json") << R"({"t": ")" << kSecret << R"("})";
+  kvstream::testing::NodeProcess node;
+  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
+                         {"--listen", "127.0.0.1:0", "--backend", "libfabric", "--ofi-provider", GetParam(), "--dir",
+                          (dir / "store").string(), "--secrets", (dir / "secrets.json").string()},
+                         "warn"));
+  storage::ClientConfig cc;
+  cc.address = node.address(), cc.name_space = "t", cc.secret = kSecret;
+  cc.backend = probing(GetParam(), 300ms);
+  auto c = storage::Client::connect(cc, deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const auto value = test_util::pattern(100000, 3);
+  ASSERT_TRUE((*c)->put("ctx", 0, 0, value, deadline_in(10s)).ok());
+  std::vector<std::byte> buf(value.size());
+  auto mr = (*c)->register_memory(buf.data(), buf.size());
+  ASSERT_TRUE(mr.ok());
+  ASSERT_TRUE((*c)->get("ctx", 0, 0, *mr, 0, buf.size(), deadline_in(10s)).ok());
+
+  node.kill();
+  auto got = (*c)->get("ctx", 0, 0, *mr, 0, buf.size(), deadline_in(30s));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::unavailable) << got.status().to_string();
+  EXPECT_NE(got.status().message().find("liveness probe"), std::string::npos) << got.status().to_string();
+}
+
+// A peer that is there but says nothing for many timeouts: its endpoint answers the
+// probes, so the waiting call ends at its own deadline (timed_out), and the
+// connection still carries the message that comes afterwards.
+TEST_P(OfiLiveness, AnAliveButSilentPeerIsNotTakenForGone) {
+  auto pair = test_util::make_backend_pair(probing(GetParam(), 100ms));
+  ASSERT_TRUE(pair.ok()) << pair.status().to_string();
+  std::vector<std::byte> header;
+  auto r = pair->client->recv_header(header, deadline_in(1500ms), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::timed_out) << r.status().to_string();
+  const auto hello = test_util::pattern(40, 9);
+  ASSERT_TRUE(pair->server->send(hello, {}, deadline_in(10s), {}).ok());
+  r = pair->client->recv_header(header, deadline_in(10s), {});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(header, hello);
+  ASSERT_TRUE(pair->client->recv_body({}, deadline_in(10s), {}).ok());
+}
+
+// Below the Connection API: a raw endpoint that said hello probes the listener. A
+// probe with another nonce, or for a connection id the listener did not give it, goes
+// unanswered (a restarted node that numbers its connections from 1 again must not
+// answer for a connection it never made); the right one is answered.
+TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
+  auto sb = create_backend(probing(GetParam(), 0ms));
+  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto accepted = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
+  auto peer = test_util::raw_ofi_peer(probing(GetParam(), 0ms).libfabric, (*l)->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto& ep = peer->ep;
+  const fi_addr_t server = peer->server;
+  const ofi::Greeted greeted = peer->greeted;
+  auto conn = accepted.get();
+  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+
+  // Probe number `seq` for connection `id` carrying `nonce`: answered within `wait`?
+  auto answered = [&](uint32_t id, uint64_t seq, uint64_t nonce, std::chrono::milliseconds wait) {
+    auto answer = ep->new_op(sizeof(ofi::Probe));
+    auto desc = ep->local_desc(*answer);
+    EXPECT_TRUE(desc.ok());
+    EXPECT_TRUE(ep->post_recv(answer, answer->buf.get(), sizeof(ofi::Probe), *desc,
+                              ofi::make_tag(ofi::MsgType::probe_ack, id, seq), 0, deadline_in(10s), server)
+                    .ok());
+    const ofi::Probe p{nonce};
+    ssize_t r = -FI_EAGAIN;
+    for (int i = 0; i < 1000 && r == -FI_EAGAIN; ++i) {
+      r = ep->try_inject(&p, sizeof p, server, ofi::make_tag(ofi::MsgType::probe, id, seq));
+      if (r == -FI_EAGAIN) ep->poll();
+    }
+    EXPECT_EQ(r, 0) << ofi::fi_err(int(r));
+    const bool got = ep->wait([&] { return answer->done.load(); }, deadline_in(wait), nullptr, "answer").ok();
+    if (!got) ep->cancel_and_drain(*answer);
+    return got;
+  };
+  EXPECT_FALSE(answered(greeted.id, 1, greeted.nonce ^ 1, 300ms)) << "answered a probe with another nonce";
+  EXPECT_FALSE(answered(greeted.id + 7, 2, greeted.nonce, 300ms)) << "answered for a connection it never made";
+  EXPECT_TRUE(answered(greeted.id, 3, greeted.nonce, 10s)) << "no answer for its own connection";
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, OfiLiveness, ::testing::Values("tcp;ofi_rxm", "shm"), [](const auto& info) {
+  return info.param == "shm" ? std::string("libfabric_shm") : std::string("libfabric_tcp_rxm");
+});
+
+#endif
+
+}  // namespace
+}  // namespace kvstream::test_ofi_liveness

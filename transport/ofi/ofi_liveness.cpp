@@ -1,0 +1,133 @@
+// Probes and their answers: see ofi_liveness.hpp.
+#include "transport/ofi/ofi_liveness.hpp"
+
+#include <cstring>
+
+#include "core/log.hpp"
+#include "transport/ofi/ofi_wire.hpp"
+
+namespace kvstream::transport::ofi {
+
+namespace {
+
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+// ---- Listener side ------------------------------------------------------------------
+
+Result<std::shared_ptr<ProbeResponder>> ProbeResponder::start(std::shared_ptr<Endpoint> ep) {
+  auto r = std::shared_ptr<ProbeResponder>(new ProbeResponder(std::move(ep)));
+  std::lock_guard lock(r->mu_);
+  r->refill_locked();
+  if (r->posted_.empty())
+    return make_status(StatusCode::unavailable, "libfabric: cannot post a receive for liveness probes");
+  return r;
+}
+
+ProbeResponder::~ProbeResponder() {
+  // No callback can reach this object any more (they hold a weak pointer); the
+  // receives are cancelled so the provider lets go of their buffers.
+  for (auto& op : posted_) ep_->cancel_and_drain(*op, std::chrono::seconds(1));
+}
+
+void ProbeResponder::add(uint32_t id, uint64_t nonce, fi_addr_t peer) {
+  std::lock_guard lock(mu_);
+  live_[id] = {nonce, peer};
+}
+
+void ProbeResponder::remove(uint32_t id) {
+  std::lock_guard lock(mu_);
+  live_.erase(id);
+}
+
+void ProbeResponder::refill_locked() {
+  std::erase_if(posted_, [](const std::shared_ptr<Op>& o) { return o->done.load(); });
+  while (posted_.size() < kPool) {
+    auto op = ep_->new_op(sizeof(Probe));
+    op->on_complete = [w = weak_from_this()](Op& o) {
+      if (auto self = w.lock()) self->answer(o);
+    };
+    auto desc = ep_->local_desc(*op);
+    // One attempt (a deadline already passed): this runs in completion callbacks, and
+    // a receive the provider has no room for now is posted at the next probe.
+    if (!desc.ok() || !ep_->post_recv(op, op->buf.get(), sizeof(Probe), *desc, make_tag(MsgType::probe, 0),
+                                      Tag::kBelowKind, Clock::now())
+                           .ok())
+      break;
+    posted_.push_back(std::move(op));
+  }
+  if (posted_.empty()) KVS_LOG_DEBUG("libfabric: no receive posted for liveness probes; they go unanswered");
+}
+
+void ProbeResponder::answer(const Op& op) {
+  std::lock_guard lock(mu_);
+  if (op.err) return;  // cancelled: the responder is going away
+  refill_locked();
+  Probe p{};
+  if (op.len != sizeof p) return;  // not one of ours: no answer
+  std::memcpy(&p, op.buf.get(), sizeof p);
+  const TagFields f = Tag::unpack(op.tag);
+  auto it = live_.find(uint32_t(f.conn));
+  if (it == live_.end() || it->second.nonce != p.nonce) return;  // a connection this endpoint did not make
+  // Best effort: a provider out of room drops the answer, and the prober asks again.
+  const ssize_t r = ep_->try_inject(&p, sizeof p, it->second.peer, make_tag(MsgType::probe_ack, f.conn, f.seq));
+  if (r != 0) KVS_LOG_DEBUG("libfabric: answer to a liveness probe not sent: {}", fi_err(int(-r)));
+}
+
+// ---- Connecting side ----------------------------------------------------------------
+
+PeerProbe::PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
+                     std::chrono::milliseconds timeout)
+    : ep_(std::move(ep)), peer_(peer), id_(id), nonce_(nonce), timeout_(timeout),
+      heard_at_(std::make_shared<std::atomic<int64_t>>(now_ns())) {}
+
+PeerProbe::~PeerProbe() {
+  if (answer_op_) ep_->cancel_and_drain(*answer_op_, std::chrono::seconds(1));
+}
+
+void PeerProbe::heard() { heard_at_->store(now_ns(), std::memory_order_relaxed); }
+
+Status PeerProbe::check() {
+  const auto now = Clock::now();
+  const auto silent = std::chrono::nanoseconds(now_ns() - heard_at_->load(std::memory_order_relaxed));
+  if (silent < timeout_ / 4) return {};
+  std::lock_guard lock(mu_);
+  if (answer_op_ && answer_op_->done.load(std::memory_order_acquire)) {
+    // Answered (heard_at_ moved), or the receive failed: the next probe starts afresh.
+    answer_op_.reset();
+    injected_ = false;
+  }
+  if (!answer_op_) {
+    ++seq_;
+    auto op = ep_->new_op(sizeof(Probe));
+    op->on_complete = [heard = heard_at_](Op& o) {
+      if (!o.err) heard->store(now_ns(), std::memory_order_relaxed);
+    };
+    KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*op));
+    // Posted before the probe goes out, so the answer cannot arrive unexpected.
+    if (!ep_->post_recv(op, op->buf.get(), sizeof(Probe), desc, make_tag(MsgType::probe_ack, id_, seq_), 0,
+                        Clock::now(), peer_)
+             .ok())
+      return {};  // no room now: probe on the next check
+    answer_op_ = std::move(op);
+    probe_sent_ = now;
+  }
+  if (!injected_) {
+    const Probe p{nonce_};
+    const ssize_t r = ep_->try_inject(&p, sizeof p, peer_, make_tag(MsgType::probe, id_, seq_));
+    // EAGAIN: the provider's queue is full, or ofi_rxm is (re)connecting to a peer that
+    // may be gone; either way the probe is tried again on the next check.
+    injected_ = r == 0;
+    // The reasons below are not logged here: the connection that asked says once
+    // that it lost its peer, and why.
+    if (r != 0 && r != -FI_EAGAIN)
+      return detail::unlogged_status(StatusCode::unavailable, "a liveness probe could not be sent: {}", fi_err(int(-r)));
+  }
+  if (now - probe_sent_ >= timeout_)
+    return detail::unlogged_status(StatusCode::unavailable, "it answered no liveness probe for {} ms (gone, or cut off)",
+                                   timeout_.count());
+  return {};
+}
+
+}  // namespace kvstream::transport::ofi
