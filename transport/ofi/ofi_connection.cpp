@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "core/log.hpp"
+
 namespace kvstream::transport::ofi {
 
 using namespace std::chrono_literals;
@@ -72,9 +74,14 @@ void OfiConnection::answer_probes(std::shared_ptr<ProbeResponder> responder, uin
 }
 
 Status OfiConnection::lost_peer(const Status& why) {
-  peer_lost_ = true;
-  broken_ = fmt::format("peer {} lost: {}", peer_name_, why.message());
-  return peer_fault(side_, StatusCode::unavailable, "libfabric: {}", broken_);
+  // The sending and the receiving side may both find it: the first says so.
+  if (peer_lost_.exchange(true)) return peer_lost_status();
+  return peer_fault(side_, StatusCode::unavailable, "libfabric: peer {} lost: {}", peer_name_, why.message());
+}
+
+Status OfiConnection::peer_lost_status() const {
+  return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost (it answered no liveness probe)",
+                                 peer_name_);
 }
 
 std::string OfiConnection::describe() const {

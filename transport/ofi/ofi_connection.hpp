@@ -97,8 +97,11 @@ class OfiConnection final : public Connection {
     why = probe_->check();
     return !why.ok();
   }
-  /// The connection is unusable: its peer is gone (`why` from peer_gone).
+  /// The connection is unusable: its peer is gone (`why` from peer_gone). Either
+  /// side's thread may call it (it touches peer_lost_ alone).
   Status lost_peer(const Status& why);
+  /// What every later call answers once the peer was lost.
+  Status peer_lost_status() const;
 
   std::shared_ptr<Endpoint> ep_;
   fi_addr_t peer_;

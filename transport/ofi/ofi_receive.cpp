@@ -17,6 +17,7 @@ using namespace std::chrono_literals;
 
 Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadline deadline,
                                           const CancelToken& cancel) {
+  if (peer_lost_.load()) return peer_lost_status();
   if (!broken_.empty()) return detail::repeated_status(StatusCode::unavailable, "libfabric: {}", broken_);
   if (body_pending_)
     return make_status(StatusCode::invalid_argument,
@@ -67,6 +68,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
 }
 
 Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) {
+  if (peer_lost_.load()) return peer_lost_status();
   if (!broken_.empty()) return detail::repeated_status(StatusCode::unavailable, "libfabric: {}", broken_);
   if (!body_pending_) {
     if (dest.empty() || body_size_ == 0) return {};

@@ -108,6 +108,7 @@ Status OfiConnection::read(std::span<std::byte> dest, const RemoteRegion& src, u
                        "libfabric: a remote key from {} addresses its region {}, this domain {}", peer_name_,
                        uint8_t(src.key[8]) ? "by virtual address" : "by offset",
                        core.mr_virt_addr ? "by virtual address" : "by offset");
+  if (peer_lost_.load()) return peer_lost_status();
   if (!broken_.empty()) return detail::repeated_status(StatusCode::unavailable, "libfabric: {}", broken_);
   if (shared_->bye.load())
     return make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection", peer_name_);

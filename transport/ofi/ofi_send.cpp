@@ -109,9 +109,7 @@ Status OfiConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
 }
 
 Status OfiConnection::send_usable() const {
-  if (peer_lost_.load())  // said where it was found (lost_peer); its abort set send_error
-    return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost (it answered no liveness probe)",
-                                   peer_name_);
+  if (peer_lost_.load()) return peer_lost_status();  // said where it was found; its abort set send_error
   if (int e = shared_->send_error.load())
     return peer_fault(side_, StatusCode::unavailable, "libfabric: connection to {} is broken: {}", peer_name_,
                       fi_err(e));
