@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,6 +16,7 @@
 #include <cstring>
 #include <utility>
 
+#include "security/socket_bio.hpp"
 #include "transport/common/address.hpp"
 
 namespace kvstream::redis::detail {
@@ -25,54 +25,6 @@ using transport::Clock;
 using transport::Deadline;
 
 namespace {
-
-// OpenSSL's socket BIO writes with write(2), which raises SIGPIPE when Redis has
-// reset the connection, and SIGPIPE ends a host process that does not ignore it. This
-// BIO is the socket BIO with send(MSG_NOSIGNAL): a reset is an error, not a signal.
-int fd_of(BIO* b) { return int(reinterpret_cast<intptr_t>(BIO_get_data(b))); }
-
-int bio_write(BIO* b, const char* data, int len) {
-  BIO_clear_retry_flags(b);
-  const ssize_t n = ::send(fd_of(b), data, size_t(len), MSG_NOSIGNAL);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) BIO_set_retry_write(b);
-  return int(n);
-}
-
-int bio_read(BIO* b, char* data, int len) {
-  BIO_clear_retry_flags(b);
-  const ssize_t n = ::recv(fd_of(b), data, size_t(len), 0);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) BIO_set_retry_read(b);
-  return int(n);
-}
-
-long bio_ctrl(BIO* b, int cmd, long, void* ptr) {
-  switch (cmd) {
-    case BIO_CTRL_FLUSH:
-      return 1;  // nothing buffered here
-    case BIO_C_GET_FD:
-      if (ptr) *static_cast<int*>(ptr) = fd_of(b);
-      return fd_of(b);
-    default:
-      return 0;  // no kTLS, no other controls
-  }
-}
-
-BIO_METHOD* nosignal_socket_method() {
-  static BIO_METHOD* const method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
-                                 "kvstream redis socket");
-    if (!m) return m;
-    BIO_meth_set_write(m, bio_write);
-    BIO_meth_set_read(m, bio_read);
-    BIO_meth_set_ctrl(m, bio_ctrl);
-    BIO_meth_set_create(m, [](BIO* b) {
-      BIO_set_init(b, 1);
-      return 1;
-    });
-    return m;
-  }();
-  return method;
-}
 
 struct Fd {
   int fd = -1;
@@ -161,11 +113,7 @@ Result<std::unique_ptr<RedisSocket>> RedisSocket::open(const std::string& addres
   uint16_t port = 0;
   KVS_RETURN_IF_ERROR(transport::parse_host_port(address, host, port));
   KVS_ASSIGN_OR_RETURN(s->ssl_, tls->new_session(host));
-  BIO_METHOD* method = nosignal_socket_method();
-  BIO* bio = method ? BIO_new(method) : nullptr;
-  if (!bio) return Status(StatusCode::internal, fmt::format("tls: BIO_new: {}", security::openssl_errors()));
-  BIO_set_data(bio, reinterpret_cast<void*>(intptr_t(fd)));
-  SSL_set_bio(s->ssl_.get(), bio, bio);  // the session owns it now
+  KVS_RETURN_IF_ERROR(security::attach_socket(s->ssl_.get(), fd));  // no SIGPIPE when Redis resets
   if (Status h = security::run_handshake(s->ssl_.get(), fd, deadline, {}, address); !h.ok()) {
     s->failed_ = true;
     return h;

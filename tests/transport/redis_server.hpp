@@ -97,8 +97,9 @@ class RedisServer {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons(port_);
     char buf[16] = {};
-    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::write(fd, "PING\r\n", 6) == 6 &&
-                    ::read(fd, buf, sizeof buf - 1) >= 5 && std::string_view(buf).substr(0, 5) == "+PONG";
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                    ::send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6 && ::read(fd, buf, sizeof buf - 1) >= 5 &&
+                    std::string_view(buf).substr(0, 5) == "+PONG";
     ::close(fd);
     return ok;
   }

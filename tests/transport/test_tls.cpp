@@ -9,8 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/bio.h>
+#include <openssl/ssl.h>
+
 #include <algorithm>
+#include <atomic>
 #include <future>
+#include <thread>
 
 #include "kvstream/transport.hpp"
 #include "tests/transport/tls_test_util.hpp"
@@ -255,6 +260,71 @@ TEST(Tls, ASilentSocketHoldsUpNoOne) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_TRUE((*l)->accept(deadline_in(10s), {}).ok());
   ::close(silent);
+}
+
+// A ClientHello as OpenSSL writes one, taken from memory.
+std::string client_hello() {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL* ssl = ctx ? SSL_new(ctx) : nullptr;
+  std::string out;
+  if (ssl) {
+    BIO* wb = BIO_new(BIO_s_mem());
+    SSL_set_bio(ssl, BIO_new(BIO_s_mem()), wb);
+    SSL_set_connect_state(ssl);
+    (void)SSL_do_handshake(ssl);  // wants the server's answer
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(wb, &data);
+    out.assign(data, size_t(std::max(n, 0L)));
+    SSL_free(ssl);
+  }
+  SSL_CTX_free(ctx);
+  return out;
+}
+
+// Clients that send their ClientHello and leave (close, or reset) before the server
+// answers: the listener's handshake writes to a connection that is gone. Through
+// OpenSSL's socket BIO (write(2)) that raised SIGPIPE and ended the process: a
+// storage node serving TLS died after 6 such clients. Now each is a refused
+// handshake, and a real client still gets through.
+TEST(Tls, ClientsThatLeaveMidHandshakeRaiseNoSignal) {
+  auto sb = create_backend(tls_tcp_config());
+  auto cb = create_backend(client_trusting(process_certs().ca));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  const std::string hello = client_hello();
+  ASSERT_GT(hello.size(), 100u);
+  std::atomic<bool> done{false};
+  std::thread accepting([&] {
+    while (!done) (void)(*l)->accept(deadline_in(20ms), {});
+  });
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(std::stoi((*l)->address().substr((*l)->address().rfind(':') + 1))));
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), ssize_t(hello.size()));
+    if (i % 2) {  // a reset instead of an orderly close
+      const linger now{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+    }
+    ::close(fd);
+  }
+  done = true;
+  accepting.join();
+  auto accepted = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(10s), {}); });
+  auto c = (*cb)->connect((*l)->address(), deadline_in(10s), {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = accepted.get();
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const std::byte h[2] = {std::byte(7), std::byte(8)};
+  ASSERT_TRUE((*c)->send(h, {}, deadline_in(10s), {}).ok());
+  std::vector<std::byte> got;
+  ASSERT_TRUE((*s)->recv_header(got, deadline_in(10s), {}).ok());
+  EXPECT_EQ(got, std::vector<std::byte>(h, h + 2));
 }
 
 TEST(Tls, SettingsAreCheckedWhenTheBackendIsMade) {

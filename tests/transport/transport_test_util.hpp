@@ -145,7 +145,9 @@ class TcpProxy {
           from_node += n;
         }
         for (ssize_t off = 0; off < n;) {
-          const ssize_t w = ::write(p[1 - i].fd, buf.data() + off, size_t(n - off));
+          // MSG_NOSIGNAL: the far side may have closed already (a client that caught
+          // a flipped byte), and a plain write would then kill the test with SIGPIPE.
+          const ssize_t w = ::send(p[1 - i].fd, buf.data() + off, size_t(n - off), MSG_NOSIGNAL);
           if (w <= 0) {
             open = false;
             break;

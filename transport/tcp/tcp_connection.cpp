@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "core/log.hpp"
+#include "security/socket_bio.hpp"
 #include "transport/common/address.hpp"
 #include "transport/tcp/tcp_socket.hpp"
 
@@ -70,8 +71,7 @@ Result<std::unique_ptr<Connection>> handshake_tls(std::unique_ptr<TcpConnection>
                                                   const security::TlsContext& tls, const std::string& host,
                                                   Deadline deadline, const CancelToken& cancel) {
   KVS_ASSIGN_OR_RETURN(auto ssl, tls.new_session(host));
-  if (SSL_set_fd(ssl.get(), conn->fd()) != 1)
-    return make_status(StatusCode::internal, "tls: SSL_set_fd: {}", security::openssl_errors());
+  KVS_RETURN_IF_ERROR(security::attach_socket(ssl.get(), conn->fd()));  // no SIGPIPE if the server leaves
   KVS_RETURN_IF_ERROR(security::run_handshake(ssl.get(), conn->fd(), deadline,
                                               [&cancel] { return cancel.cancelled(); }, conn->peer_address()));
   KVS_ASSIGN_OR_RETURN(auto established, security::finish_handshake(ssl.get(), security::TlsRole::client));

@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "core/log.hpp"
+#include "security/socket_bio.hpp"
 #include "transport/common/address.hpp"
 #include "transport/tcp/tcp_ring.hpp"
 #include "transport/tcp/tcp_socket.hpp"
@@ -130,8 +131,10 @@ void TlsAcceptor::accept_new() {
     p.peer_text = format_address(p.peer);
     p.started = std::chrono::steady_clock::now();
     auto ssl = ctx_->new_session({});
-    if (!ssl.ok() || SSL_set_fd(ssl->get(), p.fd) != 1) {
-      drop(p, ssl.ok() ? make_status(StatusCode::internal, "SSL_set_fd failed") : ssl.status());
+    // Not SSL_set_fd: a client that leaves mid-handshake must not raise SIGPIPE here.
+    Status attached = ssl.ok() ? security::attach_socket(ssl->get(), p.fd) : ssl.status();
+    if (!attached.ok()) {
+      drop(p, attached);
       continue;
     }
     p.ssl = std::move(ssl).value();
