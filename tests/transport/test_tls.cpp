@@ -237,6 +237,18 @@ TEST(Tls, AClearTextPeerIsRefusedEitherWay) {
   }
 }
 
+// A plain TCP socket connected to the listener at "127.0.0.1:port", or -1.
+int connect_raw(const std::string& address) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(std::stoi(address.substr(address.rfind(':') + 1))));
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
 TEST(Tls, ASilentSocketHoldsUpNoOne) {
   auto sb = create_backend(tls_tcp_config());
   auto cb = create_backend(client_trusting(process_certs().ca));
@@ -244,12 +256,8 @@ TEST(Tls, ASilentSocketHoldsUpNoOne) {
   auto l = (*sb)->listen("127.0.0.1:0");
   ASSERT_TRUE(l.ok());
   // A socket that connects and never speaks.
-  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(uint16_t(std::stoi((*l)->address().substr((*l)->address().rfind(':') + 1))));
-  ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const int silent = connect_raw((*l)->address());
+  ASSERT_GE(silent, 0);
   // accept() does not hand it out, and ends by its deadline and by cancel.
   EXPECT_EQ((*l)->accept(deadline_in(200ms), {}).status().code(), StatusCode::timed_out);
   CancelToken cancel;
@@ -298,14 +306,9 @@ TEST(Tls, ClientsThatLeaveMidHandshakeRaiseNoSignal) {
   std::thread accepting([&] {
     while (!done) (void)(*l)->accept(deadline_in(20ms), {});
   });
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(uint16_t(std::stoi((*l)->address().substr((*l)->address().rfind(':') + 1))));
   for (int i = 0; i < 200; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = connect_raw((*l)->address());
     ASSERT_GE(fd, 0);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), ssize_t(hello.size()));
     if (i % 2) {  // a reset instead of an orderly close
       const linger now{1, 0};
