@@ -134,8 +134,7 @@ int main(int argc, char** argv) {
   app.add_option("--dir", work_dir, "work directory (default: a new one under /tmp, removed after)");
   app.add_option("--backend", backend, "transport between the clients and the node: tcp, ucx or libfabric")
       ->capture_default_str();
-  app.add_option("--op-deadline-ms", op_deadline_ms,
-                 "each operation's deadline")
+  app.add_option("--op-deadline-ms", op_deadline_ms, "each operation's deadline")
       ->capture_default_str()
       ->check(CLI::Range(100u, 600000u));
   app.add_option("--connections", connections, "connections of each client")

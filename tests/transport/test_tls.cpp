@@ -38,10 +38,9 @@ struct Ends {
   Result<std::unique_ptr<Connection>> client = Status(), server = Status();
 };
 
-// A listener of `server_cfg`, a connect from a backend of `client_cfg` (its TLS
-// handshake included) and an accept that waits at most `accept_wait`.
-Ends connect(const BackendConfig& server_cfg, const BackendConfig& client_cfg,
-             std::chrono::milliseconds accept_wait = 10s) {
+// A backend of `server_cfg` listening on loopback and a backend of `client_cfg`,
+// not connected yet; `listener` is null when either could not be made.
+Ends listening(const BackendConfig& server_cfg, const BackendConfig& client_cfg) {
   Ends e;
   auto sb = create_backend(server_cfg);
   auto cb = create_backend(client_cfg);
@@ -50,8 +49,16 @@ Ends connect(const BackendConfig& server_cfg, const BackendConfig& client_cfg,
   e.server_backend = std::move(sb).value(), e.client_backend = std::move(cb).value();
   auto l = e.server_backend->listen("127.0.0.1:0");
   EXPECT_TRUE(l.ok()) << l.status().to_string();
-  if (!l.ok()) return e;
-  e.listener = std::move(l).value();
+  if (l.ok()) e.listener = std::move(l).value();
+  return e;
+}
+
+// listening(), then a connect from the client backend (its TLS handshake included)
+// and an accept that waits at most `accept_wait`.
+Ends connect(const BackendConfig& server_cfg, const BackendConfig& client_cfg,
+             std::chrono::milliseconds accept_wait = 10s) {
+  Ends e = listening(server_cfg, client_cfg);
+  if (!e.listener) return e;
   auto accepted = std::async(std::launch::async, [&] { return e.listener->accept(deadline_in(accept_wait), {}); });
   e.client = e.client_backend->connect(e.listener->address(), deadline_in(10s), {});
   e.server = accepted.get();
@@ -124,15 +131,14 @@ TEST(Tls, ServerWithAnotherNameIsRefused) {
 
 TEST(Tls, HostnameIsVerifiedByDefault) {
   // The certificate names localhost and 127.0.0.1 (which the other tests connect to).
-  auto sb = create_backend(tls_tcp_config());
-  auto cb = create_backend(client_trusting(process_certs().ca));
-  ASSERT_TRUE(sb.ok() && cb.ok());
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok());
-  const std::string port = (*l)->address().substr((*l)->address().rfind(':') + 1);
-  auto c = (*cb)->connect("localhost:" + port, deadline_in(10s), {});
+  auto e = listening(tls_tcp_config(), client_trusting(process_certs().ca));
+  ASSERT_TRUE(e.listener);
+  auto& l = e.listener;
+  auto& cb = e.client_backend;
+  const std::string port = l->address().substr(l->address().rfind(':') + 1);
+  auto c = cb->connect("localhost:" + port, deadline_in(10s), {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_TRUE((*l)->accept(deadline_in(10s), {}).ok());
+  EXPECT_TRUE(l->accept(deadline_in(10s), {}).ok());
 }
 
 BackendConfig mutual_server() {
@@ -180,17 +186,16 @@ TEST(Tls, MutualTlsGivesTheServerTheClientsNames) {
 }
 
 TEST(Tls, AChangedByteOnTheWireIsCaughtNotDelivered) {
-  auto sb = create_backend(tls_tcp_config());
-  auto cb = create_backend(client_trusting(process_certs().ca));
-  ASSERT_TRUE(sb.ok() && cb.ok());
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok());
-  transport::test_util::TcpProxy proxy((*l)->address());
+  auto e = listening(tls_tcp_config(), client_trusting(process_certs().ca));
+  ASSERT_TRUE(e.listener);
+  auto& l = e.listener;
+  auto& cb = e.client_backend;
+  transport::test_util::TcpProxy proxy(l->address());
   // Far past the handshake: inside the 1 MiB body the server sends.
   proxy.flip_at(300000);
-  auto c = (*cb)->connect(proxy.address(), deadline_in(10s), {});
+  auto c = cb->connect(proxy.address(), deadline_in(10s), {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  auto s = (*l)->accept(deadline_in(10s), {});
+  auto s = l->accept(deadline_in(10s), {});
   ASSERT_TRUE(s.ok());
   const auto body = pattern(size_t(1) << 20, 9);
   const std::byte h[3] = {std::byte(1), std::byte(2), std::byte(3)};
@@ -220,18 +225,15 @@ TEST(Tls, AClearTextPeerIsRefusedEitherWay) {
   }
   // A TLS client against a clear listener: its connect fails.
   {
-    auto sb = create_backend(BackendConfig{});
-    auto cb = create_backend(client_trusting(process_certs().ca));
-    ASSERT_TRUE(sb.ok() && cb.ok());
-    auto l = (*sb)->listen("127.0.0.1:0");
-    ASSERT_TRUE(l.ok());
+    auto e = listening(BackendConfig{}, client_trusting(process_certs().ca));
+    ASSERT_TRUE(e.listener);
     auto server = std::async(std::launch::async, [&]() -> Status {
-      auto s = (*l)->accept(deadline_in(5s), {});
+      auto s = e.listener->accept(deadline_in(5s), {});
       if (!s.ok()) return s.status();
       std::vector<std::byte> h;
       return (*s)->recv_header(h, deadline_in(5s), {}).status();
     });
-    auto c = (*cb)->connect((*l)->address(), deadline_in(5s), {});
+    auto c = e.client_backend->connect(e.listener->address(), deadline_in(5s), {});
     EXPECT_FALSE(c.ok());
     EXPECT_EQ(server.get().code(), StatusCode::corrupt_data);
   }
@@ -250,23 +252,22 @@ int connect_raw(const std::string& address) {
 }
 
 TEST(Tls, ASilentSocketHoldsUpNoOne) {
-  auto sb = create_backend(tls_tcp_config());
-  auto cb = create_backend(client_trusting(process_certs().ca));
-  ASSERT_TRUE(sb.ok() && cb.ok());
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok());
+  auto e = listening(tls_tcp_config(), client_trusting(process_certs().ca));
+  ASSERT_TRUE(e.listener);
+  auto& l = e.listener;
+  auto& cb = e.client_backend;
   // A socket that connects and never speaks.
-  const int silent = connect_raw((*l)->address());
+  const int silent = connect_raw(l->address());
   ASSERT_GE(silent, 0);
   // accept() does not hand it out, and ends by its deadline and by cancel.
-  EXPECT_EQ((*l)->accept(deadline_in(200ms), {}).status().code(), StatusCode::timed_out);
+  EXPECT_EQ(l->accept(deadline_in(200ms), {}).status().code(), StatusCode::timed_out);
   CancelToken cancel;
   cancel.cancel();
-  EXPECT_EQ((*l)->accept(deadline_in(10s), cancel).status().code(), StatusCode::cancelled);
+  EXPECT_EQ(l->accept(deadline_in(10s), cancel).status().code(), StatusCode::cancelled);
   // A real client meanwhile connects and is accepted.
-  auto c = (*cb)->connect((*l)->address(), deadline_in(10s), {});
+  auto c = cb->connect(l->address(), deadline_in(10s), {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_TRUE((*l)->accept(deadline_in(10s), {}).ok());
+  EXPECT_TRUE(l->accept(deadline_in(10s), {}).ok());
   ::close(silent);
 }
 
@@ -295,19 +296,18 @@ std::string client_hello() {
 // storage node serving TLS died after 6 such clients. Now each is a refused
 // handshake, and a real client still gets through.
 TEST(Tls, ClientsThatLeaveMidHandshakeRaiseNoSignal) {
-  auto sb = create_backend(tls_tcp_config());
-  auto cb = create_backend(client_trusting(process_certs().ca));
-  ASSERT_TRUE(sb.ok() && cb.ok());
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok());
+  auto e = listening(tls_tcp_config(), client_trusting(process_certs().ca));
+  ASSERT_TRUE(e.listener);
+  auto& l = e.listener;
+  auto& cb = e.client_backend;
   const std::string hello = client_hello();
   ASSERT_GT(hello.size(), 100u);
   std::atomic<bool> done{false};
   std::thread accepting([&] {
-    while (!done) (void)(*l)->accept(deadline_in(20ms), {});
+    while (!done) (void)l->accept(deadline_in(20ms), {});
   });
   for (int i = 0; i < 200; ++i) {
-    const int fd = connect_raw((*l)->address());
+    const int fd = connect_raw(l->address());
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), ssize_t(hello.size()));
     if (i % 2) {  // a reset instead of an orderly close
@@ -318,8 +318,8 @@ TEST(Tls, ClientsThatLeaveMidHandshakeRaiseNoSignal) {
   }
   done = true;
   accepting.join();
-  auto accepted = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(10s), {}); });
-  auto c = (*cb)->connect((*l)->address(), deadline_in(10s), {});
+  auto accepted = std::async(std::launch::async, [&] { return l->accept(deadline_in(10s), {}); });
+  auto c = cb->connect(l->address(), deadline_in(10s), {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   auto s = accepted.get();
   ASSERT_TRUE(s.ok()) << s.status().to_string();

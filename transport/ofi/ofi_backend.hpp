@@ -23,11 +23,11 @@
 //    its backend holds for that local address: ofi_rxm's buffer pools cost about
 //    100 MB an endpoint; its receives then name the peer, since two listeners may
 //    assign the same connection id), inserts the listener's address into its address
-//    vector and sends a hello carrying its own address (fi_getname) and a nonce; the listener's accept()
-//    inserts that address, assigns the connection an id and answers with a
-//    hello-ack (tagged with the nonce) carrying the id. A deadline or cancel that
-//    ends accept() after it took a hello but before the ack completed leaves that
-//    handshake pending: the next accept() finishes it first.
+//    vector and sends a hello carrying its own address (fi_getname) and a nonce; the
+//    listener's accept() inserts that address, assigns the connection an id and
+//    answers with a hello-ack (tagged with the nonce) carrying the id. A deadline or
+//    cancel that ends accept() after it took a hello but before the ack completed
+//    leaves that handshake pending: the next accept() finishes it first.
 //  * ofi_connection, ofi_send, ofi_receive: sends are zero copy: post_send copies
 //    only the header (injected when small) and posts the body segments straight
 //    from the caller's registered memory; what the provider's queue cannot take yet

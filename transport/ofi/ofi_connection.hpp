@@ -40,8 +40,11 @@ class OfiConnection final : public Connection {
   /// Accepted side: `responder` answers the peer's liveness probes for this
   /// connection until it closes.
   void answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce);
-  /// Connecting side: calls that wait on the peer probe it (ofi_liveness.hpp).
-  void probe_peer(std::unique_ptr<PeerProbe> probe) { probe_ = std::move(probe); }
+  /// Connecting side: calls that wait on the peer probe it, their probes carrying the
+  /// hello's `nonce` (ofi_liveness.hpp).
+  void probe_peer(uint64_t nonce, std::chrono::milliseconds timeout) {
+    probe_ = std::make_unique<PeerProbe>(ep_, peer_, id_, nonce, timeout);
+  }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
   Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
@@ -90,14 +93,24 @@ class OfiConnection final : public Connection {
   fi_addr_t recv_from() const { return side_ == Side::connected ? peer_ : FI_ADDR_UNSPEC; }
   Status fail_body(const Status& st);
   Result<size_t> corrupt(std::string_view what);
-  /// For a waiting call's predicate: true (with the reason in `why`) once the peer
-  /// answered no liveness probe for the timeout; false where it is not probed.
-  bool peer_gone(Status& why) {
-    if (!probe_) return false;
-    why = probe_->check();
-    return !why.ok();
+  /// ep_->wait(pred) for a call that waits on the peer: where the peer is probed it
+  /// also ends once the peer answered no liveness probe for the timeout, and answers
+  /// lost_peer then, unless `pred` holds by that time (what arrived is not dropped).
+  template <typename Pred>
+  Status wait_on_peer(Pred pred, Deadline deadline, const CancelToken& cancel, std::string_view what) {
+    if (!probe_) return ep_->wait(pred, deadline, &cancel, what);
+    Status gone;
+    Status st = ep_->wait(
+        [&] {
+          if (pred()) return true;
+          gone = probe_->check();
+          return !gone.ok();
+        },
+        deadline, &cancel, what);
+    if (st.ok() && !gone.ok() && !pred()) return lost_peer(gone);
+    return st;
   }
-  /// The connection is unusable: its peer is gone (`why` from peer_gone). Either
+  /// The connection is unusable: its peer is gone (`why` from PeerProbe::check). Either
   /// side's thread may call it (it touches peer_lost_ alone).
   Status lost_peer(const Status& why);
   /// What every later call answers once the peer was lost.

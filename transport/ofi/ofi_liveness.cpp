@@ -10,7 +10,9 @@ namespace kvstream::transport::ofi {
 
 namespace {
 
-int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -80,17 +82,18 @@ void ProbeResponder::answer(const Op& op) {
 PeerProbe::PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
                      std::chrono::milliseconds timeout)
     : ep_(std::move(ep)), peer_(peer), id_(id), nonce_(nonce), timeout_(timeout),
-      heard_at_(std::make_shared<std::atomic<int64_t>>(now_ns())) {}
+      heard_at_(std::make_shared<std::atomic<int64_t>>(ns_of(Clock::now()))) {}
 
 PeerProbe::~PeerProbe() {
   if (answer_op_) ep_->cancel_and_drain(*answer_op_, std::chrono::seconds(1));
 }
 
-void PeerProbe::heard() { heard_at_->store(now_ns(), std::memory_order_relaxed); }
+void PeerProbe::heard() { heard_at_->store(ns_of(Clock::now()), std::memory_order_relaxed); }
 
 Status PeerProbe::check() {
+  // One clock read: this runs in every pass of a waiting call's predicate.
   const auto now = Clock::now();
-  const auto silent = std::chrono::nanoseconds(now_ns() - heard_at_->load(std::memory_order_relaxed));
+  const auto silent = std::chrono::nanoseconds(ns_of(now) - heard_at_->load(std::memory_order_relaxed));
   if (silent < timeout_ / 4) return {};
   std::lock_guard lock(mu_);
   if (answer_op_ && answer_op_->done.load(std::memory_order_acquire)) {
@@ -102,7 +105,7 @@ Status PeerProbe::check() {
     ++seq_;
     auto op = ep_->new_op(sizeof(Probe));
     op->on_complete = [heard = heard_at_](Op& o) {
-      if (!o.err) heard->store(now_ns(), std::memory_order_relaxed);
+      if (!o.err) heard->store(ns_of(Clock::now()), std::memory_order_relaxed);
     };
     KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*op));
     // Posted before the probe goes out, so the answer cannot arrive unexpected.

@@ -36,17 +36,15 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
     }
   }
   bool closed = false;
-  Status gone;
-  auto st = ep_->wait(
+  auto st = wait_on_peer(
       [&] {
         if (hdr_op_->done.load(std::memory_order_acquire)) return true;
         if (shared_->bye.load(std::memory_order_acquire) && shared_->peer_sent.load() <= recv_seq_) closed = true;
         if (!closed) progress_sends();
-        return closed || peer_gone(gone);
+        return closed;
       },
-      deadline, &cancel, "recv_header");
+      deadline, cancel, "recv_header");
   if (!st.ok()) return st;
-  if (!gone.ok() && !hdr_op_->done.load(std::memory_order_acquire)) return lost_peer(gone);
   if (!hdr_op_->done.load(std::memory_order_acquire))
     return peer_closed(fmt::format("libfabric: peer {} closed the connection", peer_name_));
   auto op = std::move(hdr_op_);
@@ -114,15 +112,13 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
       if (!o->done.load(std::memory_order_acquire)) return false;
     return true;
   };
-  Status gone;
-  auto st = ep_->wait(
+  auto st = wait_on_peer(
       [&] {
         if (all_done()) return true;
         progress_sends();
-        return peer_gone(gone);
+        return false;
       },
-      deadline, &cancel, "recv_body");
-  if (st.ok() && !gone.ok() && !all_done()) st = lost_peer(gone);
+      deadline, cancel, "recv_body");
   if (!st.ok()) {
     // Nothing may write into the caller's buffer after we return.
     for (auto& o : body_ops_)

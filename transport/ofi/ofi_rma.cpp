@@ -158,11 +158,9 @@ Status OfiConnection::read(std::span<std::byte> dest, const RemoteRegion& src, u
     st = ep_->post_read(op, into + off, len, desc, peer_, base + off, key, deadline, cancel);
     if (st.ok()) ops.push_back(std::move(op));
   }
-  Status gone;
   if (st.ok())
-    st = ep_->wait([&] { return all_done() || shared_->bye.load(std::memory_order_acquire) || peer_gone(gone); },
-                   deadline, &cancel, "read");
-  if (st.ok() && !gone.ok() && !all_done()) st = lost_peer(gone);
+    st = wait_on_peer([&] { return all_done() || shared_->bye.load(std::memory_order_acquire); }, deadline, cancel,
+                      "read");
   if (st.ok() && !all_done())
     st = make_status(StatusCode::unavailable, "libfabric: peer {} closed the connection during a read", peer_name_);
   if (!st.ok()) {

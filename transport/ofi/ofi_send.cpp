@@ -83,18 +83,15 @@ Status OfiConnection::wait_sends(uint64_t seq, Deadline deadline, const CancelTo
                       fi_err(shared_->send_error.load()));
   };
   if (shared_->send_error.load()) return failed();
-  Status flushed, gone;
-  auto done = [&] {
-    return !flushed.ok() || shared_->send_error.load() != 0 || outstanding_.empty() || outstanding_.front().seq > seq;
-  };
-  auto st = ep_->wait(
+  Status flushed;
+  auto st = wait_on_peer(
       [&] {
         if (flushed.ok()) flushed = flush();
         reap();
-        return done() || peer_gone(gone);
+        return !flushed.ok() || shared_->send_error.load() != 0 || outstanding_.empty() ||
+               outstanding_.front().seq > seq;
       },
-      deadline, &cancel, "wait_sends");
-  if (st.ok() && !gone.ok() && !done()) st = lost_peer(gone);
+      deadline, cancel, "wait_sends");
   if (!st.ok()) {
     // Nothing may read the caller's bodies after we return: the connection breaks.
     abort_sends();
