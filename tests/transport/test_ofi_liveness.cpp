@@ -4,12 +4,15 @@
 // connections it made (the hello's nonce), not for an id a restarted node reuses.
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <future>
 
 #include "kvstream/storage.hpp"
 #include "tests/support/node_process.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/transport/free_port.hpp"
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
 #include "tests/transport/ofi_raw_peer.hpp"
@@ -129,6 +132,63 @@ TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
   EXPECT_FALSE(answered(greeted.id, 1, greeted.nonce ^ 1, 300ms)) << "answered a probe with another nonce";
   EXPECT_FALSE(answered(greeted.id + 7, 2, greeted.nonce, 300ms)) << "answered for a connection it never made";
   EXPECT_TRUE(answered(greeted.id, 3, greeted.nonce, 10s)) << "no answer for its own connection";
+}
+
+// A connect to a port where nothing listens fails unavailable (ofi_reachability.hpp).
+// ofi_rxm retries its refused connection and answers the hello's send with EAGAIN,
+// so before the listener check this waited the whole 30 s and failed timed_out.
+TEST_P(OfiLiveness, AConnectWhereNothingListensFailsUnavailable) {
+  if (GetParam() == "shm") GTEST_SKIP() << "shm names its endpoints, not TCP listeners: such a connect waits out its deadline";
+  const uint16_t port = test_util::free_port();
+  auto b = create_backend(probing(GetParam(), 4000ms));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto c = (*b)->connect(fmt::format("127.0.0.1:{}", port), deadline_in(30s), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::unavailable) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("nothing listens"), std::string::npos) << c.status().to_string();
+}
+
+/// The connections waiting in the accept queue of the IPv4 listener on `port`
+/// (/proc/net/tcp's rx_queue of a LISTEN socket), or -1 where there is none.
+int accept_backlog(uint16_t port) {
+  std::ifstream f("/proc/net/tcp");
+  std::string line;
+  std::getline(f, line);  // the header
+  while (std::getline(f, line)) {
+    unsigned local_port = 0, state = 0, tx = 0, rx = 0;
+    if (std::sscanf(line.c_str(), "%*d: %*8x:%4x %*8x:%*4x %2x %8x:%8x", &local_port, &state, &tx, &rx) == 4 &&
+        local_port == port && state == 0x0A)
+      return int(rx);
+  }
+  return -1;
+}
+
+// A node that is alive but takes its hellos late (stopped with SIGSTOP, so its kernel
+// still queues connections) is waited for, not taken for gone: the client's TCP check
+// connects and the hello goes on. The node is resumed once the check's connection
+// sits in its accept queue beside ofi_rxm's own.
+TEST_P(OfiLiveness, ANodeSlowToTakeTheHelloIsWaitedFor) {
+  if (GetParam() == "shm") GTEST_SKIP() << "shm names its endpoints, not TCP listeners: there is no check";
+  kvstream::testing::TempDir dir{"kvs-liveness"};
+  std::ofstream(dir / "secrets.json") << R"({"t": ")" << kSecret << R"("})";
+  kvstream::testing::NodeProcess node;
+  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
+                         {"--listen", "127.0.0.1:0", "--backend", "libfabric", "--ofi-provider", GetParam(), "--dir",
+                          (dir / "store").string(), "--secrets", (dir / "secrets.json").string()},
+                         "warn"));
+  const uint16_t port = uint16_t(std::stoi(node.address().substr(node.address().rfind(':') + 1)));
+  ASSERT_EQ(accept_backlog(port), 0);
+  ASSERT_EQ(::kill(node.pid(), SIGSTOP), 0);
+  auto b = create_backend(probing(GetParam(), 4000ms));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto pending = std::async(std::launch::async, [&] { return (*b)->connect(node.address(), deadline_in(60s), {}); });
+  const auto until = deadline_in(30s);
+  while (accept_backlog(port) < 2 && pending.wait_for(10ms) == std::future_status::timeout && Clock::now() < until) {
+  }
+  EXPECT_GE(accept_backlog(port), 2) << "the client never checked the stopped node's port";
+  ASSERT_EQ(::kill(node.pid(), SIGCONT), 0);
+  auto c = pending.get();
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, OfiLiveness, ::testing::Values("tcp;ofi_rxm", "shm"), [](const auto& info) {

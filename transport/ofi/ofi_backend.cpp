@@ -51,7 +51,13 @@ class OfiBackend final : public Backend {
                          core_->provider, fi_err(r ? r : -FI_EADDRNOTAVAIL));
     KVS_ASSIGN_OR_RETURN(auto ep, client_endpoint(info.p));
     KVS_ASSIGN_OR_RETURN(fi_addr_t server, ep->insert(info.p->dest_addr));
-    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server, address, deadline, cancel));
+    std::function<Status()> listener_gone;
+    if (listens_on_tcp(core_->provider))
+      listener_gone = [&] {
+        return check_listener(info.p->dest_addr, info.p->dest_addrlen, address,
+                              std::min(deadline, Clock::now() + kListenerCheckAfter));
+      };
+    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server, address, deadline, cancel, listener_gone));
     auto conn = std::make_unique<OfiConnection>(ep, server, g.id, fmt::format("{}:{}", host, port),
                                                  Side::connected);
     KVS_RETURN_IF_ERROR(conn->start());

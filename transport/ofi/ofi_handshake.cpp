@@ -65,7 +65,7 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
 }
 
 Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                          const CancelToken& cancel) {
+                          const CancelToken& cancel, const std::function<Status()>& listener_gone) {
   KVS_ASSIGN_OR_RETURN(auto me, ep.name());
   if (me.size() > kMaxAddrBytes)
     return make_status(StatusCode::internal, "libfabric: endpoint address of {} bytes is too long", me.size());
@@ -91,8 +91,17 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
     return s;
   };
   const std::string what = fmt::format("connect to {}", address);
-  auto st = ep.post_send(hello, hello->buf.get(), sizeof h, hdesc, server, make_tag(MsgType::hello, 0), deadline,
-                         cancel);
+  const auto post = [&](Deadline until) {
+    return ep.post_send(hello, hello->buf.get(), sizeof h, hdesc, server, make_tag(MsgType::hello, 0), until, cancel);
+  };
+  // A provider that cannot reach the listener answers the post with EAGAIN until the
+  // deadline; the first try is bounded so that a listener that is gone shows early.
+  const Deadline first = listener_gone ? std::min(deadline, Clock::now() + kListenerCheckAfter) : deadline;
+  auto st = post(first);
+  if (st.code() == StatusCode::timed_out && first < deadline && !cancel.cancelled()) {
+    if (Status gone = listener_gone(); !gone.ok()) return fail(gone);
+    st = post(deadline);
+  }
   if (!st.ok()) return fail(st.with_context(what));
   st = ep.wait([&] { return ack->done.load() || (hello->done.load() && hello->err); }, deadline, &cancel, what);
   if (!st.ok()) return fail(st);

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "transport/ofi/ofi_connection.hpp"
+#include "transport/ofi/ofi_reachability.hpp"
 
 namespace kvstream::transport::ofi {
 
@@ -64,8 +66,10 @@ struct Greeted {
 };
 
 /// Says hello from `ep` to the listener at `server` (`address` names it in errors)
-/// and waits for its ack.
+/// and waits for its ack. `listener_gone`, where given, is asked once when the
+/// provider has not taken the hello after kListenerCheckAfter; an error from it ends
+/// the connect (ofi_reachability.hpp).
 Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                          const CancelToken& cancel);
+                          const CancelToken& cancel, const std::function<Status()>& listener_gone = {});
 
 }  // namespace kvstream::transport::ofi
