@@ -55,7 +55,12 @@ void close_conn(Engine& eng, const std::shared_ptr<ConnState>& cs) {
       close_op.track(ucp_ep_close_nbx(cs->ep, &p));
     }
   }
-  const bool ok = eng.wait_quiet([&] { return close_op.done && cs->requests_done(); }, 2s);
+  // A graceful close flushes the sends posted but never waited for; a failed
+  // connection's requests end at once or never (ucx_send.cpp, cancel_sends), so it
+  // gets the short wait.
+  const bool failed = cs->failed;
+  const bool ok =
+      eng.wait_quiet([&] { return close_op.done && cs->requests_done(); }, failed ? kAfterCancel : kGracefulClose);
   std::lock_guard lk(eng.mu);
   if (!ok && !close_op.done && close_op.req) {
     // A graceful close that did not finish: let UCX free it when it completes.
@@ -86,7 +91,10 @@ void close_conn(Engine& eng, const std::shared_ptr<ConnState>& cs) {
   eng.by_ep.erase(cs->ep);
   eng.conns.erase(cs.get());
   if (!ok) {
-    KVS_LOG_WARN("ucx: connection to {} did not close cleanly", cs->peer);
+    if (failed)
+      KVS_LOG_DEBUG("ucx: connection to {} closed with requests UCX never ended (the peer failed)", cs->peer);
+    else
+      KVS_LOG_WARN("ucx: connection to {} did not close cleanly", cs->peer);
     eng.graveyard.push_back(cs);  // requests may still point into it
   }
 }

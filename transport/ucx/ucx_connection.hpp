@@ -25,6 +25,11 @@
 namespace kvstream::transport::ucx_detail {
 
 constexpr size_t kHeaderRing = 32;  // header receives posted ahead per connection
+/// How long a broken connection waits for UCX to end its requests after a cancel or
+/// a forced close, before leaving them with the connection state.
+constexpr std::chrono::milliseconds kAfterCancel{200};
+/// How long an orderly close waits to flush the sends posted but never waited for.
+constexpr std::chrono::milliseconds kGracefulClose{2000};
 
 /// Per-connection state, guarded by the engine mutex. Requests point into it (its
 /// Ops and buffers), so it lives until they are done: a connection that closes with

@@ -46,14 +46,18 @@ void UcxConnection::cancel_sends(const Status& why) {
       if (!snd->bop.done && snd->bop.req) ucp_request_cancel(e.worker, snd->bop.req);
     }
   }
-  if (!e.wait_quiet([&] { return sends_done_locked(); }, 200ms)) {
+  if (!e.wait_quiet([&] { return sends_done_locked(); }, kAfterCancel)) {
     std::lock_guard lk(e.mu);
     if (cs_->ep && !sends_done_locked()) force_close_locked();
   }
-  // Sends that still did not complete stay queued, in the connection state, which
-  // close_conn keeps until the worker is gone if they never do.
-  if (!e.wait_quiet([&] { return sends_done_locked(); }, 5s))
-    KVS_LOG_ERROR("ucx: a send request to {} did not complete after cancel", cs_->peer);
+  // With the endpoint force-closed no request reads the caller's body any more, but
+  // UCX 1.13 never completes a rendezvous send whose peer died before answering its
+  // RTS (the requests were still out when the worker went). Waiting 5 s for them
+  // made about 1 in 20 puts to a killed node fail after 5.2 s instead of 10 ms; they
+  // stay queued in the connection state instead, which close_conn keeps until the
+  // worker is gone.
+  if (!e.wait_quiet([&] { return sends_done_locked(); }, kAfterCancel))
+    KVS_LOG_DEBUG("ucx: send requests to {} left with UCX after the endpoint was force-closed", cs_->peer);
   std::lock_guard lk(e.mu);
   reap_locked();
 }
