@@ -13,12 +13,15 @@ using namespace std::chrono_literals;
 Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<HelloQueue>& queue) {
   auto op = ep.new_op(sizeof(Hello));
   op->on_complete = [queue](Op& o) {
-    if (o.err || o.len < offsetof(Hello, addr)) return;
     Hello h{};
-    std::memcpy(&h, o.buf.get(), std::min(o.len, sizeof h));
-    if (h.magic != kHelloMagic || h.addr_len > kMaxAddrBytes) return;
+    if (!o.err && o.len >= offsetof(Hello, addr)) std::memcpy(&h, o.buf.get(), std::min(o.len, sizeof h));
+    const bool valid = !o.err && o.len >= offsetof(Hello, addr) && h.magic == kHelloMagic && h.addr_len <= kMaxAddrBytes;
     std::lock_guard lock(queue->mu);
-    if (!queue->closing) queue->hellos.push_back(h);
+    if (queue->closing) return;
+    if (valid)
+      queue->hellos.push_back(h);
+    else
+      ++queue->spent;
   };
   KVS_ASSIGN_OR_RETURN(void* desc, ep.local_desc(*op));
   KVS_RETURN_IF_ERROR(

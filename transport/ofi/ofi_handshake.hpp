@@ -24,10 +24,15 @@ namespace kvstream::transport::ofi {
 struct HelloQueue {
   std::mutex mu;
   std::deque<Hello> hellos;
+  /// Receives that ended without a hello (junk under the hello's tag, an error): the
+  /// listener reposts them without waiting for a valid hello, so that junk cannot
+  /// use up every posted receive and stop it accepting.
+  size_t spent = 0;
   bool closing = false;  // the listener is going away: take no more
 };
 
-/// Posts one hello receive on `ep`; its completion queues a valid hello in `queue`.
+/// Posts one hello receive on `ep`; its completion queues a valid hello in `queue`,
+/// or counts the receive as spent.
 Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<HelloQueue>& queue);
 
 /// How long a taken hello's ack may take to complete before the handshake is dropped.

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/log.hpp"
@@ -54,19 +55,23 @@ class OfiListener final : public Listener {
   /// as made: the storage node accepts in 200 ms rounds, and under TSan the first send
   /// on a new tcp;ofi_rxm listener endpoint (the first hello-ack) takes about 100 ms.
   Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
-    if (!pending_) {
-      Hello h{};
+    while (!pending_) {
+      std::optional<Hello> h;
+      bool spent = false;
       KVS_RETURN_IF_ERROR(ep_->wait(
           [&] {
             std::lock_guard lock(hellos_->mu);
-            if (hellos_->hellos.empty()) return false;
-            h = hellos_->hellos.front();
-            hellos_->hellos.pop_front();
-            return true;
+            spent = std::exchange(hellos_->spent, 0) > 0;
+            if (!hellos_->hellos.empty()) {
+              h = hellos_->hellos.front();
+              hellos_->hellos.pop_front();
+            }
+            return h || spent;
           },
           deadline, &cancel, "accept"));
       refill_hellos();
-      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, h, next_id_++ & uint32_t(Tag::kConnMask), responder_));
+      if (!h) continue;  // only spent receives: reposted, wait on
+      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, *h, next_id_++ & uint32_t(Tag::kConnMask), responder_));
     }
     if (Status st = finish_handshake(*ep_, *pending_, deadline, cancel); !st.ok()) {
       if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) pending_.reset();
@@ -82,9 +87,10 @@ class OfiListener final : public Listener {
  private:
   static constexpr size_t kHelloPool = 8;  // hello receives kept posted
 
-  /// Keeps kHelloPool hello receives posted (one completes per hello, and one that
-  /// completes with an error or a bad hello is replaced too). A failed repost is logged,
-  /// not fatal: the hello already taken is still accepted, and the next call retries.
+  /// Keeps kHelloPool hello receives posted: one completes per hello, and one that
+  /// took junk or failed is replaced as soon as accept() sees it (HelloQueue::spent).
+  /// A failed repost is logged, not fatal: the hello already taken is still accepted,
+  /// and the next call retries.
   void refill_hellos() {
     std::erase_if(hello_ops_, [](const std::shared_ptr<Op>& o) { return o->done.load(); });
     while (hello_ops_.size() < kHelloPool)

@@ -64,8 +64,12 @@ void ProbeResponder::refill_locked() {
 
 void ProbeResponder::answer(const Op& op) {
   std::lock_guard lock(mu_);
-  if (op.err) return;  // cancelled: the responder is going away
+  if (op.err == FI_ECANCELED) return;  // the responder is going away
+  // Any other ending (a probe, junk under the probe's tag, a message too long for the
+  // receive) is replaced, so junk cannot use up the posted receives and silence the
+  // responder, which would make every probing client take this node for gone.
   refill_locked();
+  if (op.err) return;
   Probe p{};
   if (op.len != sizeof p) return;  // not one of ours: no answer
   std::memcpy(&p, op.buf.get(), sizeof p);
