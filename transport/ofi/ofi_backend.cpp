@@ -51,17 +51,12 @@ class OfiBackend final : public Backend {
                          core_->provider, fi_err(r ? r : -FI_EADDRNOTAVAIL));
     KVS_ASSIGN_OR_RETURN(auto ep, client_endpoint(info.p));
     KVS_ASSIGN_OR_RETURN(fi_addr_t server, ep->insert(info.p->dest_addr));
-    std::function<Status()> listener_gone;
-    if (listens_on_tcp(core_->provider))
-      listener_gone = [&] {
-        return check_listener(info.p->dest_addr, info.p->dest_addrlen, address,
-                              std::min(deadline, Clock::now() + kListenerCheckAfter));
-      };
-    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server, address, deadline, cancel, listener_gone));
+    const auto listener = ListenerCheck::of(core_->provider, info.p->dest_addr, info.p->dest_addrlen, address);
+    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server, address, deadline, cancel, listener ? &*listener : nullptr));
     auto conn = std::make_unique<OfiConnection>(ep, server, g.id, fmt::format("{}:{}", host, port),
                                                  Side::connected);
     KVS_RETURN_IF_ERROR(conn->start());
-    if (core_->peer_timeout.count() > 0) conn->probe_peer(g.nonce, core_->peer_timeout);
+    if (core_->peer_timeout.count() > 0) conn->probe_peer(g.nonce, core_->peer_timeout, listener);
     KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, g.id);
     return std::unique_ptr<Connection>(std::move(conn));
   }

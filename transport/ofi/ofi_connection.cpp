@@ -80,7 +80,7 @@ Status OfiConnection::lost_peer(const Status& why) {
 }
 
 Status OfiConnection::peer_lost_status() const {
-  return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost (it answered no liveness probe)",
+  return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost (found gone by its liveness probe)",
                                  peer_name_);
 }
 

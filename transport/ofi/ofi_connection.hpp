@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,9 +42,10 @@ class OfiConnection final : public Connection {
   /// connection until it closes.
   void answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce);
   /// Connecting side: calls that wait on the peer probe it, their probes carrying the
-  /// hello's `nonce` (ofi_liveness.hpp).
-  void probe_peer(uint64_t nonce, std::chrono::milliseconds timeout) {
-    probe_ = std::make_unique<PeerProbe>(ep_, peer_, id_, nonce, timeout);
+  /// hello's `nonce`, and `listener` (if any) looks whether anything still listens at
+  /// its address when a probe goes unanswered (ofi_liveness.hpp).
+  void probe_peer(uint64_t nonce, std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener) {
+    probe_ = std::make_unique<PeerProbe>(ep_, peer_, id_, nonce, timeout, std::move(listener));
   }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;

@@ -68,7 +68,7 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
 }
 
 Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                          const CancelToken& cancel, const std::function<Status()>& listener_gone) {
+                          const CancelToken& cancel, const ListenerCheck* listener) {
   KVS_ASSIGN_OR_RETURN(auto me, ep.name());
   if (me.size() > kMaxAddrBytes)
     return make_status(StatusCode::internal, "libfabric: endpoint address of {} bytes is too long", me.size());
@@ -99,10 +99,11 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
   };
   // A provider that cannot reach the listener answers the post with EAGAIN until the
   // deadline; the first try is bounded so that a listener that is gone shows early.
-  const Deadline first = listener_gone ? std::min(deadline, Clock::now() + kListenerCheckAfter) : deadline;
+  const Deadline first = listener ? std::min(deadline, Clock::now() + kListenerCheckAfter) : deadline;
   auto st = post(first);
   if (st.code() == StatusCode::timed_out && first < deadline && !cancel.cancelled()) {
-    if (Status gone = listener_gone(); !gone.ok()) return fail(gone);
+    if (Status gone = (*listener)(deadline); !gone.ok())
+      return fail(make_status(StatusCode::unavailable, "libfabric: connect to {}: {}", address, gone.message()));
     st = post(deadline);
   }
   if (!st.ok()) return fail(st.with_context(what));

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,10 +70,10 @@ struct Greeted {
 };
 
 /// Says hello from `ep` to the listener at `server` (`address` names it in errors)
-/// and waits for its ack. `listener_gone`, where given, is asked once when the
-/// provider has not taken the hello after kListenerCheckAfter; an error from it ends
-/// the connect (ofi_reachability.hpp).
+/// and waits for its ack. Where the provider has not taken the hello after
+/// kListenerCheckAfter, `listener` (if any) looks once whether anything listens
+/// there; nothing does: unavailable (ofi_reachability.hpp).
 Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                          const CancelToken& cancel, const std::function<Status()>& listener_gone = {});
+                          const CancelToken& cancel, const ListenerCheck* listener = nullptr);
 
 }  // namespace kvstream::transport::ofi

@@ -84,8 +84,8 @@ void ProbeResponder::answer(const Op& op) {
 // ---- Connecting side ----------------------------------------------------------------
 
 PeerProbe::PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
-                     std::chrono::milliseconds timeout)
-    : ep_(std::move(ep)), peer_(peer), id_(id), nonce_(nonce), timeout_(timeout),
+                     std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener)
+    : ep_(std::move(ep)), peer_(peer), id_(id), nonce_(nonce), timeout_(timeout), listener_(std::move(listener)),
       heard_at_(std::make_shared<std::atomic<int64_t>>(ns_of(Clock::now()))) {}
 
 PeerProbe::~PeerProbe() {
@@ -100,6 +100,9 @@ Status PeerProbe::check() {
   const auto silent = std::chrono::nanoseconds(ns_of(now) - heard_at_->load(std::memory_order_relaxed));
   if (silent < timeout_ / 4) return {};
   std::lock_guard lock(mu_);
+  // The sending and the receiving side both ask: a verdict one of them got holds for
+  // the other too (a timeout does by itself; the listener check runs once).
+  if (!gone_.ok()) return gone_;
   if (answer_op_ && answer_op_->done.load(std::memory_order_acquire)) {
     // Answered (heard_at_ moved), or the receive failed: the next probe starts afresh.
     answer_op_.reset();
@@ -119,6 +122,7 @@ Status PeerProbe::check() {
       return {};  // no room now: probe on the next check
     answer_op_ = std::move(op);
     probe_sent_ = now;
+    listener_checked_ = false;
   }
   if (!injected_) {
     const Probe p{nonce_};
@@ -130,6 +134,14 @@ Status PeerProbe::check() {
     // that it lost its peer, and why.
     if (r != 0 && r != -FI_EAGAIN)
       return detail::unlogged_status(StatusCode::unavailable, "a liveness probe could not be sent: {}", fi_err(int(-r)));
+  }
+  if (listener_ && !listener_checked_ && now - probe_sent_ >= kListenerCheckAfter) {
+    // Once a probe: the check may wait up to kListenerCheckAfter for a host that does
+    // not answer at all, and a node that restarted listens again (its probe then times
+    // out: it answers for no connection it did not make).
+    listener_checked_ = true;
+    if (Status gone = (*listener_)(Clock::now() + timeout_); !gone.ok())
+      return gone_ = detail::unlogged_status(StatusCode::unavailable, "its listener is gone: {}", gone.message());
   }
   if (now - probe_sent_ >= timeout_)
     return detail::unlogged_status(StatusCode::unavailable, "it answered no liveness probe for {} ms (gone, or cut off)",

@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "transport/ofi/ofi_endpoint.hpp"
+#include "transport/ofi/ofi_reachability.hpp"
 
 namespace kvstream::transport::ofi {
 
@@ -60,9 +62,11 @@ class ProbeResponder : public std::enable_shared_from_this<ProbeResponder> {
 class PeerProbe {
  public:
   /// Probes go out after `timeout` / 4 without a word from the peer; the peer is
-  /// taken as gone when a probe stays unanswered for `timeout`.
+  /// taken as gone when a probe stays unanswered for `timeout`, or sooner where
+  /// `listener` finds nothing listening at its address once a probe has gone
+  /// unanswered for kListenerCheckAfter (a killed node that has not come back).
   PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
-            std::chrono::milliseconds timeout);
+            std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener = std::nullopt);
   ~PeerProbe();
   PeerProbe(const PeerProbe&) = delete;
   PeerProbe& operator=(const PeerProbe&) = delete;
@@ -82,12 +86,15 @@ class PeerProbe {
   uint32_t id_;
   uint64_t nonce_;
   std::chrono::milliseconds timeout_;
+  std::optional<ListenerCheck> listener_;
   std::mutex mu_;
   std::shared_ptr<std::atomic<int64_t>> heard_at_;  // steady-clock ns; the answer's receive sets it too
   std::shared_ptr<Op> answer_op_;   // posted receive for the outstanding probe's answer
   uint64_t seq_ = 0;                // probes sent
   bool injected_ = false;           // the outstanding probe is with the provider
   Clock::time_point probe_sent_{};  // when it went out
+  bool listener_checked_ = false;   // the outstanding probe's listener check is done
+  Status gone_;                     // the listener check's verdict, for every caller after
 };
 
 }  // namespace kvstream::transport::ofi

@@ -1,9 +1,7 @@
-// Whether anything listens where a client is saying hello: see ofi_reachability.hpp.
+// Whether anything listens at a libfabric peer's address: see ofi_reachability.hpp.
 #include "transport/ofi/ofi_reachability.hpp"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,46 +12,44 @@
 
 namespace kvstream::transport::ofi {
 
-bool listens_on_tcp(const std::string& provider) {
+std::optional<ListenerCheck> ListenerCheck::of(const std::string& provider, const void* addr, size_t len,
+                                               std::string address) {
   const std::string core = provider.substr(0, provider.find(';'));
-  return core == "tcp" || core == "sockets";
-}
-
-namespace {
-
-/// The errors of a connect that mean nothing will answer at that address.
-bool definite(int err) { return err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH; }
-
-Status refused(const std::string& address, int err) {
-  return make_status(StatusCode::unavailable, "libfabric: connect to {}: nothing listens there ({})", address,
-                     std::strerror(err));
-}
-
-}  // namespace
-
-Status check_listener(const void* addr, size_t len, const std::string& address, Deadline until) {
+  if (core != "tcp" && core != "sockets") return std::nullopt;
   const auto* sa = static_cast<const sockaddr*>(addr);
-  if (!sa || len < sizeof(sa_family_t) || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6)) return {};
-  const int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return {};  // no verdict: the hello goes on to its deadline
+  if (!sa || len < sizeof(sa_family_t) || len > sizeof(sockaddr_storage) ||
+      (sa->sa_family != AF_INET && sa->sa_family != AF_INET6))
+    return std::nullopt;
+  ListenerCheck c;
+  std::memcpy(&c.addr_, addr, len);
+  c.len_ = socklen_t(len);
+  c.address_ = std::move(address);
+  return c;
+}
+
+Status ListenerCheck::operator()(Deadline until) const {
+  until = std::min(until, Clock::now() + kListenerCheckAfter);
+  const int fd = socket(addr_.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};  // no verdict: the caller waits on
   int err = 0;
-  if (::connect(fd, sa, socklen_t(len)) != 0) {
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr_), len_) != 0) {
     err = errno;
     if (err == EINPROGRESS) {
       err = 0;
       pollfd p{fd, POLLOUT, 0};
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-      if (poll(&p, 1, int(std::clamp<long long>(left, 0, 60'000))) == 1) {
+      if (poll(&p, 1, int(std::max<long long>(left, 0))) == 1) {
         socklen_t n = sizeof err;
         if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &n) != 0) err = 0;
       }
     }
   }
   close(fd);
-  if (!definite(err)) return {};
-  KVS_LOG_DEBUG("libfabric: the hello to {} was not taken and a TCP connect there failed: {}", address,
-                std::strerror(err));
-  return refused(address, err);
+  // Only the errors that mean nothing will answer at that address give a verdict.
+  if (err != ECONNREFUSED && err != EHOSTUNREACH && err != ENETUNREACH) return {};
+  KVS_LOG_DEBUG("libfabric: {} did not answer and a TCP connect there failed: {}", address_, std::strerror(err));
+  return detail::unlogged_status(StatusCode::unavailable, "nothing listens at {} ({})", address_,
+                                 std::strerror(err));
 }
 
 }  // namespace kvstream::transport::ofi
