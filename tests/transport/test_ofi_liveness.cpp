@@ -67,6 +67,14 @@ class OfiLiveness : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (!test_util::backend_built("libfabric")) GTEST_SKIP() << "libfabric backend not built";
   }
+  /// A kvstream-server over the provider under test, with namespace "t", its store in `dir`.
+  bool start_node(kvstream::testing::NodeProcess& node, const kvstream::testing::TempDir& dir) {
+    std::ofstream(dir / "secrets.json") << R"({"t": ")" << kSecret << R"("})";
+    return node.start(KVSTREAM_SERVER_BIN,
+                      {"--listen", "127.0.0.1:0", "--backend", "libfabric", "--ofi-provider", GetParam(), "--dir",
+                       (dir / "store").string(), "--secrets", (dir / "secrets.json").string()},
+                      "warn");
+  }
 };
 
 // A storage node killed -9 under a client: the client's get fails unavailable, named
@@ -76,12 +84,8 @@ class OfiLiveness : public ::testing::TestWithParam<std::string> {
 // check, and its probe times out.
 TEST_P(OfiLiveness, AKilledNodeFailsTheCallsWaitingOnItUnavailable) {
   kvstream::testing::TempDir dir{"kvs-liveness"};
-  std::ofstream(dir / "secrets.json") << R"({"t": ")" << kSecret << R"("})";
   kvstream::testing::NodeProcess node;
-  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
-                         {"--listen", "127.0.0.1:0", "--backend", "libfabric", "--ofi-provider", GetParam(), "--dir",
-                          (dir / "store").string(), "--secrets", (dir / "secrets.json").string()},
-                         "warn"));
+  ASSERT_TRUE(start_node(node, dir));
   storage::ClientConfig cc;
   cc.address = node.address(), cc.name_space = "t", cc.secret = kSecret;
   cc.backend = probing(GetParam(), 300ms);
@@ -222,12 +226,8 @@ int accept_backlog(uint16_t port) {
 TEST_P(OfiLiveness, ANodeSlowToTakeTheHelloIsWaitedFor) {
   if (GetParam() == "shm") GTEST_SKIP() << "shm names its endpoints, not TCP listeners: there is no check";
   kvstream::testing::TempDir dir{"kvs-liveness"};
-  std::ofstream(dir / "secrets.json") << R"({"t": ")" << kSecret << R"("})";
   kvstream::testing::NodeProcess node;
-  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
-                         {"--listen", "127.0.0.1:0", "--backend", "libfabric", "--ofi-provider", GetParam(), "--dir",
-                          (dir / "store").string(), "--secrets", (dir / "secrets.json").string()},
-                         "warn"));
+  ASSERT_TRUE(start_node(node, dir));
   const uint16_t port = uint16_t(std::stoi(node.address().substr(node.address().rfind(':') + 1)));
   ASSERT_EQ(accept_backlog(port), 0);
   ASSERT_EQ(::kill(node.pid(), SIGSTOP), 0);
