@@ -6,6 +6,10 @@
 #include <cstring>
 #include <random>
 
+#include <rdma/fi_errno.h>
+
+#include "core/log.hpp"
+
 namespace kvstream::transport::ofi {
 
 using namespace std::chrono_literals;
@@ -14,12 +18,15 @@ Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<
   auto op = ep.new_op(sizeof(Hello));
   op->on_complete = [queue](Op& o) {
     Hello h{};
-    if (!o.err && o.len >= offsetof(Hello, addr)) std::memcpy(&h, o.buf.get(), std::min(o.len, sizeof h));
-    const bool valid = !o.err && o.len >= offsetof(Hello, addr) && h.magic == kHelloMagic && h.addr_len <= kMaxAddrBytes;
+    const bool framed = !o.err && o.len >= offsetof(Hello, addr);
+    if (framed) std::memcpy(&h, o.buf.get(), std::min(o.len, sizeof h));
+    const bool sane = framed && h.addr_len <= kMaxAddrBytes;
     std::lock_guard lock(queue->mu);
     if (queue->closing) return;
-    if (valid)
+    if (sane && h.magic == kHelloMagic)
       queue->hellos.push_back(h);
+    else if (sane && h.magic == kVerifyMagic && queue->verifies.size() < HelloQueue::kMaxVerifies)
+      queue->verifies.push_back({h, uint32_t(Tag::unpack(o.tag).conn)});
     else
       ++queue->spent;
   };
@@ -45,6 +52,18 @@ Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoin
   KVS_ASSIGN_OR_RETURN(hs->desc, ep->local_desc(*hs->ack));
   hs->tag = hello_ack_tag(hello.nonce);
   return hs;
+}
+
+void answer_verify(Endpoint& ep, const ProbeResponder& responder, const HelloQueue::Verify& v) {
+  if (responder.knows(v.id, v.hello.nonce)) return;  // its probes are answered
+  auto peer = ep.insert(v.hello.addr);
+  if (!peer.ok()) return;
+  const HelloAck unknown{kUnknownMagic, v.id};
+  ssize_t r = -FI_EAGAIN;
+  for (int i = 0; i < 100 && r == -FI_EAGAIN; ++i)
+    if ((r = ep.try_inject(&unknown, sizeof unknown, *peer, hello_ack_tag(v.hello.nonce))) == -FI_EAGAIN) ep.poll();
+  KVS_LOG_DEBUG("libfabric: told {} that connection {} is unknown here{}", ep.peer_name(v.hello.addr), v.id,
+                r == 0 ? "" : fmt::format(" (not sent: {})", fi_err(int(-r))));
 }
 
 Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const CancelToken& cancel) {

@@ -21,8 +21,17 @@ namespace kvstream::transport::ofi {
 
 /// The valid hellos the listener's receives took, waiting for accept().
 struct HelloQueue {
+  /// A client asking whether connection `id` is still known (kVerifyMagic).
+  struct Verify {
+    Hello hello;
+    uint32_t id;
+  };
+  /// Questions kept for accept() at most; more are dropped (the client asks again).
+  static constexpr size_t kMaxVerifies = 64;
+
   std::mutex mu;
   std::deque<Hello> hellos;
+  std::deque<Verify> verifies;
   /// Receives that ended without a hello (junk under the hello's tag, an error): the
   /// listener reposts them without waiting for a valid hello, so that junk cannot
   /// use up every posted receive and stop it accepting.
@@ -30,8 +39,8 @@ struct HelloQueue {
   bool closing = false;  // the listener is going away: take no more
 };
 
-/// Posts one hello receive on `ep`; its completion queues a valid hello in `queue`,
-/// or counts the receive as spent.
+/// Posts one hello receive on `ep`; its completion queues a valid hello or question
+/// in `queue`, or counts the receive as spent.
 Result<std::shared_ptr<Op>> post_hello_recv(Endpoint& ep, const std::shared_ptr<HelloQueue>& queue);
 
 /// How long a taken hello's ack may take to complete before the handshake is dropped.
@@ -53,6 +62,11 @@ struct Handshake {
 /// endpoint, whose probes `responder` answers, and prepares its ack.
 Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoint>& ep, const Hello& hello,
                                                    uint32_t id, const std::shared_ptr<ProbeResponder>& responder);
+
+/// Answers a client's question about connection `v.id` from the listener's endpoint
+/// `ep`: nothing where `responder` knows it, else "unknown" (best effort: a client
+/// that hears nothing asks again at its next probe).
+void answer_verify(Endpoint& ep, const ProbeResponder& responder, const HelloQueue::Verify& v);
 
 /// Posts the handshake's ack (if not yet posted) and waits for it to complete.
 /// timed_out or cancelled leave it pending; both make progress even past the

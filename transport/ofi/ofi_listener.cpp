@@ -58,19 +58,22 @@ class OfiListener final : public Listener {
     while (!pending_) {
       std::optional<Hello> h;
       bool spent = false;
+      std::deque<HelloQueue::Verify> verifies;
       KVS_RETURN_IF_ERROR(ep_->wait(
           [&] {
             std::lock_guard lock(hellos_->mu);
             spent = std::exchange(hellos_->spent, 0) > 0;
+            verifies.swap(hellos_->verifies);
             if (!hellos_->hellos.empty()) {
               h = hellos_->hellos.front();
               hellos_->hellos.pop_front();
             }
-            return h || spent;
+            return h || spent || !verifies.empty();
           },
           deadline, &cancel, "accept"));
       refill_hellos();
-      if (!h) continue;  // only spent receives: reposted, wait on
+      for (const auto& v : verifies) answer_verify(*ep_, *responder_, v);
+      if (!h) continue;  // only spent receives and questions: wait on
       KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, *h, next_id_++ & uint32_t(Tag::kConnMask), responder_));
     }
     if (Status st = finish_handshake(*ep_, *pending_, deadline, cancel); !st.ok()) {
@@ -88,7 +91,7 @@ class OfiListener final : public Listener {
   static constexpr size_t kHelloPool = 8;  // hello receives kept posted
 
   /// Keeps kHelloPool hello receives posted: one completes per hello, and one that
-  /// took junk or failed is replaced as soon as accept() sees it (HelloQueue::spent).
+  /// took a question, junk or an error is replaced as soon as accept() sees it.
   /// A failed repost is logged, not fatal: the hello already taken is still accepted,
   /// and the next call retries.
   void refill_hellos() {

@@ -43,6 +43,12 @@ void ProbeResponder::remove(uint32_t id) {
   live_.erase(id);
 }
 
+bool ProbeResponder::knows(uint32_t id, uint64_t nonce) const {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(id);
+  return it != live_.end() && it->second.nonce == nonce;
+}
+
 void ProbeResponder::refill_locked() {
   std::erase_if(posted_, [](const std::shared_ptr<Op>& o) { return o->done.load(); });
   while (posted_.size() < kPool) {
@@ -86,10 +92,45 @@ void ProbeResponder::answer(const Op& op) {
 PeerProbe::PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
                      std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener)
     : ep_(std::move(ep)), peer_(peer), id_(id), nonce_(nonce), timeout_(timeout), listener_(std::move(listener)),
-      heard_at_(std::make_shared<std::atomic<int64_t>>(ns_of(Clock::now()))) {}
+      heard_at_(std::make_shared<std::atomic<int64_t>>(ns_of(Clock::now()))),
+      unknown_(std::make_shared<std::atomic<bool>>(false)) {}
 
 PeerProbe::~PeerProbe() {
   if (answer_op_) ep_->cancel_and_drain(*answer_op_, std::chrono::seconds(1));
+  if (unknown_op_) ep_->cancel_and_drain(*unknown_op_, std::chrono::seconds(1));
+}
+
+bool PeerProbe::ask_listener() {
+  if (!unknown_op_) {
+    auto op = ep_->new_op(sizeof(HelloAck));
+    op->on_complete = [unknown = unknown_](Op& o) {
+      HelloAck a{};
+      if (o.err || o.len != sizeof a) return;
+      std::memcpy(&a, o.buf.get(), sizeof a);
+      if (a.magic == kUnknownMagic) unknown->store(true, std::memory_order_release);
+    };
+    auto desc = ep_->local_desc(*op);
+    // Posted before the question goes out, so the answer cannot arrive unexpected.
+    if (!desc.ok() ||
+        !ep_->post_recv(op, op->buf.get(), sizeof(HelloAck), *desc, hello_ack_tag(nonce_), 0, Clock::now(), peer_).ok())
+      return false;
+    unknown_op_ = std::move(op);
+  }
+  auto me = ep_->name();
+  if (!me.ok() || me->size() > kMaxAddrBytes) return true;  // cannot ask: the probe's timeout decides
+  auto q = ep_->new_op(sizeof(Hello));
+  Hello h{};
+  h.magic = kVerifyMagic;
+  h.addr_len = uint32_t(me->size());
+  h.nonce = nonce_;
+  std::memcpy(h.addr, me->data(), me->size());
+  std::memcpy(q->buf.get(), &h, sizeof h);
+  auto desc = ep_->local_desc(*q);
+  if (!desc.ok()) return true;
+  // One attempt, and not counted as a send that keeps the progress thread busy: to a
+  // node that never takes it, it would spin that thread for the connection's life.
+  return ep_->post_send(q, q->buf.get(), sizeof h, *desc, peer_, make_tag(MsgType::hello, id_), Clock::now(), {})
+      .ok();
 }
 
 void PeerProbe::heard() { heard_at_->store(ns_of(Clock::now()), std::memory_order_relaxed); }
@@ -123,6 +164,7 @@ Status PeerProbe::check() {
     answer_op_ = std::move(op);
     probe_sent_ = now;
     listener_checked_ = false;
+    asked_ = false;
   }
   if (!injected_) {
     const Probe p{nonce_};
@@ -137,12 +179,17 @@ Status PeerProbe::check() {
   }
   if (listener_ && !listener_checked_ && now - probe_sent_ >= kListenerCheckAfter) {
     // Once a probe: the check may wait up to kListenerCheckAfter for a host that does
-    // not answer at all, and a node that restarted listens again (its probe then times
-    // out: it answers for no connection it did not make).
+    // not answer at all.
     listener_checked_ = true;
     if (Status gone = (*listener_)(Clock::now() + timeout_); !gone.ok())
       return gone_ = detail::unlogged_status(StatusCode::unavailable, "its listener is gone: {}", gone.message());
   }
+  // Something listens there, or no check can tell: a node that restarted listens
+  // again but answers no probe for a connection it did not make. Ask it.
+  if (!asked_ && now - probe_sent_ >= kListenerCheckAfter) asked_ = ask_listener();
+  if (unknown_->load(std::memory_order_acquire))
+    return gone_ = detail::unlogged_status(StatusCode::unavailable,
+                                           "its node no longer knows this connection (it restarted)");
   if (now - probe_sent_ >= timeout_)
     return detail::unlogged_status(StatusCode::unavailable, "it answered no liveness probe for {} ms (gone, or cut off)",
                                    timeout_.count());

@@ -11,6 +11,7 @@
 // made.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,8 @@ class ProbeResponder : public std::enable_shared_from_this<ProbeResponder> {
   void add(uint32_t id, uint64_t nonce, fi_addr_t peer);
   /// It is no longer (closed): probes for it go unanswered.
   void remove(uint32_t id);
+  /// Whether connection `id`, opened by the hello with `nonce`, is answered for.
+  [[nodiscard]] bool knows(uint32_t id, uint64_t nonce) const;
 
  private:
   explicit ProbeResponder(std::shared_ptr<Endpoint> ep) : ep_(std::move(ep)) {}
@@ -53,7 +56,7 @@ class ProbeResponder : public std::enable_shared_from_this<ProbeResponder> {
     fi_addr_t peer;
   };
   std::shared_ptr<Endpoint> ep_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::unordered_map<uint32_t, Live> live_;
   std::vector<std::shared_ptr<Op>> posted_;
 };
@@ -62,9 +65,11 @@ class ProbeResponder : public std::enable_shared_from_this<ProbeResponder> {
 class PeerProbe {
  public:
   /// Probes go out after `timeout` / 4 without a word from the peer; the peer is
-  /// taken as gone when a probe stays unanswered for `timeout`, or sooner where
-  /// `listener` finds nothing listening at its address once a probe has gone
-  /// unanswered for kListenerCheckAfter (a killed node that has not come back).
+  /// taken as gone when a probe stays unanswered for `timeout`, or sooner once a probe
+  /// has gone unanswered for kListenerCheckAfter and either `listener` finds nothing
+  /// listening at its address (a killed node that has not come back) or the listener
+  /// answers that it does not know the connection (a node that restarted: the
+  /// question is a Hello with kVerifyMagic, ofi_wire.hpp).
   PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
             std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener = std::nullopt);
   ~PeerProbe();
@@ -94,7 +99,14 @@ class PeerProbe {
   bool injected_ = false;           // the outstanding probe is with the provider
   Clock::time_point probe_sent_{};  // when it went out
   bool listener_checked_ = false;   // the outstanding probe's listener check is done
-  Status gone_;                     // the listener check's verdict, for every caller after
+  bool asked_ = false;              // the outstanding probe's question went out
+  std::shared_ptr<std::atomic<bool>> unknown_;  // the listener said it does not know the connection
+  std::shared_ptr<Op> unknown_op_;  // receive for that answer, posted with the first question
+  Status gone_;                     // a verdict of the checks, for every caller after
+
+  /// Asks the listener whether it knows this connection (mu_ held); false when the
+  /// provider had no room (asked again on the next check).
+  bool ask_listener();
 };
 
 }  // namespace kvstream::transport::ofi

@@ -194,8 +194,12 @@ void OfiConnection::abort_sends() {
   }
   for (auto& m : outstanding_)
     for (auto& op : m.ops) ep_->cancel(*op);
+  // ofi_rxm cannot cancel a send. To a peer found gone that is expected (a rendezvous
+  // send waits for the read of a peer that died); to a live one it is worth an error
+  // line.
   if (!ep_->wait(all_done, deadline_in(200ms), nullptr, "cancel sends").ok())
-    KVS_LOG_ERROR("libfabric: a send from a caller's buffer to {} could not be cancelled", peer_name_);
+    detail::logger().log(peer_lost_.load() ? spdlog::level::debug : spdlog::level::err,
+                         "libfabric: a send from a caller's buffer to {} could not be cancelled", peer_name_);
   outstanding_.clear();
 }
 

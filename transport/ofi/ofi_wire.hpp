@@ -31,6 +31,12 @@ constexpr uint64_t hello_ack_tag(uint64_t nonce) { return make_tag(MsgType::hell
 inline constexpr size_t kMaxSegmentBytes = size_t(1) << 30;
 
 inline constexpr uint32_t kHelloMagic = 0x6b764f48;   // "kvOH"
+/// A Hello with this magic, tagged (hello, connection id), asks a listener whether it
+/// still knows that connection (ofi_liveness.hpp); one that does not (a node that
+/// restarted) answers a HelloAck with kUnknownMagic under the connection's ack tag.
+/// Listeners older than the question take it for junk and do not answer.
+inline constexpr uint32_t kVerifyMagic = 0x6b764f56;   // "kvOV"
+inline constexpr uint32_t kUnknownMagic = 0x6b764f55;  // "kvOU"
 inline constexpr uint32_t kHeaderMagic = 0x6b764f4d;  // "kvOM"
 inline constexpr size_t kMaxAddrBytes = 256;
 
