@@ -219,7 +219,12 @@ TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
   EXPECT_FALSE(answered(greeted.id, 1, greeted.nonce ^ 1, 300ms)) << "answered a probe with another nonce";
   EXPECT_FALSE(answered(greeted.id + 7, 2, greeted.nonce, 300ms)) << "answered for a connection it never made";
   EXPECT_TRUE(answered(greeted.id, 3, greeted.nonce, 10s)) << "no answer for its own connection";
-  // Asked whether it knows a connection: silence for its own, "unknown" otherwise.
+  // A client older than the flag in the hello-ack's id uses the id with the flag:
+  // tags carry 20 bits of it, so its probes still name the connection.
+  EXPECT_TRUE(answered(greeted.id | ofi::kAnswersQuestions, 4, greeted.nonce, 10s)) << "no answer to an old client";
+  // Asked whether it knows a connection (it says it answers such questions): silence
+  // for its own, "unknown" otherwise.
+  EXPECT_TRUE(greeted.answers_questions);
   EXPECT_FALSE(said_unknown(*peer, greeted.id, greeted.nonce, 300ms)) << "disowned its own connection";
   EXPECT_TRUE(said_unknown(*peer, greeted.id, greeted.nonce ^ 2, 10s)) << "owned a connection with another nonce";
   EXPECT_TRUE(said_unknown(*peer, greeted.id + 9, greeted.nonce ^ 4, 10s)) << "owned a connection it never made";

@@ -56,7 +56,7 @@ class OfiBackend final : public Backend {
     auto conn = std::make_unique<OfiConnection>(ep, server, g.id, fmt::format("{}:{}", host, port),
                                                  Side::connected);
     KVS_RETURN_IF_ERROR(conn->start());
-    if (core_->peer_timeout.count() > 0) conn->probe_peer(g.nonce, core_->peer_timeout, listener);
+    if (core_->peer_timeout.count() > 0) conn->probe_peer(g.nonce, core_->peer_timeout, listener, g.answers_questions);
     KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, g.id);
     return std::unique_ptr<Connection>(std::move(conn));
   }

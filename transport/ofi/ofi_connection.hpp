@@ -42,10 +42,12 @@ class OfiConnection final : public Connection {
   /// connection until it closes.
   void answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce);
   /// Connecting side: calls that wait on the peer probe it, their probes carrying the
-  /// hello's `nonce`, and `listener` (if any) looks whether anything still listens at
-  /// its address when a probe goes unanswered (ofi_liveness.hpp).
-  void probe_peer(uint64_t nonce, std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener) {
-    probe_ = std::make_unique<PeerProbe>(ep_, peer_, id_, nonce, timeout, std::move(listener));
+  /// hello's `nonce`; when a probe goes unanswered, `listener` (if any) looks whether
+  /// anything still listens at its address, and a peer that `answers_questions` is
+  /// asked whether it still knows the connection (ofi_liveness.hpp).
+  void probe_peer(uint64_t nonce, std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener,
+                  bool answers_questions) {
+    probe_ = std::make_unique<PeerProbe>(ep_, peer_, id_, nonce, timeout, std::move(listener), answers_questions);
   }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;

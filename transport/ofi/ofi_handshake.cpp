@@ -47,7 +47,7 @@ Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoin
   hs->conn->answer_probes(responder, hello.nonce);
   // The ack, tagged with the client's nonce, tells it its connection id.
   hs->ack = ep->new_op(sizeof(HelloAck));
-  const HelloAck ack{kHelloMagic, hs->id};
+  const HelloAck ack{kHelloMagic, hs->id | kAnswersQuestions};
   std::memcpy(hs->ack->buf.get(), &ack, sizeof ack);
   KVS_ASSIGN_OR_RETURN(hs->desc, ep->local_desc(*hs->ack));
   hs->tag = hello_ack_tag(hello.nonce);
@@ -135,7 +135,7 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
   std::memcpy(&a, ack->buf.get(), sizeof a);
   if (ack->err || ack->len != sizeof a || a.magic != kHelloMagic)
     return make_status(StatusCode::unavailable, "libfabric: bad hello-ack from {}", address);
-  return Greeted{a.conn_id, nonce};
+  return Greeted{a.conn_id & ~kAnswersQuestions, nonce, (a.conn_id & kAnswersQuestions) != 0};
 }
 
 }  // namespace kvstream::transport::ofi

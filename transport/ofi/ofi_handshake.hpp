@@ -76,11 +76,13 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
 
 // ---- Client side -------------------------------------------------------------------
 
-/// What a client's hello made: the connection id the listener assigned, and the
-/// hello's nonce (its liveness probes carry it).
+/// What a client's hello made: the connection id the listener assigned, the hello's
+/// nonce (its liveness probes carry it), and whether the listener answers questions
+/// about its connections (kAnswersQuestions).
 struct Greeted {
   uint32_t id = 0;
   uint64_t nonce = 0;
+  bool answers_questions = false;
 };
 
 /// Says hello from `ep` to the listener at `server` (`address` names it in errors)

@@ -90,8 +90,10 @@ void ProbeResponder::answer(const Op& op) {
 // ---- Connecting side ----------------------------------------------------------------
 
 PeerProbe::PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
-                     std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener)
+                     std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener,
+                     bool answers_questions)
     : ep_(std::move(ep)), peer_(peer), id_(id), nonce_(nonce), timeout_(timeout), listener_(std::move(listener)),
+      answers_questions_(answers_questions),
       heard_at_(std::make_shared<std::atomic<int64_t>>(ns_of(Clock::now()))),
       unknown_(std::make_shared<std::atomic<bool>>(false)) {}
 
@@ -186,7 +188,7 @@ Status PeerProbe::check() {
   }
   // Something listens there, or no check can tell: a node that restarted listens
   // again but answers no probe for a connection it did not make. Ask it.
-  if (!asked_ && now - probe_sent_ >= kListenerCheckAfter) asked_ = ask_listener();
+  if (answers_questions_ && !asked_ && now - probe_sent_ >= kListenerCheckAfter) asked_ = ask_listener();
   if (unknown_->load(std::memory_order_acquire))
     return gone_ = detail::unlogged_status(StatusCode::unavailable,
                                            "its node no longer knows this connection (it restarted)");

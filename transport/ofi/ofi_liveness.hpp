@@ -69,9 +69,11 @@ class PeerProbe {
   /// has gone unanswered for kListenerCheckAfter and either `listener` finds nothing
   /// listening at its address (a killed node that has not come back) or the listener
   /// answers that it does not know the connection (a node that restarted: the
-  /// question is a Hello with kVerifyMagic, ofi_wire.hpp).
+  /// question is a Hello with kVerifyMagic, ofi_wire.hpp, asked where the peer
+  /// `answers_questions`).
   PeerProbe(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, uint64_t nonce,
-            std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener = std::nullopt);
+            std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener = std::nullopt,
+            bool answers_questions = false);
   ~PeerProbe();
   PeerProbe(const PeerProbe&) = delete;
   PeerProbe& operator=(const PeerProbe&) = delete;
@@ -92,6 +94,7 @@ class PeerProbe {
   uint64_t nonce_;
   std::chrono::milliseconds timeout_;
   std::optional<ListenerCheck> listener_;
+  bool answers_questions_;
   std::mutex mu_;
   std::shared_ptr<std::atomic<int64_t>> heard_at_;  // steady-clock ns; the answer's receive sets it too
   std::shared_ptr<Op> answer_op_;   // posted receive for the outstanding probe's answer

@@ -34,7 +34,8 @@ inline constexpr uint32_t kHelloMagic = 0x6b764f48;   // "kvOH"
 /// A Hello with this magic, tagged (hello, connection id), asks a listener whether it
 /// still knows that connection (ofi_liveness.hpp); one that does not (a node that
 /// restarted) answers a HelloAck with kUnknownMagic under the connection's ack tag.
-/// Listeners older than the question take it for junk and do not answer.
+/// Listeners older than the question take it for junk: a client asks only a listener
+/// whose hello-ack says it answers (kAnswersQuestions).
 inline constexpr uint32_t kVerifyMagic = 0x6b764f56;   // "kvOV"
 inline constexpr uint32_t kUnknownMagic = 0x6b764f55;  // "kvOU"
 inline constexpr uint32_t kHeaderMagic = 0x6b764f4d;  // "kvOM"
@@ -53,6 +54,11 @@ struct HelloAck {
   uint32_t magic;
   uint32_t conn_id;
 };
+/// Set in a HelloAck's conn_id (ids fit the tag's 20 bits) by a listener that
+/// answers kVerifyMagic questions. A client asks only such a listener: an older one
+/// takes a question for junk, and did not replace the hello receive it used up.
+inline constexpr uint32_t kAnswersQuestions = uint32_t(1) << 31;
+static_assert(Tag::kConnMask < kAnswersQuestions, "the flag lies above every connection id");
 /// A liveness probe (ofi_liveness.hpp), tagged with the connection and the probe's
 /// number, and its answer (the same bytes): the nonce of the connection's hello, so
 /// only the endpoint that made the connection answers for it.
