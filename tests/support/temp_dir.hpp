@@ -1,17 +1,21 @@
 // A test's own temporary directory, <tmp>/<prefix>-<pid>-<n>: made empty, removed with
 // the object. A test that crashes (a signal, ctest's timeout) runs no destructor and
 // leaves its directory behind, so the first TempDir of each prefix in a process also
-// removes the directories of that prefix whose process no longer runs: a crash costs
-// a directory until the next run, not one for good.
+// removes the directories of that prefix whose process no longer runs, or whose pid
+// a process that started after the directory last changed has taken since: a crash
+// costs a directory until the next run, not one for good.
 #pragma once
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -40,6 +44,46 @@ inline std::optional<pid_t> owner(std::string_view name, std::string_view prefix
 /// Whether process `pid` has ended (one that runs under another user still runs).
 inline bool gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
+/// When process `pid` started, in seconds since the epoch (/proc: its start in clock
+/// ticks after boot, and the boot time, whole seconds); nullopt where unknown.
+inline std::optional<double> started_at(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return std::nullopt;
+  // Field 22, counted after the command name's closing parenthesis (field 2).
+  auto at = line.rfind(')');
+  if (at == std::string::npos) return std::nullopt;
+  std::string_view rest = std::string_view(line).substr(at + 1);
+  unsigned long long ticks = 0;
+  for (int field = 3; field <= 22; ++field) {
+    rest.remove_prefix(std::min(rest.find_first_not_of(' '), rest.size()));
+    const auto end = std::min(rest.find(' '), rest.size());
+    if (field == 22 && std::from_chars(rest.data(), rest.data() + end, ticks).ec != std::errc()) return std::nullopt;
+    rest.remove_prefix(end);
+  }
+  std::ifstream boot("/proc/stat");
+  for (std::string key; boot >> key;) {
+    if (key == "btime") {
+      double btime = 0;
+      boot >> btime;
+      return btime + double(ticks) / double(::sysconf(_SC_CLK_TCK));
+    }
+    boot.ignore(1 << 20, '\n');
+  }
+  return std::nullopt;
+}
+
+/// Whether the directory at `path`, named for process `pid`, was left by an earlier
+/// holder of that pid: the process that has it now started after the directory last
+/// changed (its owner made it after starting). Two seconds of margin: the boot time
+/// is whole seconds.
+inline bool pid_reused(pid_t pid, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  const auto start = started_at(pid);
+  return start && double(st.st_mtim.tv_sec) + 2.0 < *start;
+}
+
 /// Removes, once per process and prefix, what ended processes left under `prefix`.
 inline void sweep(const std::string& prefix) {
   static std::mutex mu;
@@ -49,7 +93,7 @@ inline void sweep(const std::string& prefix) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
     const auto pid = owner(entry.path().filename().native(), prefix);
-    if (!pid || *pid == ::getpid() || !gone(*pid)) continue;
+    if (!pid || *pid == ::getpid() || (!gone(*pid) && !pid_reused(*pid, entry.path()))) continue;
     std::error_code ignored;
     std::filesystem::remove_all(entry.path(), ignored);
   }

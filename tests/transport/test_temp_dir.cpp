@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -41,30 +42,35 @@ TEST(TempDir, IsEmptyAndGoesWithTheObject) {
 }
 
 // A crashed test's directory (its process ended) goes when the next test of that
-// prefix makes one; a running process's, another prefix's and a name that only
-// starts like one stay.
+// prefix makes one, and so does one named for a running process that started after
+// the directory last changed (its pid was reused); a running process's, another
+// prefix's and a name that only starts like one stay.
 TEST(TempDir, RemovesWhatEndedProcessesLeft) {
   const fs::path tmp = fs::temp_directory_path();
   const pid_t dead = ended_pid();
   const fs::path crashed = tmp / fmt::format("kvstream-tempdir-sweep-{}-3", dead);
   const fs::path crashed_flat = tmp / fmt::format("kvstream-tempdir-sweep-{}", dead);
   const fs::path running = tmp / fmt::format("kvstream-tempdir-sweep-{}-0", ::getppid());
+  const fs::path reused = tmp / fmt::format("kvstream-tempdir-sweep-{}-1", ::getppid());
   const fs::path longer = tmp / fmt::format("kvstream-tempdir-sweep-x-{}-0", dead);
   const fs::path other = tmp / fmt::format("kvstream-tempdir-other-{}-0", dead);
-  for (const auto& p : {crashed, crashed_flat, running, longer, other}) {
+  for (const auto& p : {crashed, crashed_flat, running, reused, longer, other}) {
     fs::create_directories(p / "inside");
     std::ofstream(p / "inside" / "f") << "left behind";
   }
+  // Last changed long before the parent started: an earlier holder of its pid left it.
+  fs::last_write_time(reused, fs::last_write_time(reused) - std::chrono::hours(24 * 365 * 20));
   {
     TempDir d("kvstream-tempdir-sweep");
     EXPECT_FALSE(fs::exists(crashed));
     EXPECT_FALSE(fs::exists(crashed_flat));
+    EXPECT_FALSE(fs::exists(reused));
     EXPECT_TRUE(fs::exists(running));
     EXPECT_TRUE(fs::exists(longer));
     EXPECT_TRUE(fs::exists(other));
     EXPECT_TRUE(fs::is_directory(d.path()));
   }
-  for (const auto& p : {running, longer, other}) fs::remove_all(p);
+  for (const auto& p : {running, reused, longer, other}) fs::remove_all(p);
 }
 
 TEST(TempDir, ReadsTheOwnerFromTheName) {
