@@ -3,9 +3,13 @@
 // listener and then sends whatever the test wants under the connection's tags.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "transport/common/address.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
@@ -35,5 +39,49 @@ inline Result<RawOfiPeer> raw_ofi_peer(const LibfabricSettings& settings, const 
   KVS_ASSIGN_OR_RETURN(p.greeted, ofi::say_hello(*p.ep, p.server, address, deadline_in(std::chrono::seconds(30)), {}));
   return p;
 }
+
+/// A libfabric listener that keeps accepting on a thread of its own, as a node does
+/// (questions about connections are answered by accept()), and the raw peers said
+/// hello to it. The peers outlive the connections it made to them (the acceptor holds
+/// those and is joined first): shm in one process crashed sending their bye to an
+/// endpoint already closed.
+class AcceptingListener {
+ public:
+  static Result<std::unique_ptr<AcceptingListener>> start(const BackendConfig& config) {
+    auto a = std::unique_ptr<AcceptingListener>(new AcceptingListener(config));
+    KVS_ASSIGN_OR_RETURN(a->backend_, create_backend(config));
+    KVS_ASSIGN_OR_RETURN(a->listener_, a->backend_->listen("127.0.0.1:0"));
+    a->acceptor_ = std::jthread([l = a->listener_.get(), n = &a->accepted_](std::stop_token stop) {
+      std::vector<std::unique_ptr<Connection>> keep;
+      while (!stop.stop_requested())
+        if (auto c = l->accept(deadline_in(std::chrono::milliseconds(100)), {}); c.ok())
+          keep.push_back(std::move(c).value()), ++*n;
+    });
+    return a;
+  }
+
+  [[nodiscard]] std::string address() const { return listener_->address(); }
+  /// Connections accepted so far.
+  [[nodiscard]] int accepted() const { return accepted_.load(); }
+  /// A new raw peer that said hello; it lives as long as this.
+  Result<RawOfiPeer*> raw_peer() {
+    KVS_ASSIGN_OR_RETURN(auto p, raw_ofi_peer(config_.libfabric, address()));
+    return &peers_.emplace_back(std::move(p));
+  }
+  /// Stops accepting and closes what was accepted.
+  void stop() {
+    acceptor_.request_stop();
+    if (acceptor_.joinable()) acceptor_.join();
+  }
+
+ private:
+  explicit AcceptingListener(BackendConfig config) : config_(std::move(config)) {}
+  BackendConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Listener> listener_;
+  std::deque<RawOfiPeer> peers_;  // declared before the acceptor: destroyed after it
+  std::atomic<int> accepted_{0};
+  std::jthread acceptor_;
+};
 
 }  // namespace kvstream::transport::test_util

@@ -4,10 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <future>
-#include <optional>
 #include <thread>
 
 #include <poll.h>
@@ -609,23 +607,11 @@ TEST_P(LibfabricProvider, AMalformedMessageOnAnAcceptedConnectionIsNoWarning) {
 // was taken, so twice the pool of junk left none posted and the listener never
 // accepted again (the second hello below waited out its 10 s).
 TEST_P(LibfabricProvider, JunkUnderTheHelloTagDoesNotStopTheListener) {
-  auto sb = create_backend(ofi_config(GetParam()));
-  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok()) << l.status().to_string();
-  // The raw peer outlives the connections the listener made to it (the acceptor
-  // holds those, and is joined first): their bye goes to an open endpoint.
-  std::optional<test_util::RawOfiPeer> peer;
-  std::atomic<int> accepted{0};
-  std::jthread acceptor([&](std::stop_token stop) {
-    std::vector<std::unique_ptr<Connection>> keep;
-    while (!stop.stop_requested())
-      if (auto c = (*l)->accept(deadline_in(100ms), {}); c.ok()) keep.push_back(std::move(c).value()), ++accepted;
-  });
-  auto made = test_util::raw_ofi_peer(ofi_config(GetParam()).libfabric, (*l)->address());
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  peer.emplace(std::move(made).value());
-  auto& ep = peer->ep;
+  auto node = test_util::AcceptingListener::start(ofi_config(GetParam()));
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto peer = (*node)->raw_peer();
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto& ep = (*peer)->ep;
   for (int i = 0; i < 24; ++i) {
     ofi::Hello junk{};
     junk.magic = i % 2 ? 0x12345678 : 0;
@@ -634,22 +620,21 @@ TEST_P(LibfabricProvider, JunkUnderTheHelloTagDoesNotStopTheListener) {
     std::memcpy(op->buf.get(), &junk, sizeof junk);
     auto desc = ep->local_desc(*op);
     ASSERT_TRUE(desc.ok()) << desc.status().to_string();
-    ASSERT_TRUE(ep->post_send(op, op->buf.get(), len, *desc, peer->server, ofi::make_tag(ofi::MsgType::hello, 0),
+    ASSERT_TRUE(ep->post_send(op, op->buf.get(), len, *desc, (*peer)->server, ofi::make_tag(ofi::MsgType::hello, 0),
                               deadline_in(30s), {})
                     .ok());
     ASSERT_TRUE(ep->wait([&] { return op->done.load(); }, deadline_in(30s), nullptr, "junk send").ok());
   }
   // From the same endpoint, so it arrives after the junk.
-  auto again = ofi::say_hello(*ep, peer->server, (*l)->address(), deadline_in(10s), {});
+  auto again = ofi::say_hello(*ep, (*peer)->server, (*node)->address(), deadline_in(10s), {});
   EXPECT_TRUE(again.ok()) << again.status().to_string();
   auto fresh = create_backend(ofi_config(GetParam()));
   ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
-  auto c = (*fresh)->connect((*l)->address(), deadline_in(10s), {});
+  auto c = (*fresh)->connect((*node)->address(), deadline_in(10s), {});
   EXPECT_TRUE(c.ok()) << c.status().to_string();
-  if (c.ok()) c->reset();  // closed (its bye sent) before the acceptor's side goes
-  acceptor.request_stop();
-  acceptor.join();
-  EXPECT_EQ(accepted.load(), 3);
+  if (c.ok()) c->reset();  // closed (its bye sent) before the listener's side goes
+  (*node)->stop();
+  EXPECT_EQ((*node)->accepted(), 3);
 }
 #endif
 

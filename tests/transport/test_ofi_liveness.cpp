@@ -9,8 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <future>
-#include <optional>
-#include <thread>
 
 #include "kvstream/storage.hpp"
 #include "tests/support/node_process.hpp"
@@ -109,6 +107,32 @@ class OfiLiveness : public ::testing::TestWithParam<std::string> {
                        (dir / "store").string(), "--secrets", (dir / "secrets.json").string()},
                       "warn");
   }
+
+  /// A storage client of the node at `address` probing at `timeout`, with one value
+  /// put (chunk 0 of "ctx") and a registered buffer to get it back into.
+  struct Stored {
+    std::unique_ptr<storage::Client> client;
+    std::vector<std::byte> buf;
+    MemoryRegion mr;
+    Result<size_t> get(Deadline deadline) { return client->get("ctx", 0, 0, mr, 0, buf.size(), deadline); }
+  };
+  std::unique_ptr<Stored> store_one(const std::string& address, std::chrono::milliseconds timeout) {
+    storage::ClientConfig cc;
+    cc.address = address, cc.name_space = "t", cc.secret = kSecret;
+    cc.backend = probing(GetParam(), timeout);
+    auto c = storage::Client::connect(cc, deadline_in(10s));
+    if (!c.ok()) return ADD_FAILURE() << c.status().to_string(), nullptr;
+    auto s = std::make_unique<Stored>();
+    s->client = std::move(c).value();
+    const auto value = test_util::pattern(100000, 3);
+    if (Status st = s->client->put("ctx", 0, 0, value, deadline_in(10s)); !st.ok())
+      return ADD_FAILURE() << st.to_string(), nullptr;
+    s->buf.resize(value.size());
+    auto mr = s->client->register_memory(s->buf.data(), s->buf.size());
+    if (!mr.ok()) return ADD_FAILURE() << mr.status().to_string(), nullptr;
+    s->mr = std::move(mr).value();
+    return s;
+  }
 };
 
 // A storage node killed -9 under a client: the client's get fails unavailable, named
@@ -120,20 +144,12 @@ TEST_P(OfiLiveness, AKilledNodeFailsTheCallsWaitingOnItUnavailable) {
   kvstream::testing::TempDir dir{"kvs-liveness"};
   kvstream::testing::NodeProcess node;
   ASSERT_TRUE(start_node(node, dir));
-  storage::ClientConfig cc;
-  cc.address = node.address(), cc.name_space = "t", cc.secret = kSecret;
-  cc.backend = probing(GetParam(), 300ms);
-  auto c = storage::Client::connect(cc, deadline_in(10s));
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  const auto value = test_util::pattern(100000, 3);
-  ASSERT_TRUE((*c)->put("ctx", 0, 0, value, deadline_in(10s)).ok());
-  std::vector<std::byte> buf(value.size());
-  auto mr = (*c)->register_memory(buf.data(), buf.size());
-  ASSERT_TRUE(mr.ok());
-  ASSERT_TRUE((*c)->get("ctx", 0, 0, *mr, 0, buf.size(), deadline_in(10s)).ok());
+  auto stored = store_one(node.address(), 300ms);
+  ASSERT_TRUE(stored);
+  ASSERT_TRUE(stored->get(deadline_in(10s)).ok());
 
   node.kill();
-  auto got = (*c)->get("ctx", 0, 0, *mr, 0, buf.size(), deadline_in(30s));
+  auto got = stored->get(deadline_in(30s));
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::unavailable) << got.status().to_string();
   const char* why = GetParam() == "shm" ? "liveness probe" : "listener is gone";
@@ -153,20 +169,12 @@ TEST_P(OfiLiveness, ARestartedNodeFailsTheCallsOnItsOldConnections) {
   kvstream::testing::NodeProcess node;
   ASSERT_TRUE(start_node(node, dir));
   const std::string address = node.address();
-  storage::ClientConfig cc;
-  cc.address = address, cc.name_space = "t", cc.secret = kSecret;
-  cc.backend = probing(GetParam(), 16000ms);
-  auto c = storage::Client::connect(cc, deadline_in(10s));
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  const auto value = test_util::pattern(100000, 4);
-  ASSERT_TRUE((*c)->put("ctx", 0, 0, value, deadline_in(10s)).ok());
-  std::vector<std::byte> buf(value.size());
-  auto mr = (*c)->register_memory(buf.data(), buf.size());
-  ASSERT_TRUE(mr.ok());
+  auto stored = store_one(address, 16000ms);
+  ASSERT_TRUE(stored);
 
   node.kill();
   ASSERT_TRUE(start_node(node, dir, address));
-  auto got = (*c)->get("ctx", 0, 0, *mr, 0, buf.size(), deadline_in(30s));
+  auto got = stored->get(deadline_in(30s));
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::unavailable) << got.status().to_string();
   EXPECT_NE(got.status().message().find("no longer knows"), std::string::npos) << got.status().to_string();
@@ -197,24 +205,13 @@ TEST_P(OfiLiveness, AnAliveButSilentPeerIsNotTakenForGone) {
 // it knows a connection, the listener says "unknown" for those, and nothing for the
 // right one.
 TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
-  auto sb = create_backend(probing(GetParam(), 0ms));
-  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok()) << l.status().to_string();
-  // Questions are answered by the listener's accept(): it keeps accepting, as a node
-  // does. The raw peer outlives the connection made to it (joined first).
-  std::optional<test_util::RawOfiPeer> peer;
-  std::jthread acceptor([&](std::stop_token stop) {
-    std::vector<std::unique_ptr<Connection>> keep;
-    while (!stop.stop_requested())
-      if (auto c = (*l)->accept(deadline_in(100ms), {}); c.ok()) keep.push_back(std::move(c).value());
-  });
-  auto made = test_util::raw_ofi_peer(probing(GetParam(), 0ms).libfabric, (*l)->address());
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  peer.emplace(std::move(made).value());
-  const ofi::Greeted greeted = peer->greeted;
+  auto node = test_util::AcceptingListener::start(probing(GetParam(), 0ms));
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto peer = (*node)->raw_peer();
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  const ofi::Greeted greeted = (*peer)->greeted;
   auto answered = [&](uint32_t id, uint64_t seq, uint64_t nonce, std::chrono::milliseconds wait) {
-    return probe_answered(*peer, id, seq, nonce, wait);
+    return probe_answered(**peer, id, seq, nonce, wait);
   };
   EXPECT_FALSE(answered(greeted.id, 1, greeted.nonce ^ 1, 300ms)) << "answered a probe with another nonce";
   EXPECT_FALSE(answered(greeted.id + 7, 2, greeted.nonce, 300ms)) << "answered for a connection it never made";
@@ -225,9 +222,9 @@ TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
   // Asked whether it knows a connection (it says it answers such questions): silence
   // for its own, "unknown" otherwise.
   EXPECT_TRUE(greeted.answers_questions);
-  EXPECT_FALSE(said_unknown(*peer, greeted.id, greeted.nonce, 300ms)) << "disowned its own connection";
-  EXPECT_TRUE(said_unknown(*peer, greeted.id, greeted.nonce ^ 2, 10s)) << "owned a connection with another nonce";
-  EXPECT_TRUE(said_unknown(*peer, greeted.id + 9, greeted.nonce ^ 4, 10s)) << "owned a connection it never made";
+  EXPECT_FALSE(said_unknown(**peer, greeted.id, greeted.nonce, 300ms)) << "disowned its own connection";
+  EXPECT_TRUE(said_unknown(**peer, greeted.id, greeted.nonce ^ 2, 10s)) << "owned a connection with another nonce";
+  EXPECT_TRUE(said_unknown(**peer, greeted.id + 9, greeted.nonce ^ 4, 10s)) << "owned a connection it never made";
 }
 
 // Messages under the probe's tag too long for a probe end the responder's receives
@@ -235,42 +232,26 @@ TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
 // replaced, so one such message from each of a few peers silenced the responder, and
 // every probing client then took the node for gone.
 TEST_P(OfiLiveness, JunkUnderTheProbeTagDoesNotSilenceTheResponder) {
-  auto sb = create_backend(probing(GetParam(), 0ms));
-  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
-  auto l = (*sb)->listen("127.0.0.1:0");
-  ASSERT_TRUE(l.ok()) << l.status().to_string();
-  // The raw peers outlive the connections the listener made to them (the acceptor
-  // holds those, and is joined first): shm in one process crashed sending their bye
-  // to an endpoint already closed.
-  std::vector<test_util::RawOfiPeer> peers;
-  std::jthread acceptor([&](std::stop_token stop) {
-    std::vector<std::unique_ptr<Connection>> keep;
-    while (!stop.stop_requested())
-      if (auto c = (*l)->accept(deadline_in(100ms), {}); c.ok()) keep.push_back(std::move(c).value());
-  });
-  auto connect = [&]() -> test_util::RawOfiPeer* {
-    auto made = test_util::raw_ofi_peer(probing(GetParam(), 0ms).libfabric, (*l)->address());
-    EXPECT_TRUE(made.ok()) << made.status().to_string();
-    return made.ok() ? &peers.emplace_back(std::move(made).value()) : nullptr;
-  };
-  peers.reserve(ofi::ProbeResponder::kPool + 2);
-  auto* peer = connect();
-  ASSERT_NE(peer, nullptr);
-  EXPECT_TRUE(probe_answered(*peer, peer->greeted.id, 1, peer->greeted.nonce, 10s)) << "no answer before the junk";
+  auto node = test_util::AcceptingListener::start(probing(GetParam(), 0ms));
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto peer = (*node)->raw_peer();
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto* p = *peer;
+  EXPECT_TRUE(probe_answered(*p, p->greeted.id, 1, p->greeted.nonce, 10s)) << "no answer before the junk";
   for (size_t i = 0; i <= ofi::ProbeResponder::kPool; ++i) {
-    auto* junker = connect();
-    ASSERT_NE(junker, nullptr);
-    auto junk = junker->ep->new_op(64);
+    auto junker = (*node)->raw_peer();
+    ASSERT_TRUE(junker.ok()) << junker.status().to_string();
+    auto& ep = (*junker)->ep;
+    auto junk = ep->new_op(64);
     std::memset(junk->buf.get(), 0x5a, 64);
-    auto desc = junker->ep->local_desc(*junk);
+    auto desc = ep->local_desc(*junk);
     ASSERT_TRUE(desc.ok()) << desc.status().to_string();
-    ASSERT_TRUE(junker->ep
-                    ->post_send(junk, junk->buf.get(), 64, *desc, junker->server,
-                                ofi::make_tag(ofi::MsgType::probe, junker->greeted.id, 1), deadline_in(30s), {})
+    ASSERT_TRUE(ep->post_send(junk, junk->buf.get(), 64, *desc, (*junker)->server,
+                              ofi::make_tag(ofi::MsgType::probe, (*junker)->greeted.id, 1), deadline_in(30s), {})
                     .ok());
-    ASSERT_TRUE(junker->ep->wait([&] { return junk->done.load(); }, deadline_in(30s), nullptr, "junk send").ok());
+    ASSERT_TRUE(ep->wait([&] { return junk->done.load(); }, deadline_in(30s), nullptr, "junk send").ok());
   }
-  EXPECT_TRUE(probe_answered(*peer, peer->greeted.id, 2, peer->greeted.nonce, 10s)) << "no answer after the junk";
+  EXPECT_TRUE(probe_answered(*p, p->greeted.id, 2, p->greeted.nonce, 10s)) << "no answer after the junk";
 }
 
 // A connect to a port where nothing listens fails unavailable (ofi_reachability.hpp).
