@@ -602,6 +602,58 @@ TEST_P(LibfabricProvider, AMalformedMessageOnAnAcceptedConnectionIsNoWarning) {
   test_util::expect_malformed_without_warning(**server);
 }
 
+/// Sends a header message ("prefix + `header`", no body) from a raw peer under
+/// connection `id`'s tag for sequence number `seq`, and waits for the send to complete.
+void send_raw_header(test_util::RawOfiPeer& peer, uint32_t id, uint64_t seq, const std::string& header) {
+  ofi::HeaderPrefix prefix{ofi::kHeaderMagic, uint32_t(header.size()), 0};
+  auto op = peer.ep->new_op(sizeof prefix + header.size());
+  std::memcpy(op->buf.get(), &prefix, sizeof prefix);
+  std::memcpy(op->buf.get() + sizeof prefix, header.data(), header.size());
+  auto desc = peer.ep->local_desc(*op);
+  ASSERT_TRUE(desc.ok()) << desc.status().to_string();
+  ASSERT_TRUE(peer.ep->post_send(op, op->buf.get(), sizeof prefix + header.size(), *desc, peer.server,
+                                 ofi::make_tag(ofi::MsgType::header, id, seq), deadline_in(30s), {})
+                  .ok());
+  ASSERT_TRUE(peer.ep->wait([&] { return op->done.load(); }, deadline_in(30s), nullptr, "raw header").ok());
+}
+
+// A peer that said hello can send under any connection id of the listener's endpoint
+// (the ids are small and handed out in order). An accepted connection took its
+// messages from anyone, so such a peer could put a request into another client's
+// logged-in connection, in that client's namespace. It now takes them from its own
+// client only, where the provider directs receives to a source (tcp;ofi_rxm).
+TEST_P(LibfabricProvider, AConnectionTakesNoMessageUnderItsIdFromAnotherPeer) {
+  auto sb = create_backend(ofi_config(GetParam()));
+  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto accept_one = [&] { return std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); }); };
+  auto pending = accept_one();
+  auto victim = test_util::raw_ofi_peer(ofi_config(GetParam()).libfabric, (*l)->address());
+  ASSERT_TRUE(victim.ok()) << victim.status().to_string();
+  auto conn = pending.get();
+  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+  pending = accept_one();
+  auto intruder = test_util::raw_ofi_peer(ofi_config(GetParam()).libfabric, (*l)->address());
+  ASSERT_TRUE(intruder.ok()) << intruder.status().to_string();
+  auto other = pending.get();
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  if (!ofi::open_core(ofi_config(GetParam()).libfabric, false).value()->directed_recv)
+    GTEST_SKIP() << GetParam() << " does not direct receives to a source: any local process can write under an id";
+
+  send_raw_header(*intruder, victim->greeted.id, 0, "forged");
+  std::vector<std::byte> header;
+  auto got = (*conn)->recv_header(header, deadline_in(1s), {});
+  EXPECT_FALSE(got.ok()) << "took another peer's message: "
+                         << std::string(reinterpret_cast<const char*>(header.data()), header.size());
+  send_raw_header(*victim, victim->greeted.id, 0, "genuine");
+  got = (*conn)->recv_header(header, deadline_in(10s), {});
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(header.data()), header.size()), "genuine");
+  ASSERT_TRUE((*conn)->recv_body({}, deadline_in(10s), {}).ok());
+  conn->reset(), other->reset();  // their bye goes to endpoints still open
+}
+
 // Messages under the hello's tag that are no hello (a wrong magic, too short) use up
 // the listener's posted hello receives. They were replaced only after a valid hello
 // was taken, so twice the pool of junk left none posted and the listener never

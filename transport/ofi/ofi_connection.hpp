@@ -91,10 +91,12 @@ class OfiConnection final : public Connection {
   void abort_sends();
 
   // Receiving side (ofi_receive.cpp).
-  /// Whom receives take messages from: the peer on a connection this side opened (its
-  /// endpoint may be shared), anyone on an accepted one (its id is unique on its
-  /// listener's endpoint already).
-  fi_addr_t recv_from() const { return side_ == Side::connected ? peer_ : FI_ADDR_UNSPEC; }
+  /// Whom receives take messages from: the peer, on both sides (Endpoint::post_recv
+  /// drops it where the provider does not direct receives). Anyone may send under any
+  /// connection id of a listener's endpoint (they are small and handed out in order),
+  /// so an accepted connection that took its messages from anyone let a peer put a
+  /// request into another client's logged-in connection.
+  fi_addr_t recv_from() const { return peer_; }
   Status fail_body(const Status& st);
   Result<size_t> corrupt(std::string_view what);
   /// ep_->wait(pred) for a call that waits on the peer: where the peer is probed it
