@@ -67,7 +67,7 @@ class Engine {
   RegistrationCache cache;
 
   // Guarded by mu.
-  uint32_t next_rx_id = 1;
+  uint32_t next_rx_id = 1;  // rx ids in order, where getrandom(2) fails (ucx_handshake.cpp)
   std::unordered_map<ucp_ep_h, ConnState*> by_ep;
   std::set<ConnState*> conns;
   /// Closed connections whose requests UCX did not finish: the requests still point

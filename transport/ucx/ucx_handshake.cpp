@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/random.h>
+
 #include "core/log.hpp"
 #include "transport/ucx/ucx_connection.hpp"
 
@@ -38,10 +40,16 @@ ucs_status_t hello_cb(void* arg, const void* /*header*/, size_t /*header_length*
 }
 
 /// An rx id no live connection, nor one in the graveyard (whose receives may still be
-/// posted under it), uses. Requires mu.
+/// posted under it), uses, drawn at random (getrandom(2)). UCP tag receives cannot
+/// name their sender, so any peer of this worker can send under any rx id: ids handed
+/// out in order (1, 2, 3...) let a peer that connected, with no login, send requests
+/// into another client's logged-in connection. A random id must be guessed among
+/// 2^24. Requires mu.
 uint32_t alloc_rx_id(Engine& e) {
   for (;;) {
-    const uint32_t id = e.next_rx_id++ & kRxIdMask;
+    uint32_t id = 0;
+    if (::getrandom(&id, sizeof id, 0) != ssize_t(sizeof id)) id = e.next_rx_id++;  // no entropy: in order
+    id &= kRxIdMask;
     if (id == 0) continue;
     bool used = false;
     for (auto* c : e.conns) used |= c->rx_id == id;
