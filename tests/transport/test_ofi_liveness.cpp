@@ -48,19 +48,12 @@ bool said_unknown(test_util::RawOfiPeer& peer, uint32_t id, uint64_t nonce, std:
   EXPECT_TRUE(ep->post_recv(answer, answer->buf.get(), sizeof(ofi::HelloAck), *desc, ofi::hello_ack_tag(nonce), 0,
                             deadline_in(10s), peer.server)
                   .ok());
-  auto me = ep->name();
-  EXPECT_TRUE(me.ok());
-  auto q = ep->new_op(sizeof(ofi::Hello));
-  ofi::Hello h{};
-  h.magic = ofi::kVerifyMagic;
-  h.addr_len = uint32_t(me->size());
-  h.nonce = nonce;
-  std::memcpy(h.addr, me->data(), me->size());
-  std::memcpy(q->buf.get(), &h, sizeof h);
-  auto qdesc = ep->local_desc(*q);
+  auto q = ofi::hello_op(*ep, ofi::kVerifyMagic, nonce);
+  EXPECT_TRUE(q.ok());
+  auto qdesc = ep->local_desc(**q);
   EXPECT_TRUE(qdesc.ok());
-  EXPECT_TRUE(ep->post_send(q, q->buf.get(), sizeof h, *qdesc, peer.server, ofi::make_tag(ofi::MsgType::hello, id),
-                            deadline_in(10s), {})
+  EXPECT_TRUE(ep->post_send(*q, (*q)->buf.get(), sizeof(ofi::Hello), *qdesc, peer.server,
+                            ofi::make_tag(ofi::MsgType::hello, id), deadline_in(10s), {})
                   .ok());
   const bool got = ep->wait([&] { return answer->done.load(); }, deadline_in(wait), nullptr, "answer").ok();
   if (!got) ep->cancel_and_drain(*answer);

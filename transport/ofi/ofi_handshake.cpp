@@ -86,11 +86,22 @@ Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const Ca
   return {};
 }
 
-Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
-                          const CancelToken& cancel, const ListenerCheck* listener) {
+Result<std::shared_ptr<Op>> hello_op(Endpoint& ep, uint32_t magic, uint64_t nonce) {
   KVS_ASSIGN_OR_RETURN(auto me, ep.name());
   if (me.size() > kMaxAddrBytes)
     return make_status(StatusCode::internal, "libfabric: endpoint address of {} bytes is too long", me.size());
+  auto op = ep.new_op(sizeof(Hello));
+  Hello h{};
+  h.magic = magic;
+  h.addr_len = uint32_t(me.size());
+  h.nonce = nonce;
+  std::memcpy(h.addr, me.data(), me.size());
+  std::memcpy(op->buf.get(), &h, sizeof h);
+  return op;
+}
+
+Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& address, Deadline deadline,
+                          const CancelToken& cancel, const ListenerCheck* listener) {
   uint64_t nonce = 0;
   {
     std::random_device rd;
@@ -100,13 +111,7 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
   auto ack = ep.new_op(sizeof(HelloAck));
   KVS_ASSIGN_OR_RETURN(void* adesc, ep.local_desc(*ack));
   KVS_RETURN_IF_ERROR(ep.post_recv(ack, ack->buf.get(), sizeof(HelloAck), adesc, hello_ack_tag(nonce), 0, deadline, server));
-  auto hello = ep.new_op(sizeof(Hello));
-  Hello h{};
-  h.magic = kHelloMagic;
-  h.addr_len = uint32_t(me.size());
-  h.nonce = nonce;
-  std::memcpy(h.addr, me.data(), me.size());
-  std::memcpy(hello->buf.get(), &h, sizeof h);
+  KVS_ASSIGN_OR_RETURN(auto hello, hello_op(ep, kHelloMagic, nonce));
   KVS_ASSIGN_OR_RETURN(void* hdesc, ep.local_desc(*hello));
   auto fail = [&](Status s) -> Status {
     ep.cancel_and_drain(*ack, 1s);
@@ -114,7 +119,7 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
   };
   const std::string what = fmt::format("connect to {}", address);
   const auto post = [&](Deadline until) {
-    return ep.post_send(hello, hello->buf.get(), sizeof h, hdesc, server, make_tag(MsgType::hello, 0), until, cancel);
+    return ep.post_send(hello, hello->buf.get(), sizeof(Hello), hdesc, server, make_tag(MsgType::hello, 0), until, cancel);
   };
   // A provider that cannot reach the listener answers the post with EAGAIN until the
   // deadline; the first try is bounded so that a listener that is gone shows early.

@@ -85,6 +85,11 @@ struct Greeted {
   bool answers_questions = false;
 };
 
+/// An operation whose buffer holds a Hello from `ep` (its address), with `magic`
+/// (kHelloMagic, or kVerifyMagic for a question) and `nonce`. Errors: internal (an
+/// address longer than a Hello holds), or fi_getname's.
+Result<std::shared_ptr<Op>> hello_op(Endpoint& ep, uint32_t magic, uint64_t nonce);
+
 /// Says hello from `ep` to the listener at `server` (`address` names it in errors)
 /// and waits for its ack. Where the provider has not taken the hello after
 /// kListenerCheckAfter, `listener` (if any) looks once whether anything listens

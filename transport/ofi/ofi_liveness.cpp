@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "transport/ofi/ofi_handshake.hpp"
 #include "transport/ofi/ofi_wire.hpp"
 
 namespace kvstream::transport::ofi {
@@ -118,20 +119,14 @@ bool PeerProbe::ask_listener() {
       return false;
     unknown_op_ = std::move(op);
   }
-  auto me = ep_->name();
-  if (!me.ok() || me->size() > kMaxAddrBytes) return true;  // cannot ask: the probe's timeout decides
-  auto q = ep_->new_op(sizeof(Hello));
-  Hello h{};
-  h.magic = kVerifyMagic;
-  h.addr_len = uint32_t(me->size());
-  h.nonce = nonce_;
-  std::memcpy(h.addr, me->data(), me->size());
-  std::memcpy(q->buf.get(), &h, sizeof h);
-  auto desc = ep_->local_desc(*q);
+  auto q = hello_op(*ep_, kVerifyMagic, nonce_);
+  if (!q.ok()) return true;  // cannot ask: the probe's timeout decides
+  auto desc = ep_->local_desc(**q);
   if (!desc.ok()) return true;
   // One attempt, and not counted as a send that keeps the progress thread busy: to a
   // node that never takes it, it would spin that thread for the connection's life.
-  return ep_->post_send(q, q->buf.get(), sizeof h, *desc, peer_, make_tag(MsgType::hello, id_), Clock::now(), {})
+  return ep_->post_send(*q, (*q)->buf.get(), sizeof(Hello), *desc, peer_, make_tag(MsgType::hello, id_), Clock::now(),
+                        {})
       .ok();
 }
 
