@@ -44,10 +44,15 @@ struct ConnState {
   uint32_t peer_rx_id = 0;
   bool hello = false;
   bool peer_inline_ok = false;  // the peer accepts small bodies inside the header message
+  /// Both hellos announced keys: headers carry the receiver's key and bodies travel
+  /// under key-mixed tags (ucx_wire.hpp), both ways.
+  bool keyed = false;
+  uint64_t rx_key = 0;    // this side's, announced in its hello
+  uint64_t peer_key = 0;  // the peer's, from its hello
   bool failed = false;
   bool closed = false;
   std::string fail_msg;
-  uint32_t hello_out[kHelloWords] = {kHelloMagic, 0, 0};
+  uint32_t hello_out[kHelloWords] = {kHelloMagic, 0, 0, 0, 0};
   Op hello_op;
 
   // Receive side.
@@ -117,6 +122,19 @@ struct ConnState {
   uint64_t tx_error_seq = 0;                     // first send that failed (0: none)
   std::vector<std::unique_ptr<Send>> send_pool;  // reaped Sends for reuse
 
+  /// Where the prefix starts in a header message (after the key on a keyed connection).
+  [[nodiscard]] size_t prefix_at() const { return keyed ? kKeyBytes : 0; }
+  /// The tag of the body of message `seq` to this side, and to the peer.
+  [[nodiscard]] uint64_t rx_body_tag(uint32_t seq) const { return make_body_tag(rx_id, seq, keyed ? rx_key : 0); }
+  [[nodiscard]] uint64_t tx_body_tag(uint32_t seq) const {
+    return make_body_tag(peer_rx_id, seq, keyed ? peer_key : 0);
+  }
+  /// Whether a completed header receive holds a message of this connection's peer: on
+  /// a keyed connection, one that starts with this side's key. A truncated one never
+  /// does (the peer sends at most kHeaderMessageBytes); a failed one is the
+  /// connection's own failure.
+  [[nodiscard]] bool from_peer(const Slot& slot) const;
+
   /// Marks the connection failed with `msg` unless it already was (the first cause
   /// is the one reported, and logged here at `level`: warn for our own findings, debug
   /// for UCX's peer errors, which are mostly a peer that left, and for a setup an
@@ -162,6 +180,7 @@ class UcxConnection final : public Connection {
 
   // ucx_receive.cpp
   Result<size_t> take_header_locked(std::vector<std::byte>& header);
+  void drop_unkeyed_locked(ConnState::Slot& slot);
   Status take_inline_body_locked(std::span<std::byte> dest);
   Status recv_posted_body(std::unique_lock<std::mutex>& lk, std::span<std::byte> dest, Deadline deadline,
                           const CancelToken& cancel);

@@ -64,10 +64,15 @@ class Engine {
   std::atomic<uint32_t> activity{0};
   void touch() { activity.store(activity.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   bool peer_errors = true;  // UCP_ERR_HANDLING_MODE_PEER (UcxSettings::peer_errors = false turns it off)
+  /// Hellos without a key, as a peer from before 2026-12-05 sends them (ucx_wire.hpp):
+  /// set by tests of mixed versions, never by a configuration.
+  bool keyless_hello = false;
   RegistrationCache cache;
 
   // Guarded by mu.
   uint32_t next_rx_id = 1;  // rx ids in order, where getrandom(2) fails (ucx_handshake.cpp)
+  /// Header messages dropped for want of the connection's key (ucx_receive.cpp).
+  uint64_t unkeyed_headers = 0;
   std::unordered_map<ucp_ep_h, ConnState*> by_ep;
   std::set<ConnState*> conns;
   /// Closed connections whose requests UCX did not finish: the requests still point

@@ -5,9 +5,12 @@
 // worker, not per endpoint).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include <sys/random.h>
 
@@ -24,31 +27,55 @@ ucs_status_t hello_cb(void* arg, const void* /*header*/, size_t /*header_length*
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || length < 8 ||
       (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
     return UCS_OK;
-  uint32_t msg[kHelloWords] = {0, 0, 0};
+  uint32_t msg[kHelloWords] = {};
   std::memcpy(msg, data, std::min(length, sizeof msg));
   auto it = e->by_ep.find(param->reply_ep);
-  if (msg[0] != kHelloMagic || it == e->by_ep.end()) {
+  const bool peer_keyed = (msg[2] & kHelloKeyed) != 0;
+  if (msg[0] != kHelloMagic || it == e->by_ep.end() || (peer_keyed && length < sizeof msg)) {
     // Any peer can send one; nothing is lost by dropping it (a setup that waited for a
     // real hello ends by its own deadline, and says so).
     KVS_LOG_DEBUG("ucx: ignoring an unexpected hello message");
     return UCS_OK;
   }
-  it->second->peer_rx_id = msg[1];
-  it->second->peer_inline_ok = (msg[2] & kHelloInlineOk) != 0;
-  it->second->hello = true;
+  ConnState& cs = *it->second;
+  cs.peer_rx_id = msg[1];
+  cs.peer_inline_ok = (msg[2] & kHelloInlineOk) != 0;
+  cs.keyed = peer_keyed && (cs.hello_out[2] & kHelloKeyed) != 0;
+  cs.peer_key = uint64_t(msg[3]) | uint64_t(msg[4]) << 32;
+  cs.hello = true;
   return UCS_OK;
+}
+
+/// Fills `out` from getrandom(2); false where the kernel has none to give.
+bool random_fill(void* out, size_t n) {
+  ssize_t got;
+  do got = ::getrandom(out, n, 0);
+  while (got < 0 && errno == EINTR);
+  return got == ssize_t(n);
+}
+
+/// A connection's key (ucx_wire.hpp). Without getrandom(2) (kernels before 3.17) the
+/// key is made from the clock and the state's address: it still tells a peer's
+/// messages from a stray one, not from a guess; said once.
+uint64_t draw_key(const ConnState& cs) {
+  uint64_t key = 0;
+  if (random_fill(&key, sizeof key)) return key;
+  static std::once_flag said;
+  std::call_once(said, [] { KVS_LOG_WARN("ucx: getrandom(2) failed; connection keys are guessable"); });
+  const auto now = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  return now * 0x9e3779b97f4a7c15ull ^ reinterpret_cast<uintptr_t>(&cs);
 }
 
 /// An rx id no live connection, nor one in the graveyard (whose receives may still be
 /// posted under it), uses, drawn at random (getrandom(2)). UCP tag receives cannot
-/// name their sender, so any peer of this worker can send under any rx id: ids handed
-/// out in order (1, 2, 3...) let a peer that connected, with no login, send requests
-/// into another client's logged-in connection. A random id must be guessed among
-/// 2^24. Requires mu.
+/// name their sender, so any peer of this worker can send under any rx id. The
+/// connection's key keeps such messages out (ucx_wire.hpp); a random id also keeps a
+/// peer from aiming at a connection, and is all there is on a connection to a peer
+/// without keys. Requires mu.
 uint32_t alloc_rx_id(Engine& e) {
   for (;;) {
     uint32_t id = 0;
-    if (::getrandom(&id, sizeof id, 0) != ssize_t(sizeof id)) id = e.next_rx_id++;  // no entropy: in order
+    if (!random_fill(&id, sizeof id)) id = e.next_rx_id++;  // no entropy: in order
     id &= kRxIdMask;
     if (id == 0) continue;
     bool used = false;
@@ -99,14 +126,18 @@ Status start_locked(Engine& e, ConnState& cs, ucp_ep_params_t params) {
   e.by_ep[cs.ep] = &cs;
   e.conns.insert(&cs);
   repost_headers(e, cs);
+  cs.rx_key = draw_key(cs);
   cs.hello_out[1] = cs.rx_id;
   // Inline bodies are copied with memcpy: only where no side can hold cuda bodies.
-  cs.hello_out[2] = e.ctx->cuda ? 0 : kHelloInlineOk;
+  cs.hello_out[2] = (e.ctx->cuda ? 0 : kHelloInlineOk) | (e.keyless_hello ? 0 : kHelloKeyed);
+  cs.hello_out[3] = uint32_t(cs.rx_key);
+  cs.hello_out[4] = uint32_t(cs.rx_key >> 32);
   cs.hello_op.arm();
   ucp_request_param_t p = send_param(cs.hello_op);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_AM_SEND_FLAG_REPLY;
-  cs.hello_op.track(ucp_am_send_nbx(cs.ep, kHelloAmId, nullptr, 0, cs.hello_out, sizeof cs.hello_out, &p));
+  const size_t words = e.keyless_hello ? 3 : kHelloWords;  // an old peer's hello has three
+  cs.hello_op.track(ucp_am_send_nbx(cs.ep, kHelloAmId, nullptr, 0, cs.hello_out, words * sizeof(uint32_t), &p));
   return {};
 }
 

@@ -25,6 +25,16 @@ void post_header(Engine& e, ConnState& cs, uint32_t seq) {
 
 }  // namespace
 
+bool ConnState::from_peer(const Slot& slot) const {
+  if (!keyed) return true;
+  if (slot.op.status == UCS_ERR_MESSAGE_TRUNCATED) return false;
+  if (slot.op.status != UCS_OK) return true;
+  if (slot.op.length < kKeyBytes) return false;
+  uint64_t key;
+  std::memcpy(&key, slot.buf.data(), kKeyBytes);
+  return key == rx_key;
+}
+
 void repost_headers(Engine& e, ConnState& cs) {
   while (int32_t(cs.consumed + uint32_t(kHeaderRing) - cs.reposted) > 0) post_header(e, cs, cs.reposted++);
 }
@@ -48,7 +58,8 @@ Result<size_t> UcxConnection::recv_header(std::vector<std::byte>& header, Deadli
             repost_headers(e, *cs_);
             prepared = true;
           }
-          const auto& slot = (*cs_->ring)[cs_->rx_next % kHeaderRing];
+          auto& slot = (*cs_->ring)[cs_->rx_next % kHeaderRing];
+          while (slot.op.done && !cs_->from_peer(slot)) drop_unkeyed_locked(slot);
           if (slot.op.done) {
             out = take_header_locked(header);
             return Status{};
@@ -63,6 +74,19 @@ Result<size_t> UcxConnection::recv_header(std::vector<std::byte>& header, Deadli
   }
 }
 
+/// A header receive took a message without this connection's key: another peer of
+/// the worker sent under this connection's rx id. It is dropped and the receive
+/// posted again for the same sequence number, where the peer's own header then lands
+/// (from UCX's unexpected queue if it came meanwhile). Requires mu.
+void UcxConnection::drop_unkeyed_locked(ConnState::Slot& slot) {
+  Engine& e = *eng_;
+  slot.op.release();
+  ++e.unkeyed_headers;
+  KVS_LOG_DEBUG("ucx: dropped a message of {} bytes without the key of the connection to {} ({} so far)",
+                slot.op.length, cs_->peer, e.unkeyed_headers);
+  post_header(e, *cs_, slot.seq);
+}
+
 Result<size_t> UcxConnection::take_header_locked(std::vector<std::byte>& header) {
   Engine& e = *eng_;
   auto& slot = (*cs_->ring)[cs_->rx_next % kHeaderRing];
@@ -72,22 +96,23 @@ Result<size_t> UcxConnection::take_header_locked(std::vector<std::byte>& header)
     return peer_fault(cs_->side, StatusCode::unavailable, "ucx: receive from {} failed: {}", cs_->peer,
                       ucs_status_string(slot.op.status));
   }
-  if (slot.op.length < kPrefix)
+  const size_t at = cs_->prefix_at();
+  if (slot.op.length < at + kPrefix)
     return peer_fault(cs_->side, StatusCode::corrupt_data, "ucx: message header of {} bytes from {}", slot.op.length,
                       cs_->peer);
   uint64_t body_size;
-  std::memcpy(&body_size, slot.buf.data(), kPrefix);
+  std::memcpy(&body_size, slot.buf.data() + at, kPrefix);
   const bool inl = (body_size & kInlineFlag) != 0;
   body_size &= ~kInlineFlag;
   size_t hend = slot.op.length;
   if (inl) {
-    if (body_size == 0 || body_size > slot.op.length - kPrefix)
+    if (body_size == 0 || body_size > slot.op.length - at - kPrefix)
       return peer_fault(cs_->side, StatusCode::corrupt_data,
                         "ucx: message of {} bytes from {} announces {} inline body bytes", slot.op.length, cs_->peer,
                         body_size);
     hend -= size_t(body_size);
   }
-  header.assign(slot.buf.data() + kPrefix, slot.buf.data() + hend);
+  header.assign(slot.buf.data() + at + kPrefix, slot.buf.data() + hend);
   const uint32_t seq = cs_->rx_next++;
   cs_->body_inline = inl;
   cs_->body_inline_off = hend;
@@ -136,7 +161,7 @@ Status UcxConnection::post_recv(std::span<std::byte> dest) {
   auto po = std::make_unique<ConnState::Posted>();
   po->dest = dest.data();
   po->capacity = dest.size();
-  if (!post_tag_recv(e.worker, dest.data(), dest.size(), make_tag(cs_->rx_id, kBodyKind, seq), po->op)) {
+  if (!post_tag_recv(e.worker, dest.data(), dest.size(), cs_->rx_body_tag(seq), po->op)) {
     const ucs_status_t st = po->op.status;
     KVS_LOG_ERROR("ucx: posting a receive from {} failed: {}", cs_->peer, ucs_status_string(st));
     return make_status(StatusCode::unavailable, "ucx: posting a receive from {} failed: {}", cs_->peer,
@@ -270,7 +295,7 @@ Status UcxConnection::recv_unexpected_body(std::unique_lock<std::mutex>& lk, std
     target = cs_->direct_scratch.get();
   }
   Op& op = cs_->direct_op;
-  post_tag_recv(e.worker, target, size, make_tag(cs_->rx_id, kBodyKind, cs_->body_seq), op);
+  post_tag_recv(e.worker, target, size, cs_->rx_body_tag(cs_->body_seq), op);
   cs_->body_claimed = true;
   lk.unlock();
   Status s = body_wait(op, deadline, cancel);

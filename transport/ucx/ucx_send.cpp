@@ -85,9 +85,11 @@ Result<uint64_t> UcxConnection::post_send(std::span<const std::byte> header, std
   const bool inl =
       !body.empty() && cs_->peer_inline_ok && !e.ctx->cuda && header.size() + body.size() <= kMaxHeaderBytes;
   const uint64_t body_size = body.size() | (inl ? kInlineFlag : 0);
-  std::memcpy(snd->hbuf.data(), &body_size, kPrefix);
-  if (!header.empty()) std::memcpy(snd->hbuf.data() + kPrefix, header.data(), header.size());
-  snd->hlen = kPrefix + header.size();
+  const size_t at = cs_->prefix_at();
+  if (at) std::memcpy(snd->hbuf.data(), &cs_->peer_key, kKeyBytes);
+  std::memcpy(snd->hbuf.data() + at, &body_size, kPrefix);
+  if (!header.empty()) std::memcpy(snd->hbuf.data() + at + kPrefix, header.data(), header.size());
+  snd->hlen = at + kPrefix + header.size();
   if (inl) {
     std::memcpy(snd->hbuf.data() + snd->hlen, body.data(), body.size());
     snd->hlen += body.size();
@@ -102,7 +104,7 @@ Result<uint64_t> UcxConnection::post_send(std::span<const std::byte> header, std
     snd->bop.arm();
     p.user_data = &snd->bop;
     ok = snd->bop.track(
-        ucp_tag_send_nbx(cs_->ep, body.data(), body.size(), make_tag(cs_->peer_rx_id, kBodyKind, wire_seq), &p));
+        ucp_tag_send_nbx(cs_->ep, body.data(), body.size(), cs_->tx_body_tag(wire_seq), &p));
   }
   const uint64_t seq = snd->seq;
   const ucs_status_t st = snd->hop.status != UCS_OK && snd->hop.done ? snd->hop.status : snd->bop.status;

@@ -32,7 +32,7 @@ bool Engine::stage(Clock::time_point now) {
       auto st = std::make_unique<ConnState::Staged>();
       st->buf.reset(new std::byte[size]);
       st->size = size;
-      post_tag_recv(worker, st->buf.get(), size, make_tag(cs->rx_id, kBodyKind, seq), st->op);
+      post_tag_recv(worker, st->buf.get(), size, cs->rx_body_tag(seq), st->op);
       staged_bytes += size;
       cs->staged.emplace(seq, std::move(st));
     };
@@ -49,9 +49,14 @@ bool Engine::stage(Clock::time_point now) {
     for (uint32_t i = 0; i < kHeaderRing; ++i) {
       const uint32_t seq = cs->rx_next + i;
       auto& slot = (*cs->ring)[seq % kHeaderRing];
-      if (slot.seq != seq || !slot.op.done || slot.op.status != UCS_OK || slot.op.length < kPrefix) break;
+      // A message without the key stops the look-ahead: recv_header drops it when it
+      // gets there, and the peer's header for that slot comes in after.
+      const size_t at = cs->prefix_at();
+      if (slot.seq != seq || !slot.op.done || slot.op.status != UCS_OK || !cs->from_peer(slot) ||
+          slot.op.length < at + kPrefix)
+        break;
       uint64_t size;
-      std::memcpy(&size, slot.buf.data(), kPrefix);
+      std::memcpy(&size, slot.buf.data() + at, kPrefix);
       if (size & kInlineFlag) continue;  // nothing left on the wire
       consider(seq, size_t(size), seen(slot));
     }
