@@ -100,6 +100,13 @@ struct ServerConfig {
   uint32_t max_unauthenticated_per_source = 64;
   /// A connection that has not authenticated by then is closed.
   std::chrono::milliseconds auth_timeout{2000};
+  /// Payload bytes one namespace (tenant) may keep on this node: a put that would go
+  /// over is answered resource_exhausted and stores nothing (an overwrite is charged
+  /// only what it adds, and puts under way count at their declared length). 0: no
+  /// bound. Objects a rebalance copies in count too. namespace_quota_bytes overrides
+  /// it per namespace.
+  uint64_t default_namespace_quota_bytes = 0;
+  std::map<std::string, uint64_t> namespace_quota_bytes;
   uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure
   std::chrono::milliseconds idle_timeout{60000};  ///< a silent client is disconnected after this
   /// Warnings a peer can cause at will (refused connections, failed logins) are
@@ -152,6 +159,7 @@ class Server {
     uint64_t refused_connections = 0;     ///< closed before or at login (limits)
     uint64_t evicted_unauthenticated = 0; ///< pre-auth connections replaced by newer ones
     uint64_t budget_refusals = 0;         ///< requests answered resource_exhausted for memory
+    uint64_t quota_refusals = 0;          ///< puts answered resource_exhausted for their namespace's quota
     uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
     uint64_t budget_limit_bytes = 0;
     uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start

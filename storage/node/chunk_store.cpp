@@ -129,7 +129,9 @@ ChunkStore::Entry* ChunkStore::entry_locked(const ObjectKey& k) {
 }
 
 void ChunkStore::set_entry_locked(const ObjectKey& k, Entry e) {
-  if (const Entry* old = entry_locked(k); old && old->key_id != current_key_id_) --under_old_keys_;
+  const Entry* old = entry_locked(k);
+  quota_.stored(k.ns, old ? old->size : 0, e.generation ? e.size : 0);
+  if (old && old->key_id != current_key_id_) --under_old_keys_;
   if (e.generation != 0 && e.key_id != current_key_id_) ++under_old_keys_;
   if (e.generation == 0) {  // absent: drop it, and the chunk and context once empty
     auto n = index_.find(k.ns);
@@ -168,6 +170,12 @@ Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t len
     return make_status(StatusCode::out_of_range, "{} bytes (limit {})", length, kMaxChunkBytes);
   KVS_RETURN_IF_ERROR(validate_parts(parts, length));
   PendingPut p;
+  {
+    std::lock_guard lock(mu_);
+    const Entry* e = entry_locked(key);
+    KVS_RETURN_IF_ERROR(quota_.reserve(key.ns, length, e ? e->size : 0));
+    p.claim_ = QuotaClaim(this, key.ns, length);
+  }
   std::optional<ObjectSeal> seal;
   if (const auto ring = keys()) {
     KVS_ASSIGN_OR_RETURN(seal, new_object_seal(*ring, key.ns));
@@ -218,9 +226,44 @@ Status ChunkStore::commit(PendingPut&& pending, uint64_t checksum) {
   {
     std::lock_guard lock(mu_);
     set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_, p.tmp_.parts(), p.tmp_.key_id()});
+    // In the same step as the index counts the bytes: a concurrent put's check sees
+    // them once.
+    quota_.release(k.ns, p.claim_.bytes_);
+    p.claim_.store_ = nullptr;
     cache_drop_locked(k.name());
   }
   return fsync_directory(ctx_dir);
+}
+
+ChunkStore::QuotaClaim& ChunkStore::QuotaClaim::operator=(QuotaClaim&& o) noexcept {
+  if (this != &o) {
+    QuotaClaim gone(std::move(*this));
+    store_ = std::exchange(o.store_, nullptr);
+    ns_ = std::move(o.ns_);
+    bytes_ = o.bytes_;
+  }
+  return *this;
+}
+
+ChunkStore::QuotaClaim::~QuotaClaim() {
+  if (!store_) return;
+  std::lock_guard lock(store_->mu_);
+  store_->quota_.release(ns_, bytes_);
+}
+
+void ChunkStore::set_quotas(QuotaLimits limits) {
+  std::lock_guard lock(mu_);
+  quota_.set_limits(std::move(limits));
+}
+
+uint64_t ChunkStore::namespace_bytes(const std::string& ns) const {
+  std::lock_guard lock(mu_);
+  return quota_.used(ns);
+}
+
+uint64_t ChunkStore::quota_refusals() const {
+  std::lock_guard lock(mu_);
+  return quota_.refusals();
 }
 
 Status ChunkStore::put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version,
@@ -359,7 +402,10 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
     auto c = n->second.find(ctx);
     if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
     for (const auto& [chunk, levels] : c->second.chunks)
-      for (const Entry& e : levels) under_old_keys_ -= e.generation != 0 && e.key_id != current_key_id_;
+      for (const Entry& e : levels) {
+        under_old_keys_ -= e.generation != 0 && e.key_id != current_key_id_;
+        if (e.generation != 0) quota_.stored(ns, e.size, 0);
+      }
     n->second.erase(c);
     cache_drop_prefix_locked(ns + "/" + ctx + "/");
   }

@@ -25,11 +25,13 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvstream/storage.hpp"
 #include "storage/node/dir_lock.hpp"
 #include "storage/node/memory_budget.hpp"
+#include "storage/node/namespace_quota.hpp"
 #include "storage/node/object_file.hpp"
 #include "security/key_ring.hpp"
 
@@ -106,6 +108,32 @@ class ChunkStore {
   /// invalid_argument (no keys).
   Result<ReencryptReport> reencrypt(const ReencryptOptions& options);
 
+  /// Payload bytes each namespace may keep (none bound by default). Puts that begin
+  /// afterwards are checked against them; what is stored stays, over a lowered quota.
+  void set_quotas(QuotaLimits limits);
+  /// Payload bytes `ns` holds.
+  [[nodiscard]] uint64_t namespace_bytes(const std::string& ns) const;
+  /// Puts refused for their namespace's quota since the store opened.
+  [[nodiscard]] uint64_t quota_refusals() const;
+
+  /// A put's claim on its namespace's quota (NamespaceQuota::reserve), given back when
+  /// the put ends uncommitted.
+  class QuotaClaim {
+   public:
+    QuotaClaim() = default;
+    QuotaClaim(ChunkStore* store, std::string ns, uint64_t bytes) : store_(store), ns_(std::move(ns)), bytes_(bytes) {}
+    QuotaClaim(QuotaClaim&& o) noexcept
+        : store_(std::exchange(o.store_, nullptr)), ns_(std::move(o.ns_)), bytes_(o.bytes_) {}
+    QuotaClaim& operator=(QuotaClaim&& o) noexcept;
+    ~QuotaClaim();
+
+   private:
+    friend class ChunkStore;
+    ChunkStore* store_ = nullptr;
+    std::string ns_;
+    uint64_t bytes_ = 0;
+  };
+
   /// A put under way: its bytes go straight to a temporary file.
   class PendingPut {
    public:
@@ -117,11 +145,13 @@ class ChunkStore {
     ObjectKey key_;
     TempObject tmp_;
     uint64_t version_ = 0;
+    QuotaClaim claim_;
   };
   /// Starts a put of `length` bytes at write `version` (0: unversioned, newer than
   /// whatever is stored) with its parts table (kept in the object's header: the
   /// commit's rename replaces bytes and parts at once). Errors: invalid_argument (ids,
-  /// parts), out_of_range, io_error, resource_exhausted (disk full).
+  /// parts), out_of_range, io_error, resource_exhausted (disk full, or the namespace's
+  /// quota: nothing stored changes).
   Result<PendingPut> begin_put(ObjectKey key, uint64_t length, uint64_t version = 0,
                                std::vector<ObjectPart> parts = {});
   /// Verifies the payload against `checksum`, makes it durable and visible. Errors:
@@ -189,6 +219,7 @@ class ChunkStore {
   struct {
     uint64_t quarantined = 0, stale_temporaries = 0;
   } counters_;  // logged at open
+  NamespaceQuota quota_;           // guarded by mu_
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
   mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)

@@ -64,6 +64,7 @@ class ServerImpl final : public Server {
       KVS_ASSIGN_OR_RETURN(keys, security::KeyRing::load(cfg.at_rest.key_file));
     }
     KVS_ASSIGN_OR_RETURN(s->store_, ChunkStore::open(cfg.directory, cfg.cache_bytes, s->budget_, keys));
+    s->store_->set_quotas({cfg.default_namespace_quota_bytes, cfg.namespace_quota_bytes});
     if (keys) {
       KVS_LOG_INFO("encryption at rest: {} keys, new writes under key {}; {} objects under other keys or in clear",
                    keys->size(), keys->current_id(), s->store_->objects_under_old_keys());
@@ -126,6 +127,7 @@ class ServerImpl final : public Server {
     c.refused_connections = refused_, c.evicted_unauthenticated = preauth_.evicted();
     c.budget_refusals = budget_.refusals(), c.budget_peak_bytes = budget_.peak(), c.budget_limit_bytes = budget_.limit();
     c.objects_under_old_keys = store_->objects_under_old_keys();
+    c.quota_refusals = store_->quota_refusals();
     std::lock_guard lock(keys_mu_);
     c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;
     return c;

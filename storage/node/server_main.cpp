@@ -103,6 +103,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rebalance-mb-per-s", rebalance_mb, "bound on this node's copy rate after a change (0: none)")
       ->capture_default_str();
+  uint64_t quota_mb = 0;
+  std::string quotas_file;
+  app.add_option("--namespace-quota-mb", quota_mb,
+                 "payload MiB each namespace may keep on this node; puts past it are refused (0: no bound)")
+      ->capture_default_str();
+  app.add_option("--namespace-quotas", quotas_file,
+                 "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces");
   uint64_t reencrypt_mb = cfg.reencrypt_bytes_per_second >> 20;
   bool reencrypt_only = false;
   app.add_option("--at-rest-key-file", cfg.at_rest.key_file,
@@ -153,6 +160,13 @@ int main(int argc, char** argv) {
   if (!secrets_file.empty())
     if (auto err = read_json_map(secrets_file, "strings", cfg.secrets); !err.empty())
       return fmt::print(stderr, "kvstream-server: {}\n", err), 1;
+  cfg.default_namespace_quota_bytes = quota_mb << 20;
+  if (!quotas_file.empty()) {
+    std::map<std::string, uint64_t> mib;
+    if (auto err = read_json_map(quotas_file, "MiB counts", mib); !err.empty())
+      return fmt::print(stderr, "kvstream-server: {}\n", err), 1;
+    for (const auto& [ns, n] : mib) cfg.namespace_quota_bytes[ns] = n << 20;
+  }
   if (!tls.cert_file.empty()) tls.enabled = true;
   if (!tls_clients_file.empty())
     if (auto err = read_json_map(tls_clients_file, "string arrays", cfg.tls_clients); !err.empty())

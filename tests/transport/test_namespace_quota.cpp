@@ -1,0 +1,149 @@
+// Namespace quotas on a storage node (ServerConfig::namespace_quota_bytes): a tenant
+// cannot keep more payload bytes than its quota, a refused put stores nothing and
+// leaves the connection in step, overwrites are charged what they add, puts under way
+// count at their declared length (so concurrent puts cannot pass the quota together),
+// and what is stored is counted again after a restart.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "kvstream/storage.hpp"
+#include "storage/node/chunk_store.hpp"
+#include "tests/transport/node_test_util.hpp"
+#include "tests/transport/transport_test_util.hpp"
+
+namespace kvstream::test_namespace_quota {
+
+using namespace kvstream::storage;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+using transport::test_util::pattern;
+namespace node_util = kvstream::storage::node_test_util;
+
+namespace {
+
+const std::string kSecretA = "0123456789abcdef-tenant-a", kSecretB = "0123456789abcdef-tenant-b";
+
+class NamespaceQuotaTest : public ::testing::Test {
+ protected:
+  /// A store over the test's directory, tenant-a bound to 10,000 bytes.
+  std::unique_ptr<ChunkStore> open_store() {
+    auto s = ChunkStore::open(tmp_.path().string(), 16 << 20, budget_);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) return nullptr;
+    (*s)->set_quotas({0, {{"tenant-a", 10000}}});
+    return std::move(s).value();
+  }
+  static ObjectKey key(uint32_t chunk, const std::string& ns = "tenant-a") { return {ns, "ctx", chunk, 0}; }
+
+  MemoryBudget budget_{64 << 20};
+  node_util::TempDir tmp_{"kvstream-quota"};
+};
+
+// Over the quota: refused, nothing stored; an overwrite is charged only what it adds;
+// another namespace is not bound; a removed context frees its bytes.
+TEST_F(NamespaceQuotaTest, APutOverTheQuotaIsRefusedAndStoresNothing) {
+  auto store = open_store();
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->put(key(0), pattern(6000, 1)).ok());
+  const Status over = store->put(key(1), pattern(6000, 2));
+  EXPECT_EQ(over.code(), StatusCode::resource_exhausted) << over.to_string();
+  EXPECT_EQ(store->read_all(key(1)).status().code(), StatusCode::not_found);
+  EXPECT_EQ(store->namespace_bytes("tenant-a"), 6000u);
+  EXPECT_EQ(store->quota_refusals(), 1u);
+
+  ASSERT_TRUE(store->put(key(0), pattern(9000, 3)).ok()) << "6000 bytes replaced by 9000: 9000 of 10000";
+  EXPECT_EQ(store->namespace_bytes("tenant-a"), 9000u);
+  EXPECT_EQ(*store->read_all(key(0)), pattern(9000, 3));
+  EXPECT_EQ(store->put(key(1), pattern(1001, 4)).code(), StatusCode::resource_exhausted);
+  ASSERT_TRUE(store->put(key(1), pattern(1000, 4)).ok()) << "exactly the quota";
+
+  ASSERT_TRUE(store->put(key(0, "tenant-b"), pattern(50000, 5)).ok());
+  EXPECT_EQ(store->namespace_bytes("tenant-b"), 50000u);
+
+  ASSERT_TRUE(store->remove("tenant-a", "ctx").ok());
+  EXPECT_EQ(store->namespace_bytes("tenant-a"), 0u);
+  EXPECT_TRUE(store->put(key(2), pattern(10000, 6)).ok());
+}
+
+// A put under way holds its declared length: a second one that would pass the quota
+// with it is refused, and fits once the first is dropped. A put whose commit fails
+// (its checksum) gives its claim back.
+TEST_F(NamespaceQuotaTest, PutsUnderWayCountAtTheirDeclaredLength) {
+  auto store = open_store();
+  ASSERT_TRUE(store);
+  {
+    auto first = store->begin_put(key(0), 6000);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    EXPECT_EQ(store->begin_put(key(1), 6000).status().code(), StatusCode::resource_exhausted);
+  }  // the first put is dropped uncommitted
+  auto second = store->begin_put(key(1), 6000);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  const auto body = pattern(6000, 1);
+  ASSERT_TRUE(second->append(body).ok());
+  EXPECT_EQ(store->commit(std::move(*second), 12345).code(), StatusCode::corrupt_data);
+  EXPECT_EQ(store->namespace_bytes("tenant-a"), 0u);
+  EXPECT_TRUE(store->put(key(1), pattern(10000, 2)).ok()) << "the failed commit gave its claim back";
+}
+
+// Eight writers of distinct 2,000-byte objects at once under a 10,000-byte quota:
+// exactly five are stored, and the namespace never holds more than its quota.
+TEST_F(NamespaceQuotaTest, ConcurrentPutsCannotPassTheQuotaTogether) {
+  auto store = open_store();
+  ASSERT_TRUE(store);
+  std::atomic<int> stored{0}, refused{0}, other{0};
+  std::vector<std::thread> writers;
+  for (uint32_t i = 0; i < 8; ++i)
+    writers.emplace_back([&, i] {
+      const Status s = store->put(key(i), pattern(2000, uint8_t(i)));
+      (s.ok() ? stored : s.code() == StatusCode::resource_exhausted ? refused : other)++;
+    });
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(stored.load(), 5);
+  EXPECT_EQ(refused.load(), 3);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(store->namespace_bytes("tenant-a"), 10000u);
+}
+
+// What a namespace holds is counted from the directory when the store opens again.
+TEST_F(NamespaceQuotaTest, WhatIsStoredCountsAfterARestart) {
+  {
+    auto store = open_store();
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(store->put(key(0), pattern(6000, 1)).ok());
+  }
+  auto store = open_store();
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->namespace_bytes("tenant-a"), 6000u);
+  EXPECT_EQ(store->put(key(1), pattern(6000, 2)).code(), StatusCode::resource_exhausted);
+}
+
+// Through a node: the tenant's put past its quota is answered resource_exhausted, the
+// body is read off the wire (the connection stays usable), the node counts it; a
+// namespace whose own quota is 0 is not bound by the default.
+TEST_F(NamespaceQuotaTest, ANodeRefusesAPutPastTheQuotaAndKeepsServingTheTenant) {
+  ServerConfig cfg = node_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}});
+  cfg.default_namespace_quota_bytes = 10000;
+  cfg.namespace_quota_bytes = {{"tenant-b", 0}};
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto a = node_util::connect_client((*server)->address(), "tenant-a", kSecretA);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE((*a)->put("ctx", 0, 0, pattern(6000, 1), deadline_in(10s)).ok());
+  const Status over = (*a)->put("ctx", 1, 0, pattern(300000, 2), deadline_in(10s));
+  EXPECT_EQ(over.code(), StatusCode::resource_exhausted) << over.to_string();
+  EXPECT_NE(over.message().find("quota of 10000"), std::string::npos) << over.message();
+  EXPECT_EQ((*a)->stat("ctx", deadline_in(10s))->size(), 1u) << "the refused chunk is not stored";
+  EXPECT_TRUE((*a)->put("ctx", 1, 0, pattern(4000, 3), deadline_in(10s)).ok()) << "the connection is in step";
+  EXPECT_EQ((*server)->counters().quota_refusals, 1u);
+
+  auto b = node_util::connect_client((*server)->address(), "tenant-b", kSecretB);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_TRUE((*b)->put("ctx", 0, 0, pattern(300000, 4), deadline_in(10s)).ok());
+}
+
+}  // namespace
+
+}  // namespace kvstream::test_namespace_quota
