@@ -167,7 +167,7 @@ class ReplicatedClient final : public storage::Client {
       }));
     std::vector<Status> results{put_one(*replicas[0], context, chunk, level, bytes, parts, version, deadline, cancel)};
     for (auto& f : others) results.push_back(f.get());
-    uint32_t acks = 0;
+    uint32_t acks = 0, refused = 0;
     std::string errors;
     Status first;
     for (size_t i = 0; i < results.size(); ++i) {
@@ -175,6 +175,7 @@ class ReplicatedClient final : public storage::Client {
         ++acks;
         continue;
       }
+      refused += results[i].code() == StatusCode::resource_exhausted;
       // already_exists: a newer write of this object reached that replica first; it
       // reaches the others too, so this put lost the race everywhere.
       if (final_error(results[i].code()) || results[i].code() == StatusCode::cancelled ||
@@ -184,7 +185,12 @@ class ReplicatedClient final : public storage::Client {
       errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", replicas[i]->address, results[i].to_string());
     }
     if (acks >= v->write_quorum) return {};
-    return Status(first.code() == StatusCode::timed_out ? StatusCode::timed_out : StatusCode::unavailable,
+    // Every replica that failed answered that it has no room (the namespace's quota,
+    // the node's memory): not a fault a retry elsewhere or later cures by itself.
+    const bool no_room = refused == results.size() - acks;
+    return Status(no_room                                    ? StatusCode::resource_exhausted
+                  : first.code() == StatusCode::timed_out ? StatusCode::timed_out
+                                                           : StatusCode::unavailable,
                   fmt::format("chunk {} level {} of '{}' reached {} of {} replicas, {} needed ({})", chunk, level,
                               context, acks, replicas.size(), v->write_quorum, errors));
   }
@@ -479,7 +485,8 @@ class ReplicatedClient final : public storage::Client {
     const auto t0 = Clock::now();
     n.health.started(0);
     Status s = c->put_parts(context, chunk, level, bytes, parts, version, deadline, cancel);
-    if (s.ok() || s.code() == StatusCode::already_exists) {  // the node answered: it is well
+    // The node answered: it is well (resource_exhausted: no room for this put there).
+    if (s.ok() || s.code() == StatusCode::already_exists || s.code() == StatusCode::resource_exhausted) {
       n.health.succeeded(0, seconds_between(t0, Clock::now()), 0);
     } else {
       n.health.failed(0);

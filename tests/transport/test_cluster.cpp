@@ -146,11 +146,17 @@ class Cluster : public ::testing::Test {
     if (available_backends().empty() ||
         std::find(available_backends().begin(), available_backends().end(), "tcp") == available_backends().end())
       GTEST_SKIP() << "the tcp backend is not built in";
+    start_nodes(0);
+  }
+  /// Three nodes in fresh directories, each namespace bound to `quota` bytes (0: none).
+  void start_nodes(uint64_t quota) {
+    servers_.clear();
     for (int i = 0; i < 3; ++i) {
       ServerConfig cfg;
       cfg.address = "127.0.0.1:0";
-      cfg.directory = (root_ / fmt::format("node{}", i)).string();
+      cfg.directory = (root_ / fmt::format("node{}-{}", i, ++started_)).string();
       cfg.secrets = {{"tenant-a", kSecret}};
+      cfg.default_namespace_quota_bytes = quota;
       auto s = Server::start(cfg);
       ASSERT_TRUE(s.ok()) << s.status().to_string();
       servers_.push_back(std::move(s).value());
@@ -191,6 +197,7 @@ class Cluster : public ::testing::Test {
   }
 
   kvstream::testing::TempDir root_{"kvstream-cluster"};
+  int started_ = 0;
   std::vector<std::unique_ptr<Server>> servers_;
   std::vector<std::unique_ptr<StallProxy>> proxies_;
 };
@@ -461,6 +468,22 @@ TEST_F(Cluster, PartsAndRangesWithFailover) {
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   for (const ChunkStat& s : *st)
     if (cleared.count(s.chunk)) EXPECT_TRUE(s.level_parts.empty()) << s.chunk;
+}
+
+// A put that every replica refuses for want of room (here the namespace's quota) is
+// resource_exhausted, not unavailable: retrying will not help. The nodes stay in use.
+TEST_F(Cluster, APutEveryReplicaHasNoRoomForIsResourceExhausted) {
+  start_nodes(30000);
+  auto c = cluster::connect(config(addresses()), deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const Status big = (*c)->put("ctx", 0, 0, test_util::pattern(40000, 1), deadline_in(10s));
+  EXPECT_EQ(big.code(), StatusCode::resource_exhausted) << big.to_string();
+  EXPECT_NE(big.message().find("quota"), std::string::npos) << big.message();
+  for (uint32_t chunk = 0; chunk < 6; ++chunk)
+    EXPECT_TRUE((*c)->put("ctx", chunk, 0, test_util::pattern(5000, uint8_t(chunk)), deadline_in(10s)).ok()) << chunk;
+  uint64_t refusals = 0;
+  for (auto& s : servers_) refusals += s->counters().quota_refusals;
+  EXPECT_EQ(refusals, 2u) << "each of the big put's two replicas refused it once";
 }
 
 TEST_F(Cluster, StartsWithANodeDownAndAllDownIsUnavailable) {
