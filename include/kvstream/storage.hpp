@@ -171,6 +171,12 @@ class Server {
   /// re-encrypted in the background. On error the keys in use stay. Errors:
   /// invalid_argument (the node has no key file, or it is malformed), not_found, io_error.
   virtual Status reload_keys() = 0;
+  /// Replaces the namespace quotas (ServerConfig's default_namespace_quota_bytes and
+  /// namespace_quota_bytes; kvstream-server rereads --namespace-quotas on SIGHUP). Puts
+  /// that begin afterwards are checked against them; nothing stored is removed, so a
+  /// namespace over a lowered quota keeps its objects and is refused new bytes until it
+  /// removes some.
+  virtual void set_namespace_quotas(uint64_t default_bytes, std::map<std::string, uint64_t> per_namespace) = 0;
 };
 
 /// Client settings.

@@ -120,6 +120,13 @@ class ServerImpl final : public Server {
     return {};
   }
 
+  void set_namespace_quotas(uint64_t default_bytes, std::map<std::string, uint64_t> per_namespace) override {
+    const size_t listed = per_namespace.size();
+    store_->set_quotas({default_bytes, std::move(per_namespace)});
+    KVS_LOG_INFO("namespace quotas set: {} bytes each{}", default_bytes == 0 ? std::string("no bound") : std::to_string(default_bytes),
+                 listed ? fmt::format(", {} namespaces of their own", listed) : std::string());
+  }
+
   Counters counters() const override {
     Counters c;
     c.requests = requests_, c.errors = errors_, c.bytes_out = bytes_out_, c.bytes_in = bytes_in_;

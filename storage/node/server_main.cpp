@@ -21,7 +21,7 @@
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
-volatile std::sig_atomic_t g_reload_keys = 0;  // SIGHUP: reread the at-rest key file
+volatile std::sig_atomic_t g_reload_keys = 0;  // SIGHUP: reread the at-rest key file and the quotas
 void on_hangup(int) { g_reload_keys = 1; }
 }  // namespace
 
@@ -38,6 +38,15 @@ std::string read_json_map(const std::string& path, std::string_view what, std::m
   } catch (const std::exception& e) {
     return fmt::format("'{}' is not a JSON object of {}: {}", path, what, e.what());
   }
+  return {};
+}
+
+/// --namespace-quotas: a JSON object of namespace -> MiB, as bytes.
+std::string read_quotas(const std::string& path, std::map<std::string, uint64_t>& bytes) {
+  std::map<std::string, uint64_t> mib;
+  if (auto err = read_json_map(path, "MiB counts", mib); !err.empty()) return err;
+  bytes.clear();
+  for (const auto& [ns, n] : mib) bytes[ns] = n << 20;
   return {};
 }
 
@@ -109,7 +118,8 @@ int main(int argc, char** argv) {
                  "payload MiB each namespace may keep on this node; puts past it are refused (0: no bound)")
       ->capture_default_str();
   app.add_option("--namespace-quotas", quotas_file,
-                 "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces");
+                 "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces (reread "
+                 "on SIGHUP)");
   uint64_t reencrypt_mb = cfg.reencrypt_bytes_per_second >> 20;
   bool reencrypt_only = false;
   app.add_option("--at-rest-key-file", cfg.at_rest.key_file,
@@ -161,12 +171,9 @@ int main(int argc, char** argv) {
     if (auto err = read_json_map(secrets_file, "strings", cfg.secrets); !err.empty())
       return fmt::print(stderr, "kvstream-server: {}\n", err), 1;
   cfg.default_namespace_quota_bytes = quota_mb << 20;
-  if (!quotas_file.empty()) {
-    std::map<std::string, uint64_t> mib;
-    if (auto err = read_json_map(quotas_file, "MiB counts", mib); !err.empty())
+  if (!quotas_file.empty())
+    if (auto err = read_quotas(quotas_file, cfg.namespace_quota_bytes); !err.empty())
       return fmt::print(stderr, "kvstream-server: {}\n", err), 1;
-    for (const auto& [ns, n] : mib) cfg.namespace_quota_bytes[ns] = n << 20;
-  }
   if (!tls.cert_file.empty()) tls.enabled = true;
   if (!tls_clients_file.empty())
     if (auto err = read_json_map(tls_clients_file, "string arrays", cfg.tls_clients); !err.empty())
@@ -192,8 +199,16 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (g_reload_keys) {
       g_reload_keys = 0;
-      if (auto st = (*server)->reload_keys(); !st.ok())
-        fmt::print(stderr, "kvstream-server: SIGHUP: keeping the keys in use: {}\n", st.to_string());
+      if (!cfg.at_rest.key_file.empty())
+        if (auto st = (*server)->reload_keys(); !st.ok())
+          fmt::print(stderr, "kvstream-server: SIGHUP: keeping the keys in use: {}\n", st.to_string());
+      if (!quotas_file.empty()) {
+        std::map<std::string, uint64_t> quotas;
+        if (auto err = read_quotas(quotas_file, quotas); !err.empty())
+          fmt::print(stderr, "kvstream-server: SIGHUP: keeping the quotas in use: {}\n", err);
+        else
+          (*server)->set_namespace_quotas(cfg.default_namespace_quota_bytes, std::move(quotas));
+      }
     }
   }
   (*server)->stop();

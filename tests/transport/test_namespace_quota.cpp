@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
+#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "kvstream/storage.hpp"
 #include "storage/node/chunk_store.hpp"
+#include "tests/support/hang_guard.hpp"
+#include "tests/support/node_process.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
@@ -142,6 +146,27 @@ TEST_F(NamespaceQuotaTest, ANodeRefusesAPutPastTheQuotaAndKeepsServingTheTenant)
   auto b = node_util::connect_client((*server)->address(), "tenant-b", kSecretB);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_TRUE((*b)->put("ctx", 0, 0, pattern(300000, 4), deadline_in(10s)).ok());
+}
+
+// kvstream-server's quotas from --namespace-quotas, reread on SIGHUP: a put past the
+// first file's quota is refused, and taken once the file is raised and the node told.
+TEST_F(NamespaceQuotaTest, KvstreamServerRereadsItsQuotasOnSighup) {
+  const auto quotas = tmp_.path() / "quotas.json", secrets = tmp_.path() / "secrets.json";
+  std::ofstream(secrets) << R"({"tenant-a": ")" << kSecretA << R"("})";
+  std::ofstream(quotas) << R"({"tenant-a": 1})";
+  kvstream::testing::NodeProcess node;
+  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
+                         {"--dir", (tmp_.path() / "store").string(), "--secrets", secrets.string(),
+                          "--namespace-quotas", quotas.string(), "--listen", "127.0.0.1:0"},
+                         "warn"));
+  auto a = node_util::connect_client(node.address(), "tenant-a", kSecretA);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const auto body = pattern(600 << 10, 1);
+  ASSERT_TRUE((*a)->put("ctx", 0, 0, body, deadline_in(10s)).ok());
+  EXPECT_EQ((*a)->put("ctx", 1, 0, body, deadline_in(10s)).code(), StatusCode::resource_exhausted) << "1 MiB";
+  std::ofstream(quotas, std::ios::trunc) << R"({"tenant-a": 2})";
+  ASSERT_EQ(::kill(node.pid(), SIGHUP), 0);
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*a)->put("ctx", 1, 0, body, deadline_in(10s)).ok(); }));
 }
 
 }  // namespace
