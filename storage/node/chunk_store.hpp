@@ -134,7 +134,8 @@ class ChunkStore {
     uint64_t bytes_ = 0;
   };
 
-  /// A put under way: its bytes go straight to a temporary file.
+  /// A put under way: its bytes go straight to a temporary file. It holds a claim on
+  /// its namespace's quota, so it must end (commit or drop) before its store does.
   class PendingPut {
    public:
     Status append(std::span<const std::byte> bytes) { return tmp_.append(bytes); }
