@@ -228,8 +228,7 @@ Status ChunkStore::commit(PendingPut&& pending, uint64_t checksum) {
     set_entry_locked(k, Entry{p.tmp_.written(), next_generation_++, p.version_, p.tmp_.parts(), p.tmp_.key_id()});
     // In the same step as the index counts the bytes: a concurrent put's check sees
     // them once.
-    quota_.release(k.ns, p.claim_.bytes_);
-    p.claim_.store_ = nullptr;
+    end_claim_locked(p.claim_);
     cache_drop_locked(k.name());
   }
   return fsync_directory(ctx_dir);
@@ -248,7 +247,13 @@ ChunkStore::QuotaClaim& ChunkStore::QuotaClaim::operator=(QuotaClaim&& o) noexce
 ChunkStore::QuotaClaim::~QuotaClaim() {
   if (!store_) return;
   std::lock_guard lock(store_->mu_);
-  store_->quota_.release(ns_, bytes_);
+  store_->end_claim_locked(*this);
+}
+
+void ChunkStore::end_claim_locked(QuotaClaim& claim) {
+  if (!claim.store_) return;
+  quota_.release(claim.ns_, claim.bytes_);
+  claim.store_ = nullptr;
 }
 
 void ChunkStore::set_quotas(QuotaLimits limits) {

@@ -116,8 +116,9 @@ class ChunkStore {
   /// Puts refused for their namespace's quota since the store opened.
   [[nodiscard]] uint64_t quota_refusals() const;
 
-  /// A put's claim on its namespace's quota (NamespaceQuota::reserve), given back when
-  /// the put ends uncommitted.
+  // A put's claim on its namespace's quota (NamespaceQuota::reserve): ended by the
+  // commit, in the step that counts the bytes, or given back when the put is dropped.
+ private:
   class QuotaClaim {
    public:
     QuotaClaim() = default;
@@ -129,11 +130,14 @@ class ChunkStore {
 
    private:
     friend class ChunkStore;
-    ChunkStore* store_ = nullptr;
+    ChunkStore* store_ = nullptr;  // null: nothing claimed (or already ended)
     std::string ns_;
     uint64_t bytes_ = 0;
   };
+  /// Ends `claim` (its bytes leave the namespace's reserved count). Requires mu_.
+  void end_claim_locked(QuotaClaim& claim);
 
+ public:
   /// A put under way: its bytes go straight to a temporary file. It holds a claim on
   /// its namespace's quota, so it must end (commit or drop) before its store does.
   class PendingPut {

@@ -27,7 +27,6 @@ struct QuotaLimits {
 class NamespaceQuota {
  public:
   void set_limits(QuotaLimits limits) { limits_ = std::move(limits); }
-  [[nodiscard]] const QuotaLimits& limits() const { return limits_; }
 
   /// Claims `length` bytes for a put into `ns` that replaces an object of `replaced`
   /// bytes (0: a new object). Errors: resource_exhausted (the namespace would hold

@@ -123,8 +123,8 @@ class ServerImpl final : public Server {
   void set_namespace_quotas(uint64_t default_bytes, std::map<std::string, uint64_t> per_namespace) override {
     const size_t listed = per_namespace.size();
     store_->set_quotas({default_bytes, std::move(per_namespace)});
-    KVS_LOG_INFO("namespace quotas set: {} bytes each{}", default_bytes == 0 ? std::string("no bound") : std::to_string(default_bytes),
-                 listed ? fmt::format(", {} namespaces of their own", listed) : std::string());
+    KVS_LOG_INFO("namespace quotas set: {} for each namespace, {} namespaces with their own",
+                 default_bytes == 0 ? std::string("no bound") : fmt::format("{} bytes", default_bytes), listed);
   }
 
   Counters counters() const override {
