@@ -16,7 +16,7 @@ class RedisCluster {
   struct Node {
     std::string id;
     uint16_t port = 0;
-    bool primary = false;
+    bool primary = false;  // a master that serves slots
     std::string primary_id;  // a replica's primary
     bool failed = false;
   };
@@ -57,6 +57,10 @@ class RedisCluster {
     }
     if (!wait_until_ok(std::chrono::seconds(30))) {
       fail("the cluster did not reach cluster_state:ok");
+      return;
+    }
+    if (!wait_until_roles_known(std::chrono::seconds(30))) {
+      fail("the nodes did not all learn which nodes are replicas");
       return;
     }
     ok_ = true;
@@ -108,7 +112,10 @@ class RedisCluster {
       Node n;
       n.id = id;
       n.port = uint16_t(std::atoi(addr.substr(colon + 1, at - colon - 1).c_str()));
-      n.primary = flags.find("master") != std::string::npos;
+      // After them: ping-sent, pong-recv, config-epoch, link-state, then the slots.
+      std::string ping, pong, epoch, link, first_slot;
+      f >> ping >> pong >> epoch >> link;
+      n.primary = flags.find("master") != std::string::npos && static_cast<bool>(f >> first_slot);
       n.failed = flags.find("fail") != std::string::npos;
       n.primary_id = primary == "-" ? "" : primary;
       out.push_back(n);
@@ -159,6 +166,25 @@ class RedisCluster {
               cli({"-p", std::to_string(n.port), "info", "replication"}).find("master_link_status:up") ==
                   std::string::npos)
             all = false;
+      if (all) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+
+  /// Until every node's CLUSTER NODES lists the three replicas as replicas. `redis-cli
+  /// --cluster create` makes them replicas one node at a time and the others learn it
+  /// by gossip: until then a node lists a replica as a master (with no slots), which
+  /// holds its primary's keys.
+  bool wait_until_roles_known(std::chrono::milliseconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      bool all = true;
+      for (const auto& s : servers_) {
+        size_t replicas = 0;
+        for (const auto& n : nodes(s->port())) replicas += n.primary_id.empty() ? 0 : 1;
+        if (replicas != servers_.size() / 2) all = false;
+      }
       if (all) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
