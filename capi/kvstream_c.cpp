@@ -105,7 +105,7 @@ void kvs_set_log_callback(kvs_log_fn fn, void* user) {
 }
 
 const char* kvs_status_name(kvs_status code) {
-  if (int(code) < 0 || int(code) > int(StatusCode::internal)) return "unknown";
+  if (int(code) < 0 || int(code) > int(kvstream::kLastStatusCode)) return "unknown";
   return status_code_name(static_cast<StatusCode>(code)).data();
 }
 

@@ -20,6 +20,7 @@ std::string_view status_code_name(StatusCode code) noexcept {
     case StatusCode::io_error: return "io_error";
     case StatusCode::resource_exhausted: return "resource_exhausted";
     case StatusCode::internal: return "internal";
+    case StatusCode::no_space: return "no_space";
   }
   return "unknown";
 }
@@ -45,7 +46,8 @@ void log_new_error(const Status& s) noexcept {
     case StatusCode::corrupt_data:
     case StatusCode::unavailable:
     case StatusCode::permission_denied:
-    case StatusCode::resource_exhausted: level = spdlog::level::warn; break;
+    case StatusCode::resource_exhausted:
+    case StatusCode::no_space: level = spdlog::level::warn; break;
     default: break;
   }
   try {

@@ -216,7 +216,8 @@ Result<Request> decode_request(std::span<const std::byte> header) {
 
 std::vector<std::byte> encode(const Response& r) {
   Writer w;
-  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(to_wire(r.code)), w.put(uint8_t(0));
+  const WireCode wire = to_wire(r.code);
+  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(wire.code)), w.put(uint8_t(wire.detail));
   w.put(r.id), w.put(r.checksum), w.put(r.total);
   std::string msg = r.message.substr(0, kMaxMessageBytes);
   w.put_str16(msg);
@@ -229,13 +230,13 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   Response r;
   const uint32_t magic = rd.get<uint32_t>();
   const uint8_t version = rd.get<uint8_t>(), op = rd.get<uint8_t>(), code = rd.get<uint8_t>();
-  rd.get<uint8_t>();
+  const uint8_t detail = rd.get<uint8_t>();
   r.id = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.total = rd.get<uint64_t>();
   const uint16_t n = rd.get<uint16_t>();
   r.message = rd.get_str(n, kMaxMessageBytes);
   if (!rd.ok() || magic != kResponseMagic) return make_status(StatusCode::corrupt_data, "not a kvstream response");
   if (version != kVersion) return version_error("the storage node", version);
-  auto api_code = from_wire(code);
+  auto api_code = from_wire(code, detail);
   if (!op_valid(op) || !api_code.ok())
     return make_status(StatusCode::corrupt_data, "response op {} code {}", op, code);
   r.op = Op(op);

@@ -2,7 +2,7 @@
 
 namespace kvstream::storage {
 
-uint8_t to_wire(StatusCode code) noexcept {
+WireCode to_wire(StatusCode code) noexcept {
   WireStatus w = WireStatus::internal;
   switch (code) {
     case StatusCode::ok: w = WireStatus::ok; break;
@@ -19,11 +19,12 @@ uint8_t to_wire(StatusCode code) noexcept {
     case StatusCode::io_error: w = WireStatus::io_error; break;
     case StatusCode::resource_exhausted: w = WireStatus::resource_exhausted; break;
     case StatusCode::internal: w = WireStatus::internal; break;
+    case StatusCode::no_space: return {WireStatus::resource_exhausted, WireDetail::no_space};
   }
-  return uint8_t(w);
+  return {w, WireDetail::none};
 }
 
-Result<StatusCode> from_wire(uint8_t code) {
+Result<StatusCode> from_wire(uint8_t code, uint8_t detail) {
   switch (WireStatus(code)) {
     case WireStatus::ok: return StatusCode::ok;
     case WireStatus::invalid_argument: return StatusCode::invalid_argument;
@@ -37,7 +38,8 @@ Result<StatusCode> from_wire(uint8_t code) {
     case WireStatus::cancelled: return StatusCode::cancelled;
     case WireStatus::permission_denied: return StatusCode::permission_denied;
     case WireStatus::io_error: return StatusCode::io_error;
-    case WireStatus::resource_exhausted: return StatusCode::resource_exhausted;
+    case WireStatus::resource_exhausted:
+      return WireDetail(detail) == WireDetail::no_space ? StatusCode::no_space : StatusCode::resource_exhausted;
     case WireStatus::internal: return StatusCode::internal;
   }
   return make_status(StatusCode::corrupt_data, "status code {} on the wire", code);

@@ -27,10 +27,26 @@ enum class WireStatus : uint8_t {
   internal = 13,
 };
 
-/// The wire number of an API code.
-uint8_t to_wire(StatusCode code) noexcept;
+/// The response header's byte after the code: a refinement of it that a peer which
+/// does not know it reads as the code alone (peers before no_space sent 0 and ignore
+/// the byte). So a code the API adds later travels as the nearest old code plus a
+/// detail, and older clients keep working with the coarser meaning.
+enum class WireDetail : uint8_t {
+  none = 0,
+  no_space = 1,  // with resource_exhausted: StatusCode::no_space
+};
 
-/// The API code of a wire number. Errors: corrupt_data for a number no version sends.
-Result<StatusCode> from_wire(uint8_t code);
+struct WireCode {
+  WireStatus code = WireStatus::internal;
+  WireDetail detail = WireDetail::none;
+};
+
+/// The wire code and detail of an API code.
+WireCode to_wire(StatusCode code) noexcept;
+
+/// The API code of a wire number and its detail byte (a detail this build does not
+/// know, or one that does not belong to the code, is ignored). Errors: corrupt_data
+/// for a number no version sends.
+Result<StatusCode> from_wire(uint8_t code, uint8_t detail = 0);
 
 }  // namespace kvstream::storage

@@ -103,8 +103,9 @@ struct ClusterConfig {
 /// Connects to the nodes (in parallel; at least one must answer) and returns a
 /// storage::Client over all of them:
 ///  * put writes the chunk to its R replicas in parallel; ok when `write_quorum`
-///    acknowledged (short of it: resource_exhausted when every other replica had no
-///    room, else unavailable or timed_out). put_parts (and put_versioned) the same,
+///    acknowledged (short of it: no_space when every other replica had no space,
+///    resource_exhausted when each had no space or no memory, else unavailable or
+///    timed_out). put_parts (and put_versioned) the same,
 ///    with the parts table and one write version (the caller's, or
 ///    next_write_version()) for every replica.
 ///  * get_async reads from the replica with the smallest expected time (latency EWMA +

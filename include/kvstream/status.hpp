@@ -31,9 +31,14 @@ enum class StatusCode : uint8_t {
   cancelled = 9,          ///< the caller cancelled
   permission_denied = 10, ///< credentials missing or wrong
   io_error = 11,          ///< the operating system refused an I/O
-  resource_exhausted = 12,///< a bounded resource (memory, slots, disk) is full
+  resource_exhausted = 12,///< a bounded resource (memory, connection slots) is busy: try again later
   internal = 13,          ///< a bug in kvstream: please report it
+  /// No room to store this (a disk or a tenant's quota is full, Redis at maxmemory):
+  /// unlike resource_exhausted, waiting does not help; only removing data does.
+  no_space = 14,
 };
+/// The highest code (for tables indexed by code).
+inline constexpr StatusCode kLastStatusCode = StatusCode::no_space;
 
 /// Short lower-case name of a code, e.g. "corrupt_data".
 std::string_view status_code_name(StatusCode code) noexcept;

@@ -101,7 +101,7 @@ struct ServerConfig {
   /// A connection that has not authenticated by then is closed.
   std::chrono::milliseconds auth_timeout{2000};
   /// Payload bytes one namespace (tenant) may keep on this node: a put that would go
-  /// over is answered resource_exhausted and stores nothing (an overwrite is charged
+  /// over is answered no_space and stores nothing (an overwrite is charged
   /// only what it adds, and puts under way count at their declared length). 0: no
   /// bound. Objects a rebalance copies in count too. namespace_quota_bytes overrides
   /// it per namespace.
@@ -159,7 +159,7 @@ class Server {
     uint64_t refused_connections = 0;     ///< closed before or at login (limits)
     uint64_t evicted_unauthenticated = 0; ///< pre-auth connections replaced by newer ones
     uint64_t budget_refusals = 0;         ///< requests answered resource_exhausted for memory
-    uint64_t quota_refusals = 0;          ///< puts answered resource_exhausted for their namespace's quota
+    uint64_t quota_refusals = 0;          ///< puts answered no_space for their namespace's quota
     uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
     uint64_t budget_limit_bytes = 0;
     uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start

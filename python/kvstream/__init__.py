@@ -36,6 +36,7 @@ from ._kvstream import (  # noqa: F401
     InvalidArgument,
     InvalidType,
     KvStore,
+    NoSpace,
     NotFound,
     PermissionDenied,
     Server,
@@ -63,7 +64,7 @@ from ._types import (  # noqa: F401
 __all__ = [
     "KvStore", "Fetch", "StoreConfig", "Server", "settings", "set_log_level", "StatusCode",
     "Error", "NotFound", "InvalidArgument", "InvalidType", "TimedOut", "Cancelled", "Unavailable",
-    "PermissionDenied", "CorruptData", "Unsupported",
+    "PermissionDenied", "CorruptData", "Unsupported", "NoSpace",
     "PutReport", "FetchReport", "ChunkReport", "FetchPlan", "ChunkDecision", "EvictReport", "Geometry",
     "LevelInfo", "Setting", "__version__",
 ]

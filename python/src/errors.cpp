@@ -15,7 +15,7 @@ using kvstream::StatusCode;
 // Exception classes, created once at import and kept for the interpreter's life.
 PyObject* g_error = nullptr;
 PyObject* g_invalid_type = nullptr;
-std::array<PyObject*, 14> g_by_code{};  // StatusCode -> class (g_error for the rest)
+std::array<PyObject*, size_t(kvstream::kLastStatusCode) + 1> g_by_code{};  // StatusCode -> class (g_error for the rest)
 
 PyObject* new_class(py::module_& m, const char* name, const char* doc, py::tuple bases, StatusCode code) {
   const std::string qualified = std::string("kvstream.") + name;
@@ -56,7 +56,8 @@ void init_errors(py::module_& m) {
       .value("permission_denied", StatusCode::permission_denied)
       .value("io_error", StatusCode::io_error)
       .value("resource_exhausted", StatusCode::resource_exhausted)
-      .value("internal", StatusCode::internal);
+      .value("internal", StatusCode::internal)
+      .value("no_space", StatusCode::no_space);
 
   auto builtin = [](const char* name) { return py::module_::import("builtins").attr(name); };
   const py::object exc = builtin("Exception");
@@ -83,6 +84,8 @@ void init_errors(py::module_& m) {
       StatusCode::permission_denied, builtin("PermissionError"));
   sub("CorruptData", "Bytes failed a structural or checksum check (corrupt_data).", StatusCode::corrupt_data);
   sub("Unsupported", "The path asked for is not available here (unsupported).", StatusCode::unsupported);
+  sub("NoSpace", "No room to store it: a disk or the tenant's quota is full (no_space); remove data first.",
+      StatusCode::no_space);
   g_invalid_type = new_class(m, "InvalidType",
                              "An argument of the wrong kind or dtype (invalid_argument); an InvalidArgument "
                              "that is also a TypeError.",

@@ -167,7 +167,7 @@ class ReplicatedClient final : public storage::Client {
       }));
     std::vector<Status> results{put_one(*replicas[0], context, chunk, level, bytes, parts, version, deadline, cancel)};
     for (auto& f : others) results.push_back(f.get());
-    uint32_t acks = 0, refused = 0;
+    uint32_t acks = 0, busy = 0, full = 0;
     std::string errors;
     Status first;
     for (size_t i = 0; i < results.size(); ++i) {
@@ -175,7 +175,8 @@ class ReplicatedClient final : public storage::Client {
         ++acks;
         continue;
       }
-      refused += results[i].code() == StatusCode::resource_exhausted;
+      busy += results[i].code() == StatusCode::resource_exhausted;
+      full += results[i].code() == StatusCode::no_space;
       // already_exists: a newer write of this object reached that replica first; it
       // reaches the others too, so this put lost the race everywhere.
       if (final_error(results[i].code()) || results[i].code() == StatusCode::cancelled ||
@@ -185,10 +186,12 @@ class ReplicatedClient final : public storage::Client {
       errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", replicas[i]->address, results[i].to_string());
     }
     if (acks >= v->write_quorum) return {};
-    // Every replica that failed answered that it has no room (the namespace's quota,
-    // the node's memory): not a fault a retry elsewhere or later cures by itself.
-    const bool no_room = refused == results.size() - acks;
-    return Status(no_room                                    ? StatusCode::resource_exhausted
+    // Every replica that failed answered: that it has no space (the namespace's quota,
+    // a full disk), which only removing data cures; or, some of them, that they are
+    // busy (the node's memory), which waiting may cure. Neither is a node failure.
+    const size_t failed = results.size() - acks;
+    return Status(full == failed                                ? StatusCode::no_space
+                  : busy + full == failed                       ? StatusCode::resource_exhausted
                   : first.code() == StatusCode::timed_out ? StatusCode::timed_out
                                                            : StatusCode::unavailable,
                   fmt::format("chunk {} level {} of '{}' reached {} of {} replicas, {} needed ({})", chunk, level,
@@ -485,8 +488,9 @@ class ReplicatedClient final : public storage::Client {
     const auto t0 = Clock::now();
     n.health.started(0);
     Status s = c->put_parts(context, chunk, level, bytes, parts, version, deadline, cancel);
-    // The node answered: it is well (resource_exhausted: no room for this put there).
-    if (s.ok() || s.code() == StatusCode::already_exists || s.code() == StatusCode::resource_exhausted) {
+    // The node answered: it is well (resource_exhausted, no_space: no room for this put there).
+    if (s.ok() || s.code() == StatusCode::already_exists || s.code() == StatusCode::resource_exhausted ||
+        s.code() == StatusCode::no_space) {
       n.health.succeeded(0, seconds_between(t0, Clock::now()), 0);
     } else {
       n.health.failed(0);

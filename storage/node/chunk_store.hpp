@@ -155,13 +155,13 @@ class ChunkStore {
   /// Starts a put of `length` bytes at write `version` (0: unversioned, newer than
   /// whatever is stored) with its parts table (kept in the object's header: the
   /// commit's rename replaces bytes and parts at once). Errors: invalid_argument (ids,
-  /// parts), out_of_range, io_error, resource_exhausted (disk full, or the namespace's
+  /// parts), out_of_range, io_error, no_space (disk full, or the namespace's
   /// quota: nothing stored changes).
   Result<PendingPut> begin_put(ObjectKey key, uint64_t length, uint64_t version = 0,
                                std::vector<ObjectPart> parts = {});
   /// Verifies the payload against `checksum`, makes it durable and visible. Errors:
   /// already_exists (the stored version is as new or newer: nothing changed),
-  /// corrupt_data (checksum or length), io_error, resource_exhausted.
+  /// corrupt_data (checksum or length), io_error, no_space.
   Status commit(PendingPut&& put, uint64_t checksum);
   /// begin_put + append + commit of a whole body.
   Status put(const ObjectKey& key, std::span<const std::byte> bytes, uint64_t version = 0,

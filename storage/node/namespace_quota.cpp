@@ -21,10 +21,10 @@ Status NamespaceQuota::reserve(const std::string& ns, uint64_t length, uint64_t 
       // A tenant's own doing, answered to it: not the node's news.
       KVS_LOG_DEBUG("namespace '{}': a put of {} bytes would bring it to {} bytes, over its quota of {}", ns,
                     length, after, quota);
-      return make_status(StatusCode::resource_exhausted,
-                         "namespace '{}' holds {} bytes of its quota of {} ({} more in puts under way): a put of "
-                         "{} bytes does not fit",
-                         ns, u.stored, quota, u.reserved, length);
+      return detail::unlogged_status(StatusCode::no_space,
+                                     "namespace '{}' holds {} bytes of its quota of {} ({} more in puts under way): "
+                                     "a put of {} bytes does not fit",
+                                     ns, u.stored, quota, u.reserved, length);
     }
   }
   u.reserved += length;

@@ -29,7 +29,7 @@ class NamespaceQuota {
   void set_limits(QuotaLimits limits) { limits_ = std::move(limits); }
 
   /// Claims `length` bytes for a put into `ns` that replaces an object of `replaced`
-  /// bytes (0: a new object). Errors: resource_exhausted (the namespace would hold
+  /// bytes (0: a new object). Errors: no_space (the namespace would hold
   /// more than its quota; nothing is claimed).
   Status reserve(const std::string& ns, uint64_t length, uint64_t replaced);
   /// Ends a claim of reserve() (the put committed or failed).

@@ -33,7 +33,7 @@ constexpr size_t kMaxClearHeaderBytes = kObjectHeaderBytes + kPartWireBytes * kM
 
 // Errors name the object, not the file: replies carry these messages to clients.
 Status os_error(std::string_view what, std::string_view object, int err) {
-  return make_status(err == ENOSPC || err == EDQUOT ? StatusCode::resource_exhausted : StatusCode::io_error,
+  return make_status(err == ENOSPC || err == EDQUOT ? StatusCode::no_space : StatusCode::io_error,
                      "{} of object {}: {}", what, object, std::strerror(err));
 }
 

@@ -132,11 +132,11 @@ class TempObject {
   /// finish). With `seal`, the object is written sealed (format 4) for `name` (the
   /// name finish must be given: blocks are sealed as they arrive, bound to it).
   /// Errors: invalid_argument (parts that fail validate_parts), io_error,
-  /// resource_exhausted (disk full).
+  /// no_space (disk full).
   static Result<TempObject> create(const std::string& dir, uint64_t length, std::vector<ObjectPart> parts = {},
                                    std::optional<ObjectSeal> seal = std::nullopt, std::string_view name = {});
   /// Appends payload bytes. Errors: out_of_range (past the declared length), io_error,
-  /// resource_exhausted.
+  /// no_space.
   Status append(std::span<const std::byte> bytes);
   /// Writes the header (with the parts table) for `name` and `version`, checks the payload is complete and
   /// matches `expected_checksum` (of the plaintext), and fsyncs. Errors: corrupt_data

@@ -35,9 +35,12 @@ std::string_view reply_str(const redisReply* r) {
 }
 
 Status reply_error(const redisReply* r, std::string_view what) {
-  if (r->type == REDIS_REPLY_ERROR)
-    return make_status(StatusCode::unavailable, "redis refused {}: {}", what, std::string_view(r->str, r->len));
-  return {};
+  if (r->type != REDIS_REPLY_ERROR) return {};
+  // "OOM command not allowed when used memory > 'maxmemory'": a server at its memory
+  // bound that evicts nothing (maxmemory-policy noeviction). Only removing keys helps.
+  const std::string_view e = reply_str(r);
+  const bool full = e.substr(0, 4) == "OOM ";
+  return make_status(full ? StatusCode::no_space : StatusCode::unavailable, "redis refused {}: {}", what, e);
 }
 
 Result<std::vector<Reply>> Conn::run(const std::vector<Command>& cmds, Deadline deadline) {

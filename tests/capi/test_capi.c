@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
 
   kvs_set_log_callback(on_log, &log_lines);
 
+  /* Every code has its name; one past the last has none. */
+  CHECK(strcmp(kvs_status_name(KVS_NO_SPACE), "no_space") == 0);
+  CHECK(strcmp(kvs_status_name(KVS_INTERNAL), "internal") == 0);
+  CHECK(strcmp(kvs_status_name((kvs_status)(KVS_NO_SPACE + 1)), "unknown") == 0);
+
   /* Configuration: errors name what is wrong. */
   kvs_config* cfg = kvs_config_new();
   CHECK(cfg != NULL);

@@ -40,6 +40,12 @@ TEST(Status, ResultPropagates) {
   EXPECT_EQ(bad.value_or(-1), -1);
 }
 
+TEST(Status, EveryCodeHasAName) {
+  for (int c = 0; c <= int(kLastStatusCode); ++c) EXPECT_NE(status_code_name(StatusCode(c)), "unknown") << c;
+  EXPECT_EQ(status_code_name(StatusCode::no_space), "no_space");
+  EXPECT_EQ(status_code_name(StatusCode(int(kLastStatusCode) + 1)), "unknown");
+}
+
 TEST(Status, ResultFromOkStatusIsAnInternalError) {
   Result<int> r{Status{}};
   ASSERT_FALSE(r.ok());

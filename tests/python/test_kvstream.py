@@ -168,6 +168,7 @@ def test_errors_carry_codes(tmp_path):
     # The hierarchy, for callers catching builtins.
     assert issubclass(kvstream.TimedOut, TimeoutError) and issubclass(kvstream.Unavailable, ConnectionError)
     assert issubclass(kvstream.PermissionDenied, PermissionError) and kvstream.Cancelled.code == 9
+    assert kvstream.NoSpace.code == int(kvstream.StatusCode.no_space) == 14
     assert issubclass(kvstream.InvalidType, TypeError) and issubclass(kvstream.InvalidType, kvstream.InvalidArgument)
 
 

@@ -470,14 +470,14 @@ TEST_F(Cluster, PartsAndRangesWithFailover) {
     if (cleared.count(s.chunk)) EXPECT_TRUE(s.level_parts.empty()) << s.chunk;
 }
 
-// A put that every replica refuses for want of room (here the namespace's quota) is
-// resource_exhausted, not unavailable: retrying will not help. The nodes stay in use.
-TEST_F(Cluster, APutEveryReplicaHasNoRoomForIsResourceExhausted) {
+// A put that every replica refuses for want of space (here the namespace's quota) is
+// no_space, not unavailable: retrying will not help. The nodes stay in use.
+TEST_F(Cluster, APutNoReplicaHasSpaceForIsNoSpace) {
   start_nodes(30000);
   auto c = cluster::connect(config(addresses()), deadline_in(10s));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const Status big = (*c)->put("ctx", 0, 0, test_util::pattern(40000, 1), deadline_in(10s));
-  EXPECT_EQ(big.code(), StatusCode::resource_exhausted) << big.to_string();
+  EXPECT_EQ(big.code(), StatusCode::no_space) << big.to_string();
   EXPECT_NE(big.message().find("quota"), std::string::npos) << big.message();
   for (uint32_t chunk = 0; chunk < 6; ++chunk)
     EXPECT_TRUE((*c)->put("ctx", chunk, 0, test_util::pattern(5000, uint8_t(chunk)), deadline_in(10s)).ok()) << chunk;

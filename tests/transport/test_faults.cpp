@@ -110,7 +110,7 @@ TEST_F(Faults, AStalledNodeIsDetectedByTheDeadline) {
   proxy_->pause(false);
 }
 
-// A node whose disk fills up mid-put: a clear resource_exhausted, no partial object
+// A node whose disk fills up mid-put: a clear no_space, no partial object
 // visible (not in stat, not after a restart), and room for the next put that fits.
 // Needs root for a 1 MiB tmpfs; skipped otherwise.
 TEST(DiskFull, PutFailsCleanlyAndLeavesNothingBehind) {
@@ -142,7 +142,7 @@ TEST(DiskFull, PutFailsCleanlyAndLeavesNothingBehind) {
   std::vector<std::byte> small(200000, std::byte{1}), big(size_t(2) << 20, std::byte{2});
   ASSERT_TRUE((*c)->put("ctx", 0, 0, small, deadline_in(5s)).ok());
   const Status full = (*c)->put("ctx", 1, 0, big, deadline_in(5s));
-  EXPECT_EQ(full.code(), StatusCode::resource_exhausted) << full.to_string();
+  EXPECT_EQ(full.code(), StatusCode::no_space) << full.to_string();
   auto st = (*c)->stat("ctx", deadline_in(5s));
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   for (const auto& cs : *st) EXPECT_NE(cs.chunk, 1u) << "a partial object is visible";

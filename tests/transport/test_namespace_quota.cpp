@@ -53,7 +53,7 @@ TEST_F(NamespaceQuotaTest, APutOverTheQuotaIsRefusedAndStoresNothing) {
   ASSERT_TRUE(store);
   ASSERT_TRUE(store->put(key(0), pattern(6000, 1)).ok());
   const Status over = store->put(key(1), pattern(6000, 2));
-  EXPECT_EQ(over.code(), StatusCode::resource_exhausted) << over.to_string();
+  EXPECT_EQ(over.code(), StatusCode::no_space) << over.to_string();
   EXPECT_EQ(store->read_all(key(1)).status().code(), StatusCode::not_found);
   EXPECT_EQ(store->namespace_bytes("tenant-a"), 6000u);
   EXPECT_EQ(store->quota_refusals(), 1u);
@@ -61,7 +61,7 @@ TEST_F(NamespaceQuotaTest, APutOverTheQuotaIsRefusedAndStoresNothing) {
   ASSERT_TRUE(store->put(key(0), pattern(9000, 3)).ok()) << "6000 bytes replaced by 9000: 9000 of 10000";
   EXPECT_EQ(store->namespace_bytes("tenant-a"), 9000u);
   EXPECT_EQ(*store->read_all(key(0)), pattern(9000, 3));
-  EXPECT_EQ(store->put(key(1), pattern(1001, 4)).code(), StatusCode::resource_exhausted);
+  EXPECT_EQ(store->put(key(1), pattern(1001, 4)).code(), StatusCode::no_space);
   ASSERT_TRUE(store->put(key(1), pattern(1000, 4)).ok()) << "exactly the quota";
 
   ASSERT_TRUE(store->put(key(0, "tenant-b"), pattern(50000, 5)).ok());
@@ -81,7 +81,7 @@ TEST_F(NamespaceQuotaTest, PutsUnderWayCountAtTheirDeclaredLength) {
   {
     auto first = store->begin_put(key(0), 6000);
     ASSERT_TRUE(first.ok()) << first.status().to_string();
-    EXPECT_EQ(store->begin_put(key(1), 6000).status().code(), StatusCode::resource_exhausted);
+    EXPECT_EQ(store->begin_put(key(1), 6000).status().code(), StatusCode::no_space);
   }  // the first put is dropped uncommitted
   auto second = store->begin_put(key(1), 6000);
   ASSERT_TRUE(second.ok()) << second.status().to_string();
@@ -102,7 +102,7 @@ TEST_F(NamespaceQuotaTest, ConcurrentPutsCannotPassTheQuotaTogether) {
   for (uint32_t i = 0; i < 8; ++i)
     writers.emplace_back([&, i] {
       const Status s = store->put(key(i), pattern(2000, uint8_t(i)));
-      (s.ok() ? stored : s.code() == StatusCode::resource_exhausted ? refused : other)++;
+      (s.ok() ? stored : s.code() == StatusCode::no_space ? refused : other)++;
     });
   for (auto& w : writers) w.join();
   EXPECT_EQ(stored.load(), 5);
@@ -121,10 +121,10 @@ TEST_F(NamespaceQuotaTest, WhatIsStoredCountsAfterARestart) {
   auto store = open_store();
   ASSERT_TRUE(store);
   EXPECT_EQ(store->namespace_bytes("tenant-a"), 6000u);
-  EXPECT_EQ(store->put(key(1), pattern(6000, 2)).code(), StatusCode::resource_exhausted);
+  EXPECT_EQ(store->put(key(1), pattern(6000, 2)).code(), StatusCode::no_space);
 }
 
-// Through a node: the tenant's put past its quota is answered resource_exhausted, the
+// Through a node: the tenant's put past its quota is answered no_space, the
 // body is read off the wire (the connection stays usable), the node counts it; a
 // namespace whose own quota is 0 is not bound by the default.
 TEST_F(NamespaceQuotaTest, ANodeRefusesAPutPastTheQuotaAndKeepsServingTheTenant) {
@@ -137,7 +137,7 @@ TEST_F(NamespaceQuotaTest, ANodeRefusesAPutPastTheQuotaAndKeepsServingTheTenant)
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE((*a)->put("ctx", 0, 0, pattern(6000, 1), deadline_in(10s)).ok());
   const Status over = (*a)->put("ctx", 1, 0, pattern(300000, 2), deadline_in(10s));
-  EXPECT_EQ(over.code(), StatusCode::resource_exhausted) << over.to_string();
+  EXPECT_EQ(over.code(), StatusCode::no_space) << over.to_string();
   EXPECT_NE(over.message().find("quota of 10000"), std::string::npos) << over.message();
   EXPECT_EQ((*a)->stat("ctx", deadline_in(10s))->size(), 1u) << "the refused chunk is not stored";
   EXPECT_TRUE((*a)->put("ctx", 1, 0, pattern(4000, 3), deadline_in(10s)).ok()) << "the connection is in step";
@@ -163,7 +163,7 @@ TEST_F(NamespaceQuotaTest, KvstreamServerRereadsItsQuotasOnSighup) {
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   const auto body = pattern(600 << 10, 1);
   ASSERT_TRUE((*a)->put("ctx", 0, 0, body, deadline_in(10s)).ok());
-  EXPECT_EQ((*a)->put("ctx", 1, 0, body, deadline_in(10s)).code(), StatusCode::resource_exhausted) << "1 MiB";
+  EXPECT_EQ((*a)->put("ctx", 1, 0, body, deadline_in(10s)).code(), StatusCode::no_space) << "1 MiB";
   std::ofstream(quotas, std::ios::trunc) << R"({"tenant-a": 2})";
   ASSERT_EQ(::kill(node.pid(), SIGHUP), 0);
   EXPECT_TRUE(kvstream::testing::eventually([&] { return (*a)->put("ctx", 1, 0, body, deadline_in(10s)).ok(); }));

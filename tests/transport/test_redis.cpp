@@ -99,6 +99,27 @@ TEST_F(Redis, PutGetStatListRemove) {
   EXPECT_EQ(*(*c)->list(deadline_in(5s)), std::vector<std::string>{"ctx-2"});
 }
 
+// A Redis at its maxmemory that evicts nothing refuses writes ("OOM command not
+// allowed"): a put is no_space (only removing data helps), not unavailable, and after
+// a remove it fits again.
+TEST_F(Redis, APutPastMaxmemoryIsNoSpace) {
+  test_util::RedisServer small("kvstream-redis-full", {"--maxmemory", "4mb", "--maxmemory-policy", "noeviction"});
+  ASSERT_TRUE(small.started());
+  auto c = small.client(5000ms, "tenant-a");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  Status s;
+  uint32_t stored = 0;
+  for (; stored < 64; ++stored) {
+    s = (*c)->put("ctx", stored, 0, test_util::pattern(256 << 10, uint8_t(stored)), deadline_in(5s));
+    if (!s.ok()) break;
+  }
+  ASSERT_EQ(s.code(), StatusCode::no_space) << s.to_string();
+  EXPECT_NE(s.message().find("OOM"), std::string::npos) << s.message();
+  EXPECT_GT(stored, 0u);
+  ASSERT_TRUE((*c)->remove("ctx", deadline_in(5s)).ok());
+  EXPECT_TRUE((*c)->put("ctx", 0, 0, test_util::pattern(256 << 10, 1), deadline_in(5s)).ok());
+}
+
 // Values pass through hiredis' host buffers: the client says so, and refuses device
 // memory loudly instead of registering it as host memory.
 TEST_F(Redis, ReportsHostMemoryOnly) {

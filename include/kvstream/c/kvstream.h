@@ -43,7 +43,8 @@ typedef enum kvs_status {
   KVS_PERMISSION_DENIED = 10,
   KVS_IO_ERROR = 11,
   KVS_RESOURCE_EXHAUSTED = 12,
-  KVS_INTERNAL = 13
+  KVS_INTERNAL = 13,
+  KVS_NO_SPACE = 14 /* no room to store (disk or quota full): remove data, retrying alone does not help */
 } kvs_status;
 
 /* Element types of KV memory. */
