@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <system_error>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@
 #include "kvstream/adaptive_fetch.hpp"
 #include "kvstream/policy.hpp"
 #include "kvstream/scheduler.hpp"
+#include "store/eviction.hpp"
 #include "store/kv_store_impl.hpp"
 #include "store/storage_client.hpp"
 
@@ -205,6 +207,30 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
   PutReport report;
   report.chunks = uint32_t(keys.size());
   KVS_ASSIGN_OR_RETURN(auto stored, m.stat_chunks(keys, /*all=*/true, deadline, options.cancel));
+  // Objects this put writes (levels and a record per chunk not stored), and of them
+  // written so far with their bytes: what is still to come when the storage is full.
+  const uint32_t per_chunk = (m.profile.progressive() ? 1 : m.profile.levels()) + 1;
+  uint64_t objects_left = 0, objects_done = 0, bytes_done = 0;
+  for (uint32_t c = 0; c < keys.size(); ++c) objects_left += options.overwrite || stored[c].empty() ? per_chunk : 0;
+  const std::unordered_set<std::string> own(keys.begin(), keys.end());
+  // Stores one object. When the storage has no space and eviction.when_full is set,
+  // older chunks make room for this object and the rest of the put (estimated from
+  // those written so far), then it is tried again; each pass removes at least one
+  // chunk, so it ends.
+  auto store_object = [&](const std::function<Status()>& write, uint64_t object_bytes) -> Status {
+    Status s = write();
+    while (s.code() == StatusCode::no_space && m.cfg.eviction.when_full) {
+      const uint64_t average = objects_done ? bytes_done / objects_done : object_bytes;
+      const uint64_t want = object_bytes + average * (objects_left - 1);
+      KVS_ASSIGN_OR_RETURN(const EvictReport ev, store::make_room(m, want, own, deadline));
+      if (ev.chunks_removed == 0) return s.with_context("nothing left to evict");
+      report.evicted_chunks += ev.chunks_removed;
+      report.evicted_bytes += ev.bytes_removed;
+      s = write();
+    }
+    if (s.ok()) --objects_left, ++objects_done, bytes_done += object_bytes;
+    return s;
+  };
   std::vector<uint8_t> bytes;
   for (uint32_t c = 0; c < keys.size(); ++c) {
     if (!options.overwrite && !stored[c].empty()) {
@@ -229,16 +255,24 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
       std::vector<storage::ObjectPart> parts;
       for (const codec::ChunkPrefix& p : prefixes)
         if (p.whole_layer) parts.push_back({p.end, p.distortion});
-      KVS_RETURN_IF_ERROR(m.client->put_parts(keys[c], store::kLevelsChunk, 0, std::as_bytes(std::span(bytes)), parts,
-                                              0, deadline, options.cancel));
+      KVS_RETURN_IF_ERROR(store_object(
+          [&] {
+            return m.client->put_parts(keys[c], store::kLevelsChunk, 0, std::as_bytes(std::span(bytes)), parts, 0,
+                                       deadline, options.cancel);
+          },
+          bytes.size()));
       report.bytes += bytes.size();
     }
     // Every level: the chooser picks among all of them per chunk, so each must be there.
     for (uint32_t l = 0; l < (m.profile.progressive() ? 0 : m.profile.levels()); ++l) {
       bytes.clear();
       KVS_RETURN_IF_ERROR(codec::encode_chunk(m.profile, chunk, l, bytes));
-      KVS_RETURN_IF_ERROR(m.client->put(keys[c], store::kLevelsChunk, l, std::as_bytes(std::span(bytes)), deadline,
-                                        options.cancel));
+      KVS_RETURN_IF_ERROR(store_object(
+          [&] {
+            return m.client->put(keys[c], store::kLevelsChunk, l, std::as_bytes(std::span(bytes)), deadline,
+                                 options.cancel);
+          },
+          bytes.size()));
       report.bytes += bytes.size();
     }
     store::ChunkRecord rec;
@@ -246,8 +280,10 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
     rec.first_position = uint64_t(c) * ct;
     rec.stored_unix_ms = unix_ms_now();
     rec.levels = m.profile.levels();
-    KVS_RETURN_IF_ERROR(
-        m.client->put(keys[c], store::kRecordChunk, 0, store::serialize(rec), deadline, options.cancel));
+    const auto record = store::serialize(rec);
+    KVS_RETURN_IF_ERROR(store_object(
+        [&] { return m.client->put(keys[c], store::kRecordChunk, 0, record, deadline, options.cancel); },
+        record.size()));
   }
   report.tokens = uint64_t(keys.size()) * ct;
   if (m.cfg.eviction.max_bytes > 0 || m.cfg.eviction.max_age.count() > 0) {
@@ -280,55 +316,20 @@ Result<uint32_t> KvStore::remove(std::span<const Token> tokens, transport::Deadl
 
 Result<EvictReport> KvStore::evict(uint64_t max_bytes, std::chrono::seconds max_age, transport::Deadline deadline) {
   Impl& m = *impl_;
-  KVS_ASSIGN_OR_RETURN(auto contexts, m.client->list(deadline));
-  struct Entry {
-    std::string key;
-    uint64_t bytes = 0;
-    uint64_t stored_ms = 0;
-    uint64_t position = 0;
-  };
-  std::vector<Entry> entries;
-  for (auto& key : contexts) {
-    if (key.rfind(m.keyer.prefix(), 0) != 0) continue;  // another model's or profile's
-    auto stats = m.client->stat(key, deadline);
-    if (!stats.ok()) {
-      if (stats.status().code() == StatusCode::not_found) continue;  // removed meanwhile
-      return stats.status();
-    }
-    Entry e{std::move(key), 0, 0, 0};
-    for (const auto& s : *stats)
-      for (uint64_t b : s.level_bytes) e.bytes += b;
-    // A chunk without a readable record (a put cut short) is the oldest of all.
-    std::lock_guard lk(m.record_mu);
-    auto got = m.client->get(e.key, store::kRecordChunk, 0, m.record_region, 0, m.record_buf.size(), deadline);
-    if (got.ok())
-      if (auto rec = store::parse_chunk_record(std::span(m.record_buf).first(*got)); rec.ok()) {
-        e.stored_ms = rec->stored_unix_ms;
-        e.position = rec->first_position;
-      }
-    entries.push_back(std::move(e));
-  }
-  // Deepest chunks first, the oldest among equally deep ones: a chunk is found only
-  // after every chunk before it, so removing a prompt's head first would leave its
-  // tail stored and unreachable. What remains is always whole prefixes.
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.position != b.position ? a.position > b.position : a.stored_ms < b.stored_ms;
-  });
+  KVS_ASSIGN_OR_RETURN(const auto chunks, store::chunks_in_eviction_order(m, deadline));
   uint64_t total = 0;
-  for (const auto& e : entries) total += e.bytes;
+  for (const auto& c : chunks) total += c.bytes;
   const uint64_t now = unix_ms_now();
   const uint64_t age_ms = uint64_t(max_age.count()) * 1000;
   EvictReport r;
-  for (const auto& e : entries) {
-    const bool too_old = age_ms > 0 && now > e.stored_ms + age_ms;
+  for (const auto& c : chunks) {
+    const bool too_old = age_ms > 0 && now > c.stored_ms + age_ms;
     const bool over = max_bytes > 0 && total > max_bytes;
     if (!too_old && !over) continue;
-    m.forget(e.key);
-    const Status st = m.client->remove(e.key, deadline);
-    if (!st.ok() && st.code() != StatusCode::not_found) return st;
+    KVS_RETURN_IF_ERROR(store::remove_chunk(m, c, deadline));
     ++r.chunks_removed;
-    r.bytes_removed += e.bytes;
-    total -= e.bytes;
+    r.bytes_removed += c.bytes;
+    total -= c.bytes;
   }
   r.bytes_kept = total;
   if (r.chunks_removed)

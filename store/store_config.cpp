@@ -75,6 +75,9 @@ const settings::Table<StoreConfig>& table() {
       KVS_SETTING(C, "eviction.max_bytes", "0: no bound; else the oldest chunks are removed until the store is under it",
                 eviction.max_bytes),
       KVS_SETTING(C, "eviction.max_age_s", "0: no bound; else chunks stored longer ago are removed", eviction.max_age),
+      KVS_SETTING(C, "eviction.when_full",
+                "a put the storage has no space for (quota, disk) removes the oldest chunks until it fits",
+                eviction.when_full),
       KVS_SETTING(C, "log.level", "the library's log level: trace, debug, info, warn, error or off", log.level),
   }, "KVSTREAM_");
   return t;

@@ -44,6 +44,8 @@ struct PutReport {
   uint32_t already_stored = 0;  ///< of those, found stored (a shared prefix): not encoded again
   uint64_t bytes = 0;           ///< encoded bytes written (every level)
   uint64_t tokens = 0;          ///< tokens covered by stored chunks after the put (whole chunks)
+  uint32_t evicted_chunks = 0;  ///< chunks removed to make room (eviction.when_full)
+  uint64_t evicted_bytes = 0;   ///< their bytes
 };
 
 struct PutOptions {
@@ -170,7 +172,10 @@ class KvStore {
 
   /// Stores the KV of `tokens` (kv holds tokens.size() tokens or more, token 0 at
   /// position 0; its geometry is the profile's): every whole chunk, at every level,
-  /// skipping those found stored. Durable when it returns ok.
+  /// skipping those found stored. Durable when it returns ok. Errors: no_space (the
+  /// storage has no room: a chunk stored before it stays; with eviction.when_full,
+  /// only when removing every other chunk of this model and profile did not make
+  /// room), the client's and the codec's.
   Result<PutReport> put(std::span<const Token> tokens, const KvView& kv, transport::Deadline deadline,
                         const PutOptions& options = {});
   /// How many leading tokens of `tokens` are stored (a multiple of chunk_tokens): one

@@ -79,6 +79,11 @@ struct PolicySettings {
 struct EvictionSettings {
   uint64_t max_bytes = 0;                    ///< 0: no bound; else the oldest chunks go until under it
   std::chrono::seconds max_age{0};           ///< 0: no bound; else chunks stored longer ago go
+  /// A put the storage has no space for (no_space: the tenant's quota or a disk is
+  /// full, Redis at maxmemory) removes chunks of this model and profile, in evict()'s
+  /// order and none of the put's own, until there is room, and goes on. Off: the put
+  /// fails no_space. A busy storage (resource_exhausted) never evicts.
+  bool when_full = false;
 };
 
 /// The library's log (kvstream's one logger; see log.hpp).

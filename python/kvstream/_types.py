@@ -51,6 +51,8 @@ class PutReport:
     already_stored: int  #: of those, found stored (a shared prefix) and not encoded again
     bytes: int           #: encoded bytes written (every level)
     tokens: int          #: tokens covered by stored chunks after the put (whole chunks)
+    evicted_chunks: int = 0  #: chunks removed to make room (eviction.when_full)
+    evicted_bytes: int = 0   #: their bytes
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 
 py::object to_py(const kvstream::PutReport& r) {
   return type("PutReport")("chunks"_a = r.chunks, "already_stored"_a = r.already_stored, "bytes"_a = r.bytes,
-                           "tokens"_a = r.tokens);
+                           "tokens"_a = r.tokens, "evicted_chunks"_a = r.evicted_chunks,
+                           "evicted_bytes"_a = r.evicted_bytes);
 }
 
 py::object to_py(const kvstream::FetchReport& r) {

@@ -1,7 +1,8 @@
 // KvStore against a real storage node on loopback: put, lookup of partial and full
 // prefixes, a shared prefix stored once, fetch into packed and paged views equal to
 // decoding each chunk alone, the adaptive fetch, wrong model or profile finds nothing,
-// a put cut short is never found, remove and eviction; and StoreConfig's table.
+// a put cut short is never found, remove and eviction (asked for, and when the node
+// has no space); and StoreConfig's table.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,6 +15,8 @@
 #include "kvstream/kvstream.hpp"
 #include "store/chunk_record.hpp"
 #include "tests/store/store_test_fixture.hpp"
+#include "tests/support/hang_guard.hpp"
+#include "tests/support/raw_peer.hpp"
 #include "tests/support/test_certs.hpp"
 
 using namespace kvstream;
@@ -496,6 +499,94 @@ TEST_F(StoreTest, RemoveAndEvictByAgeAndSize) {
   size_t reachable = kept_b / kChunk;
   for (const auto& k : *left)
     if (std::find(kb.begin(), kb.end(), k) != kb.end()) EXPECT_LT(size_t(std::find(kb.begin(), kb.end(), k) - kb.begin()), reachable) << k;
+}
+
+// Which of a's chunks are stored, by index.
+std::vector<size_t> stored_chunks(KvStore& store, const std::vector<Token>& tokens) {
+  const auto keys = store.chunk_keys(tokens);
+  std::vector<size_t> out;
+  for (const auto& k : *store.client().list(soon()))
+    if (auto it = std::find(keys.begin(), keys.end(), k); it != keys.end()) out.push_back(size_t(it - keys.begin()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A node with no space left for the tenant (its quota): a put fails no_space and
+// removes nothing. With eviction.when_full it removes other prompts' chunks, deepest
+// first, never its own, until it fits; what is left of them is whole prefixes.
+TEST_F(StoreTest, APutIntoAFullStoreEvictsOnlyWhenAsked) {
+  KvStore plain = open(config());
+  const auto a = tokens_from(1), b = tokens_from(2);
+  ASSERT_TRUE(plain.put(a, kv_.view(), soon()).ok());
+  const uint64_t used_a = plain.evict(0, 0s, soon())->bytes_kept;
+  ASSERT_GT(used_a, 0u);
+  server_->set_namespace_quotas(used_a + used_a / 2, {});  // a and about half of b
+  auto refused = plain.put(b, kv_.view(), soon());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::no_space) << refused.status().to_string();
+  EXPECT_EQ(*plain.lookup(a, soon()), 480u) << "a put without eviction.when_full removed a chunk";
+  const uint64_t b_before = *plain.lookup(b, soon());
+  EXPECT_GT(b_before, 0u);
+  EXPECT_LT(b_before, 480u);
+
+  StoreConfig c = config();
+  ASSERT_TRUE(c.set("eviction.when_full", "true").ok());
+  KvStore evicting = open(c);
+  auto put = evicting.put(b, kv_.view(), soon());
+  ASSERT_TRUE(put.ok()) << put.status().to_string();
+  EXPECT_GT(put->evicted_chunks, 0u);
+  EXPECT_GT(put->evicted_bytes, 0u);
+  EXPECT_EQ(put->already_stored, b_before / kChunk) << "b's own stored chunks were kept";
+  EXPECT_EQ(*evicting.lookup(b, soon()), 480u);
+  const uint64_t kept_a = *evicting.lookup(a, soon());
+  EXPECT_LT(kept_a, 480u);
+  std::vector<size_t> want(kept_a / kChunk);
+  std::iota(want.begin(), want.end(), size_t(0));
+  EXPECT_EQ(stored_chunks(evicting, a), want) << "a chunk of a is stored past its stored prefix";
+  EXPECT_LE(evicting.evict(0, 0s, soon())->bytes_kept, used_a + used_a / 2);
+  // With nothing else left to remove, a put that does not fit fails no_space.
+  server_->set_namespace_quotas(1, {});
+  auto none = evicting.put(tokens_from(3), kv_.view(), soon());
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::no_space) << none.status().to_string();
+}
+
+// A busy node (its memory budget held by puts in flight) answers resource_exhausted:
+// waiting helps there, so even with eviction.when_full a put removes nothing.
+TEST_F(StoreTest, ABusyNodeNeverMakesAPutEvict) {
+  const auto a = tokens_from(1), b = tokens_from(2);
+  {
+    KvStore store = open(config());
+    ASSERT_TRUE(store.put(a, kv_.view(), soon()).ok());
+  }
+  server_.reset();  // the same directory under a node with room for two body segments
+  storage::ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.directory = (dir_ / "node").string();
+  sc.secrets = {{"ns", kSecret}};
+  sc.cache_bytes = 0;
+  sc.memory_budget_bytes = 2 * storage::kSegmentBytes;
+  server_ = std::move(storage::Server::start(sc)).value();
+  // Two puts that declare the largest body and send 1 KiB hold both segments.
+  std::vector<kvstream::testing::RawPeer> holders(2);
+  const std::vector<std::byte> kib(1024, std::byte{7});
+  for (size_t i = 0; i < holders.size(); ++i) {
+    ASSERT_TRUE(holders[i].connect(server_->address()));
+    ASSERT_TRUE(holders[i].authenticate("ns", kSecret));
+    storage::Request put;
+    put.op = storage::Op::put, put.id = 1, put.context = "held", put.chunk = uint32_t(i);
+    put.total = storage::kMaxChunkBytes;
+    ASSERT_TRUE(holders[i].send_message(storage::encode(put), storage::kSegmentBytes, kib));
+  }
+  ASSERT_TRUE(kvstream::testing::eventually(
+      [&] { return server_->counters().budget_peak_bytes >= 2 * storage::kSegmentBytes; }));
+  StoreConfig c = config();
+  ASSERT_TRUE(c.set("eviction.when_full", "true").ok());
+  KvStore store = open(c);
+  auto put = store.put(b, kv_.view(), soon());
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), StatusCode::resource_exhausted) << put.status().to_string();
+  EXPECT_EQ(*store.lookup(a, soon()), 480u) << "a busy node made the put evict";
 }
 
 TEST(StoreConfigTest, TableSetGetEnvAndDescribe) {
