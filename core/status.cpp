@@ -46,8 +46,8 @@ void log_new_error(const Status& s) noexcept {
     case StatusCode::corrupt_data:
     case StatusCode::unavailable:
     case StatusCode::permission_denied:
-    case StatusCode::resource_exhausted:
-    case StatusCode::no_space: level = spdlog::level::warn; break;
+    case StatusCode::resource_exhausted: level = spdlog::level::warn; break;
+    case StatusCode::no_space: level = spdlog::level::info; break;
     default: break;
   }
   try {

@@ -31,9 +31,10 @@ Result<std::vector<StoredChunk>> chunks_in_eviction_order(KvStore::Impl& m, tran
 /// Removes `chunk` (one already gone counts as removed). Errors: the client's.
 Status remove_chunk(KvStore::Impl& m, const StoredChunk& chunk, transport::Deadline deadline);
 
-/// Removes chunks in eviction order, none of `keep`, until `bytes` are freed or none
-/// is left. For a put the storage had no space for: `keep` holds the put's own chunks.
-Result<EvictReport> make_room(KvStore::Impl& m, uint64_t bytes, const std::unordered_set<std::string>& keep,
-                              transport::Deadline deadline);
+/// Removes chunks in eviction order, none of `keep`, until `bytes` and `fraction` of
+/// all the chunks' bytes are freed, or none is left. For a put the storage had no
+/// space for: `keep` holds the put's own chunks.
+Result<EvictReport> make_room(KvStore::Impl& m, uint64_t bytes, double fraction,
+                              const std::unordered_set<std::string>& keep, transport::Deadline deadline);
 
 }  // namespace kvstream::store

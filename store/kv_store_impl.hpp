@@ -26,9 +26,13 @@ struct KvStore::Impl {
   pipeline::AdaptivePlan plan;
   std::unique_ptr<pipeline::Scheduler> scheduler;
 
-  // One small registered buffer for reading chunk records (evict).
+  // Stats of a long prompt's chunks go out this many at a time (each is a round trip).
+  static constexpr size_t kParallelStats = 8;
+
+  // A small registered buffer for reading chunk records (eviction's scan), a slot per
+  // read in flight; one scan at a time holds it.
   std::mutex record_mu;
-  std::vector<std::byte> record_buf = std::vector<std::byte>(store::kChunkRecordBytes);
+  std::vector<std::byte> record_buf = std::vector<std::byte>(kParallelStats * store::kChunkRecordBytes);
   transport::MemoryRegion record_region;
 
   // Sizes read by recent stats (lookup), which a fetch right after takes instead of
@@ -41,8 +45,6 @@ struct KvStore::Impl {
   std::mutex recent_mu;
   std::unordered_map<std::string, Recent> recent;
   static constexpr size_t kMaxRecent = 4096;
-  // Stats of a long prompt's chunks go out this many at a time (each is a round trip).
-  static constexpr size_t kParallelStats = 8;
 
   void forget(const std::string& key) {
     std::lock_guard lk(recent_mu);

@@ -78,6 +78,9 @@ const settings::Table<StoreConfig>& table() {
       KVS_SETTING(C, "eviction.when_full",
                 "a put the storage has no space for (quota, disk) removes the oldest chunks until it fits",
                 eviction.when_full),
+      KVS_SETTING(C, "eviction.when_full_fraction",
+                "share of the stored chunks (0-1) removed at least, each time a put makes room",
+                eviction.when_full_fraction),
       KVS_SETTING(C, "log.level", "the library's log level: trace, debug, info, warn, error or off", log.level),
   }, "KVSTREAM_");
   return t;
@@ -120,6 +123,8 @@ Status StoreConfig::validate() const {
   if (pipeline.depth == 0) return bad_value("pipeline.depth", 0, "must be at least 1");
   if (pipeline.decode_threads == 0) return bad_value("pipeline.decode_threads", 0, "must be at least 1");
   if (pipeline.max_running == 0) return bad_value("pipeline.max_running", 0, "must be at least 1");
+  if (!(eviction.when_full_fraction >= 0 && eviction.when_full_fraction <= 1))
+    return bad_value("eviction.when_full_fraction", eviction.when_full_fraction, "must be from 0 to 1");
   if (policy.prior_bits_per_second <= 0)
     return bad_value("policy.prior_bits_per_second", policy.prior_bits_per_second, "must be > 0");
   if (!parse_log_level(log.level).ok()) return bad_value("log.level", log.level, "must be trace, debug, info, warn, error or off");

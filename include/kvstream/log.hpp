@@ -4,9 +4,10 @@
 //
 // Every error is logged once, where kvstream first makes it (make_status): `internal`
 // at error; io_error, corrupt_data, unavailable, permission_denied and
-// resource_exhausted at warn; the codes a caller causes or expects (invalid_argument,
-// out_of_range, not_found, already_exists, unsupported, timed_out, cancelled) at
-// debug. Errors passed up the stack are not logged again. A peer that closes a
+// resource_exhausted at warn; no_space at info (a full store is a state its user
+// handles, by eviction.when_full or its own removes); the codes a caller causes or
+// expects (invalid_argument, out_of_range, not_found, already_exists, unsupported,
+// timed_out, cancelled) at debug. Errors passed up the stack are not logged again. A peer that closes a
 // connection between two messages is `unavailable` but logged at debug: for a node it
 // is a client leaving; a storage client that loses waiting requests by it warns. What
 // a peer causes at will on a connection a listener accepted (its framing, its TLS

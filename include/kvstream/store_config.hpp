@@ -84,6 +84,10 @@ struct EvictionSettings {
   /// order and none of the put's own, until there is room, and goes on. Off: the put
   /// fails no_space. A busy storage (resource_exhausted) never evicts.
   bool when_full = false;
+  /// Making room removes at least this share of what this model and profile store
+  /// (0 to 1): each time lists and reads every chunk, so removing more at once keeps
+  /// that cost off most puts (Mooncake's eviction_ratio does the same).
+  double when_full_fraction = 0.05;
 };
 
 /// The library's log (kvstream's one logger; see log.hpp).

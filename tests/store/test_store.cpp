@@ -589,6 +589,19 @@ TEST_F(StoreTest, ABusyNodeNeverMakesAPutEvict) {
   EXPECT_EQ(*store.lookup(a, soon()), 480u) << "a busy node made the put evict";
 }
 
+TEST(StoreConfigTest, EvictionWhenFullSettings) {
+  StoreConfig c;
+  c.codec.profile_path = "p", c.codec.model_id = "m";
+  EXPECT_FALSE(c.eviction.when_full);  // off unless asked: a full store fails puts
+  ASSERT_TRUE(c.set("eviction.when_full", "true").ok());
+  ASSERT_TRUE(c.set("eviction.when_full_fraction", "0.2").ok());
+  EXPECT_TRUE(c.eviction.when_full);
+  EXPECT_DOUBLE_EQ(c.eviction.when_full_fraction, 0.2);
+  EXPECT_TRUE(c.validate().ok());
+  ASSERT_TRUE(c.set("eviction.when_full_fraction", "1.5").ok());
+  EXPECT_EQ(c.validate().code(), StatusCode::invalid_argument);
+}
+
 TEST(StoreConfigTest, TableSetGetEnvAndDescribe) {
   StoreConfig c;
   ASSERT_TRUE(c.set("storage.address", "10.0.0.1:7000").ok());
