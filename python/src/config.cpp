@@ -10,8 +10,8 @@ using kvstream::StoreConfig;
 
 std::string setting_text(const std::string& name, py::handle v) {
   if (py::isinstance<py::str>(v)) return v.cast<std::string>();
-  if (PyBool_Check(v.ptr()))
-    throw_type("setting {}: expected a str, int, float or list, got bool", name);
+  // Before int: a bool is one, and True must read "true", not "1".
+  if (PyBool_Check(v.ptr())) return v.ptr() == Py_True ? "true" : "false";
   if (PyLong_Check(v.ptr())) return py::str(v).cast<std::string>();
   if (PyFloat_Check(v.ptr())) return py::repr(v).cast<std::string>();
   if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
@@ -22,7 +22,7 @@ std::string setting_text(const std::string& name, py::handle v) {
     }
     return out;
   }
-  throw_type("setting {}: expected a str, int, float or list, got {}", name, Py_TYPE(v.ptr())->tp_name);
+  throw_type("setting {}: expected a str, bool, int, float or list, got {}", name, Py_TYPE(v.ptr())->tp_name);
 }
 
 void set_all(StoreConfig& c, py::handle mapping) {

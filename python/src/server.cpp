@@ -35,7 +35,12 @@ class Server {
     d["refused_connections"] = c.refused_connections;
     d["budget_refusals"] = c.budget_refusals;
     d["budget_peak_bytes"] = c.budget_peak_bytes;
+    d["quota_refusals"] = c.quota_refusals;
     return d;
+  }
+  void set_namespace_quotas(uint64_t default_bytes, const std::map<std::string, uint64_t>& per_namespace) {
+    if (!s_) throw_invalid("the server is stopped");
+    s_->set_namespace_quotas(default_bytes, per_namespace);
   }
 
  private:
@@ -60,7 +65,7 @@ in `secrets` exist, each reachable with its secret.
           "start",
           [](const std::string& directory, const std::map<std::string, std::string>& secrets,
              const std::string& address, const std::string& backend, uint64_t cache_bytes,
-             uint64_t memory_budget_bytes) {
+             uint64_t memory_budget_bytes, uint64_t namespace_quota_bytes) {
             storage::ServerConfig c;
             c.directory = directory;
             c.secrets = secrets;
@@ -68,6 +73,7 @@ in `secrets` exist, each reachable with its secret.
             c.backend.name = backend;
             c.cache_bytes = cache_bytes;
             c.memory_budget_bytes = memory_budget_bytes;
+            c.default_namespace_quota_bytes = namespace_quota_bytes;
             kvstream::Result<std::unique_ptr<storage::Server>> r =
                 kvstream::Status(kvstream::StatusCode::internal, "not started");
             {
@@ -77,15 +83,19 @@ in `secrets` exist, each reachable with its secret.
             return std::make_unique<Server>(unwrap(std::move(r)), directory);
           },
           "directory"_a, "secrets"_a, "address"_a = "127.0.0.1:0", "backend"_a = "tcp",
-          "cache_bytes"_a = uint64_t(256) << 20, "memory_budget_bytes"_a = 0,
+          "cache_bytes"_a = uint64_t(256) << 20, "memory_budget_bytes"_a = 0, "namespace_quota_bytes"_a = 0,
           "start(directory, secrets, address='127.0.0.1:0', backend='tcp', cache_bytes=256 MiB, "
-          "memory_budget_bytes=0) -> Server: starts listening (port 0: any free port; see .address). `secrets` "
-          "maps namespace -> secret. Raises InvalidArgument, Error (io_error) for the directory, the backend's "
-          "errors.")
+          "memory_budget_bytes=0, namespace_quota_bytes=0) -> Server: starts listening (port 0: any free port; "
+          "see .address). `secrets` maps namespace -> secret; namespace_quota_bytes bounds what each namespace "
+          "stores (0: no bound; a put past it raises NoSpace). Raises InvalidArgument, Error (io_error) for the "
+          "directory, the backend's errors.")
       .def_property_readonly("address", &Server::address, "host:port clients connect to (the actual port).")
       .def_property_readonly("directory", &Server::directory)
       .def_property_readonly("running", &Server::running)
       .def("counters", &Server::counters, "counters() -> dict: requests, errors, bytes in and out, cache hits, ...")
+      .def("set_namespace_quotas", &Server::set_namespace_quotas, "default_bytes"_a, "per_namespace"_a = py::dict(),
+           "set_namespace_quotas(default_bytes, per_namespace={}): the bytes each namespace may store (0: no "
+           "bound), per namespace where listed; puts under way keep their claim, nothing stored is removed.")
       .def("stop", &Server::stop, "stop(): stops accepting, closes connections, waits for the node's threads.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](Server& s, py::handle, py::handle, py::handle) {

@@ -113,6 +113,10 @@ def test_config_set_get_describe():
     c.set("codec.chunk_tokens", 64)
     c.set("policy.max_quality_loss_pct", 0.5)
     c["storage.nodes"] = ["a:1", "b:2"]
+    c["eviction.when_full"] = True  # a bool reads "true", not "1"
+    assert c["eviction.when_full"] == "true"
+    c.set("eviction.when_full", False)
+    assert c["eviction.when_full"] == "false"
     c.set("storage.secret=hunter2-hunter2")
     assert c.get("storage.address") == "10.0.0.1:9000" and c.get("codec.chunk_tokens") == "64"
     assert float(c.get("policy.max_quality_loss_pct")) == 0.5 and c.get("storage.nodes") == "a:1,b:2"
@@ -410,6 +414,28 @@ def test_cancel_and_gil_released_while_waiting(slow_store, prompt):
     with slow_store.fetch(prompt, dest, level=0, timeout=600) as f:
         pass  # leaving the block cancels it
     assert f.finished
+
+
+def test_a_full_store_evicts_only_when_asked(tmp_path, tinyllama_profile, model, prompt, kv):
+    """A node whose quota the namespace filled: a put raises NoSpace and removes nothing;
+    with eviction.when_full it removes the other prompt's deepest chunks and fits."""
+    other = prompt[:1] + [(prompt[1] + 1) % 512] + prompt[2:]  # every chunk key differs
+    other_kv = exact_kv(model, other)
+    with kvstream.Server.start(str(tmp_path / "n"), {"ns": SECRET}) as node:
+        with kvstream.KvStore.open(config(node, tinyllama_profile)) as s:
+            assert s.put(prompt, kv).evicted_chunks == 0
+            used = s.evict().bytes_kept
+            node.set_namespace_quotas(used + used // 2)  # the prompt and about half of another
+            with pytest.raises(kvstream.NoSpace) as e:
+                s.put(other, other_kv)
+            assert e.value.code_name == "no_space" and "quota" in e.value.message
+            assert s.lookup(prompt) == 256
+        with kvstream.KvStore.open(config(node, tinyllama_profile, **{"eviction.when_full": True})) as s:
+            report = s.put(other, other_kv)
+            assert report.evicted_chunks > 0 and report.evicted_bytes > 0
+            assert s.lookup(other) == 256 and s.lookup(prompt) < 256
+            assert s.evict().bytes_kept <= used + used // 2
+        assert node.counters()["quota_refusals"] >= 2
 
 
 def test_remove_and_evict(node, tinyllama_profile, model, prompt, kv):
