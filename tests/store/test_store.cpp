@@ -505,7 +505,10 @@ TEST_F(StoreTest, RemoveAndEvictByAgeAndSize) {
 std::vector<size_t> stored_chunks(KvStore& store, const std::vector<Token>& tokens) {
   const auto keys = store.chunk_keys(tokens);
   std::vector<size_t> out;
-  for (const auto& k : *store.client().list(soon()))
+  const auto listed = store.client().list(soon());  // kept: the loop reads into it
+  EXPECT_TRUE(listed.ok()) << listed.status().to_string();
+  if (!listed.ok()) return out;
+  for (const auto& k : *listed)
     if (auto it = std::find(keys.begin(), keys.end(), k); it != keys.end()) out.push_back(size_t(it - keys.begin()));
   std::sort(out.begin(), out.end());
   return out;
