@@ -166,6 +166,15 @@ class Server {
     uint64_t objects_under_old_keys = 0;  ///< stored under another key, or in clear with a key file, now
   };
   [[nodiscard]] virtual Counters counters() const = 0;
+  /// What one namespace (tenant) keeps on this node.
+  struct NamespaceUsage {
+    std::string name_space;
+    uint64_t stored_bytes = 0;  ///< payload bytes of its committed objects
+    uint64_t quota_bytes = 0;   ///< its quota; 0: no bound
+  };
+  /// Every namespace the node serves (secrets, tls_clients) and every other that holds
+  /// bytes or has a quota of its own, by name.
+  [[nodiscard]] virtual std::vector<NamespaceUsage> namespace_usage() const = 0;
   /// Reads the at-rest key file again (rotation: kvstream-server does on SIGHUP): new
   /// writes are sealed under its highest id, and objects under other keys are
   /// re-encrypted in the background. On error the keys in use stay. Errors:

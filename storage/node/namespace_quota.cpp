@@ -44,6 +44,13 @@ void NamespaceQuota::stored(const std::string& ns, uint64_t old_size, uint64_t n
   if (u.stored == 0 && u.reserved == 0) usage_.erase(ns);
 }
 
+std::map<std::string, std::pair<uint64_t, uint64_t>> NamespaceQuota::usage() const {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+  for (const auto& [ns, u] : usage_) out[ns] = {u.stored, limits_.of(ns)};
+  for (const auto& [ns, quota] : limits_.per_namespace) out[ns].second = quota;
+  return out;
+}
+
 uint64_t NamespaceQuota::used(const std::string& ns) const {
   const auto it = usage_.find(ns);
   return it == usage_.end() ? 0 : it->second.stored;

@@ -41,6 +41,10 @@ class NamespaceQuota {
   [[nodiscard]] uint64_t used(const std::string& ns) const;
   /// Puts refused for their namespace's quota since start.
   [[nodiscard]] uint64_t refusals() const { return refusals_; }
+  /// The bytes stored and the quota (0: none) of each namespace that holds bytes or
+  /// has a quota of its own.
+  [[nodiscard]] std::map<std::string, std::pair<uint64_t, uint64_t>> usage() const;
+  [[nodiscard]] uint64_t limit_of(const std::string& ns) const { return limits_.of(ns); }
 
  private:
   struct Usage {

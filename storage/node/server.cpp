@@ -139,6 +139,14 @@ class ServerImpl final : public Server {
     c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;
     return c;
   }
+  std::vector<NamespaceUsage> namespace_usage() const override {
+    std::vector<std::string> served;
+    for (const auto& [ns, secret] : cfg_.secrets) served.push_back(ns);
+    for (const auto& [ns, names] : cfg_.tls_clients) served.push_back(ns);
+    std::vector<NamespaceUsage> out;
+    for (const auto& [ns, use] : store_->namespace_usage(served)) out.push_back({ns, use.first, use.second});
+    return out;
+  }
 
  private:
   ServerConfig cfg_;

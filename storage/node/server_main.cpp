@@ -17,6 +17,8 @@
 
 #include "kvstream/storage.hpp"
 #include "kvstream/store_config.hpp"
+#include "storage/node/metrics_listener.hpp"
+#include "storage/node/metrics_text.hpp"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -120,6 +122,10 @@ int main(int argc, char** argv) {
   app.add_option("--namespace-quotas", quotas_file,
                  "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces (reread "
                  "on SIGHUP)");
+  std::string metrics_address;
+  app.add_option("--metrics", metrics_address,
+                 "host:port to serve the node's counters and each namespace's stored bytes and quota at GET "
+                 "/metrics (Prometheus text; plain HTTP, no login: loopback or a management network; port 0: any)");
   uint64_t reencrypt_mb = cfg.reencrypt_bytes_per_second >> 20;
   bool reencrypt_only = false;
   app.add_option("--at-rest-key-file", cfg.at_rest.key_file,
@@ -191,6 +197,16 @@ int main(int argc, char** argv) {
   auto server = kvstream::storage::Server::start(cfg);
   if (!server.ok()) return fmt::print(stderr, "kvstream-server: {}\n", server.status().to_string()), 1;
   fmt::print("listening on {}\n", (*server)->address());
+  // Stopped before the node it reads (declared after it).
+  std::unique_ptr<kvstream::storage::MetricsListener> metrics;
+  if (!metrics_address.empty()) {
+    auto m = kvstream::storage::MetricsListener::start(metrics_address, [node = server->get()] {
+      return kvstream::storage::metrics_text(node->counters(), node->namespace_usage());
+    });
+    if (!m.ok()) return fmt::print(stderr, "kvstream-server: --metrics: {}\n", m.status().to_string()), 1;
+    metrics = std::move(m).value();
+    fmt::print("metrics on http://{}/metrics\n", metrics->address());
+  }
   std::fflush(stdout);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -211,6 +227,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  metrics.reset();
   (*server)->stop();
   const auto c = (*server)->counters();
   fmt::print("served {} requests ({} errors, {} cache hits), {} bytes out, {} bytes in, {} failed logins\n", c.requests,

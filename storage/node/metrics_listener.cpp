@@ -1,0 +1,162 @@
+#include "storage/node/metrics_listener.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+#include "transport/common/address.hpp"
+
+namespace kvstream::storage {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kClientTime = std::chrono::seconds(2);
+constexpr size_t kMaxRequestBytes = 8192;
+
+int ms_left(Clock::time_point until) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+  return left > 0 ? int(left) : 0;
+}
+
+// Writes all of `text` before `until`; false if the peer does not take it in time.
+bool write_all(int fd, std::string_view text, Clock::time_point until) {
+  while (!text.empty()) {
+    const ssize_t n = ::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      text.remove_prefix(size_t(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, ms_left(until)) <= 0) return false;
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+std::string response(int code, const char* reason, const std::string& body, const char* type) {
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", code,
+                     reason, type, body.size(), body);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MetricsListener>> MetricsListener::start(const std::string& address,
+                                                                std::function<std::string()> body) {
+  KVS_ASSIGN_OR_RETURN(auto addrs, transport::resolve_address("metrics", address, /*passive=*/true));
+  const sockaddr_storage& sa = addrs.front();
+  const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return make_status(StatusCode::io_error, "metrics: socket: {}", std::strerror(errno));
+  const int one = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), transport::sockaddr_len(sa)) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return make_status(StatusCode::io_error, "metrics: cannot listen on {}: {}", address, std::strerror(err));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int stop = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop < 0) {
+    ::close(fd);
+    return make_status(StatusCode::io_error, "metrics: eventfd: {}", std::strerror(errno));
+  }
+  return std::unique_ptr<MetricsListener>(
+      new MetricsListener(fd, stop, transport::format_address(bound), std::move(body)));
+}
+
+MetricsListener::MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body)
+    : listen_fd_(listen_fd), stop_fd_(stop_fd), address_(std::move(address)), body_(std::move(body)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+MetricsListener::~MetricsListener() {
+  const uint64_t one = 1;
+  (void)!::write(stop_fd_, &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+  ::close(stop_fd_);
+}
+
+void MetricsListener::run() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      KVS_LOG_ERROR("metrics: poll failed ({}); the endpoint stops", std::strerror(errno));
+      return;
+    }
+    if (p[1].revents) return;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // Out of descriptors or memory: the connection stays queued and poll would
+      // return at once, so wait a moment (or for the stop) before trying again.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        pollfd s{stop_fd_, POLLIN, 0};
+        if (::poll(&s, 1, 100) > 0) return;
+      }
+      continue;  // or the peer left before we took it
+    }
+    answer(fd);
+    ::close(fd);
+  }
+}
+
+void MetricsListener::answer(int fd) {
+  const auto until = Clock::now() + kClientTime;
+  std::string request;
+  char buf[1024];
+  // Up to the end of the headers; a request body (a GET has none) is not read.
+  while (request.find("\r\n\r\n") == std::string::npos) {
+    if (request.size() >= kMaxRequestBytes) return void(++refused_);
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms_left(until)) <= 0) return void(++refused_);  // too slow
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return void(++refused_);
+    request.append(buf, size_t(n));
+  }
+  const std::string_view line = std::string_view(request).substr(0, request.find("\r\n"));
+  const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 == std::string_view::npos ? 0 : sp1 + 1);
+  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos) {
+    (void)write_all(fd, response(400, "Bad Request", "bad request line\n", "text/plain"), until);
+    return void(++refused_);
+  }
+  const std::string_view method = line.substr(0, sp1), path = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  if (method != "GET") {
+    (void)write_all(fd, response(405, "Method Not Allowed", "GET /metrics only\n", "text/plain"), until);
+    return void(++refused_);
+  }
+  if (path != "/metrics") {
+    (void)write_all(fd, response(404, "Not Found", "GET /metrics only\n", "text/plain"), until);
+    return void(++refused_);
+  }
+  std::string text;
+  try {
+    text = body_();
+  } catch (const std::exception& e) {
+    KVS_LOG_WARN("metrics: could not make the answer: {}", e.what());
+    (void)write_all(fd, response(500, "Internal Server Error", "\n", "text/plain"), until);
+    return void(++refused_);
+  }
+  if (write_all(fd, response(200, "OK", text, "text/plain; version=0.0.4"), until))
+    ++served_;
+  else
+    ++refused_;
+}
+
+}  // namespace kvstream::storage

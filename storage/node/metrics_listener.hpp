@@ -1,0 +1,48 @@
+// The storage node's /metrics endpoint (kvstream-server --metrics): a plain HTTP/1.1
+// responder on its own socket and thread, for a Prometheus scraper. It answers
+// GET /metrics with what `body` returns (the Prometheus text format), any other path
+// 404 and any other method 405, and closes each connection after one answer. A client
+// gets 2 s to send its request (8 KiB at most) and to read the answer, one client at a
+// time: a scraper's poll is all it serves, and nothing a peer sends can hold it longer.
+// It has no TLS and no login: bind it to loopback or a management network.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "kvstream/status.hpp"
+
+namespace kvstream::storage {
+
+class MetricsListener {
+ public:
+  /// Listens on `address` ("host:port"; port 0: any). Errors: invalid_argument
+  /// (address), io_error (socket, bind, listen).
+  static Result<std::unique_ptr<MetricsListener>> start(const std::string& address,
+                                                        std::function<std::string()> body);
+  ~MetricsListener();  // stops and joins
+  MetricsListener(const MetricsListener&) = delete;
+  MetricsListener& operator=(const MetricsListener&) = delete;
+
+  /// The address it listens on (the actual port).
+  [[nodiscard]] const std::string& address() const { return address_; }
+  /// Answers given with the metrics, and connections that got another answer or none.
+  [[nodiscard]] uint64_t served() const { return served_; }
+  [[nodiscard]] uint64_t refused() const { return refused_; }
+
+ private:
+  MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body);
+  void run();
+  void answer(int fd);
+
+  int listen_fd_, stop_fd_;
+  std::string address_;
+  std::function<std::string()> body_;
+  std::atomic<uint64_t> served_{0}, refused_{0};
+  std::thread thread_;
+};
+
+}  // namespace kvstream::storage

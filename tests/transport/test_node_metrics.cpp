@@ -1,0 +1,165 @@
+// A storage node's metrics: its counters and each namespace's stored bytes and quota
+// in the Prometheus text format (storage/node/metrics_text.cpp), served at GET /metrics
+// by a listener that a silent, slow or garbage-sending peer cannot stop
+// (metrics_listener.cpp), and by kvstream-server --metrics.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "kvstream/storage.hpp"
+#include "storage/node/metrics_listener.hpp"
+#include "storage/node/metrics_text.hpp"
+#include "tests/support/hang_guard.hpp"
+#include "tests/support/node_process.hpp"
+#include "tests/transport/free_port.hpp"
+#include "tests/transport/node_test_util.hpp"
+#include "tests/transport/transport_test_util.hpp"
+
+namespace kvstream::test_node_metrics {
+
+using namespace kvstream::storage;
+using namespace kvstream::transport;
+using namespace std::chrono_literals;
+using transport::test_util::pattern;
+namespace node_util = kvstream::storage::node_test_util;
+
+namespace {
+
+const std::string kSecretA = "0123456789abcdef-tenant-a", kSecretB = "0123456789abcdef-tenant-b";
+
+// A TCP connection to "127.0.0.1:port" that sends `request` and reads until the
+// peer closes (10 s at most). Empty when it could not connect.
+std::string http_exchange(const std::string& address, const std::string& request) {
+  const uint16_t port = uint16_t(std::stoi(address.substr(address.rfind(':') + 1)));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET, sa.sin_port = htons(port), sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return ::close(fd), std::string();
+  (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string got;
+  char buf[4096];
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, 10000) > 0) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+// The value of the sample `name` (with its labels, as written) in a metrics text; -1 if absent.
+double sample(const std::string& text, const std::string& name) {
+  const std::string at = "\n" + name + " ";
+  const size_t i = text.find(at);
+  return i == std::string::npos ? -1 : std::stod(text.substr(i + at.size()));
+}
+
+class NodeMetrics : public ::testing::Test {
+ protected:
+  node_util::TempDir tmp_{"kvstream-metrics"};
+};
+
+// What a node's counters and usage read as text: a put and a refused put are counted,
+// each namespace the node serves is listed with its bytes and quota.
+TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
+  ServerConfig cfg = node_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}});
+  cfg.namespace_quota_bytes = {{"tenant-a", 10000}};
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto a = node_util::connect_client((*server)->address(), "tenant-a", kSecretA);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE((*a)->put("ctx", 0, 0, pattern(6000, 1), deadline_in(10s)).ok());
+  EXPECT_EQ((*a)->put("ctx", 1, 0, pattern(6000, 2), deadline_in(10s)).code(), StatusCode::no_space);
+  const std::string text = "\n" + metrics_text((*server)->counters(), (*server)->namespace_usage());
+  EXPECT_EQ(sample(text, "kvstream_node_quota_refusals_total"), 1);
+  EXPECT_GE(sample(text, "kvstream_node_requests_total"), 2);
+  EXPECT_EQ(sample(text, "kvstream_node_bytes_in_total"), 12000);
+  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"), 6000);
+  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})"), 10000);
+  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-b"})"), 0) << "served, empty";
+  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-b"})"), 0);
+  // Every sample line is "name{labels} value" or "name value", and every name is typed.
+  const std::regex line(R"(^(kvstream_node_[a-z_]+)(\{namespace="[^"\\\n]*"\})? [0-9]+$)");
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.empty() || l[0] == '#') continue;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, line)) << l;
+    EXPECT_NE(text.find("# TYPE " + m[1].str() + " "), std::string::npos) << l;
+  }
+  // A label value is escaped whatever it holds.
+  const std::string odd = metrics_text({}, {{"a\"b\\c\nd", 1, 0}});
+  EXPECT_NE(odd.find(R"({namespace="a\"b\\c\nd"} 1)"), std::string::npos) << odd;
+}
+
+// The listener answers GET /metrics, 404 and 405 otherwise, drops a request too long
+// or with no request line, and goes on answering after a peer that sends nothing
+// (given 2 s) and one that leaves mid-request.
+TEST_F(NodeMetrics, TheEndpointAnswersScrapersAndOutlastsBadPeers) {
+  int calls = 0;
+  auto m = MetricsListener::start("127.0.0.1:0", [&] { return "kvstream_node_up " + std::to_string(++calls) + "\n"; });
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::string addr = (*m)->address();
+  std::string got = http_exchange(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("Content-Type: text/plain; version=0.0.4\r\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("\r\n\r\nkvstream_node_up 1\n"), std::string::npos) << got;
+  EXPECT_EQ(http_exchange(addr, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(http_exchange(addr, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  EXPECT_EQ(http_exchange(addr, "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  EXPECT_EQ(http_exchange(addr, std::string(20000, 'x')), "") << "a request past 8 KiB is dropped unanswered";
+  {
+    // A peer that connects and sends nothing, and one that leaves mid-request: the
+    // next scrape is still answered.
+    const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET, sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons(uint16_t(std::stoi(addr.substr(addr.rfind(':') + 1))));
+    ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    (void)http_exchange(addr, "GET /metr");  // sends half a request line and closes... after reading
+    got = http_exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n");
+    ::close(silent);
+  }
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_EQ((*m)->served(), 2u);
+  EXPECT_EQ(calls, 2);
+  EXPECT_GE((*m)->refused(), 6u);
+}
+
+// kvstream-server --metrics: a scrape shows the tenant's quota from --namespace-quotas,
+// and the raised one after SIGHUP.
+TEST_F(NodeMetrics, KvstreamServerServesThemAndTheyFollowSighup) {
+  const auto quotas = tmp_.path() / "quotas.json", secrets = tmp_.path() / "secrets.json";
+  std::ofstream(secrets) << R"({"tenant-a": ")" << kSecretA << R"("})";
+  std::ofstream(quotas) << R"({"tenant-a": 1})";
+  const std::string metrics = "127.0.0.1:" + std::to_string(test_util::free_port());
+  kvstream::testing::NodeProcess node;
+  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
+                         {"--dir", (tmp_.path() / "store").string(), "--secrets", secrets.string(),
+                          "--namespace-quotas", quotas.string(), "--listen", "127.0.0.1:0", "--metrics", metrics},
+                         "warn"));
+  auto a = node_util::connect_client(node.address(), "tenant-a", kSecretA);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE((*a)->put("ctx", 0, 0, pattern(1000, 1), deadline_in(10s)).ok());
+  const std::string quota_a = R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})";
+  std::string got = http_exchange(metrics, "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(sample(got, quota_a), 1 << 20) << got;
+  EXPECT_EQ(sample(got, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"), 1000) << got;
+  std::ofstream(quotas, std::ios::trunc) << R"({"tenant-a": 2})";
+  ASSERT_EQ(::kill(node.pid(), SIGHUP), 0);
+  EXPECT_TRUE(kvstream::testing::eventually(
+      [&] { return sample(http_exchange(metrics, "GET /metrics HTTP/1.1\r\n\r\n"), quota_a) == 2 << 20; }));
+}
+
+}  // namespace
+
+}  // namespace kvstream::test_node_metrics
