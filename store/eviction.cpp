@@ -68,7 +68,7 @@ Result<std::vector<StoredChunk>> chunks_in_eviction_order(KvStore::Impl& m, tran
     KVS_RETURN_IF_ERROR(failed);
   }
   std::sort(out.begin(), out.end(), [](const StoredChunk& a, const StoredChunk& b) {
-    if (a.has_record != b.has_record) return !a.has_record;
+    if (a.has_record != b.has_record) return a.has_record;
     return a.position != b.position ? a.position > b.position : a.stored_ms < b.stored_ms;
   });
   return out;
@@ -88,7 +88,7 @@ Result<EvictReport> make_room(KvStore::Impl& m, uint64_t bytes, double fraction,
   bytes = std::max(bytes, uint64_t(std::clamp(fraction, 0.0, 1.0) * double(total)));
   EvictReport r;
   for (const StoredChunk& c : chunks) {
-    if (keep.contains(c.key)) {
+    if (keep.contains(c.key) || !c.has_record) {
       r.bytes_kept += c.bytes;
       continue;
     }

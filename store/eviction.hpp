@@ -1,9 +1,10 @@
 // Which stored chunks go first when the store must shrink (KvStore::evict) or make
 // room for a put the storage has no space for (eviction.when_full): the chunks of
-// this model and profile, those without a record first (a put cut short: never
-// found), then the deepest, the oldest among equally deep ones. A chunk is found only
-// after every chunk before it, so removing a prompt's head first would leave its tail
-// stored and unreachable; in this order what stays is whole prefixes.
+// this model and profile, the deepest first, the oldest among equally deep ones. A
+// chunk is found only after every chunk before it, so removing a prompt's head first
+// would leave its tail stored and unreachable; in this order what stays is whole
+// prefixes. Chunks without a record come last: one is either a put cut short or a put
+// another store is writing now, and nothing tells which.
 #pragma once
 
 #include <string>
@@ -31,9 +32,10 @@ Result<std::vector<StoredChunk>> chunks_in_eviction_order(KvStore::Impl& m, tran
 /// Removes `chunk` (one already gone counts as removed). Errors: the client's.
 Status remove_chunk(KvStore::Impl& m, const StoredChunk& chunk, transport::Deadline deadline);
 
-/// Removes chunks in eviction order, none of `keep`, until `bytes` and `fraction` of
-/// all the chunks' bytes are freed, or none is left. For a put the storage had no
-/// space for: `keep` holds the put's own chunks.
+/// Removes chunks in eviction order, none of `keep` and none without a record (another
+/// store's put may be writing it), until `bytes` and `fraction` of all the chunks'
+/// bytes are freed, or none is left. For a put the storage had no space for: `keep`
+/// holds the put's own chunks.
 Result<EvictReport> make_room(KvStore::Impl& m, uint64_t bytes, double fraction,
                               const std::unordered_set<std::string>& keep, transport::Deadline deadline);
 

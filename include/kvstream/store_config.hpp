@@ -81,7 +81,8 @@ struct EvictionSettings {
   std::chrono::seconds max_age{0};           ///< 0: no bound; else chunks stored longer ago go
   /// A put the storage has no space for (no_space: the tenant's quota or a disk is
   /// full, Redis at maxmemory) removes chunks of this model and profile, in evict()'s
-  /// order and none of the put's own, until there is room, and goes on. Off: the put
+  /// order, none of the put's own and none without a record (another store may be
+  /// writing it), until there is room, and goes on. Off: the put
   /// fails no_space. A busy storage (resource_exhausted) never evicts.
   bool when_full = false;
   /// Making room removes at least this share of what this model and profile store

@@ -38,6 +38,17 @@ class Server {
     d["quota_refusals"] = c.quota_refusals;
     return d;
   }
+  py::dict namespace_usage() const {
+    if (!s_) throw_invalid("the server is stopped");
+    py::dict d;
+    for (const auto& u : s_->namespace_usage()) {
+      py::dict e;
+      e["stored_bytes"] = u.stored_bytes;
+      e["quota_bytes"] = u.quota_bytes;
+      d[py::str(u.name_space)] = e;
+    }
+    return d;
+  }
   void set_namespace_quotas(uint64_t default_bytes, const std::map<std::string, uint64_t>& per_namespace) {
     if (!s_) throw_invalid("the server is stopped");
     s_->set_namespace_quotas(default_bytes, per_namespace);
@@ -93,6 +104,9 @@ in `secrets` exist, each reachable with its secret.
       .def_property_readonly("directory", &Server::directory)
       .def_property_readonly("running", &Server::running)
       .def("counters", &Server::counters, "counters() -> dict: requests, errors, bytes in and out, cache hits, ...")
+      .def("namespace_usage", &Server::namespace_usage,
+           "namespace_usage() -> dict: namespace -> {'stored_bytes', 'quota_bytes' (0: no bound)}, for every "
+           "namespace the node serves.")
       .def("set_namespace_quotas", &Server::set_namespace_quotas, "default_bytes"_a, "per_namespace"_a = py::dict(),
            "set_namespace_quotas(default_bytes, per_namespace={}): the bytes each namespace may store (0: no "
            "bound), per namespace where listed; puts under way keep their claim, nothing stored is removed.")

@@ -434,8 +434,11 @@ def test_a_full_store_evicts_only_when_asked(tmp_path, tinyllama_profile, model,
             report = s.put(other, other_kv)
             assert report.evicted_chunks > 0 and report.evicted_bytes > 0
             assert s.lookup(other) == 256 and s.lookup(prompt) < 256
-            assert s.evict().bytes_kept <= used + used // 2
+            kept = s.evict().bytes_kept
+            assert kept <= used + used // 2
         assert node.counters()["quota_refusals"] >= 2
+        usage = node.namespace_usage()["ns"]
+        assert usage["quota_bytes"] == used + used // 2 and 0 < usage["stored_bytes"] <= usage["quota_bytes"]
 
 
 def test_remove_and_evict(node, tinyllama_profile, model, prompt, kv):

@@ -516,11 +516,17 @@ std::vector<size_t> stored_chunks(KvStore& store, const std::vector<Token>& toke
 
 // A node with no space left for the tenant (its quota): a put fails no_space and
 // removes nothing. With eviction.when_full it removes other prompts' chunks, deepest
-// first, never its own, until it fits; what is left of them is whole prefixes.
+// first, never its own and never one without a record (another store may be writing
+// it), until it fits; what is left of them is whole prefixes.
 TEST_F(StoreTest, APutIntoAFullStoreEvictsOnlyWhenAsked) {
   KvStore plain = open(config());
   const auto a = tokens_from(1), b = tokens_from(2);
   ASSERT_TRUE(plain.put(a, kv_.view(), soon()).ok());
+  // Level 0 of another prompt's chunk 0 and no record: a put under way elsewhere.
+  const std::string writing = plain.chunk_keys(tokens_from(4))[0];
+  std::vector<uint8_t> level0;
+  ASSERT_TRUE(codec::encode_chunk(profile_, *kv_.view().slice({0, kChunk}), 0, level0).ok());
+  ASSERT_TRUE(plain.client().put(writing, store::kLevelsChunk, 0, std::as_bytes(std::span(level0)), soon()).ok());
   const uint64_t used_a = plain.evict(0, 0s, soon())->bytes_kept;
   ASSERT_GT(used_a, 0u);
   server_->set_namespace_quotas(used_a + used_a / 2, {});  // a and about half of b
@@ -552,6 +558,8 @@ TEST_F(StoreTest, APutIntoAFullStoreEvictsOnlyWhenAsked) {
   auto none = evicting.put(tokens_from(3), kv_.view(), soon());
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::no_space) << none.status().to_string();
+  EXPECT_EQ(*evicting.lookup(a, soon()), 0u) << "everything with a record went";
+  EXPECT_TRUE(evicting.client().stat(writing, soon()).ok()) << "a chunk without a record was evicted";
 }
 
 // A busy node (its memory budget held by puts in flight) answers resource_exhausted:

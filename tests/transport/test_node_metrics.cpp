@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <regex>
@@ -105,7 +106,7 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
 // or with no request line, and goes on answering after a peer that sends nothing
 // (given 2 s) and one that leaves mid-request.
 TEST_F(NodeMetrics, TheEndpointAnswersScrapersAndOutlastsBadPeers) {
-  int calls = 0;
+  std::atomic<int> calls{0};  // the listener's thread counts, this one reads
   auto m = MetricsListener::start("127.0.0.1:0", [&] { return "kvstream_node_up " + std::to_string(++calls) + "\n"; });
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   const std::string addr = (*m)->address();
