@@ -32,11 +32,14 @@ pass, before those blocks can be reused.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import kvstream
+
+log = logging.getLogger("kvstream.connector")
 
 
 class KVConnectorRole(enum.Enum):
@@ -160,6 +163,7 @@ class KvStreamConnector:
         self._load_errors: set[int] = set()
         self.load_results: dict[str, LoadResult] = {}
         self.put_reports: dict[str, kvstream.PutReport] = {}
+        self.save_errors: dict[str, kvstream.Error] = {}  # request id -> why its chunks were not stored
 
     # ============================== scheduler side ==============================
 
@@ -278,12 +282,19 @@ class KvStreamConnector:
 
     def wait_for_save(self) -> None:
         """Stores the whole chunks of each request to save (KvStore.put_paged reads them
-        from the blocks; chunks found stored, a shared prefix, are skipped)."""
+        from the blocks; chunks found stored, a shared prefix, are skipped). A store that
+        fails (full: NoSpace, unless eviction.when_full makes room; down: Unavailable)
+        never fails the request: its KV is only not kept, the error is logged and kept
+        in save_errors, and a later request recomputes what was not stored."""
         assert self._meta is not None, "bind_connector_metadata first"
         if self._meta.requests_to_save:
             layers = [self._saved_layers[name] for name in self._kv_caches] if self._kv_caches else \
                 list(self._saved_layers.values())
             for spec in self._meta.requests_to_save:
-                self.put_reports[spec.request_id] = self.store.put_paged(spec.token_ids, layers, spec.block_ids,
-                                                                         self.block_size)
+                try:
+                    self.put_reports[spec.request_id] = self.store.put_paged(spec.token_ids, layers,
+                                                                             spec.block_ids, self.block_size)
+                except kvstream.Error as e:
+                    log.warning("request %s: its KV was not stored: %s", spec.request_id, e)
+                    self.save_errors[spec.request_id] = e
         self._saved_layers.clear()

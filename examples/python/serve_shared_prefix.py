@@ -90,6 +90,8 @@ class RequestResult:
     quality_loss_pct: float = 0.0  #: the fetched levels' worst perplexity increase (profile)
     stored_chunks: int = 0       #: chunks this request stored
     fallback: str = ""           #: why a promised fetch did not land (then its tokens were prefilled)
+    save_error: str = ""         #: why its chunks were not stored (the request is served all the same)
+    evicted_chunks: int = 0      #: chunks removed to store this request's (eviction.when_full)
     output: str = ""
 
 
@@ -159,6 +161,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--address", default=None, help="host:port of a running kvstream-server (default: start one "
                                                     "in this process)")
     ap.add_argument("--namespace", default="serve", help="namespace on the node")
+    ap.add_argument("--node-quota-bytes", type=int, default=0,
+                    help="bound on what the namespace stores on the node this example starts (0: none); a full "
+                         "store fails saves (NoSpace) and the requests are served all the same, or, with "
+                         "KVSTREAM_EVICTION_WHEN_FULL=true, removes the oldest chunks to make room")
     ap.add_argument("--secret", default=None, help="its secret (with --address; else $KVSTREAM_STORAGE_SECRET)")
     ap.add_argument("--keep-stored", action="store_true",
                     help="with --address: do not remove the document's chunks first (the run starts warm)")
@@ -225,7 +231,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             secret = secrets.token_hex(16)
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvstream-serve-"))
-            node = stack.enter_context(kvstream.Server.start(tmp, {args.namespace: secret}))
+            node = stack.enter_context(kvstream.Server.start(tmp, {args.namespace: secret},
+                                                             namespace_quota_bytes=args.node_quota_bytes))
             address = node.address
         base = kvstream.StoreConfig({
             "storage.address": address, "storage.namespace": args.namespace, "storage.secret": secret,
@@ -286,6 +293,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             r.ttft_ms = (t_first - t0) * 1e3
             put = conn.put_reports.pop(req.request_id, None)
             r.stored_chunks = put.chunks - put.already_stored if put else 0
+            r.evicted_chunks = put.evicted_chunks if put else 0
+            save_error = conn.save_errors.pop(req.request_id, None)
+            r.save_error = save_error.code_name if save_error is not None else ""
             out = greedy_rest(model, cache, seq, first, args.steps)
             ref_out, ref_ttft = references[i]
             r.full_prefill_ttft_ms = ref_ttft * 1e3

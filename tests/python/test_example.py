@@ -60,3 +60,12 @@ def test_adaptive_default_runs_and_reports(capsys, tinyllama_profile):
     assert serve.main(["--requests", "2", "--profile", tinyllama_profile, "--level", "2"]) == 0
     out = capsys.readouterr().out
     assert "same output" in out and "link" in out
+
+
+def test_a_full_store_fails_saves_not_requests(capsys, tinyllama_profile):
+    """A node quota smaller than a chunk: every save fails NoSpace, and every request is
+    served all the same, prefilled from text, with the output exact KV gives."""
+    s = run(capsys, "--requests", "2", "--profile", tinyllama_profile, "--level", "0", "--node-quota-bytes", "1000")
+    for r in s["requests"]:
+        assert r["save_error"] == "no_space" and r["stored_chunks"] == 0 and r["same_output"]
+    assert s["requests"][1]["matched_tokens"] == 0
