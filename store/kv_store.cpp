@@ -1,6 +1,7 @@
 #include "kvstream/kv_store.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -221,7 +222,7 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
     Status s = write();
     while (s.code() == StatusCode::no_space && m.cfg.eviction.when_full) {
       const uint64_t average = objects_done ? bytes_done / objects_done : object_bytes;
-      const uint64_t want = object_bytes + average * (objects_left - 1);
+      const uint64_t want = object_bytes + average * (objects_left > 0 ? objects_left - 1 : 0);
       KVS_ASSIGN_OR_RETURN(const EvictReport ev,
                            store::make_room(m, want, m.cfg.eviction.when_full_fraction, own, deadline));
       if (ev.chunks_removed == 0) return s.with_context("nothing left to evict");
