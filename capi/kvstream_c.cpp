@@ -2,8 +2,10 @@
 // everything: a C caller gets a code and kvs_last_error(), never an exception.
 #include "kvstream/c/kvstream.h"
 
+#include <chrono>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -233,6 +235,20 @@ kvs_status kvs_remove(kvs_store* store, const int32_t* tokens, size_t n, int64_t
     if (!store || (!tokens && n)) return make_status(StatusCode::invalid_argument, "null argument");
     KVS_ASSIGN_OR_RETURN(uint32_t r, store->store.remove(token_span(tokens, n), deadline_after(timeout_ms)));
     if (removed) *removed = r;
+    return {};
+  });
+}
+
+kvs_status kvs_evict(kvs_store* store, uint64_t max_bytes, uint64_t max_age_s, int64_t timeout_ms,
+                     kvs_evict_report* report) {
+  return guarded("kvs_evict", [&]() -> Status {
+    if (!store) return make_status(StatusCode::invalid_argument, "null argument");
+    if (max_age_s > uint64_t(std::numeric_limits<int64_t>::max()))
+      return make_status(StatusCode::invalid_argument, "max_age_s {} is out of range", max_age_s);
+    KVS_ASSIGN_OR_RETURN(kvstream::EvictReport r,
+                         store->store.evict(max_bytes, std::chrono::seconds(int64_t(max_age_s)),
+                                            deadline_after(timeout_ms)));
+    if (report) *report = {r.chunks_removed, r.bytes_removed, r.bytes_kept};
     return {};
   });
 }

@@ -247,9 +247,21 @@ int main(int argc, char** argv) {
   CHECK(kvs_lookup(store, tokens, T, 5000, NULL) == KVS_INVALID_ARGUMENT);
   CHECK(kvs_put(NULL, tokens, T, &src, 5000, NULL) == KVS_INVALID_ARGUMENT);
 
+  /* Nothing is older than an hour, and with no size bound nothing goes. */
+  kvs_evict_report ev = {99, 99, 0};
+  CHECK_OK(kvs_evict(store, 0, 3600, 5000, &ev));
+  CHECK(ev.chunks_removed == 0 && ev.bytes_removed == 0 && ev.bytes_kept > 0);
+  CHECK(kvs_evict(NULL, 0, 0, 5000, &ev) == KVS_INVALID_ARGUMENT);
+
   uint32_t removed = 0;
   CHECK_OK(kvs_remove(store, tokens, T, 5000, &removed));
   CHECK(removed == 3);
+  CHECK_OK(kvs_lookup(store, tokens, T, 5000, &found));
+  CHECK(found == 0);
+  /* Stored again, a size bound of 1 byte removes all three chunks. */
+  CHECK_OK(kvs_put(store, tokens, T, &src, 30000, NULL));
+  CHECK_OK(kvs_evict(store, 1, 0, 5000, &ev));
+  CHECK(ev.chunks_removed == 3 && ev.bytes_kept == 0);
   CHECK_OK(kvs_lookup(store, tokens, T, 5000, &found));
   CHECK(found == 0);
 

@@ -80,6 +80,11 @@ typedef struct kvs_put_report {
   uint64_t bytes, tokens;
 } kvs_put_report;
 
+typedef struct kvs_evict_report {
+  uint32_t chunks_removed;
+  uint64_t bytes_removed, bytes_kept;
+} kvs_evict_report;
+
 typedef struct kvs_fetch_report {
   uint64_t tokens;            /* tokens [0, tokens) in the destination or to recompute */
   uint64_t recompute_tokens;  /* of those, chosen as text: the runtime prefills them */
@@ -135,6 +140,13 @@ void kvs_fetch_cancel(kvs_fetch* fetch);
 void kvs_fetch_free(kvs_fetch* fetch);
 /* Removes the stored chunks of tokens; *removed (optional) gets how many. */
 kvs_status kvs_remove(kvs_store* store, const int32_t* tokens, size_t n, int64_t timeout_ms, uint32_t* removed);
+/* Removes chunks of this model and profile stored longer ago than max_age_s (0: no
+ * bound), then, until at most max_bytes are kept (0: no bound), the deepest chunks
+ * first, so what stays is whole prefixes. *report (optional) gets what it did. A store
+ * opened with eviction.when_full=true also does this by itself when a put finds no
+ * space (KVS_NO_SPACE otherwise). */
+kvs_status kvs_evict(kvs_store* store, uint64_t max_bytes, uint64_t max_age_s, int64_t timeout_ms,
+                     kvs_evict_report* report);
 
 #ifdef __cplusplus
 }
