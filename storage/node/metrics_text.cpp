@@ -19,45 +19,56 @@ std::string label_value(const std::string& v) {
   return out;
 }
 
-void metric(std::string& out, const char* name, const char* type, const char* help, uint64_t value) {
-  fmt::format_to(std::back_inserter(out), "# HELP kvstream_node_{0} {1}\n# TYPE kvstream_node_{0} {2}\nkvstream_node_{0} {3}\n",
-                 name, help, type, value);
-}
-
 }  // namespace
 
 std::string metrics_text(const Server::Counters& c, const std::vector<Server::NamespaceUsage>& usage) {
+  struct Metric {
+    const char* name;
+    bool counter;  // else a gauge
+    const char* help;
+    uint64_t value;
+  };
+  const Metric table[] = {
+      {"requests_total", true, "Requests served.", c.requests},
+      {"errors_total", true, "Requests answered with an error.", c.errors},
+      {"bytes_out_total", true, "Body bytes sent (gets).", c.bytes_out},
+      {"bytes_in_total", true, "Body bytes received (puts).", c.bytes_in},
+      {"cache_hits_total", true, "Gets served from the in-memory cache.", c.cache_hits},
+      {"auth_failures_total", true, "Failed logins.", c.auth_failures},
+      {"refused_connections_total", true, "Connections closed before or at login (limits).", c.refused_connections},
+      {"evicted_unauthenticated_total", true, "Connections not yet logged in replaced by newer ones.",
+       c.evicted_unauthenticated},
+      {"budget_refusals_total", true, "Requests answered resource_exhausted for memory.", c.budget_refusals},
+      {"quota_refusals_total", true, "Puts answered no_space for their namespace's quota.", c.quota_refusals},
+      {"budget_peak_bytes", false, "Most memory held from the budget at once.", c.budget_peak_bytes},
+      {"budget_limit_bytes", false, "The memory budget.", c.budget_limit_bytes},
+      {"objects_reencrypted_total", true, "Objects rewritten under the current at-rest key.", c.objects_reencrypted},
+      {"objects_under_old_keys", false, "Objects stored under another at-rest key (or in clear).",
+       c.objects_under_old_keys},
+  };
   std::string out;
-  metric(out, "requests_total", "counter", "Requests served.", c.requests);
-  metric(out, "errors_total", "counter", "Requests answered with an error.", c.errors);
-  metric(out, "bytes_out_total", "counter", "Body bytes sent (gets).", c.bytes_out);
-  metric(out, "bytes_in_total", "counter", "Body bytes received (puts).", c.bytes_in);
-  metric(out, "cache_hits_total", "counter", "Gets served from the in-memory cache.", c.cache_hits);
-  metric(out, "auth_failures_total", "counter", "Failed logins.", c.auth_failures);
-  metric(out, "refused_connections_total", "counter", "Connections closed before or at login (limits).",
-         c.refused_connections);
-  metric(out, "evicted_unauthenticated_total", "counter", "Connections not yet logged in replaced by newer ones.",
-         c.evicted_unauthenticated);
-  metric(out, "budget_refusals_total", "counter", "Requests answered resource_exhausted for memory.",
-         c.budget_refusals);
-  metric(out, "quota_refusals_total", "counter", "Puts answered no_space for their namespace's quota.",
-         c.quota_refusals);
-  metric(out, "budget_peak_bytes", "gauge", "Most memory held from the budget at once.", c.budget_peak_bytes);
-  metric(out, "budget_limit_bytes", "gauge", "The memory budget.", c.budget_limit_bytes);
-  metric(out, "objects_reencrypted_total", "counter", "Objects rewritten under the current at-rest key.",
-         c.objects_reencrypted);
-  metric(out, "objects_under_old_keys", "gauge", "Objects stored under another at-rest key (or in clear).",
-         c.objects_under_old_keys);
-  out += "# HELP kvstream_node_namespace_stored_bytes Payload bytes a namespace keeps on this node.\n"
-         "# TYPE kvstream_node_namespace_stored_bytes gauge\n";
-  for (const auto& u : usage)
-    fmt::format_to(std::back_inserter(out), "kvstream_node_namespace_stored_bytes{{namespace=\"{}\"}} {}\n",
-                   label_value(u.name_space), u.stored_bytes);
-  out += "# HELP kvstream_node_namespace_quota_bytes A namespace's quota on this node (0: no bound).\n"
-         "# TYPE kvstream_node_namespace_quota_bytes gauge\n";
-  for (const auto& u : usage)
-    fmt::format_to(std::back_inserter(out), "kvstream_node_namespace_quota_bytes{{namespace=\"{}\"}} {}\n",
-                   label_value(u.name_space), u.quota_bytes);
+  for (const Metric& m : table)
+    fmt::format_to(std::back_inserter(out),
+                   "# HELP kvstream_node_{0} {1}\n# TYPE kvstream_node_{0} {2}\nkvstream_node_{0} {3}\n", m.name,
+                   m.help, m.counter ? "counter" : "gauge", m.value);
+  // Per namespace: one family each, a sample per namespace.
+  const struct {
+    const char* name;
+    const char* help;
+    uint64_t Server::NamespaceUsage::*field;
+  } families[] = {
+      {"namespace_stored_bytes", "Payload bytes a namespace keeps on this node.",
+       &Server::NamespaceUsage::stored_bytes},
+      {"namespace_quota_bytes", "A namespace's quota on this node (0: no bound).",
+       &Server::NamespaceUsage::quota_bytes},
+  };
+  for (const auto& f : families) {
+    fmt::format_to(std::back_inserter(out), "# HELP kvstream_node_{0} {1}\n# TYPE kvstream_node_{0} gauge\n", f.name,
+                   f.help);
+    for (const auto& u : usage)
+      fmt::format_to(std::back_inserter(out), "kvstream_node_{}{{namespace=\"{}\"}} {}\n", f.name,
+                     label_value(u.name_space), u.*(f.field));
+  }
   return out;
 }
 
