@@ -67,21 +67,7 @@ Result<std::vector<std::vector<uint64_t>>> KvStore::Impl::stat_chunks(const std:
         if (auto it = recent.find(keys[first + i]); it != recent.end() && it->second.when >= fresh_after)
           got[i].emplace(it->second.sizes);
     }
-    // The others side by side: one thread each beyond the first, which runs here.
-    std::vector<std::future<Result<std::vector<uint64_t>>>> pending(n);
-    for (size_t i = 1; i < n; ++i) {
-      if (got[i]) continue;
-      try {
-        pending[i] = std::async(std::launch::async, [this, &keys, first, i, deadline, cancel] {
-          return stat_one(keys[first + i], deadline, cancel);
-        });
-      } catch (const std::system_error&) {
-        // No thread to be had: this one is asked below, in turn.
-      }
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (!got[i]) got[i].emplace(pending[i].valid() ? pending[i].get() : stat_one(keys[first + i], deadline, cancel));
-    }
+    read_side_by_side(got, [&](size_t i) { return stat_one(keys[first + i], deadline, cancel); });
     for (size_t i = 0; i < n; ++i) {
       if (!got[i]->ok()) return got[i]->status();
       if ((*got[i])->empty() && !all) return out;

@@ -4,8 +4,11 @@
 // eviction (kv_store.cpp) and its fetches (store_fetch.cpp).
 #pragma once
 
+#include <future>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 #include <vector>
 
@@ -45,6 +48,24 @@ struct KvStore::Impl {
   std::mutex recent_mu;
   std::unordered_map<std::string, Recent> recent;
   static constexpr size_t kMaxRecent = 4096;
+
+  // Fills each empty entry of `got` (at most kParallelStats) with read(i), side by
+  // side: one thread each beyond the first, which runs here, or here in turn when no
+  // thread can be had. Returns when every read has ended.
+  template <typename R, typename Read>
+  static void read_side_by_side(std::vector<std::optional<R>>& got, const Read& read) {
+    std::vector<std::future<R>> pending(got.size());
+    for (size_t i = 1; i < got.size(); ++i) {
+      if (got[i]) continue;
+      try {
+        pending[i] = std::async(std::launch::async, [&read, i] { return read(i); });
+      } catch (const std::system_error&) {
+        // No thread to be had: this one is read below, in turn.
+      }
+    }
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!got[i]) got[i].emplace(pending[i].valid() ? pending[i].get() : read(i));
+  }
 
   void forget(const std::string& key) {
     std::lock_guard lk(recent_mu);

@@ -266,13 +266,9 @@ uint64_t ChunkStore::namespace_bytes(const std::string& ns) const {
   return quota_.used(ns);
 }
 
-std::map<std::string, std::pair<uint64_t, uint64_t>> ChunkStore::namespace_usage(
-    const std::vector<std::string>& names) const {
+std::vector<Server::NamespaceUsage> ChunkStore::namespace_usage(const std::vector<std::string>& names) const {
   std::lock_guard lock(mu_);
-  auto out = quota_.usage();
-  for (const auto& ns : names)
-    if (!out.contains(ns)) out[ns] = {0, quota_.limit_of(ns)};
-  return out;
+  return quota_.usage(names);
 }
 
 uint64_t ChunkStore::quota_refusals() const {

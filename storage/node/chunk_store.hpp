@@ -115,10 +115,8 @@ class ChunkStore {
   [[nodiscard]] uint64_t namespace_bytes(const std::string& ns) const;
   /// Puts refused for their namespace's quota since the store opened.
   [[nodiscard]] uint64_t quota_refusals() const;
-  /// Stored payload bytes and quota (0: none) of each of `names` and of every other
-  /// namespace that holds bytes or has a quota of its own.
-  [[nodiscard]] std::map<std::string, std::pair<uint64_t, uint64_t>> namespace_usage(
-      const std::vector<std::string>& names) const;
+  /// NamespaceQuota::usage, under the index lock.
+  [[nodiscard]] std::vector<Server::NamespaceUsage> namespace_usage(const std::vector<std::string>& names) const;
 
   // A put's claim on its namespace's quota (NamespaceQuota::reserve): ended by the
   // commit, in the step that counts the bytes, or given back when the put is dropped.

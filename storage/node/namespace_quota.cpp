@@ -44,10 +44,13 @@ void NamespaceQuota::stored(const std::string& ns, uint64_t old_size, uint64_t n
   if (u.stored == 0 && u.reserved == 0) usage_.erase(ns);
 }
 
-std::map<std::string, std::pair<uint64_t, uint64_t>> NamespaceQuota::usage() const {
-  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
-  for (const auto& [ns, u] : usage_) out[ns] = {u.stored, limits_.of(ns)};
-  for (const auto& [ns, quota] : limits_.per_namespace) out[ns].second = quota;
+std::vector<Server::NamespaceUsage> NamespaceQuota::usage(const std::vector<std::string>& names) const {
+  std::map<std::string, uint64_t> stored;  // by name, with every namespace to list
+  for (const auto& ns : names) stored[ns] = 0;
+  for (const auto& [ns, quota] : limits_.per_namespace) stored[ns] = 0;
+  for (const auto& [ns, u] : usage_) stored[ns] = u.stored;
+  std::vector<Server::NamespaceUsage> out;
+  for (const auto& [ns, bytes] : stored) out.push_back({ns, bytes, limits_.of(ns)});
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kvstream/status.hpp"
+#include "kvstream/storage.hpp"
 
 namespace kvstream::storage {
 
@@ -41,10 +42,9 @@ class NamespaceQuota {
   [[nodiscard]] uint64_t used(const std::string& ns) const;
   /// Puts refused for their namespace's quota since start.
   [[nodiscard]] uint64_t refusals() const { return refusals_; }
-  /// The bytes stored and the quota (0: none) of each namespace that holds bytes or
-  /// has a quota of its own.
-  [[nodiscard]] std::map<std::string, std::pair<uint64_t, uint64_t>> usage() const;
-  [[nodiscard]] uint64_t limit_of(const std::string& ns) const { return limits_.of(ns); }
+  /// The bytes stored and the quota of each of `names` and of every other namespace
+  /// that holds bytes or has a quota of its own, by name.
+  [[nodiscard]] std::vector<Server::NamespaceUsage> usage(const std::vector<std::string>& names) const;
 
  private:
   struct Usage {

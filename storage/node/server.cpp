@@ -143,9 +143,7 @@ class ServerImpl final : public Server {
     std::vector<std::string> served;
     for (const auto& [ns, secret] : cfg_.secrets) served.push_back(ns);
     for (const auto& [ns, names] : cfg_.tls_clients) served.push_back(ns);
-    std::vector<NamespaceUsage> out;
-    for (const auto& [ns, use] : store_->namespace_usage(served)) out.push_back({ns, use.first, use.second});
-    return out;
+    return store_->namespace_usage(served);
   }
 
  private:
