@@ -13,13 +13,15 @@
 
 #include "transport/common/address.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
+#include "transport/ofi/ofi_listener.hpp"
 
 namespace kvstream::transport::test_util {
 
 struct RawOfiPeer {
   std::shared_ptr<ofi::Core> core;
   std::shared_ptr<ofi::Endpoint> ep;
-  fi_addr_t server = FI_ADDR_UNSPEC;  // the listener, in ep's address vector
+  ofi::PeerTable::Use server_entry;   // the listener's entry in ep's address vector
+  fi_addr_t server = FI_ADDR_UNSPEC;  // server_entry.addr()
   ofi::Greeted greeted;               // the connection id it was given, and the hello's nonce
 };
 
@@ -35,7 +37,8 @@ inline Result<RawOfiPeer> raw_ofi_peer(const LibfabricSettings& settings, const 
   if (const int r = p.core->getinfo(host, port, 0, info); r)
     return make_status(StatusCode::unavailable, "getinfo {}: {}", address, ofi::fi_err(r));
   KVS_ASSIGN_OR_RETURN(p.ep, ofi::Endpoint::open(p.core, info.p));
-  KVS_ASSIGN_OR_RETURN(p.server, p.ep->insert(info.p->dest_addr));
+  KVS_ASSIGN_OR_RETURN(p.server_entry, p.ep->peer(info.p->dest_addr, info.p->dest_addrlen));
+  p.server = p.server_entry.addr();
   KVS_ASSIGN_OR_RETURN(p.greeted, ofi::say_hello(*p.ep, p.server, address, deadline_in(std::chrono::seconds(30)), {}));
   return p;
 }
@@ -63,6 +66,8 @@ class AcceptingListener {
   [[nodiscard]] std::string address() const { return listener_->address(); }
   /// Connections accepted so far.
   [[nodiscard]] int accepted() const { return accepted_.load(); }
+  /// Peers in the listener's address vector (ofi::peers_in_address_vector).
+  [[nodiscard]] size_t peers() const { return ofi::peers_in_address_vector(*listener_).value_or(0); }
   /// A new raw peer that said hello; it lives as long as this.
   Result<RawOfiPeer*> raw_peer() {
     KVS_ASSIGN_OR_RETURN(auto p, raw_ofi_peer(config_.libfabric, address()));

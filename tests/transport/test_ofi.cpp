@@ -17,6 +17,7 @@
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
 #include "tests/transport/ofi_raw_peer.hpp"
+#include "transport/ofi/ofi_listener.hpp"
 #endif
 
 namespace kvstream::test_ofi {
@@ -574,6 +575,74 @@ TEST_P(LibfabricProvider, ManyOneMiBMessagesArriveWholeAndInOrder) {
 }
 
 #if KVSTREAM_HAVE_LIBFABRIC
+/// Sends one small message from `from` to `to` and checks it arrived whole.
+void one_message(Connection& from, Connection& to, uint8_t mark) {
+  const std::byte h[3] = {std::byte('m'), std::byte(mark), std::byte('!')};
+  auto seq = from.post_send(h, {});
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  std::vector<std::byte> got;
+  auto len = to.recv_header(got, deadline_in(10s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  ASSERT_TRUE(to.recv_body({}, deadline_in(10s), {}).ok());
+  EXPECT_EQ(got, std::vector<std::byte>(h, h + 3));
+  EXPECT_TRUE(from.wait_sends(*seq, deadline_in(10s), {}).ok());
+}
+
+/// Whether `pred` holds within `limit` (it is asked every millisecond): for counts
+/// that change as the endpoints' progress threads reap the last completions.
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
+  for (const auto until = Clock::now() + limit; !pred(); std::this_thread::sleep_for(1ms))
+    if (Clock::now() >= until) return false;
+  return true;
+}
+
+// Every hello used to insert its sender's address into the listener's address vector
+// for good, and a second connection from one client endpoint inserted it again (a
+// duplicate libfabric leaves undefined): a node kept an entry, and over ofi_rxm a peer
+// record, for every client endpoint it ever served. Now a peer is one entry that its
+// connections share, it leaves the vector with the last of them, and a client that
+// comes back is inserted again and served.
+TEST_P(LibfabricProvider, APeersAddressLeavesTheListenersVectorWithItsLastConnection) {
+  auto sb = create_backend(ofi_config(GetParam()));
+  auto cb = create_backend(ofi_config(GetParam()));
+  ASSERT_TRUE(sb.ok() && cb.ok());
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto peers = [&] { return ofi::peers_in_address_vector(**l).value(); };
+  EXPECT_EQ(peers(), 0u);
+  auto connect = [&](std::unique_ptr<Connection>& client, std::unique_ptr<Connection>& server) {
+    auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
+    auto c = (*cb)->connect((*l)->address(), deadline_in(30s), {});
+    auto s = acc.get();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    client = std::move(c).value();
+    server = std::move(s).value();
+  };
+  std::unique_ptr<Connection> c1, s1, c2, s2;
+  ASSERT_NO_FATAL_FAILURE(connect(c1, s1));
+  ASSERT_NO_FATAL_FAILURE(connect(c2, s2));
+  ASSERT_NO_FATAL_FAILURE(one_message(*c1, *s1, 1));
+  ASSERT_NO_FATAL_FAILURE(one_message(*s2, *c2, 2));
+  // One entry where the client backend shares an endpoint between its connections
+  // (tcp;ofi_rxm), one per connection where each has its own.
+  const size_t endpoints = peers();
+  EXPECT_TRUE(endpoints == 1 || endpoints == 2) << endpoints;
+  c1.reset(), s1.reset();
+  EXPECT_TRUE(eventually([&] { return peers() == 1; })) << peers() << " entries with one connection left";
+  ASSERT_NO_FATAL_FAILURE(one_message(*c2, *s2, 3));  // the connection left is untouched
+  c2.reset(), s2.reset();
+  EXPECT_TRUE(eventually([&] { return peers() == 0; })) << peers() << " entries with no connection left";
+  // The same client backend again: its address is inserted anew and served.
+  ASSERT_NO_FATAL_FAILURE(connect(c1, s1));
+  ASSERT_NO_FATAL_FAILURE(one_message(*c1, *s1, 4));
+  ASSERT_NO_FATAL_FAILURE(one_message(*s1, *c1, 5));
+  EXPECT_EQ(peers(), 1u);
+  c1.reset(), s1.reset();
+  EXPECT_TRUE(eventually([&] { return peers() == 0; })) << peers();
+}
+
 // A peer that breaks the framing, on a connection a listener accepted: corrupt_data,
 // and nothing at warn. The peer is kvstream's own endpoint, used below the Connection
 // API: after a real hello it sends a header message too short to hold the header's

@@ -3,6 +3,7 @@
 // alive but silent is not taken for gone, and an endpoint answers only for the
 // connections it made (the hello's nonce), not for an id a restarted node reuses.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
 #include <csignal>
 #include <cstdio>
@@ -218,6 +219,49 @@ TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
   EXPECT_FALSE(said_unknown(**peer, greeted.id, greeted.nonce, 300ms)) << "disowned its own connection";
   EXPECT_TRUE(said_unknown(**peer, greeted.id, greeted.nonce ^ 2, 10s)) << "owned a connection with another nonce";
   EXPECT_TRUE(said_unknown(**peer, greeted.id + 9, greeted.nonce ^ 4, 10s)) << "owned a connection it never made";
+}
+
+// A question (does the node still know connection N?) carries the asker's address,
+// and the answer goes there. The listener inserted each such address into its address
+// vector and never removed it, so a peer asking under addresses it made up grew a
+// node's vector, and over ofi_rxm its peer records, without bound. The answer's entry
+// now leaves once the answer is out (or has failed: nothing listens there).
+TEST_P(OfiLiveness, QuestionsUnderMadeUpAddressesLeaveNoEntryBehind) {
+  auto node = test_util::AcceptingListener::start(probing(GetParam(), 0ms));
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto peer = (*node)->raw_peer();
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  EXPECT_EQ((*node)->peers(), 1u) << "the raw peer's connection";
+  auto& ep = (*peer)->ep;
+  // shm (libfabric 1.17) names peers by process and endpoint; answers to names made up
+  // from the asker's own (sends end EAGAIN: no such region) left the listener, in
+  // about half the runs, not taking the asker's next question, before the table as
+  // after it. Not pursued: shm's peers are processes of the same host.
+  if (!(*peer)->core->sockaddr_names()) GTEST_SKIP() << GetParam() << " names are no socket addresses";
+  for (uint32_t i = 0; i < 16; ++i) {
+    auto q = ofi::hello_op(*ep, ofi::kVerifyMagic, 0x5000 + i);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    ofi::Hello h{};
+    std::memcpy(&h, (*q)->buf.get(), sizeof h);
+    sockaddr_in in{};
+    std::memcpy(&in, h.addr, sizeof in);
+    in.sin_port = htons(test_util::free_port());  // nothing listens there
+    std::memcpy(h.addr, &in, sizeof in);
+    std::memcpy((*q)->buf.get(), &h, sizeof h);
+    auto desc = ep->local_desc(**q);
+    ASSERT_TRUE(desc.ok());
+    ASSERT_TRUE(ep->post_send(*q, (*q)->buf.get(), sizeof h, *desc, (*peer)->server,
+                              ofi::make_tag(ofi::MsgType::hello, 700 + i), deadline_in(10s), {})
+                    .ok());
+    ASSERT_TRUE(ep->wait([&] { return (*q)->done.load(); }, deadline_in(10s), nullptr, "question").ok());
+  }
+  // Its own questions are still answered, and afterwards only its entry is left.
+  const ofi::Greeted greeted = (*peer)->greeted;
+  EXPECT_TRUE(said_unknown(**peer, greeted.id + 9, greeted.nonce ^ 4, 10s));
+  size_t left = 0;
+  for (const auto until = Clock::now() + 30s; (left = (*node)->peers()) != 1 && Clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(left, 1u) << "entries left for answered questions";
 }
 
 // Messages under the probe's tag too long for a probe end the responder's receives

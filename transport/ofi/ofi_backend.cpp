@@ -50,10 +50,11 @@ class OfiBackend final : public Backend {
       return make_status(StatusCode::unavailable, "libfabric: cannot resolve {} with {}: {}", address,
                          core_->provider, fi_err(r ? r : -FI_EADDRNOTAVAIL));
     KVS_ASSIGN_OR_RETURN(auto ep, client_endpoint(info.p));
-    KVS_ASSIGN_OR_RETURN(fi_addr_t server, ep->insert(info.p->dest_addr));
+    KVS_ASSIGN_OR_RETURN(PeerTable::Use server, ep->peer(info.p->dest_addr, info.p->dest_addrlen));
     const auto listener = ListenerCheck::of(core_->provider, info.p->dest_addr, info.p->dest_addrlen, address);
-    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server, address, deadline, cancel, listener ? &*listener : nullptr));
-    auto conn = std::make_unique<OfiConnection>(ep, server, g.id, fmt::format("{}:{}", host, port),
+    KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server.addr(), address, deadline, cancel,
+                                              listener ? &*listener : nullptr));
+    auto conn = std::make_unique<OfiConnection>(ep, std::move(server), g.id, fmt::format("{}:{}", host, port),
                                                  Side::connected);
     KVS_RETURN_IF_ERROR(conn->start());
     if (core_->peer_timeout.count() > 0) conn->probe_peer(g.nonce, core_->peer_timeout, listener, g.answers_questions);

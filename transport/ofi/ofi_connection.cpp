@@ -12,9 +12,9 @@ namespace kvstream::transport::ofi {
 
 using namespace std::chrono_literals;
 
-OfiConnection::OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name,
+OfiConnection::OfiConnection(std::shared_ptr<Endpoint> ep, PeerTable::Use peer, uint32_t id, std::string peer_name,
                              Side side)
-    : ep_(std::move(ep)), peer_(peer), id_(id), peer_name_(std::move(peer_name)), side_(side),
+    : ep_(std::move(ep)), peer_use_(std::move(peer)), peer_(peer_use_.addr()), id_(id), peer_name_(std::move(peer_name)), side_(side),
       shared_(std::make_shared<ConnShared>()) {}
 
 Status OfiConnection::start() {

@@ -33,7 +33,9 @@ class OfiConnection final : public Connection {
   /// faults at debug (transport/common/peer_fault.hpp); one this side opened receives
   /// only what its peer sends (its endpoint may be shared with connections to other
   /// listeners, whose connection ids can be the same as its own).
-  OfiConnection(std::shared_ptr<Endpoint> ep, fi_addr_t peer, uint32_t id, std::string peer_name, Side side);
+  /// `peer`: its use of the peer's entry in `ep`'s address vector, held as long as the
+  /// connection lives (its operations hold their own).
+  OfiConnection(std::shared_ptr<Endpoint> ep, PeerTable::Use peer, uint32_t id, std::string peer_name, Side side);
   ~OfiConnection() override;
 
   /// Posts the receive for the peer's "bye".
@@ -123,7 +125,8 @@ class OfiConnection final : public Connection {
   Status peer_lost_status() const;
 
   std::shared_ptr<Endpoint> ep_;
-  fi_addr_t peer_;
+  PeerTable::Use peer_use_;
+  fi_addr_t peer_;  // peer_use_.addr()
   uint32_t id_;
   std::string peer_name_;
   Side side_;

@@ -5,7 +5,11 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -116,11 +120,51 @@ Result<std::vector<unsigned char>> Endpoint::name() {
   return a;
 }
 
-Result<fi_addr_t> Endpoint::insert(const void* addr) {
+Result<std::string> Endpoint::address_key(const void* addr, size_t len) const {
+  const auto* p = static_cast<const char*>(addr);
+  const uint32_t format = core_->info->addr_format;
+  if (format == FI_ADDR_STR) return std::string(p, ::strnlen(p, len));
+  if (core_->sockaddr_names() && len >= sizeof(sa_family_t)) {
+    sa_family_t family = 0;
+    std::memcpy(&family, p, sizeof family);
+    if (family == AF_INET && len >= sizeof(sockaddr_in)) {
+      sockaddr_in in{};
+      std::memcpy(&in, p, sizeof in);
+      std::memset(in.sin_zero, 0, sizeof in.sin_zero);
+      return std::string(reinterpret_cast<const char*>(&in), sizeof in);
+    }
+    if (family == AF_INET6 && len >= sizeof(sockaddr_in6)) return std::string(p, sizeof(sockaddr_in6));
+    return make_status(StatusCode::invalid_argument,
+                       "libfabric: a peer address of {} bytes and family {} is no socket address", len, family);
+  }
+  return std::string(p, len);
+}
+
+Result<PeerTable::Use> Endpoint::peer(const void* addr, size_t len) {
+  KVS_ASSIGN_OR_RETURN(std::string key, address_key(addr, len));
+  std::lock_guard lock(av_mu_);
+  if (auto use = peers_->find(key)) return std::move(*use);
+  remove_unused_peers_locked();
   fi_addr_t fa = FI_ADDR_UNSPEC;
-  const int r = locked([&] { return fi_av_insert(av_, addr, 1, &fa, 0, nullptr); });
+  const int r = locked([&] { return fi_av_insert(av_, key.c_str(), 1, &fa, 0, nullptr); });
   if (r != 1) return make_status(StatusCode::unavailable, "libfabric: fi_av_insert failed: {}", fi_err(r));
-  return fa;
+  return peers_->add(std::move(key), fa);
+}
+
+void Endpoint::remove_unused_peers() {
+  std::lock_guard lock(av_mu_);
+  remove_unused_peers_locked();
+}
+
+void Endpoint::remove_unused_peers_locked() {
+  for (fi_addr_t a : peers_->take_unused())
+    if (const int r = locked([&] { return fi_av_remove(av_, &a, 1, 0); }); r)
+      KVS_LOG_DEBUG("libfabric: fi_av_remove of a peer no connection uses: {}", fi_err(r));
+}
+
+size_t Endpoint::peer_count() {
+  remove_unused_peers();
+  return peers_->size();
 }
 
 std::string Endpoint::peer_name(const void* addr) {
@@ -165,6 +209,7 @@ Status Endpoint::retry_post(Attempt attempt, std::string_view call, std::string_
 Status Endpoint::post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag,
                            uint64_t ignore, Deadline deadline, fi_addr_t src) {
   if (!ep_) return closed_error();
+  op->peer = peers_->hold(src);
   if (!core_->directed_recv) src = FI_ADDR_UNSPEC;
   track(op);
   for (Backoff backoff;;) {
@@ -182,6 +227,7 @@ Status Endpoint::post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len,
 Status Endpoint::post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                            uint64_t tag, Deadline deadline, const CancelToken& cancel) {
   if (!ep_) return closed_error();
+  op->peer = peers_->hold(dest);
   track(op);
   if (op->counted) {
     active_sends_.fetch_add(1);
@@ -196,6 +242,7 @@ Status Endpoint::post_send(const std::shared_ptr<Op>& op, const void* buf, size_
 Status Endpoint::post_read(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, fi_addr_t src,
                            uint64_t addr, uint64_t key, Deadline deadline, const CancelToken& cancel) {
   if (!ep_) return closed_error();
+  op->peer = peers_->hold(src);
   track(op);
   Status s = retry_post([&] { return fi_read(ep_, buf, len, desc, src, addr, key, &op->ctx); }, "fi_read",
                         "read (provider queue full)", deadline, cancel);
@@ -206,6 +253,7 @@ Status Endpoint::post_read(const std::shared_ptr<Op>& op, void* buf, size_t len,
 ssize_t Endpoint::try_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                            uint64_t tag) {
   if (!ep_) return -FI_ESHUTDOWN;
+  op->peer = peers_->hold(dest);
   track(op);
   op->counted = true;
   active_sends_.fetch_add(1);
@@ -355,6 +403,10 @@ void Endpoint::progress_loop() {
   while (!stop_.load()) {
     const bool reaped = poll() > 0;
     const bool sending = active_sends_.load() > 0;
+    // Entries whose last user went (a closed connection's last operation): removed
+    // here, unless an insert holds the vector now (the next round does it then).
+    if (peers_->unused() > 0)
+      if (std::unique_lock lock(av_mu_, std::try_to_lock); lock) remove_unused_peers_locked();
     if (const uint64_t c = completions_.load(); wait_fd_ >= 0 && (c != seen || reaped || sending)) {
       seen = c;
       last_work = Clock::now();

@@ -21,6 +21,7 @@
 
 #include "transport/common/wait.hpp"
 #include "transport/ofi/ofi_fabric.hpp"
+#include "transport/ofi/ofi_peer_table.hpp"
 
 namespace kvstream::transport::ofi {
 
@@ -38,6 +39,7 @@ struct Op {
   bool counted = false;              // a send that keeps the progress thread busy until it completes
   std::function<void(Op&)> on_complete;  // runs in whichever thread reaps the completion
   std::shared_ptr<void> keep;            // memory the provider may still write (a staged read's buffer)
+  PeerTable::Use peer;                   // the peer it was posted to or from: its address stays in the vector
   ~Op();
 };
 
@@ -88,7 +90,16 @@ class Endpoint {
 
   /// The endpoint's own address (fi_getname).
   Result<std::vector<unsigned char>> name();
-  Result<fi_addr_t> insert(const void* addr);
+  /// A use of the address vector's entry for the peer address `addr` (`len` bytes):
+  /// inserted the first time, shared while anything uses it (ofi_peer_table.hpp).
+  /// Unused entries are removed first, so a node's vector holds only the peers it
+  /// serves. Errors: unavailable (fi_av_insert failed).
+  Result<PeerTable::Use> peer(const void* addr, size_t len);
+  /// Removes from the address vector the entries nothing uses any more (the progress
+  /// thread does it too, whenever some wait).
+  void remove_unused_peers();
+  /// Entries in the address vector, after removing the unused ones.
+  size_t peer_count();
   /// A peer's address as text, without the "fi_sockaddr_in://" scheme.
   std::string peer_name(const void* addr);
 
@@ -186,10 +197,19 @@ class Endpoint {
   /// 5 ms.
   void park(uint64_t seen, Deadline deadline);
 
+  void remove_unused_peers_locked();  // av_mu_ held
+  /// The bytes that name the peer at `addr` (`len` bytes) to the provider, as the
+  /// table's key and what is inserted: a socket address with its padding zeroed, a
+  /// string address up to its end, so that one peer is one entry however it wrote
+  /// its address. invalid_argument where a socket address is too short.
+  Result<std::string> address_key(const void* addr, size_t len) const;
+
   std::shared_ptr<Core> core_;
   const bool shared_;
   fid_ep* ep_ = nullptr;
   fid_av* av_ = nullptr;
+  std::shared_ptr<PeerTable> peers_ = PeerTable::create();
+  std::mutex av_mu_;  // held across each insert and removal, so that one address is never in the vector twice
   fid_cq* cq_ = nullptr;
   std::mutex mu_;
   std::mutex fi_mu_;  // held for each fi_* call on ep_, av_ and cq_ (see the class comment)

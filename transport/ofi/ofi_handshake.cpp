@@ -40,9 +40,11 @@ Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoin
                                                    uint32_t id, const std::shared_ptr<ProbeResponder>& responder) {
   auto hs = std::make_unique<Handshake>();
   hs->give_up = deadline_in(kHandshakeLimit);
-  KVS_ASSIGN_OR_RETURN(hs->peer, ep->insert(hello.addr));
+  KVS_ASSIGN_OR_RETURN(PeerTable::Use peer, ep->peer(hello.addr, hello.addr_len));
+  hs->peer = peer.addr();
   hs->id = id;
-  hs->conn = std::make_unique<OfiConnection>(ep, hs->peer, hs->id, ep->peer_name(hello.addr), Side::accepted);
+  hs->conn =
+      std::make_unique<OfiConnection>(ep, std::move(peer), hs->id, ep->peer_name(hello.addr), Side::accepted);
   KVS_RETURN_IF_ERROR(hs->conn->start());
   hs->conn->answer_probes(responder, hello.nonce);
   // The ack, tagged with the client's nonce, tells it its connection id.
@@ -56,12 +58,21 @@ Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoin
 
 void answer_verify(Endpoint& ep, const ProbeResponder& responder, const HelloQueue::Verify& v) {
   if (responder.knows(v.id, v.hello.nonce)) return;  // its probes are answered
-  auto peer = ep.insert(v.hello.addr);
+  auto peer = ep.peer(v.hello.addr, v.hello.addr_len);
   if (!peer.ok()) return;
+  // A send with a completion, not an inject: the operation holds the peer's entry in
+  // the address vector until the answer is out, and the entry goes after it (an
+  // asker the node has no connection with would otherwise stay in it for good).
+  auto op = ep.new_op(sizeof(HelloAck));
   const HelloAck unknown{kUnknownMagic, v.id};
+  std::memcpy(op->buf.get(), &unknown, sizeof unknown);
+  auto desc = ep.local_desc(*op);
+  if (!desc.ok()) return;
   ssize_t r = -FI_EAGAIN;
   for (int i = 0; i < 100 && r == -FI_EAGAIN; ++i)
-    if ((r = ep.try_inject(&unknown, sizeof unknown, *peer, hello_ack_tag(v.hello.nonce))) == -FI_EAGAIN) ep.poll();
+    if ((r = ep.try_send(op, op->buf.get(), sizeof unknown, *desc, peer->addr(), hello_ack_tag(v.hello.nonce))) ==
+        -FI_EAGAIN)
+      ep.poll();
   KVS_LOG_DEBUG("libfabric: told {} that connection {} is unknown here{}", ep.peer_name(v.hello.addr), v.id,
                 r == 0 ? "" : fmt::format(" (not sent: {})", fi_err(int(-r))));
 }
