@@ -691,6 +691,29 @@ void send_raw_header(test_util::RawOfiPeer& peer, uint32_t id, uint64_t seq, con
 // messages from anyone, so such a peer could put a request into another client's
 // logged-in connection, in that client's namespace. It now takes them from its own
 // client only, where the provider directs receives to a source (tcp;ofi_rxm).
+// shm's address vector holds 256 peers (libfabric 1.17). While every client endpoint
+// that ever connected kept its entry, a node over shm stopped accepting for good at
+// its 255th client: fi_av_insert failed, and each later connect timed out.
+TEST(libfabric, AnShmNodeServesMoreClientsOverItsLifeThanItsVectorHolds) {
+  auto sb = create_backend(ofi_config("shm"));
+  if (!sb.ok()) GTEST_SKIP() << "shm: " << sb.status().to_string();
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  for (int i = 0; i < 300; ++i) {
+    SCOPED_TRACE(::testing::Message() << "client " << i);
+    auto cb = create_backend(ofi_config("shm"));  // a new endpoint, as a new client process has
+    ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+    auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
+    auto c = (*cb)->connect((*l)->address(), deadline_in(30s), {});
+    auto s = acc.get();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_NO_FATAL_FAILURE(one_message(**c, **s, uint8_t(i)));
+    c->reset(), s->reset();
+  }
+  EXPECT_TRUE(eventually([&] { return ofi::peers_in_address_vector(**l).value() == 0; }));
+}
+
 TEST_P(LibfabricProvider, AConnectionTakesNoMessageUnderItsIdFromAnotherPeer) {
   auto sb = create_backend(ofi_config(GetParam()));
   ASSERT_TRUE(sb.ok()) << sb.status().to_string();
