@@ -7,11 +7,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include "core/log.hpp"
 #include "transport/common/address.hpp"
@@ -47,15 +51,64 @@ bool write_all(int fd, std::string_view text, Clock::time_point until) {
   return true;
 }
 
-std::string response(int code, const char* reason, const std::string& body, const char* type) {
-  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", code,
-                     reason, type, body.size(), body);
+std::string response(int code, const char* reason, const std::string& body, const char* type,
+                     std::string_view extra_header = {}) {
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}",
+                     code, reason, type, body.size(), extra_header, body);
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+}
+
+std::string_view trim(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+/// The credentials of the request's Authorization header with scheme "Bearer"
+/// (either case), or nullopt.
+std::optional<std::string_view> bearer_of(std::string_view headers) {
+  for (size_t at = 0; at < headers.size();) {
+    size_t end = headers.find("\r\n", at);
+    if (end == std::string_view::npos) end = headers.size();
+    const std::string_view line = headers.substr(at, end - at);
+    at = end + 2;
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos || !iequals(trim(line.substr(0, colon)), "authorization")) continue;
+    const std::string_view value = trim(line.substr(colon + 1));
+    const size_t sp = value.find(' ');
+    if (sp == std::string_view::npos || !iequals(value.substr(0, sp), "bearer")) return std::nullopt;
+    return trim(value.substr(sp + 1));
+  }
+  return std::nullopt;
 }
 
 }  // namespace
 
+bool MetricsListener::authorized(std::string_view headers) {
+  std::string token;
+  {
+    std::lock_guard lock(token_mu_);
+    token = token_;
+  }
+  if (token.empty()) return true;
+  const auto given = bearer_of(headers);
+  // Compared in constant time (CRYPTO_memcmp): the time of a refusal tells nothing of
+  // how much of a guess was right.
+  return given && given->size() == token.size() && CRYPTO_memcmp(given->data(), token.data(), token.size()) == 0;
+}
+
+void MetricsListener::set_bearer_token(std::string token) {
+  std::lock_guard lock(token_mu_);
+  token_ = std::move(token);
+}
+
 Result<std::unique_ptr<MetricsListener>> MetricsListener::start(const std::string& address,
-                                                                std::function<std::string()> body) {
+                                                                std::function<std::string()> body,
+                                                                std::string bearer_token) {
   KVS_ASSIGN_OR_RETURN(auto addrs, transport::resolve_address("metrics", address, /*passive=*/true));
   const sockaddr_storage& sa = addrs.front();
   const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -76,11 +129,13 @@ Result<std::unique_ptr<MetricsListener>> MetricsListener::start(const std::strin
     return make_status(StatusCode::io_error, "metrics: eventfd: {}", std::strerror(errno));
   }
   return std::unique_ptr<MetricsListener>(
-      new MetricsListener(fd, stop, transport::format_address(bound), std::move(body)));
+      new MetricsListener(fd, stop, transport::format_address(bound), std::move(body), std::move(bearer_token)));
 }
 
-MetricsListener::MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body)
-    : listen_fd_(listen_fd), stop_fd_(stop_fd), address_(std::move(address)), body_(std::move(body)) {
+MetricsListener::MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body,
+                                 std::string bearer_token)
+    : listen_fd_(listen_fd), stop_fd_(stop_fd), address_(std::move(address)), body_(std::move(body)),
+      token_(std::move(bearer_token)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -143,6 +198,13 @@ void MetricsListener::answer(int fd) {
   }
   if (path != "/metrics") {
     (void)write_all(fd, response(404, "Not Found", "GET /metrics only\n", "text/plain"), until);
+    return void(++refused_);
+  }
+  if (!authorized(std::string_view(request).substr(line.size()))) {
+    (void)write_all(fd,
+                    response(401, "Unauthorized", "a bearer token is needed\n", "text/plain",
+                             "WWW-Authenticate: Bearer realm=\"kvstream\"\r\n"),
+                    until);
     return void(++refused_);
   }
   std::string text;

@@ -4,13 +4,19 @@
 // 404 and any other method 405, and closes each connection after one answer. A client
 // gets 2 s to send its request (8 KiB at most) and to read the answer, one client at a
 // time: a scraper's poll is all it serves, and nothing a peer sends can hold it longer.
-// It has no TLS and no login: bind it to loopback or a management network.
+// With a bearer token (what Prometheus sends from a scrape config's `authorization`
+// or `bearer_token_file`), a request without `Authorization: Bearer <token>` is
+// answered 401: the tenants' names and usage are not for whoever reaches the port.
+// It has no TLS: the token and the answer cross the network in clear, so bind it to
+// loopback or a management network.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "kvstream/status.hpp"
@@ -19,10 +25,11 @@ namespace kvstream::storage {
 
 class MetricsListener {
  public:
-  /// Listens on `address` ("host:port"; port 0: any). Errors: invalid_argument
-  /// (address), io_error (socket, bind, listen).
+  /// Listens on `address` ("host:port"; port 0: any); `bearer_token` empty: no login.
+  /// Errors: invalid_argument (address), io_error (socket, bind, listen).
   static Result<std::unique_ptr<MetricsListener>> start(const std::string& address,
-                                                        std::function<std::string()> body);
+                                                        std::function<std::string()> body,
+                                                        std::string bearer_token = {});
   ~MetricsListener();  // stops and joins
   MetricsListener(const MetricsListener&) = delete;
   MetricsListener& operator=(const MetricsListener&) = delete;
@@ -32,15 +39,22 @@ class MetricsListener {
   /// Answers given with the metrics, and connections that got another answer or none.
   [[nodiscard]] uint64_t served() const { return served_; }
   [[nodiscard]] uint64_t refused() const { return refused_; }
+  /// Replaces the token (a rotation: the next request needs the new one); empty: no login.
+  void set_bearer_token(std::string token);
 
  private:
-  MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body);
+  MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body,
+                  std::string bearer_token);
   void run();
   void answer(int fd);
+  /// Whether the request's headers carry the token (or none is needed).
+  bool authorized(std::string_view headers);
 
   int listen_fd_, stop_fd_;
   std::string address_;
   std::function<std::string()> body_;
+  std::mutex token_mu_;
+  std::string token_;  // under token_mu_
   std::atomic<uint64_t> served_{0}, refused_{0};
   std::thread thread_;
 };

@@ -23,7 +23,7 @@
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
-volatile std::sig_atomic_t g_reload_keys = 0;  // SIGHUP: reread the at-rest key file and the quotas
+volatile std::sig_atomic_t g_reload_keys = 0;  // SIGHUP: reread the at-rest key file, the quotas, the metrics token
 void on_hangup(int) { g_reload_keys = 1; }
 }  // namespace
 
@@ -49,6 +49,18 @@ std::string read_quotas(const std::string& path, std::map<std::string, uint64_t>
   if (auto err = read_json_map(path, "MiB counts", mib); !err.empty()) return err;
   bytes.clear();
   for (const auto& [ns, n] : mib) bytes[ns] = n << 20;
+  return {};
+}
+
+/// --metrics-token-file: the bearer token a scraper must send, the file's first line
+/// (surrounding spaces dropped); the error's text, or empty.
+std::string read_token(const std::string& path, std::string& token) {
+  std::ifstream f(path);
+  std::string line;
+  if (!f || !std::getline(f, line)) return fmt::format("cannot read a token from '{}'", path);
+  const size_t b = line.find_first_not_of(" \t\r"), e = line.find_last_not_of(" \t\r");
+  if (b == std::string::npos) return fmt::format("'{}' holds no token on its first line", path);
+  token = line.substr(b, e - b + 1);
   return {};
 }
 
@@ -122,10 +134,13 @@ int main(int argc, char** argv) {
   app.add_option("--namespace-quotas", quotas_file,
                  "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces (reread "
                  "on SIGHUP)");
-  std::string metrics_address;
+  std::string metrics_address, metrics_token_file;
   app.add_option("--metrics", metrics_address,
                  "host:port to serve the node's counters and each namespace's stored bytes and quota at GET "
-                 "/metrics (Prometheus text; plain HTTP, no login: loopback or a management network; port 0: any)");
+                 "/metrics (Prometheus text; plain HTTP: loopback or a management network; port 0: any)");
+  app.add_option("--metrics-token-file", metrics_token_file,
+                 "file whose first line is the bearer token /metrics asks for (Authorization: Bearer <token>; "
+                 "reread on SIGHUP); without it, no login");
   uint64_t reencrypt_mb = cfg.reencrypt_bytes_per_second >> 20;
   bool reencrypt_only = false;
   app.add_option("--at-rest-key-file", cfg.at_rest.key_file,
@@ -194,23 +209,38 @@ int main(int argc, char** argv) {
              1;
     fmt::print(stderr, "kvstream-server: warning: serving {} in clear text (--clear-text)\n", cfg.address);
   }
+  // Before anything is served: a SIGHUP that came between the first answers and the
+  // handler ended the process (the default action), as a scraper or a client that saw
+  // the node up may already send it.
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGHUP, on_hangup);
   auto server = kvstream::storage::Server::start(cfg);
   if (!server.ok()) return fmt::print(stderr, "kvstream-server: {}\n", server.status().to_string()), 1;
   fmt::print("listening on {}\n", (*server)->address());
   // Stopped before the node it reads (declared after it).
   std::unique_ptr<kvstream::storage::MetricsListener> metrics;
+  if (!metrics_token_file.empty() && metrics_address.empty())
+    return fmt::print(stderr, "kvstream-server: --metrics-token-file needs --metrics\n"), 1;
   if (!metrics_address.empty()) {
-    auto m = kvstream::storage::MetricsListener::start(metrics_address, [node = server->get()] {
-      return kvstream::storage::metrics_text(node->counters(), node->namespace_usage());
-    });
+    std::string token;
+    if (!metrics_token_file.empty())
+      if (auto err = read_token(metrics_token_file, token); !err.empty())
+        return fmt::print(stderr, "kvstream-server: --metrics-token-file: {}\n", err), 1;
+    if (token.empty() && !kvstream::transport::is_loopback_address(metrics_address))
+      fmt::print(stderr,
+                 "kvstream-server: warning: /metrics on {} answers anyone who reaches it (tenant names and usage); "
+                 "give --metrics-token-file\n",
+                 metrics_address);
+    auto m = kvstream::storage::MetricsListener::start(
+        metrics_address,
+        [node = server->get()] { return kvstream::storage::metrics_text(node->counters(), node->namespace_usage()); },
+        std::move(token));
     if (!m.ok()) return fmt::print(stderr, "kvstream-server: --metrics: {}\n", m.status().to_string()), 1;
     metrics = std::move(m).value();
     fmt::print("metrics on http://{}/metrics\n", metrics->address());
   }
   std::fflush(stdout);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGHUP, on_hangup);
   while (!g_stop) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (g_reload_keys) {
@@ -224,6 +254,13 @@ int main(int argc, char** argv) {
           fmt::print(stderr, "kvstream-server: SIGHUP: keeping the quotas in use: {}\n", err);
         else
           (*server)->set_namespace_quotas(cfg.default_namespace_quota_bytes, std::move(quotas));
+      }
+      if (metrics && !metrics_token_file.empty()) {
+        std::string token;
+        if (auto err = read_token(metrics_token_file, token); !err.empty())
+          fmt::print(stderr, "kvstream-server: SIGHUP: keeping the metrics token in use: {}\n", err);
+        else
+          metrics->set_bearer_token(std::move(token));
       }
     }
   }

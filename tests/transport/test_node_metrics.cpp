@@ -136,6 +136,63 @@ TEST_F(NodeMetrics, TheEndpointAnswersScrapersAndOutlastsBadPeers) {
   EXPECT_GE((*m)->refused(), 6u);
 }
 
+// With a bearer token the tenants' names and usage go only to a scraper that sends
+// it: anything else (no header, another scheme, a wrong, short or long token) is
+// answered 401 without making the text, and a new token replaces the old one at once.
+TEST_F(NodeMetrics, ABearerTokenKeepsTheTenantsFromWhoeverReachesThePort) {
+  std::atomic<int> calls{0};
+  auto m = MetricsListener::start(
+      "127.0.0.1:0", [&] { return "kvstream_node_up " + std::to_string(++calls) + "\n"; }, "s3cret-token");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::string addr = (*m)->address();
+  auto scrape = [&](const std::string& headers) {
+    return http_exchange(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n");
+  };
+  const std::string refused = scrape("");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 401 Unauthorized\r\n", 0), 0u) << refused;
+  EXPECT_NE(refused.find("WWW-Authenticate: Bearer"), std::string::npos) << refused;
+  for (const char* wrong : {"Authorization: Bearer s3cret-toke\r\n", "Authorization: Bearer s3cret-tokenx\r\n",
+                            "Authorization: Bearer S3CRET-TOKEN\r\n", "Authorization: Basic s3cret-token\r\n",
+                            "Authorization: s3cret-token\r\n", "X-Authorization: Bearer s3cret-token\r\n"})
+    EXPECT_EQ(scrape(wrong).rfind("HTTP/1.1 401", 0), 0u) << wrong;
+  EXPECT_EQ(calls, 0) << "the text was made for a request without the token";
+  std::string got = scrape("Authorization: Bearer s3cret-token\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("\r\n\r\nkvstream_node_up 1\n"), std::string::npos) << got;
+  got = scrape("authorization:   bearer s3cret-token  \r\n");  // header names and the scheme in any case
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  (*m)->set_bearer_token("rotated");
+  EXPECT_EQ(scrape("Authorization: Bearer s3cret-token\r\n").rfind("HTTP/1.1 401", 0), 0u);
+  EXPECT_EQ(scrape("Authorization: Bearer rotated\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ((*m)->served(), 3u);
+  EXPECT_EQ(calls, 3);
+}
+
+// kvstream-server --metrics-token-file: the token is the file's first line, and SIGHUP
+// rereads it (a rotation).
+TEST_F(NodeMetrics, KvstreamServerAsksForTheTokenOfItsFileAndRereadsItOnSighup) {
+  const auto secrets = tmp_.path() / "secrets.json", token = tmp_.path() / "metrics.token";
+  std::ofstream(secrets) << R"({"tenant-a": ")" << kSecretA << R"("})";
+  std::ofstream(token) << "  first-token \n";
+  const std::string metrics = "127.0.0.1:" + std::to_string(test_util::free_port());
+  kvstream::testing::NodeProcess node;
+  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN,
+                         {"--dir", (tmp_.path() / "store").string(), "--secrets", secrets.string(), "--listen",
+                          "127.0.0.1:0", "--metrics", metrics, "--metrics-token-file", token.string()},
+                         "warn"));
+  auto status_of = [&](const std::string& t) {
+    const std::string got = http_exchange(
+        metrics, "GET /metrics HTTP/1.1\r\n" + (t.empty() ? "" : "Authorization: Bearer " + t + "\r\n") + "\r\n");
+    return got.substr(0, std::min<size_t>(got.size(), 12));
+  };
+  EXPECT_EQ(status_of(""), "HTTP/1.1 401");
+  EXPECT_EQ(status_of("first-token"), "HTTP/1.1 200");
+  std::ofstream(token, std::ios::trunc) << "second-token\n";
+  ASSERT_EQ(::kill(node.pid(), SIGHUP), 0);
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return status_of("second-token") == "HTTP/1.1 200"; }));
+  EXPECT_EQ(status_of("first-token"), "HTTP/1.1 401");
+}
+
 // kvstream-server --metrics: a scrape shows the tenant's quota from --namespace-quotas,
 // and the raised one after SIGHUP.
 TEST_F(NodeMetrics, KvstreamServerServesThemAndTheyFollowSighup) {
