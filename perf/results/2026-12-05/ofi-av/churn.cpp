@@ -1,5 +1,5 @@
-// churn: what a libfabric listener keeps for clients that came and went. A child
-// process listens (tcp;ofi_rxm or shm) and serves each connection one message back;
+// churn: what a listener keeps for clients that came and went. A child process
+// listens (libfabric's tcp;ofi_rxm or shm, or the "tcp" or "ucx" backend) and serves each connection one message back;
 // the parent connects CLIENTS times, each time from a new backend (so a new client
 // endpoint and address, as a new client process has), sends one message, waits for
 // the answer and closes. At checkpoints the child reports its resident memory and,
@@ -45,8 +45,14 @@ long rss_kib() {
   return v;
 }
 
+// "tcp" and "ucx" name those backends; anything else is a libfabric provider.
 BackendConfig config(const char* provider) {
   BackendConfig cfg;
+  const std::string p = provider;
+  if (p == "tcp" || p == "ucx") {
+    cfg.name = p;
+    return cfg;
+  }
   cfg.name = "libfabric";
   cfg.libfabric.provider = provider;
   return cfg;
@@ -72,7 +78,7 @@ BackendConfig config(const char* provider) {
       std::this_thread::sleep_for(200ms);  // the progress thread removes what the closed connection left
       long entries = -1;
 #if HAVE_PEER_COUNT
-      entries = long(ofi::peers_in_address_vector(**l).value_or(0));
+      entries = long(ofi::peers_in_address_vector(**l).value_or(-1));
 #endif
       const std::string line = std::to_string(rss_kib()) + " " + std::to_string(entries) + "\n";
       (void)!::write(out_fd, line.data(), line.size());
