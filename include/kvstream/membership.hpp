@@ -55,6 +55,12 @@ struct RebalanceConfig {
   uint64_t bytes_per_second = uint64_t(64) << 20;
   /// Changes that arrive within this of each other are rebalanced as one.
   std::chrono::milliseconds settle{300};
+  /// After a pass that left objects uncopied (an owner unreachable or out of space),
+  /// the next pass waits retry_first, and each further one twice as long, up to
+  /// retry_max; a new membership change starts one at once. A retry pass sends only
+  /// the objects no earlier pass for the same change delivered.
+  std::chrono::milliseconds retry_first{1000};
+  std::chrono::milliseconds retry_max{60000};
 };
 
 /// What a node reports about its last rebalance (the copy of chunks to their new owners
@@ -66,7 +72,7 @@ struct MigrationReport {
   uint64_t objects_copied = 0;       ///< objects (levels of chunks) this node sent to new owners
   uint64_t bytes_copied = 0;
   uint64_t objects_present = 0;      ///< sent, but the owner already held that write (or a newer one)
-  uint64_t objects_failed = 0;       ///< not copied (owner unreachable); retried at the next pass
+  uint64_t objects_failed = 0;       ///< not copied (owner unreachable or out of space); retried at the next pass
   double seconds = 0;                ///< from the membership change to done (or to now)
 };
 

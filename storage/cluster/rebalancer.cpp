@@ -5,6 +5,7 @@
 #include <set>
 
 #include <fmt/ranges.h>
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include "core/log.hpp"
@@ -22,6 +23,17 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+/// One object's delivery to one owner, as a 64-bit hash (xxh3 of the fields, each
+/// followed by a 0 byte so that no two field lists read alike).
+uint64_t delivery_id(const std::string& ns, const std::string& ctx, uint32_t chunk, uint32_t level,
+                     const std::string& node) {
+  std::string k;
+  k.reserve(ns.size() + ctx.size() + node.size() + 16);
+  for (const std::string* f : {&ns, &ctx, &node}) k.append(*f).push_back('\0');
+  k.append(reinterpret_cast<const char*>(&chunk), sizeof chunk).append(reinterpret_cast<const char*>(&level), sizeof level);
+  return XXH3_64bits(k.data(), k.size());
+}
+
 HashRing ring_of(const std::vector<std::string>& members, uint32_t vnodes) {
   HashRing ring(vnodes);
   for (const auto& a : members) (void)ring.add(a);
@@ -35,6 +47,10 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
                                                       std::map<std::string, std::string> secrets,
                                                       transport::BackendConfig backend) {
   if (config.replication == 0) return make_status(StatusCode::invalid_argument, "rebalance: replication must be >= 1");
+  if (config.retry_first.count() <= 0 || config.retry_max < config.retry_first)
+    return make_status(StatusCode::invalid_argument,
+                       "rebalance: retry_first ({} ms) must be positive and retry_max ({} ms) no shorter",
+                       config.retry_first.count(), config.retry_max.count());
   if (self.empty() || self.rfind("0.0.0.0:", 0) == 0 || self.rfind("[::]:", 0) == 0)
     return make_status(StatusCode::invalid_argument,
                        "rebalance: the node listens on '{}', which other nodes cannot reach: set "
@@ -97,11 +113,20 @@ void Rebalancer::run() {
   report(settled, true, {}, 0);
   lock.lock();
   bool retry = false;  // the last pass left objects uncopied
+  // Passes that keep failing (an owner out of space until its quota is raised, a node
+  // down) read and offer every object they must send: once a second that was a
+  // node's disk and the new owner's network, for as long as it lasted. They back off
+  // instead, and a new change wakes them.
+  auto retry_delay = cfg_.retry_first;
+  uint64_t tried_generation = settled_generation;
   while (!stopping_) {
-    if (retry)
-      cv_.wait_for(lock, 1s, [&] { return stopping_; });
-    else
+    if (retry) {
+      cv_.wait_for(lock, retry_delay, [&] { return stopping_ || generation_ != tried_generation; });
+      retry_delay = generation_ != tried_generation ? cfg_.retry_first : std::min(retry_delay * 2, cfg_.retry_max);
+    } else {
+      retry_delay = cfg_.retry_first;
       cv_.wait(lock, [&] { return stopping_ || generation_ != settled_generation; });
+    }
     if (stopping_) break;
     // Changes that come together (several nodes starting, a node replaced) make one pass.
     cv_.wait_for(lock, cfg_.settle, [&] { return stopping_; });
@@ -121,13 +146,15 @@ void Rebalancer::run() {
       continue;
     }
     retry = tally.objects_failed > 0;
+    tried_generation = gen;
     if (!retry) settled = target, settled_generation = gen;
     lock.unlock();
     report(target, !retry, tally, secs);
     KVS_LOG_INFO("rebalance of node {} for {} members {} in {:.2f} s: {} objects ({} bytes) copied, {} already "
                  "there, {} failed{}",
                  self_, target.size(), retry ? "incomplete" : "done", secs, tally.objects_copied, tally.bytes_copied,
-                 tally.objects_present, tally.objects_failed, retry ? "; retrying" : "");
+                 tally.objects_present, tally.objects_failed,
+                 retry ? fmt::format("; retrying in {} s", std::chrono::duration<double>(retry_delay).count()) : "");
     lock.lock();
   }
 }
@@ -146,6 +173,7 @@ bool Rebalancer::pace(uint64_t bytes, uint64_t gen) {
 bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector<std::string>& target, Tally& tally,
                       uint64_t gen) {
   const HashRing before = ring_of(settled, cfg_.virtual_nodes), after = ring_of(target, cfg_.virtual_nodes);
+  if (gen != delivered_gen_) delivered_.clear(), delivered_gen_ = gen;
   const std::set<std::string> members(target.begin(), target.end());
   // Connections to the new owners, per tenant; a node that does not answer is not
   // asked again in this pass (its objects count as failed and the pass is retried).
@@ -195,22 +223,29 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
           if (n != self_ && std::find(old_owners.begin(), old_owners.end(), n) == old_owners.end()) to.push_back(n);
         for (uint32_t level = 0; level < cs.level_bytes.size() && !to.empty(); ++level) {
           if (cs.level_bytes[level] == 0) continue;
+          // The owners an earlier pass for this change did not deliver to.
+          std::vector<std::pair<std::string, uint64_t>> due;
+          for (const auto& node : to) {
+            const uint64_t id = delivery_id(ns, ctx, cs.chunk, level, node);
+            if (!delivered_.contains(id)) due.emplace_back(node, id);
+          }
+          if (due.empty()) continue;
           // The copy is held in memory under the node's budget, beside the requests it
           // serves; without room now it waits for the next pass.
           auto held = budget_.acquire(cs.level_bytes[level]);
           if (!held.ok()) {
-            tally.objects_failed += to.size();
+            tally.objects_failed += due.size();
             continue;
           }
           auto obj = store_.read_stored({ns, ctx, cs.chunk, level});
           if (!obj.ok()) {
-            if (obj.status().code() != StatusCode::not_found) tally.objects_failed += to.size();
+            if (obj.status().code() != StatusCode::not_found) tally.objects_failed += due.size();
             continue;
           }
           // An object stored without a version (an old format) goes as the oldest
           // write, so any write the owner has wins over it.
           const uint64_t version = std::max<uint64_t>(obj->version, 1);
-          for (const auto& node : to) {
+          for (const auto& [node, id] : due) {
             storage::Client* c = client_for(ns, node);
             const Status s = c ? c->put_parts(ctx, cs.chunk, level, obj->bytes, obj->parts, version,
                                               Clock::now() + 30s, stop_)
@@ -218,8 +253,10 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
             if (s.ok()) {
               ++tally.objects_copied;
               tally.bytes_copied += obj->bytes.size();
+              delivered_.insert(id);
             } else if (s.code() == StatusCode::already_exists) {
               ++tally.objects_present;
+              delivered_.insert(id);
             } else {
               ++tally.objects_failed;
               if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out)

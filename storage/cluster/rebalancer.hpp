@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "kvstream/membership.hpp"
@@ -71,6 +72,11 @@ class Rebalancer {
   // The rate bound's account of the current pass.
   transport::Clock::time_point pace_start_{};
   uint64_t paced_bytes_ = 0;
+  // The worker's alone: what the passes for change delivered_gen_ delivered (a hash
+  // of namespace, context, chunk, level and owner: copied, or found there), so that a
+  // retry pass sends only what is still missing.
+  uint64_t delivered_gen_ = 0;
+  std::unordered_set<uint64_t> delivered_;
 
   std::unique_ptr<NodeRegistration> registration_;
   std::unique_ptr<MembershipWatch> watch_;

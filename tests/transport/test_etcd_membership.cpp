@@ -5,9 +5,11 @@
 // reported (perf/etcd-rebalance.sh measures it over many joins).
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -53,21 +55,28 @@ class EtcdCluster {
 
   EtcdServer etcd{"kvs-etcd"};
 
-  // Starts a node (its copy rate bound in MiB/s, 0: none); its address, "" on failure.
-  std::string start_node(uint64_t rate_mb = 0) {
+  // Starts a node (its copy rate bound in MiB/s, 0: none; `extra` flags after the
+  // others); its address, "" on failure.
+  std::string start_node(uint64_t rate_mb = 0, const std::vector<std::string>& extra = {}) {
     auto p = std::make_unique<kvstream::testing::NodeProcess>();
     const std::string store = (dir_ / fmt::format("n{}", nodes_.size())).string();
-    const bool ok = p->start(KVSTREAM_SERVER_BIN,
-                             {"--listen", "127.0.0.1:0", "--dir", store, "--secrets", (dir_ / "secrets.json").string(),
-                              "--etcd", etcd.url(), "--etcd-prefix", "/kvs-test/", "--replication",
-                              std::to_string(kReplication), "--lease-ttl-s", "2", "--rebalance-mb-per-s",
-                              std::to_string(rate_mb)},
-                             "warn");
-    if (!ok) return {};
+    std::vector<std::string> args = {"--listen", "127.0.0.1:0", "--dir", store, "--secrets",
+                                     (dir_ / "secrets.json").string(), "--etcd", etcd.url(), "--etcd-prefix",
+                                     "/kvs-test/", "--replication", std::to_string(kReplication), "--lease-ttl-s", "2",
+                                     "--rebalance-mb-per-s", std::to_string(rate_mb)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
     const std::string a = p->address();
     nodes_.push_back(std::move(p));
     return a;
   }
+  // The pid of the node at `address` (0 if none).
+  pid_t pid_of(const std::string& address) const {
+    for (const auto& n : nodes_)
+      if (n->address() == address) return n->pid();
+    return 0;
+  }
+  const fs::path& dir() const { return dir_.path(); }
   void kill(const std::string& address) {
     for (auto& n : nodes_)
       if (n->address() == address) n->kill();
@@ -305,6 +314,55 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks));
   ::testing::Test::RecordProperty("crash_back_to_r_seconds", fmt::format("{:.2f}", secs));
   std::printf("crash: every chunk back to %u replicas %.2f s after the kill (lease TTL 2 s)\n", kReplication, secs);
+}
+
+// A new owner out of space (its tenant's quota) refuses part of a rebalance. The
+// passes after it used to offer every object again (the ones already delivered came
+// back "present"), once a second for as long as the quota lasted; now they back off
+// and send only what is missing: after the quota is raised, the pass that finishes
+// copies the refused objects alone.
+TEST_F(EtcdMembership, ARetryPassSendsOnlyWhatTheOwnerRefused) {
+  constexpr uint32_t kChunks = 48;
+  constexpr size_t kBytes = 64 * 1024;  // 3 MiB in all; the new owner may keep 1 MiB
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const std::string a = cl.start_node();
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), {a}, deadline_in(30000ms)).empty());
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  for (uint32_t c = 0; c < kChunks; ++c)
+    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+  // With two members and R = 2 the joining node owns every chunk.
+  const fs::path quotas = cl.dir() / "quotas.json";
+  std::ofstream(quotas) << fmt::format("{{\"{}\": 1}}", kNs);
+  const std::string b = cl.start_node(0, {"--namespace-quotas", quotas.string()});
+  ASSERT_FALSE(b.empty());
+  // The first pass ends short: some objects refused for space.
+  std::optional<cluster::MigrationReport> first;
+  for (const auto until = Clock::now() + 30s; !first && Clock::now() < until; std::this_thread::sleep_for(50ms)) {
+    auto reports = cluster::migration_reports(cl.etcd.config(), deadline_in(2000ms));
+    if (!reports.ok()) continue;
+    for (const auto& r : *reports)
+      if (r.node == a && r.members.size() == 2 && !r.done && r.objects_failed > 0) first = r;
+  }
+  ASSERT_TRUE(first) << "no pass was refused for space";
+  EXPECT_GT(first->objects_copied, 0u);
+  EXPECT_EQ(first->objects_copied + first->objects_failed, kChunks);
+  const size_t held = holdings(b).size();
+  EXPECT_LT(held, kChunks);
+  // Room for all of it: the next pass copies the rest, and nothing it delivered before.
+  std::ofstream(quotas, std::ios::trunc) << fmt::format("{{\"{}\": 100}}", kNs);
+  ASSERT_EQ(::kill(cl.pid_of(b), SIGHUP), 0);
+  const auto reports = wait_settled(cl.etcd.config(), {a, b}, deadline_in(90000ms));
+  ASSERT_FALSE(reports.empty()) << "the rebalance did not finish after the quota was raised";
+  for (const auto& r : reports) {
+    if (r.node != a) continue;
+    EXPECT_EQ(r.objects_failed, 0u);
+    EXPECT_EQ(r.objects_present, 0u) << "a retry pass offered objects an earlier pass had delivered";
+    EXPECT_EQ(r.objects_copied, kChunks - held);
+  }
+  EXPECT_EQ(holdings(b).size(), kChunks);
 }
 
 TEST(EtcdClient, RejectsBadConfigAndReportsADeadEndpoint) {
