@@ -89,6 +89,13 @@ Result<KvView> to_view(const kvs_kv* kv, const KvGeometry& g) {
 
 std::span<const Token> token_span(const int32_t* tokens, size_t n) { return {tokens, tokens ? n : 0}; }
 
+/// The put behind kvs_put and kvs_put_ex.
+Result<PutReport> put_of(kvs_store* store, const int32_t* tokens, size_t n, const kvs_kv* kv, int64_t timeout_ms) {
+  if (!store || (!tokens && n)) return make_status(StatusCode::invalid_argument, "null argument");
+  KVS_ASSIGN_OR_RETURN(KvView view, to_view(kv, store->store.geometry()));
+  return store->store.put(token_span(tokens, n), view, deadline_after(timeout_ms));
+}
+
 }  // namespace
 
 extern "C" {
@@ -173,10 +180,17 @@ kvs_status kvs_store_geometry(const kvs_store* store, kvs_geometry* out) {
 kvs_status kvs_put(kvs_store* store, const int32_t* tokens, size_t n, const kvs_kv* kv, int64_t timeout_ms,
                    kvs_put_report* report) {
   return guarded("kvs_put", [&]() -> Status {
-    if (!store || (!tokens && n)) return make_status(StatusCode::invalid_argument, "null argument");
-    KVS_ASSIGN_OR_RETURN(KvView view, to_view(kv, store->store.geometry()));
-    KVS_ASSIGN_OR_RETURN(PutReport r, store->store.put(token_span(tokens, n), view, deadline_after(timeout_ms)));
+    KVS_ASSIGN_OR_RETURN(PutReport r, put_of(store, tokens, n, kv, timeout_ms));
     if (report) *report = {r.chunks, r.already_stored, r.bytes, r.tokens};
+    return {};
+  });
+}
+
+kvs_status kvs_put_ex(kvs_store* store, const int32_t* tokens, size_t n, const kvs_kv* kv, int64_t timeout_ms,
+                      kvs_put_report_ex* report) {
+  return guarded("kvs_put_ex", [&]() -> Status {
+    KVS_ASSIGN_OR_RETURN(PutReport r, put_of(store, tokens, n, kv, timeout_ms));
+    if (report) *report = {{r.chunks, r.already_stored, r.bytes, r.tokens}, r.evicted_chunks, r.evicted_bytes};
     return {};
   });
 }

@@ -58,7 +58,9 @@ static int start_server(const char* bin, const char* dir, char* address, size_t 
     dup2(out[1], 1);
     close(out[0]);
     close(out[1]);
-    execl(bin, bin, "--listen", "127.0.0.1:0", "--dir", store, "--secrets", secrets, (char*)NULL);
+    /* 1 MiB for the tenant: the store opened with eviction.when_full below fills it. */
+    execl(bin, bin, "--listen", "127.0.0.1:0", "--dir", store, "--secrets", secrets, "--namespace-quota-mb", "1",
+          (char*)NULL);
     _exit(127);
   }
   close(out[1]);
@@ -264,6 +266,29 @@ int main(int argc, char** argv) {
   CHECK(ev.chunks_removed == 3 && ev.bytes_kept == 0);
   CHECK_OK(kvs_lookup(store, tokens, T, 5000, &found));
   CHECK(found == 0);
+
+  /* A store that makes room: new prompts until the tenant's 1 MiB is full and a put
+   * removes older chunks to fit; kvs_put_ex reports them. Without when_full that put
+   * is refused with KVS_NO_SPACE. */
+  kvs_store_close(store);
+  store = NULL;
+  CHECK_OK(kvs_config_set(cfg, "eviction.when_full", "true"));
+  CHECK_OK(kvs_store_open(cfg, &store));
+  kvs_put_report_ex px;
+  memset(&px, 0, sizeof px);
+  int puts = 0;
+  for (; store && puts < 2000 && px.evicted_chunks == 0; ++puts) {
+    for (int t = 0; t < T; ++t) tokens[t] = 1 + (t * 37 + puts * 11 + 1) % 500;
+    tokens[0] = 1000 + puts; /* every prompt differs from its first chunk on */
+    CHECK_OK(kvs_put_ex(store, tokens, T, &src, 30000, &px));
+  }
+  CHECK(px.evicted_chunks > 0 && px.evicted_bytes > 0);
+  CHECK(px.put.chunks == 3 && px.put.already_stored == 0);
+  CHECK_OK(kvs_lookup(store, tokens, T, 5000, &found));
+  CHECK(found == 192); /* the prompt that made room is whole */
+  CHECK(kvs_put_ex(NULL, tokens, T, &src, 5000, &px) == KVS_INVALID_ARGUMENT);
+  printf("put %d found the tenant full and removed %u chunks (%llu bytes)\n", puts, px.evicted_chunks,
+         (unsigned long long)px.evicted_bytes);
 
   kvs_store_close(store);
   kvs_config_free(cfg);

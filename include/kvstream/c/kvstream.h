@@ -80,6 +80,15 @@ typedef struct kvs_put_report {
   uint64_t bytes, tokens;
 } kvs_put_report;
 
+/* kvs_put_report and what the put removed to make room (eviction.when_full); a
+ * struct of its own so that kvs_put_report keeps its layout for programs built
+ * against it. */
+typedef struct kvs_put_report_ex {
+  kvs_put_report put;
+  uint32_t evicted_chunks;
+  uint64_t evicted_bytes;
+} kvs_put_report_ex;
+
 typedef struct kvs_evict_report {
   uint32_t chunks_removed;
   uint64_t bytes_removed, bytes_kept;
@@ -126,6 +135,9 @@ kvs_status kvs_store_geometry(const kvs_store* store, kvs_geometry* out);
  * already stored). `report` may be NULL. */
 kvs_status kvs_put(kvs_store* store, const int32_t* tokens, size_t n, const kvs_kv* kv, int64_t timeout_ms,
                    kvs_put_report* report);
+/* kvs_put, reporting also what eviction.when_full removed. `report` may be NULL. */
+kvs_status kvs_put_ex(kvs_store* store, const int32_t* tokens, size_t n, const kvs_kv* kv, int64_t timeout_ms,
+                      kvs_put_report_ex* report);
 /* How many leading tokens are stored (whole chunks). */
 kvs_status kvs_lookup(kvs_store* store, const int32_t* tokens, size_t n, int64_t timeout_ms, uint64_t* out_tokens);
 /* Starts fetching the stored prefix of tokens into dest. level < 0: each chunk's
