@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -164,6 +165,9 @@ class Server {
     uint64_t budget_limit_bytes = 0;
     uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start
     uint64_t objects_under_old_keys = 0;  ///< stored under another key, or in clear with a key file, now
+    /// Peers the transport keeps state for apart from their connections
+    /// (transport::Listener::peer_entries: libfabric's address vector); none for tcp, UCX.
+    std::optional<uint64_t> transport_peer_entries;
   };
   [[nodiscard]] virtual Counters counters() const = 0;
   /// What one namespace (tenant) keeps on this node.

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -190,6 +191,10 @@ class Listener {
   virtual Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) = 0;
   /// The address peers connect to (with the port actually bound).
   [[nodiscard]] virtual std::string address() const = 0;
+  /// Entries the listener keeps for peers apart from their connections: libfabric's
+  /// address vector (after removing the entries nothing uses, so: the peers it
+  /// serves); nullopt where a peer's state is its connection alone (tcp, UCX).
+  [[nodiscard]] virtual std::optional<uint64_t> peer_entries() const { return std::nullopt; }
 };
 
 /// A transport backend: creates listeners and connections, registers memory.

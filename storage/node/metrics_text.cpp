@@ -47,10 +47,17 @@ std::string metrics_text(const Server::Counters& c, const std::vector<Server::Na
        c.objects_under_old_keys},
   };
   std::string out;
-  for (const Metric& m : table)
+  auto write = [&](const Metric& m) {
     fmt::format_to(std::back_inserter(out),
                    "# HELP kvstream_node_{0} {1}\n# TYPE kvstream_node_{0} {2}\nkvstream_node_{0} {3}\n", m.name,
                    m.help, m.counter ? "counter" : "gauge", m.value);
+  };
+  for (const Metric& m : table) write(m);
+  // Only where the transport keeps per-peer state (libfabric): a node that served
+  // many short-lived clients shows here whether it still holds them.
+  if (c.transport_peer_entries)
+    write({"transport_peer_entries", false, "Peers the transport keeps state for apart from their connections.",
+           *c.transport_peer_entries});
   // Per namespace: one family each, a sample per namespace.
   const struct {
     const char* name;

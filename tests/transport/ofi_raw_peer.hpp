@@ -13,7 +13,6 @@
 
 #include "transport/common/address.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
-#include "transport/ofi/ofi_listener.hpp"
 
 namespace kvstream::transport::test_util {
 
@@ -66,8 +65,8 @@ class AcceptingListener {
   [[nodiscard]] std::string address() const { return listener_->address(); }
   /// Connections accepted so far.
   [[nodiscard]] int accepted() const { return accepted_.load(); }
-  /// Peers in the listener's address vector (ofi::peers_in_address_vector).
-  [[nodiscard]] size_t peers() const { return ofi::peers_in_address_vector(*listener_).value_or(0); }
+  /// Peers in the listener's address vector (Listener::peer_entries).
+  [[nodiscard]] size_t peers() const { return listener_->peer_entries().value_or(0); }
   /// A new raw peer that said hello; it lives as long as this.
   Result<RawOfiPeer*> raw_peer() {
     KVS_ASSIGN_OR_RETURN(auto p, raw_ofi_peer(config_.libfabric, address()));

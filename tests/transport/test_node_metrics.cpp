@@ -88,6 +88,7 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})"), 10000);
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-b"})"), 0) << "served, empty";
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-b"})"), 0);
+  EXPECT_EQ(text.find("transport_peer_entries"), std::string::npos) << "a tcp node keeps no per-peer state";
   // Every sample line is "name{labels} value" or "name value", and every name is typed.
   const std::regex line(R"(^(kvstream_node_[a-z_]+)(\{namespace="[^"\\\n]*"\})? [0-9]+$)");
   std::istringstream in(text);
@@ -100,6 +101,23 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   // A label value is escaped whatever it holds.
   const std::string odd = metrics_text({}, {{"a\"b\\c\nd", 1, 0}});
   EXPECT_NE(odd.find(R"({namespace="a\"b\\c\nd"} 1)"), std::string::npos) << odd;
+}
+
+// Over libfabric a node keeps an entry per client endpoint in its address vector
+// while the client is connected, and none after it left: the gauge shows both.
+TEST_F(NodeMetrics, ALibfabricNodeShowsThePeersItKeeps) {
+  if (!test_util::backend_built("libfabric")) GTEST_SKIP() << "libfabric backend not built";
+  auto server = Server::start(node_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}}, "libfabric"));
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto peers = [&] { return sample("\n" + metrics_text((*server)->counters(), {}), "kvstream_node_transport_peer_entries"); };
+  EXPECT_EQ(peers(), 0);
+  {
+    auto a = node_util::connect_client((*server)->address(), "tenant-a", kSecretA, "libfabric");
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    ASSERT_TRUE((*a)->put("ctx", 0, 0, pattern(1000, 1), deadline_in(10s)).ok());
+    EXPECT_EQ(peers(), 1);
+  }
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return peers() == 0; })) << peers();
 }
 
 // The listener answers GET /metrics, 404 and 405 otherwise, drops a request too long

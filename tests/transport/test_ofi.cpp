@@ -17,7 +17,6 @@
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
 #include "tests/transport/ofi_raw_peer.hpp"
-#include "transport/ofi/ofi_listener.hpp"
 #endif
 
 namespace kvstream::test_ofi {
@@ -609,7 +608,7 @@ TEST_P(LibfabricProvider, APeersAddressLeavesTheListenersVectorWithItsLastConnec
   ASSERT_TRUE(sb.ok() && cb.ok());
   auto l = (*sb)->listen("127.0.0.1:0");
   ASSERT_TRUE(l.ok()) << l.status().to_string();
-  auto peers = [&] { return ofi::peers_in_address_vector(**l).value(); };
+  auto peers = [&] { return (*l)->peer_entries().value(); };
   EXPECT_EQ(peers(), 0u);
   auto connect = [&](std::unique_ptr<Connection>& client, std::unique_ptr<Connection>& server) {
     auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
@@ -711,7 +710,7 @@ TEST(libfabric, AnShmNodeServesMoreClientsOverItsLifeThanItsVectorHolds) {
     ASSERT_NO_FATAL_FAILURE(one_message(**c, **s, uint8_t(i)));
     c->reset(), s->reset();
   }
-  EXPECT_TRUE(eventually([&] { return ofi::peers_in_address_vector(**l).value() == 0; }));
+  EXPECT_TRUE(eventually([&] { return (*l)->peer_entries().value() == 0; }));
 }
 
 TEST_P(LibfabricProvider, AConnectionTakesNoMessageUnderItsIdFromAnotherPeer) {

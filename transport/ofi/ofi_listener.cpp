@@ -87,7 +87,7 @@ class OfiListener final : public Listener {
 
   std::string address() const override { return address_; }
 
-  size_t peer_count() { return ep_->peer_count(); }
+  std::optional<uint64_t> peer_entries() const override { return ep_->peer_count(); }
 
  private:
   static constexpr size_t kHelloPool = 8;  // hello receives kept posted
@@ -184,12 +184,6 @@ Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, c
   KVS_RETURN_IF_ERROR(l->start());
   KVS_LOG_DEBUG("libfabric: listening on {} ({})", l->address(), core->provider);
   return std::unique_ptr<Listener>(std::move(l));
-}
-
-std::optional<size_t> peers_in_address_vector(Listener& listener) {
-  auto* l = dynamic_cast<OfiListener*>(&listener);
-  if (!l) return std::nullopt;
-  return l->peer_count();
 }
 
 }  // namespace kvstream::transport::ofi
