@@ -9,19 +9,13 @@
 #include <set>
 #include <sstream>
 
+#include "core/text.hpp"
 #include "kvstream/cluster.hpp"
 #include "kvstream/storage.hpp"
 
 namespace kvstream::cluster {
 
 namespace {
-
-std::string_view trim(std::string_view s) {
-  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
-  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
-  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
-  return s;
-}
 
 // "host:port" with a non-empty host of [A-Za-z0-9.-] (a name or IPv4) or a bracketed
 // IPv6 address, and a port 1..65535.

@@ -17,6 +17,7 @@
 
 #include "kvstream/storage.hpp"
 #include "kvstream/store_config.hpp"
+#include "core/text.hpp"
 #include "storage/node/metrics_listener.hpp"
 #include "storage/node/metrics_text.hpp"
 
@@ -58,9 +59,9 @@ std::string read_token(const std::string& path, std::string& token) {
   std::ifstream f(path);
   std::string line;
   if (!f || !std::getline(f, line)) return fmt::format("cannot read a token from '{}'", path);
-  const size_t b = line.find_first_not_of(" \t\r"), e = line.find_last_not_of(" \t\r");
-  if (b == std::string::npos) return fmt::format("'{}' holds no token on its first line", path);
-  token = line.substr(b, e - b + 1);
+  const std::string_view t = kvstream::trim(line);
+  if (t.empty()) return fmt::format("'{}' holds no token on its first line", path);
+  token = std::string(t);
   return {};
 }
 
@@ -209,6 +210,17 @@ int main(int argc, char** argv) {
              1;
     fmt::print(stderr, "kvstream-server: warning: serving {} in clear text (--clear-text)\n", cfg.address);
   }
+  std::string metrics_token;
+  if (!metrics_token_file.empty() && metrics_address.empty())
+    return fmt::print(stderr, "kvstream-server: --metrics-token-file needs --metrics\n"), 1;
+  if (!metrics_token_file.empty())
+    if (auto err = read_token(metrics_token_file, metrics_token); !err.empty())
+      return fmt::print(stderr, "kvstream-server: --metrics-token-file: {}\n", err), 1;
+  if (!metrics_address.empty() && metrics_token.empty() && !kvstream::transport::is_loopback_address(metrics_address))
+    fmt::print(stderr,
+               "kvstream-server: warning: /metrics on {} answers anyone who reaches it (tenant names and usage); "
+               "give --metrics-token-file\n",
+               metrics_address);
   // Before anything is served: a SIGHUP that came between the first answers and the
   // handler ended the process (the default action), as a scraper or a client that saw
   // the node up may already send it.
@@ -220,22 +232,11 @@ int main(int argc, char** argv) {
   fmt::print("listening on {}\n", (*server)->address());
   // Stopped before the node it reads (declared after it).
   std::unique_ptr<kvstream::storage::MetricsListener> metrics;
-  if (!metrics_token_file.empty() && metrics_address.empty())
-    return fmt::print(stderr, "kvstream-server: --metrics-token-file needs --metrics\n"), 1;
   if (!metrics_address.empty()) {
-    std::string token;
-    if (!metrics_token_file.empty())
-      if (auto err = read_token(metrics_token_file, token); !err.empty())
-        return fmt::print(stderr, "kvstream-server: --metrics-token-file: {}\n", err), 1;
-    if (token.empty() && !kvstream::transport::is_loopback_address(metrics_address))
-      fmt::print(stderr,
-                 "kvstream-server: warning: /metrics on {} answers anyone who reaches it (tenant names and usage); "
-                 "give --metrics-token-file\n",
-                 metrics_address);
     auto m = kvstream::storage::MetricsListener::start(
         metrics_address,
         [node = server->get()] { return kvstream::storage::metrics_text(node->counters(), node->namespace_usage()); },
-        std::move(token));
+        std::move(metrics_token));
     if (!m.ok()) return fmt::print(stderr, "kvstream-server: --metrics: {}\n", m.status().to_string()), 1;
     metrics = std::move(m).value();
     fmt::print("metrics on http://{}/metrics\n", metrics->address());

@@ -17,6 +17,7 @@
 #include "kvstream/membership.hpp"
 #include "kvstream/storage.hpp"
 #include "storage/cluster/etcd_client.hpp"
+#include "tests/support/hang_guard.hpp"
 #include "tests/support/node_process.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/transport/etcd_server.hpp"
@@ -340,13 +341,12 @@ TEST_F(EtcdMembership, ARetryPassSendsOnlyWhatTheOwnerRefused) {
   ASSERT_FALSE(b.empty());
   // The first pass ends short: some objects refused for space.
   std::optional<cluster::MigrationReport> first;
-  for (const auto until = Clock::now() + 30s; !first && Clock::now() < until; std::this_thread::sleep_for(50ms)) {
+  ASSERT_TRUE(kvstream::testing::eventually([&] {
     auto reports = cluster::migration_reports(cl.etcd.config(), deadline_in(2000ms));
-    if (!reports.ok()) continue;
-    for (const auto& r : *reports)
+    for (const auto& r : reports.ok() ? *reports : std::vector<cluster::MigrationReport>{})
       if (r.node == a && r.members.size() == 2 && !r.done && r.objects_failed > 0) first = r;
-  }
-  ASSERT_TRUE(first) << "no pass was refused for space";
+    return first.has_value();
+  })) << "no pass was refused for space";
   EXPECT_GT(first->objects_copied, 0u);
   EXPECT_EQ(first->objects_copied + first->objects_failed, kChunks);
   const size_t held = holdings(b).size();

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvstream/transport.hpp"
+#include "tests/support/hang_guard.hpp"
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
 #include "tests/transport/ofi_raw_peer.hpp"
@@ -45,6 +46,19 @@ using OfiPair = test_util::BackendPair;
 
 Result<OfiPair> make_ofi_pair(const std::string& provider) {
   return test_util::make_backend_pair(ofi_config(provider));
+}
+
+/// A connection from `client` to `listener` (into `c`) and the one the listener
+/// accepted for it (into `s`). Fatal failures end the calling test.
+void connect_through(Listener& listener, Backend& client, std::unique_ptr<Connection>& c,
+                     std::unique_ptr<Connection>& s) {
+  auto acc = std::async(std::launch::async, [&] { return listener.accept(deadline_in(30s), {}); });
+  auto made = client.connect(listener.address(), deadline_in(30s), {});
+  auto accepted = acc.get();
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+  c = std::move(made).value();
+  s = std::move(accepted).value();
 }
 
 /// Messages of every size from 0 bytes to 3 MiB, client to server and back (the body
@@ -128,15 +142,7 @@ TEST_P(LibfabricProvider, TwoConnectionsToOneListenerDoNotMix) {
   auto l = (*sb)->listen("127.0.0.1:0");
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   std::unique_ptr<Connection> clients[2], servers[2];
-  for (int i = 0; i < 2; ++i) {
-    auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(10s), {}); });
-    auto c = (*cb)->connect((*l)->address(), deadline_in(10s), {});
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    auto s = acc.get();
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    clients[i] = std::move(c).value();
-    servers[i] = std::move(s).value();
-  }
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(connect_through(**l, **cb, clients[i], servers[i]));
   const size_t n = 300000;
   std::vector<std::byte> buf(4 * n);
   auto mr = (*cb)->register_memory(buf.data(), 2 * n, MemoryType::host);
@@ -587,15 +593,6 @@ void one_message(Connection& from, Connection& to, uint8_t mark) {
   EXPECT_TRUE(from.wait_sends(*seq, deadline_in(10s), {}).ok());
 }
 
-/// Whether `pred` holds within `limit` (it is asked every millisecond): for counts
-/// that change as the endpoints' progress threads reap the last completions.
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
-  for (const auto until = Clock::now() + limit; !pred(); std::this_thread::sleep_for(1ms))
-    if (Clock::now() >= until) return false;
-  return true;
-}
-
 // Every hello used to insert its sender's address into the listener's address vector
 // for good, and a second connection from one client endpoint inserted it again (a
 // duplicate libfabric leaves undefined): a node kept an entry, and over ofi_rxm a peer
@@ -610,18 +607,9 @@ TEST_P(LibfabricProvider, APeersAddressLeavesTheListenersVectorWithItsLastConnec
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   auto peers = [&] { return (*l)->peer_entries().value(); };
   EXPECT_EQ(peers(), 0u);
-  auto connect = [&](std::unique_ptr<Connection>& client, std::unique_ptr<Connection>& server) {
-    auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
-    auto c = (*cb)->connect((*l)->address(), deadline_in(30s), {});
-    auto s = acc.get();
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    client = std::move(c).value();
-    server = std::move(s).value();
-  };
   std::unique_ptr<Connection> c1, s1, c2, s2;
-  ASSERT_NO_FATAL_FAILURE(connect(c1, s1));
-  ASSERT_NO_FATAL_FAILURE(connect(c2, s2));
+  ASSERT_NO_FATAL_FAILURE(connect_through(**l, **cb, c1, s1));
+  ASSERT_NO_FATAL_FAILURE(connect_through(**l, **cb, c2, s2));
   ASSERT_NO_FATAL_FAILURE(one_message(*c1, *s1, 1));
   ASSERT_NO_FATAL_FAILURE(one_message(*s2, *c2, 2));
   // One entry where the client backend shares an endpoint between its connections
@@ -629,17 +617,17 @@ TEST_P(LibfabricProvider, APeersAddressLeavesTheListenersVectorWithItsLastConnec
   const size_t endpoints = peers();
   EXPECT_TRUE(endpoints == 1 || endpoints == 2) << endpoints;
   c1.reset(), s1.reset();
-  EXPECT_TRUE(eventually([&] { return peers() == 1; })) << peers() << " entries with one connection left";
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return peers() == 1; })) << peers() << " entries with one connection left";
   ASSERT_NO_FATAL_FAILURE(one_message(*c2, *s2, 3));  // the connection left is untouched
   c2.reset(), s2.reset();
-  EXPECT_TRUE(eventually([&] { return peers() == 0; })) << peers() << " entries with no connection left";
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return peers() == 0; })) << peers() << " entries with no connection left";
   // The same client backend again: its address is inserted anew and served.
-  ASSERT_NO_FATAL_FAILURE(connect(c1, s1));
+  ASSERT_NO_FATAL_FAILURE(connect_through(**l, **cb, c1, s1));
   ASSERT_NO_FATAL_FAILURE(one_message(*c1, *s1, 4));
   ASSERT_NO_FATAL_FAILURE(one_message(*s1, *c1, 5));
   EXPECT_EQ(peers(), 1u);
   c1.reset(), s1.reset();
-  EXPECT_TRUE(eventually([&] { return peers() == 0; })) << peers();
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return peers() == 0; })) << peers();
 }
 
 // A peer that breaks the framing, on a connection a listener accepted: corrupt_data,
@@ -685,11 +673,6 @@ void send_raw_header(test_util::RawOfiPeer& peer, uint32_t id, uint64_t seq, con
   ASSERT_TRUE(peer.ep->wait([&] { return op->done.load(); }, deadline_in(30s), nullptr, "raw header").ok());
 }
 
-// A peer that said hello can send under any connection id of the listener's endpoint
-// (the ids are small and handed out in order). An accepted connection took its
-// messages from anyone, so such a peer could put a request into another client's
-// logged-in connection, in that client's namespace. It now takes them from its own
-// client only, where the provider directs receives to a source (tcp;ofi_rxm).
 // shm's address vector holds 256 peers (libfabric 1.17). While every client endpoint
 // that ever connected kept its entry, a node over shm stopped accepting for good at
 // its 255th client: fi_av_insert failed, and each later connect timed out.
@@ -702,17 +685,19 @@ TEST(libfabric, AnShmNodeServesMoreClientsOverItsLifeThanItsVectorHolds) {
     SCOPED_TRACE(::testing::Message() << "client " << i);
     auto cb = create_backend(ofi_config("shm"));  // a new endpoint, as a new client process has
     ASSERT_TRUE(cb.ok()) << cb.status().to_string();
-    auto acc = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
-    auto c = (*cb)->connect((*l)->address(), deadline_in(30s), {});
-    auto s = acc.get();
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    ASSERT_NO_FATAL_FAILURE(one_message(**c, **s, uint8_t(i)));
-    c->reset(), s->reset();
+    std::unique_ptr<Connection> c, s;
+    ASSERT_NO_FATAL_FAILURE(connect_through(**l, **cb, c, s));
+    ASSERT_NO_FATAL_FAILURE(one_message(*c, *s, uint8_t(i)));
+    c.reset(), s.reset();
   }
-  EXPECT_TRUE(eventually([&] { return (*l)->peer_entries().value() == 0; }));
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*l)->peer_entries().value() == 0; }));
 }
 
+// A peer that said hello can send under any connection id of the listener's endpoint
+// (the ids are small and handed out in order). An accepted connection took its
+// messages from anyone, so such a peer could put a request into another client's
+// logged-in connection, in that client's namespace. It now takes them from its own
+// client only, where the provider directs receives to a source (tcp;ofi_rxm).
 TEST_P(LibfabricProvider, AConnectionTakesNoMessageUnderItsIdFromAnotherPeer) {
   auto sb = create_backend(ofi_config(GetParam()));
   ASSERT_TRUE(sb.ok()) << sb.status().to_string();

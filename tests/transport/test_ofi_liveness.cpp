@@ -12,6 +12,7 @@
 #include <future>
 
 #include "kvstream/storage.hpp"
+#include "tests/support/hang_guard.hpp"
 #include "tests/support/node_process.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/transport/free_port.hpp"
@@ -258,10 +259,8 @@ TEST_P(OfiLiveness, QuestionsUnderMadeUpAddressesLeaveNoEntryBehind) {
   // Its own questions are still answered, and afterwards only its entry is left.
   const ofi::Greeted greeted = (*peer)->greeted;
   EXPECT_TRUE(said_unknown(**peer, greeted.id + 9, greeted.nonce ^ 4, 10s));
-  size_t left = 0;
-  for (const auto until = Clock::now() + 30s; (left = (*node)->peers()) != 1 && Clock::now() < until;)
-    std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(left, 1u) << "entries left for answered questions";
+  EXPECT_TRUE(kvstream::testing::eventually([&] { return (*node)->peers() == 1; }))
+      << (*node)->peers() << " entries left for answered questions";
 }
 
 // Messages under the probe's tag too long for a probe end the responder's receives

@@ -14,7 +14,7 @@ using namespace std::chrono_literals;
 
 OfiConnection::OfiConnection(std::shared_ptr<Endpoint> ep, PeerTable::Use peer, uint32_t id, std::string peer_name,
                              Side side)
-    : ep_(std::move(ep)), peer_use_(std::move(peer)), peer_(peer_use_.addr()), id_(id), peer_name_(std::move(peer_name)), side_(side),
+    : ep_(std::move(ep)), peer_(std::move(peer)), id_(id), peer_name_(std::move(peer_name)), side_(side),
       shared_(std::make_shared<ConnShared>()) {}
 
 Status OfiConnection::start() {
@@ -58,7 +58,7 @@ OfiConnection::~OfiConnection() {
     const uint64_t n = send_seq_;
     std::memcpy(op->buf.get(), &n, sizeof n);
     auto desc = ep_->local_desc(*op);
-    if (desc.ok() && ep_->post_send(op, op->buf.get(), sizeof n, *desc, peer_, make_tag(MsgType::bye, id_),
+    if (desc.ok() && ep_->post_send(op, op->buf.get(), sizeof n, *desc, peer_.addr(), make_tag(MsgType::bye, id_),
                                     deadline_in(500ms), CancelToken{})
                          .ok())
       (void)ep_->wait([&] { return op->done.load(); }, deadline_in(500ms), nullptr, "bye");
@@ -70,7 +70,7 @@ OfiConnection::~OfiConnection() {
 
 void OfiConnection::answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce) {
   responder_ = std::move(responder);
-  responder_->add(id_, nonce, peer_);
+  responder_->add(id_, nonce, peer_.addr());
 }
 
 Status OfiConnection::lost_peer(const Status& why) {

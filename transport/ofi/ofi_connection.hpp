@@ -49,7 +49,7 @@ class OfiConnection final : public Connection {
   /// asked whether it still knows the connection (ofi_liveness.hpp).
   void probe_peer(uint64_t nonce, std::chrono::milliseconds timeout, std::optional<ListenerCheck> listener,
                   bool answers_questions) {
-    probe_ = std::make_unique<PeerProbe>(ep_, peer_, id_, nonce, timeout, std::move(listener), answers_questions);
+    probe_ = std::make_unique<PeerProbe>(ep_, peer_.addr(), id_, nonce, timeout, std::move(listener), answers_questions);
   }
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
@@ -98,7 +98,7 @@ class OfiConnection final : public Connection {
   /// connection id of a listener's endpoint (they are small and handed out in order),
   /// so an accepted connection that took its messages from anyone let a peer put a
   /// request into another client's logged-in connection.
-  fi_addr_t recv_from() const { return peer_; }
+  fi_addr_t recv_from() const { return peer_.addr(); }
   Status fail_body(const Status& st);
   Result<size_t> corrupt(std::string_view what);
   /// ep_->wait(pred) for a call that waits on the peer: where the peer is probed it
@@ -125,8 +125,7 @@ class OfiConnection final : public Connection {
   Status peer_lost_status() const;
 
   std::shared_ptr<Endpoint> ep_;
-  PeerTable::Use peer_use_;
-  fi_addr_t peer_;  // peer_use_.addr()
+  PeerTable::Use peer_;  // the peer's entry in ep_'s address vector
   uint32_t id_;
   std::string peer_name_;
   Side side_;

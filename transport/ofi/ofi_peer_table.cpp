@@ -49,9 +49,9 @@ void PeerTable::release(fi_addr_t addr) {
   if (--it->second.users == 0) unused_.fetch_add(1, std::memory_order_relaxed);
 }
 
-std::optional<PeerTable::Use> PeerTable::find(std::string_view key) {
+std::optional<PeerTable::Use> PeerTable::find(const std::string& key) {
   std::lock_guard lock(mu_);
-  auto it = by_key_.find(std::string(key));
+  auto it = by_key_.find(key);
   if (it == by_key_.end()) return std::nullopt;
   acquire_locked(it->second);
   return Use(shared_from_this(), it->second);

@@ -25,7 +25,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -59,7 +58,7 @@ class PeerTable : public std::enable_shared_from_this<PeerTable> {
 
   /// A new use of the entry for the address `key` (its bytes), if the table has one:
   /// in use, or unused and not removed yet.
-  std::optional<Use> find(std::string_view key);
+  std::optional<Use> find(const std::string& key);
   /// Records `addr` as the entry just inserted for `key`; returns its first use.
   Use add(std::string key, fi_addr_t addr);
   /// Another use of the entry `addr` (an operation posted to or from that peer); an

@@ -155,7 +155,7 @@ Status OfiConnection::read(std::span<std::byte> dest, const RemoteRegion& src, u
     const size_t off = i * seg, len = std::min(seg, dest.size() - off);
     auto op = ep_->new_op();
     if (staged) op->keep = stage;
-    st = ep_->post_read(op, into + off, len, desc, peer_, base + off, key, deadline, cancel);
+    st = ep_->post_read(op, into + off, len, desc, peer_.addr(), base + off, key, deadline, cancel);
     if (st.ok()) ops.push_back(std::move(op));
   }
   if (st.ok())

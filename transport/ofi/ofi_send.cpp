@@ -137,8 +137,8 @@ Status OfiConnection::flush() {
 Status OfiConnection::flush_locked() {
   while (!backlog_.empty()) {
     Piece& p = backlog_.front();
-    const ssize_t r = p.inject ? ep_->try_inject(p.buf, p.len, peer_, p.tag)
-                               : ep_->try_send(p.op, p.buf, p.len, p.desc, peer_, p.tag);
+    const ssize_t r = p.inject ? ep_->try_inject(p.buf, p.len, peer_.addr(), p.tag)
+                               : ep_->try_send(p.op, p.buf, p.len, p.desc, peer_.addr(), p.tag);
     if (r == -FI_EAGAIN) {
       ep_->poll();  // completions free queue entries
       return {};
