@@ -157,6 +157,22 @@ struct TtftBenchOptions {
 };
 int run_ttft_bench(const TtftBenchOptions& o);
 
+struct EvictionBenchOptions {
+  std::string data;                  ///< tinyllama directory ("" = default)
+  uint32_t prompts = 60;             ///< distinct prompts
+  uint32_t shared_chunks = 2;        ///< chunks every prompt starts with (a system prompt)
+  uint32_t own_chunks = 3;           ///< chunks of each prompt's own
+  uint32_t chunk_tokens = 64;
+  uint32_t requests = 600;           ///< each a prompt drawn by popularity (Zipf)
+  double zipf = 1.0;                 ///< popularity skew: prompt k is drawn with weight 1 / k^zipf
+  double capacity = 0.25;            ///< the store's bound (eviction.max_bytes), a share of all prompts' bytes
+  uint32_t scan_chunks = 2000;       ///< chunks stored for the cost of one eviction listing
+  uint32_t scan_reps = 5;
+  uint64_t seed = 1;
+  std::string json;
+};
+int run_eviction_bench(const EvictionBenchOptions& o);
+
 /// The storage node a benchmark fetches from: the one at `external` (host:port, e.g.
 /// across a shaped link), or, when that is empty, one started in this process on
 /// loopback storing into `directory` (`cache_bytes` 0: the node's default cache).

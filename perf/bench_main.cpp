@@ -127,7 +127,26 @@ int main(int argc, char** argv) {
   cc->add_option("--namespace", cco.name_space, "namespace on the nodes")->capture_default_str();
   cc->add_option("--secret", cco.secret, "its secret")->required();
   cc->add_option("--buffer-mb", cco.buffer_mb, "registered buffer the gets land in, MiB")->capture_default_str();
+  kvstream::bench::EvictionBenchOptions eo;
+  auto* ev = app.add_subcommand("eviction", "prefix hits of a bounded store under a skewed workload, evicting by use "
+                                            "against the deepest-then-oldest order (anchor), and what one eviction "
+                                            "listing costs");
+  ev->add_option("--data", eo.data, "tinyllama data directory");
+  ev->add_option("--prompts", eo.prompts, "distinct prompts")->capture_default_str();
+  ev->add_option("--shared-chunks", eo.shared_chunks, "chunks every prompt starts with")->capture_default_str();
+  ev->add_option("--own-chunks", eo.own_chunks, "chunks of each prompt's own")->capture_default_str();
+  ev->add_option("--chunk-tokens", eo.chunk_tokens, "tokens per chunk")->capture_default_str();
+  ev->add_option("--requests", eo.requests, "requests, each a prompt drawn by popularity")->capture_default_str();
+  ev->add_option("--zipf", eo.zipf, "popularity skew (weight 1/k^s)")->capture_default_str();
+  ev->add_option("--capacity", eo.capacity, "store bound as a share of all prompts' bytes")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  ev->add_option("--scan-chunks", eo.scan_chunks, "chunks stored for the listing cost (0: skip)")->capture_default_str();
+  ev->add_option("--scan-reps", eo.scan_reps, "timed listings per order")->capture_default_str();
+  ev->add_option("--seed", eo.seed, "request sequence seed")->capture_default_str();
+  ev->add_option("--json", eo.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (*ev) return kvstream::bench::run_eviction_bench(eo);
   if (*cc) return kvstream::bench::run_cluster_client_bench(cco);
   if (*tt) return kvstream::bench::run_ttft_bench(to);
   if (*ad) return kvstream::bench::run_adapt_bench(ao);

@@ -274,7 +274,7 @@ class ClientImpl final : public Client {
     c->backend_ = std::move(backend);
     for (uint32_t i = 0; i < cfg.connections; ++i) {
       KVS_ASSIGN_OR_RETURN(auto conn, c->backend_->connect(cfg.address, deadline, cancel));
-      KVS_RETURN_IF_ERROR(authenticate(*conn, cfg, deadline, cancel));
+      KVS_ASSIGN_OR_RETURN(c->features_, authenticate(*conn, cfg, deadline, cancel));
       c->channels_.push_back(std::make_unique<Channel>(std::move(conn), c->backend_.get()));
     }
     return std::unique_ptr<Client>(std::move(c));
@@ -387,12 +387,68 @@ class ClientImpl final : public Client {
     return decode_names(body);
   }
 
+  // Batches of at most one segment's worth of entries, each its own request.
+  Status touch(std::span<const ContextTouch> contexts, uint64_t stamp, Deadline deadline,
+               const CancelToken& cancel) override {
+    for (const ContextTouch& t : contexts) KVS_RETURN_IF_ERROR(validate_id(t.context, kMaxContextBytes, "context id"));
+    KVS_RETURN_IF_ERROR(need_usage_feature());
+    if (stamp == 0) stamp = next_write_version();
+    size_t first = 0;
+    while (first < contexts.size()) {
+      size_t bytes = 4, end = first;
+      while (end < contexts.size() && bytes + touch_wire_bytes(contexts[end]) <= kMaxTouchBodyBytes)
+        bytes += touch_wire_bytes(contexts[end++]);
+      auto body = encode_touches(contexts.subspan(first, end - first));
+      KVS_ASSIGN_OR_RETURN(auto mr, register_memory(body.data(), body.size()));
+      (void)mr;
+      Request req;
+      req.op = Op::touch, req.total = body.size(), req.checksum = body_checksum(body), req.version = stamp;
+      KVS_ASSIGN_OR_RETURN(auto reply, call(req, body, deadline, cancel));
+      (void)reply;
+      first = end;
+    }
+    return {};
+  }
+
+  Result<std::vector<ContextUsage>> usage(const std::string& prefix, Deadline deadline,
+                                          const CancelToken& cancel) override {
+    if (!prefix.empty()) KVS_RETURN_IF_ERROR(validate_id(prefix, kMaxContextBytes, "usage prefix"));
+    KVS_RETURN_IF_ERROR(need_usage_feature());
+    std::vector<ContextUsage> out;
+    for (;;) {
+      Request req;
+      req.op = Op::usage, req.context = prefix, req.chunk = kUsagePage;
+      if (!out.empty()) req.after = out.back().context;
+      KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
+      KVS_ASSIGN_OR_RETURN(auto page, decode_usage(body));
+      // Each page starts after the last one's end; a node answering otherwise would
+      // have this loop go round for ever.
+      if (!page.empty() && !out.empty() && !(out.back().context < page.front().context))
+        return make_status(StatusCode::corrupt_data, "usage page did not start after '{}'", out.back().context);
+      for (const auto& u : page)
+        if (!u.context.starts_with(prefix))
+          return make_status(StatusCode::corrupt_data, "usage listed '{}' for the prefix '{}'", u.context, prefix);
+      const bool last = page.size() < kUsagePage;
+      std::move(page.begin(), page.end(), std::back_inserter(out));
+      if (last) return out;
+    }
+  }
+
  private:
+  static constexpr uint32_t kUsagePage = 4096;
   std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
   std::vector<std::unique_ptr<Channel>> channels_;
   std::atomic<uint64_t> rr_{0};
+  uint64_t features_ = 0;  // what the node's hello declared (kFeature*)
 
-  static Status authenticate(Connection& c, const ClientConfig& cfg, Deadline deadline, const CancelToken& cancel) {
+  Status need_usage_feature() const {
+    if (features_ & kFeatureUsage) return {};
+    return Status(StatusCode::unsupported, "the storage node keeps no use marks (a node from before 2026-12-06)");
+  }
+
+  // Logs in; returns the features the node's hello declares.
+  static Result<uint64_t> authenticate(Connection& c, const ClientConfig& cfg, Deadline deadline,
+                                       const CancelToken& cancel) {
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t len, c.recv_header(header, deadline, cancel));
     KVS_RETURN_IF_ERROR(c.recv_body({}, deadline, cancel));
@@ -414,7 +470,7 @@ class ClientImpl final : public Client {
     if (r.code != StatusCode::ok)
       return make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'", cfg.address,
                          cfg.name_space);
-    return {};
+    return hello.features;
   }
 
   // Picks a live channel, round robin.
@@ -453,6 +509,14 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, std:
                                                 Deadline deadline, const CancelToken& cancel) {
   if (!backend) return make_status(StatusCode::invalid_argument, "storage client: no backend to connect over");
   return ClientImpl::create(config, std::move(backend), deadline, cancel);
+}
+
+Status Client::touch(std::span<const ContextTouch>, uint64_t, Deadline, const CancelToken&) {
+  return Status(StatusCode::unsupported, "this storage client keeps no use marks");
+}
+
+Result<std::vector<ContextUsage>> Client::usage(const std::string&, Deadline, const CancelToken&) {
+  return Status(StatusCode::unsupported, "this storage client keeps no use marks");
 }
 
 Result<MemoryRegion> Client::register_memory(void* data, size_t size, transport::MemoryType type) {

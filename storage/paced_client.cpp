@@ -215,6 +215,14 @@ class PacedClient final : public Client {
   Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
     return inner_->list(deadline, cancel);
   }
+  Status touch(std::span<const ContextTouch> contexts, uint64_t stamp, Deadline deadline,
+               const CancelToken& cancel) override {
+    return inner_->touch(contexts, stamp, deadline, cancel);
+  }
+  Result<std::vector<ContextUsage>> usage(const std::string& prefix, Deadline deadline,
+                                          const CancelToken& cancel) override {
+    return inner_->usage(prefix, deadline, cancel);
+  }
 
  private:
   // The completion of a body requested now: an inner success of n bytes charges the

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include <openssl/crypto.h>
 #include <openssl/hmac.h>
@@ -18,7 +19,9 @@ namespace kvstream::storage {
 namespace {
 constexpr uint32_t kRequestMagic = 0x5153564b;   // "KVSQ"
 constexpr uint32_t kResponseMagic = 0x5253564b;  // "KVSR"
-// 2: segmented bodies, put checksums. 3: parts tables (put, stat), range gets.
+// 2: segmented bodies, put checksums. 3: parts tables (put, stat), range gets. The
+// touch and usage requests came later under 3: a node declares them in its hello
+// (kFeatureUsage), so peers from before them never meet them.
 constexpr uint8_t kVersion = 3;
 
 class Writer {
@@ -100,7 +103,7 @@ Status version_error(std::string_view what, uint8_t version) {
                      what, version, kVersion);
 }
 
-bool op_valid(uint8_t op) { return op >= uint8_t(Op::hello) && op <= uint8_t(Op::data); }
+bool op_valid(uint8_t op) { return op >= uint8_t(Op::hello) && op <= uint8_t(Op::usage); }
 bool has_context(Op op) { return op == Op::put || op == Op::get || op == Op::stat || op == Op::remove; }
 }  // namespace
 
@@ -160,7 +163,9 @@ std::vector<std::byte> encode(const Request& r) {
     put_parts_table(w, std::span(r.parts).first(std::min(r.parts.size(), kMaxObjectParts)));
   }
   if (r.op == Op::get) w.put(r.range_offset), w.put(r.range_length);
+  if (r.op == Op::touch) w.put(r.total), w.put(r.checksum), w.put(r.version);
   if (has_context(r.op)) w.put_str8(r.context);
+  if (r.op == Op::usage) w.put_str8(r.context), w.put_str8(r.after);
   if (r.op == Op::auth) {
     w.put_str8(r.name_space);
     w.put_bytes(r.mac.data(), r.mac.size());
@@ -187,9 +192,14 @@ Result<Request> decode_request(std::span<const std::byte> header) {
     parts_ok = get_parts_table(rd, r.parts);
   }
   if (r.op == Op::get) r.range_offset = rd.get<uint64_t>(), r.range_length = rd.get<uint64_t>();
-  if (has_context(r.op)) {
+  if (r.op == Op::touch) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
+  if (has_context(r.op) || r.op == Op::usage) {
     const uint8_t n = rd.get<uint8_t>();
     r.context = rd.get_str(n, kMaxContextBytes);
+  }
+  if (r.op == Op::usage) {
+    const uint8_t n = rd.get<uint8_t>();
+    r.after = rd.get_str(n, kMaxContextBytes);
   }
   if (r.op == Op::auth) {
     const uint8_t n = rd.get<uint8_t>();
@@ -199,6 +209,12 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (!parts_ok || !rd.done()) return detail::unlogged_status(StatusCode::corrupt_data, "malformed request header");
   if (r.total > kMaxChunkBytes)
     return make_status(StatusCode::out_of_range, "body of {} bytes (limit {})", r.total, kMaxChunkBytes);
+  if (r.op == Op::touch && (r.total == 0 || r.total > kMaxTouchBodyBytes))
+    return detail::unlogged_status(StatusCode::corrupt_data, "touch with a body of {} bytes (1..{})", r.total,
+                                   kMaxTouchBodyBytes);
+  if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage))
+    return detail::unlogged_status(StatusCode::corrupt_data, "usage page of {} entries (1..{})", r.chunk,
+                                   kMaxUsagePage);
   if (Status s = validate_parts(r.parts, r.total); !s.ok())
     return detail::unlogged_status(StatusCode::corrupt_data, "put with a bad parts table: {}", s.message());
   if (r.range_length == 0 && r.range_offset != 0)
@@ -210,6 +226,11 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (r.chunk >= kMaxChunksPerContext)
     return make_status(StatusCode::out_of_range, "chunk {} (limit {})", r.chunk, kMaxChunksPerContext);
   if (has_context(r.op)) KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
+  // A prefix or a name to list after need not be a whole id ("model." is a prefix of
+  // every id of that model), but it holds only the ids' characters.
+  if (r.op == Op::usage)
+    for (const std::string* part : {&r.context, &r.after})
+      if (!part->empty()) KVS_RETURN_IF_ERROR(validate_id(*part, kMaxContextBytes, "usage prefix or start"));
   if (r.op == Op::auth) KVS_RETURN_IF_ERROR(validate_id(r.name_space, kMaxNamespaceBytes, "namespace"));
   return r;
 }
@@ -218,7 +239,7 @@ std::vector<std::byte> encode(const Response& r) {
   Writer w;
   const WireCode wire = to_wire(r.code);
   w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(wire.code)), w.put(uint8_t(wire.detail));
-  w.put(r.id), w.put(r.checksum), w.put(r.total);
+  w.put(r.id), w.put(r.op == Op::hello ? r.features : r.checksum), w.put(r.total);
   std::string msg = r.message.substr(0, kMaxMessageBytes);
   w.put_str16(msg);
   if (r.op == Op::hello) w.put_bytes(r.nonce.data(), r.nonce.size());
@@ -241,7 +262,10 @@ Result<Response> decode_response(std::span<const std::byte> header) {
     return make_status(StatusCode::corrupt_data, "response op {} code {}", op, code);
   r.op = Op(op);
   r.code = *api_code;
-  if (r.op == Op::hello) rd.get_bytes(r.nonce.data(), r.nonce.size());
+  if (r.op == Op::hello) {
+    rd.get_bytes(r.nonce.data(), r.nonce.size());
+    r.features = std::exchange(r.checksum, 0);
+  }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed response header");
   if (r.total > kMaxChunkBytes) return make_status(StatusCode::corrupt_data, "response body of {} bytes", r.total);
   return r;
@@ -287,6 +311,71 @@ Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body) {
     trim_level_parts(s.level_parts);
   }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed stat body");
+  return out;
+}
+
+std::vector<std::byte> encode_touches(std::span<const ContextTouch> touches) {
+  Writer w;
+  w.put(uint32_t(touches.size()));
+  for (const ContextTouch& t : touches) w.put(t.depth), w.put_str8(t.context);
+  return std::move(w.out);
+}
+
+Result<std::vector<ContextTouch>> decode_touches(std::span<const std::byte> body) {
+  Reader rd(body);
+  const uint32_t n = rd.get<uint32_t>();
+  if (!rd.ok() || n == 0 || n > body.size() / 6) return make_status(StatusCode::corrupt_data, "touch body: {} contexts", n);
+  std::vector<ContextTouch> out(n);
+  for (ContextTouch& t : out) {
+    t.depth = rd.get<uint32_t>();
+    const uint8_t len = rd.get<uint8_t>();
+    t.context = rd.get_str(len, kMaxContextBytes);
+    if (!rd.ok()) break;
+    KVS_RETURN_IF_ERROR(validate_id(t.context, kMaxContextBytes, "touched context id"));
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed touch body");
+  return out;
+}
+
+std::vector<std::byte> encode_usage(const std::vector<ContextUsage>& usage) {
+  Writer w;
+  w.put(uint32_t(usage.size()));
+  for (const ContextUsage& u : usage) {
+    w.put_str8(u.context);
+    w.put(u.bytes), w.put(u.written), w.put(u.used), w.put(u.depth);
+    w.put(uint32_t(u.chunks.size()));
+    for (uint32_t c : u.chunks) w.put(c);
+  }
+  return std::move(w.out);
+}
+
+Result<std::vector<ContextUsage>> decode_usage(std::span<const std::byte> body) {
+  Reader rd(body);
+  const uint32_t n = rd.get<uint32_t>();
+  // Each entry takes at least 34 bytes (a 1-byte name, no chunks).
+  if (!rd.ok() || n > kMaxUsagePage || n > body.size() / 34)
+    return make_status(StatusCode::corrupt_data, "usage body: {} contexts", n);
+  std::vector<ContextUsage> out(n);
+  for (ContextUsage& u : out) {
+    const uint8_t len = rd.get<uint8_t>();
+    u.context = rd.get_str(len, kMaxContextBytes);
+    u.bytes = rd.get<uint64_t>(), u.written = rd.get<uint64_t>(), u.used = rd.get<uint64_t>();
+    u.depth = rd.get<uint32_t>();
+    const uint32_t chunks = rd.get<uint32_t>();
+    if (!rd.ok() || chunks > kMaxChunksPerContext || chunks > body.size() / 4)
+      return make_status(StatusCode::corrupt_data, "malformed usage body");
+    KVS_RETURN_IF_ERROR(validate_id(u.context, kMaxContextBytes, "listed context id"));
+    u.chunks.resize(chunks);
+    for (uint32_t& c : u.chunks) c = rd.get<uint32_t>();
+    if (!rd.ok() || !std::is_sorted(u.chunks.begin(), u.chunks.end()) ||
+        std::adjacent_find(u.chunks.begin(), u.chunks.end()) != u.chunks.end() ||
+        (!u.chunks.empty() && u.chunks.back() >= kMaxChunksPerContext))
+      return make_status(StatusCode::corrupt_data, "usage body: context '{}': malformed chunk list", u.context);
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed usage body");
+  for (size_t i = 1; i < out.size(); ++i)
+    if (!(out[i - 1].context < out[i].context))
+      return make_status(StatusCode::corrupt_data, "usage body: contexts out of order at '{}'", out[i].context);
   return out;
 }
 

@@ -15,7 +15,26 @@
 namespace kvstream::storage {
 
 // `data` carries one further segment of a put's or a get's body (docs/protocol.md).
-enum class Op : uint8_t { hello = 1, auth = 2, put = 3, get = 4, stat = 5, remove = 6, list = 7, data = 8 };
+// `touch` and `usage` are spoken only to a node whose hello declares kFeatureUsage.
+enum class Op : uint8_t {
+  hello = 1,
+  auth = 2,
+  put = 3,
+  get = 4,
+  stat = 5,
+  remove = 6,
+  list = 7,
+  data = 8,
+  touch = 9,
+  usage = 10
+};
+/// Feature bits a node declares in its hello (the u64 in the checksum's place; nodes
+/// from before them send 0, and clients from before them ignore it).
+inline constexpr uint64_t kFeatureUsage = 1;  ///< touch and usage requests
+/// Bound on a touch request's body: one segment.
+inline constexpr uint64_t kMaxTouchBodyBytes = uint64_t(1) << 20;
+/// Most entries one usage reply may carry.
+inline constexpr uint32_t kMaxUsagePage = 65536;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
 /// Bound on a response's error text (nothing else: the other header fields have
@@ -46,15 +65,16 @@ inline uint64_t segment_bytes(uint64_t total, uint64_t i) {
 struct Request {
   Op op = Op::get;
   uint64_t id = 0;
-  uint32_t chunk = 0;                   // data: the segment's index
+  uint32_t chunk = 0;                   // data: the segment's index; usage: most entries to return
   uint32_t level = 0;
-  uint64_t total = 0;                   // put: body bytes in all segments
-  uint64_t checksum = 0;                // put: xxh3-64 of the whole body
-  uint64_t version = 0;                 // put: the write's version (0: unversioned)
+  uint64_t total = 0;                   // put, touch: body bytes in all segments
+  uint64_t checksum = 0;                // put, touch: xxh3-64 of the whole body
+  uint64_t version = 0;                 // put: the write's version (0: unversioned); touch: the stamp
   std::vector<ObjectPart> parts;        // put: the parts table (validate_parts against total)
   uint64_t range_offset = 0;            // get: first byte of the range
   uint64_t range_length = 0;            // get: bytes of the range; 0 = the whole object (offset 0)
-  std::string context;                  // put/get/stat/remove
+  std::string context;                  // put/get/stat/remove; usage: the prefix (may be empty)
+  std::string after;                    // usage: list names after this one (empty: from the first)
   std::string name_space;               // auth
   std::array<uint8_t, kMacBytes> mac{};  // auth
 };
@@ -67,6 +87,7 @@ struct Response {
   uint64_t checksum = 0;                    // xxh3-64 of the whole body (all segments; a range get: of the range)
   uint64_t total = 0;                       // body bytes in all segments (get: the object's, or the range's)
   std::array<uint8_t, kNonceBytes> nonce{};  // hello
+  uint64_t features = 0;                     // hello: kFeature* bits (travels in the checksum's place)
 };
 
 std::vector<std::byte> encode(const Request& r);
@@ -115,6 +136,16 @@ void trim_level_parts(std::vector<std::vector<ObjectPart>>& level_parts);
 /// only (corrupt_data); validate_parts checks the rest.
 std::vector<std::byte> encode_parts(std::span<const ObjectPart> parts);
 Result<std::vector<ObjectPart>> decode_parts(std::span<const std::byte> bytes);
+/// Body of a touch request: u32 n, then per context u32 depth, u8 length, bytes.
+std::vector<std::byte> encode_touches(std::span<const ContextTouch> touches);
+/// Errors: corrupt_data (framing, counts), invalid_argument (a name that fails validate_id).
+Result<std::vector<ContextTouch>> decode_touches(std::span<const std::byte> body);
+/// Bytes one entry of a touch body takes.
+inline size_t touch_wire_bytes(const ContextTouch& t) { return 4 + 1 + t.context.size(); }
+/// Body of a usage response: u32 n, then per context u8 length, bytes, u64 bytes,
+/// u64 written, u64 used, u32 depth, u32 chunk count, u32 chunk ids (ascending).
+std::vector<std::byte> encode_usage(const std::vector<ContextUsage>& usage);
+Result<std::vector<ContextUsage>> decode_usage(std::span<const std::byte> body);
 /// Body of a list response.
 std::vector<std::byte> encode_names(const std::vector<std::string>& names);
 Result<std::vector<std::string>> decode_names(std::span<const std::byte> body);

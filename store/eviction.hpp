@@ -1,10 +1,16 @@
 // Which stored chunks go first when the store must shrink (KvStore::evict) or make
 // room for a put the storage has no space for (eviction.when_full): the chunks of
-// this model and profile, the deepest first, the oldest among equally deep ones. A
-// chunk is found only after every chunk before it, so removing a prompt's head first
-// would leave its tail stored and unreachable; in this order what stays is whole
-// prefixes. Chunks without a record come last: one is either a put cut short or a put
-// another store is writing now, and nothing tells which.
+// this model and profile, least recently used first. The store marks a prompt's
+// chunks used (Client::touch) each time it stores or fetches them, all with one stamp
+// and each with its depth, and among chunks of one stamp the deepest go first: a
+// chunk is found only after every chunk before it, and its predecessors carry every
+// stamp it carries, so what stays is whole prefixes.
+//
+// Chunks nobody has marked (stored before marks, or where the storage keeps none:
+// Redis, nodes from before 2026-12-06) go before marked ones, deepest first, the
+// oldest among equally deep ones, by their records. Chunks without a record come last:
+// one is either a put cut short or a put another store is writing now, and nothing
+// tells which.
 #pragma once
 
 #include <string>
@@ -19,14 +25,16 @@ namespace kvstream::store {
 /// One stored chunk as eviction sees it.
 struct StoredChunk {
   std::string key;
-  uint64_t bytes = 0;         // every level's
-  bool has_record = false;    // without one, a put cut short: never found
-  uint64_t stored_ms = 0;     // from its record; 0 without one
-  uint64_t position = 0;      // its first token's position
+  uint64_t bytes = 0;          // every level's
+  bool has_record = false;     // without one, a put cut short: never found
+  bool marked = false;         // a use mark (Client::touch) is stored with it
+  uint64_t last_used_us = 0;   // its mark's stamp (us), or without one its record's time (0: neither)
+  uint64_t depth = 0;          // its mark's depth, or without one its record's position in chunks
 };
 
-/// Every stored chunk of this store's model and profile, in eviction order (a list,
-/// then a stat and a record read per chunk). Errors: the client's.
+/// Every stored chunk of this store's model and profile, in eviction order: one usage
+/// listing and a record read per unmarked chunk, or where the storage lists no usage, a
+/// list, then a stat and a record read per chunk. Errors: the client's.
 Result<std::vector<StoredChunk>> chunks_in_eviction_order(KvStore::Impl& m, transport::Deadline deadline);
 
 /// Removes `chunk` (one already gone counts as removed). Errors: the client's.

@@ -52,6 +52,21 @@ Result<std::vector<uint64_t>> KvStore::Impl::stat_one(const std::string& key, tr
   return levels;
 }
 
+void KvStore::Impl::mark_used(const std::vector<std::string>& keys, transport::Deadline deadline) {
+  if (keys.empty() || marks_unsupported.load(std::memory_order_relaxed)) return;
+  std::vector<storage::ContextTouch> touches;
+  touches.reserve(keys.size());
+  for (uint32_t i = 0; i < keys.size(); ++i) touches.push_back({keys[i], i});
+  const Status s = client->touch(touches, 0, deadline);
+  if (s.ok()) return;
+  if (s.code() == StatusCode::unsupported) {
+    if (!marks_unsupported.exchange(true))
+      KVS_LOG_INFO("kvstore: the storage keeps no use marks ({}); eviction goes by depth and age", s.message());
+    return;
+  }
+  KVS_LOG_DEBUG("kvstore: marking {} chunks used failed: {}", keys.size(), s.to_string());
+}
+
 Result<std::vector<std::vector<uint64_t>>> KvStore::Impl::stat_chunks(const std::vector<std::string>& keys,
                                                                       bool all, transport::Deadline deadline,
                                                                       const transport::CancelToken& cancel,
@@ -274,6 +289,8 @@ Result<PutReport> KvStore::put(std::span<const Token> tokens, const KvView& kv, 
         record.size()));
   }
   report.tokens = uint64_t(keys.size()) * ct;
+  // Stored or found stored, the prompt was seen now: all its chunks, one stamp.
+  m.mark_used(keys, deadline);
   if (m.cfg.eviction.max_bytes > 0 || m.cfg.eviction.max_age.count() > 0) {
     auto ev = evict(m.cfg.eviction.max_bytes, m.cfg.eviction.max_age, deadline);
     if (!ev.ok()) KVS_LOG_WARN("kvstore: eviction after put failed: {}", ev.status().to_string());
@@ -307,11 +324,11 @@ Result<EvictReport> KvStore::evict(uint64_t max_bytes, std::chrono::seconds max_
   KVS_ASSIGN_OR_RETURN(const auto chunks, store::chunks_in_eviction_order(m, deadline));
   uint64_t total = 0;
   for (const auto& c : chunks) total += c.bytes;
-  const uint64_t now = unix_ms_now();
-  const uint64_t age_ms = uint64_t(max_age.count()) * 1000;
+  const uint64_t now_us = unix_ms_now() * 1000;
+  const uint64_t age_us = uint64_t(max_age.count()) * 1000000;
   EvictReport r;
   for (const auto& c : chunks) {
-    const bool too_old = age_ms > 0 && now > c.stored_ms + age_ms;
+    const bool too_old = age_us > 0 && now_us > c.last_used_us + age_us;
     const bool over = max_bytes > 0 && total > max_bytes;
     if (!too_old && !over) continue;
     KVS_RETURN_IF_ERROR(store::remove_chunk(m, c, deadline));

@@ -4,6 +4,7 @@
 // eviction (kv_store.cpp) and its fetches (store_fetch.cpp).
 #pragma once
 
+#include <atomic>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,13 @@ struct KvStore::Impl {
     for (size_t i = 0; i < got.size(); ++i)
       if (!got[i]) got[i].emplace(pending[i].valid() ? pending[i].get() : read(i));
   }
+
+  // Marks the chunks of `keys` (a prompt's, from its first) used now, each with its
+  // depth, so that eviction goes by use (store/eviction.hpp). Never the caller's error:
+  // a storage that keeps no marks is noted once and not asked again, and any other
+  // failure is logged (eviction then sees the chunks as used when they were last marked).
+  void mark_used(const std::vector<std::string>& keys, transport::Deadline deadline);
+  std::atomic<bool> marks_unsupported{false};
 
   void forget(const std::string& key) {
     std::lock_guard lk(recent_mu);

@@ -3,10 +3,13 @@
 // (KvStore::fetch), waited for with its report, and refined after the first token
 // (StoreFetch::refine, refine_within).
 #include <algorithm>
+#include <future>
 #include <optional>
+#include <system_error>
 
 #include <fmt/format.h>
 
+#include "core/log.hpp"
 #include "kvstream/kv_store.hpp"
 #include "kvstream/policy.hpp"
 #include "store/kv_store_impl.hpp"
@@ -25,6 +28,9 @@ struct StoreFetch::State {
   std::vector<std::vector<double>> chunk_loss;  // each chunk's own loss per level (empty: the profile's)
   std::vector<std::vector<uint8_t>> kept;
   bool waited = false;
+  // The fetch's chunks being marked used (KvStore::Impl::mark_used), beside the
+  // transfer; its destructor waits for it (bounded by the fetch's deadline).
+  std::future<void> marking;
   // A placeholder until wait() sets it: built without make_status, which would log an
   // internal error for every fetch.
   Result<FetchReport> result = Status(StatusCode::internal, "not waited");
@@ -142,6 +148,7 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
   Impl& m = *impl_;
   KVS_ASSIGN_OR_RETURN(Prepared p, prepare(m, tokens, deadline, options));
   pipeline::FetchRequest& req = p.request;
+  std::vector<std::string> marked = req.stored_contexts;  // the stored prefix, from its first chunk
   req.deadline = deadline + options.grace;
   const uint64_t n = req.chunks.back().end;
   // Checked here, not only by the pipeline: an adaptive fetch starts from the
@@ -206,6 +213,15 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
     sf.chunk_level_quality_loss = std::move(p.chunk_loss);
     sf.on_chunk = std::move(options.on_chunk);
     KVS_ASSIGN_OR_RETURN(s->ticket, m.scheduler->submit(std::move(sf)));
+  }
+  // Off the caller's path: the mark is one small request, and the runtime waits for
+  // the chunks, not for it.
+  try {
+    s->marking = std::async(std::launch::async, [store = impl_, keys = std::move(marked), deadline] {
+      store->mark_used(keys, deadline);
+    });
+  } catch (const std::system_error&) {
+    KVS_LOG_DEBUG("kvstore: no thread to mark a fetch's chunks used; they keep their older marks");
   }
   return StoreFetch(std::move(s));
 }

@@ -172,7 +172,7 @@ class KvStore {
 
   /// Stores the KV of `tokens` (kv holds tokens.size() tokens or more, token 0 at
   /// position 0; its geometry is the profile's): every whole chunk, at every level,
-  /// skipping those found stored. Durable when it returns ok. Errors: no_space (the
+  /// skipping those found stored, and marks them all used. Durable when it returns ok. Errors: no_space (the
   /// storage has no room: a chunk stored before it stays; with eviction.when_full,
   /// only when removing every other chunk of this model and profile did not make
   /// room), the client's and the codec's.
@@ -188,16 +188,22 @@ class KvStore {
   /// Starts fetching the stored prefix of `tokens` into `destination`, each chunk at
   /// the level the chooser picks against `deadline` (or options.level). Errors before
   /// any transfer: not_found (no chunk stored), invalid_argument (destination), the
-  /// client's errors.
+  /// client's errors. The stored prefix's chunks are marked used beside the transfer
+  /// (one small request off the caller's path; the handle waits for it when it goes).
   Result<StoreFetch> fetch(std::span<const Token> tokens, const FetchDestination& destination,
                            transport::Deadline deadline, FetchOptions options = {});
   /// Removes the stored chunks of `tokens` (every whole chunk; others' prompts that
   /// share them lose them too). Returns how many were removed.
   Result<uint32_t> remove(std::span<const Token> tokens, transport::Deadline deadline);
-  /// Removes chunks of this model and profile stored longer ago than `max_age` (0: no
-  /// bound), then, until at most `max_bytes` are kept (0: no bound), the deepest
-  /// chunks first (the oldest among equally deep ones), so that what stays is whole
-  /// prefixes: a chunk is of use only with every chunk before it.
+  /// Removes chunks of this model and profile not used for longer than `max_age` (0:
+  /// no bound), then, until at most `max_bytes` are kept (0: no bound), the least
+  /// recently used first. put and fetch mark a prompt's chunks used (Client::touch:
+  /// one stamp, each chunk its depth), and among chunks used at once the deepest go
+  /// first, so that what stays is whole prefixes: a chunk is of use only with every
+  /// chunk before it. Chunks without a mark (stored before marks, or on a storage that
+  /// keeps none: Redis) go before marked ones, the deepest first, the oldest among
+  /// equally deep ones; there one list, a stat and a record read per chunk find them,
+  /// where a node that keeps marks answers in one listing (store/eviction.hpp).
   Result<EvictReport> evict(uint64_t max_bytes, std::chrono::seconds max_age, transport::Deadline deadline);
 
   [[nodiscard]] const StoreConfig& config() const noexcept;

@@ -70,6 +70,28 @@ struct ChunkStat {
   bool operator==(const ChunkStat&) const = default;
 };
 
+/// A context marked used (Client::touch) and how deep it lies in its prefix chain: a
+/// prompt's chunk i has depth i. Among contexts last used at the same stamp, the
+/// deeper go first, so an evictor that goes by use never leaves a chunk whose
+/// predecessor is gone.
+struct ContextTouch {
+  std::string context;
+  uint32_t depth = 0;
+  bool operator==(const ContextTouch&) const = default;
+};
+
+/// One context as a usage listing shows it (Client::usage): what eviction needs, in
+/// one reply for many contexts instead of a stat and a read each.
+struct ContextUsage {
+  std::string context;
+  uint64_t bytes = 0;            ///< payload bytes of every level of every chunk
+  std::vector<uint32_t> chunks;  ///< the chunk ids holding at least one level, ascending
+  uint64_t written = 0;          ///< the newest object's write version (this library's: us since the epoch)
+  uint64_t used = 0;             ///< the highest stamp a touch gave it; 0: never touched
+  uint32_t depth = 0;            ///< the depth given with that stamp
+  bool operator==(const ContextUsage&) const = default;
+};
+
 /// Storage node settings (one struct; defaults documented per field).
 struct ServerConfig {
   std::string address = "127.0.0.1:7471";  ///< loopback unless told otherwise; port 0 = any
@@ -328,6 +350,20 @@ class Client {
   /// Contexts of the namespace.
   virtual Result<std::vector<std::string>> list(transport::Deadline deadline,
                                                 const transport::CancelToken& cancel = {}) = 0;
+
+  /// Marks `contexts` used at `stamp` (0: next_write_version(), this process's clock,
+  /// the clock of write versions): each keeps the highest stamp it was given, with the
+  /// depth given with it. Contexts not stored are passed over. Nothing is read; the
+  /// node keeps the mark beside the context (it survives restarts, not a remove).
+  /// Errors: invalid_argument (a context id), unsupported (a storage that keeps no
+  /// marks: nodes from before 2026-12-06, Redis; the default here), the client's.
+  virtual Status touch(std::span<const ContextTouch> contexts, uint64_t stamp, transport::Deadline deadline,
+                       const transport::CancelToken& cancel = {});
+  /// Every context of the namespace whose name starts with `prefix` (empty: all), by
+  /// name, with its bytes, chunks, write and use marks: one reply per 4096 contexts.
+  /// Errors: unsupported (as touch; the default here), the client's.
+  virtual Result<std::vector<ContextUsage>> usage(const std::string& prefix, transport::Deadline deadline,
+                                                  const transport::CancelToken& cancel = {});
 };
 
 }  // namespace kvstream::storage

@@ -77,8 +77,8 @@ struct PolicySettings {
 
 /// What the store may drop (KvStore::evict, and after each put when set).
 struct EvictionSettings {
-  uint64_t max_bytes = 0;                    ///< 0: no bound; else the oldest chunks go until under it
-  std::chrono::seconds max_age{0};           ///< 0: no bound; else chunks stored longer ago go
+  uint64_t max_bytes = 0;                    ///< 0: no bound; else the least recently used go until under it
+  std::chrono::seconds max_age{0};           ///< 0: no bound; else chunks unused (stored or fetched) longer go
   /// A put the storage has no space for (no_space: the tenant's quota or a disk is
   /// full, Redis at maxmemory) removes chunks of this model and profile, in evict()'s
   /// order, none of the put's own and none without a record (another store may be
@@ -89,6 +89,11 @@ struct EvictionSettings {
   /// (0 to 1): each time lists and reads every chunk, so removing more at once keeps
   /// that cost off most puts (Mooncake's eviction_ratio does the same).
   double when_full_fraction = 0.05;
+  /// Evict the least recently used first, by the use marks put and fetch leave
+  /// (KvStore::evict). Off: the deepest chunks first, the oldest stored among equally
+  /// deep ones, whatever was fetched since (the order before marks; max_age then
+  /// counts from when a chunk was stored), read from each chunk's record.
+  bool by_use = true;
 };
 
 /// The library's log (kvstream's one logger; see log.hpp).

@@ -211,6 +211,7 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
     for (const auto& ctx : store_.list(ns)) {
       auto stats = store_.stat(ns, ctx);
       if (!stats.ok()) continue;  // removed meanwhile
+      std::set<std::string> received;  // new owners that took (or had) objects of ctx in this pass
       for (const auto& cs : *stats) {
         const std::string key = HashRing::chunk_key(ctx, cs.chunk);
         const auto old_owners = before.replicas(key, cfg_.replication);
@@ -254,9 +255,11 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
               ++tally.objects_copied;
               tally.bytes_copied += obj->bytes.size();
               delivered_.insert(id);
+              received.insert(node);
             } else if (s.code() == StatusCode::already_exists) {
               ++tally.objects_present;
               delivered_.insert(id);
+              received.insert(node);
             } else {
               ++tally.objects_failed;
               if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out)
@@ -266,6 +269,16 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
           }
         }
       }
+      // The context's use mark goes with it, so an evictor on the new owner sees it as
+      // used when it was (a copy otherwise looks unused and goes first). Best effort:
+      // a node from before marks answers unsupported.
+      if (const storage::UseMark mark = store_.use_mark(ns, ctx); mark.stamp != 0)
+        for (const auto& node : received)
+          if (storage::Client* c = client_for(ns, node)) {
+            const storage::ContextTouch t{ctx, mark.depth};
+            if (Status s = c->touch(std::span(&t, 1), mark.stamp, Clock::now() + 30s, stop_); !s.ok())
+              KVS_LOG_DEBUG("rebalance: the use mark of '{}' did not reach {}: {}", ctx, node, s.to_string());
+          }
     }
   }
   return true;

@@ -284,6 +284,44 @@ class ReplicatedClient final : public storage::Client {
     return std::vector<std::string>(all.begin(), all.end());
   }
 
+  // Every node is told: one message each, and a node that does not hold a context
+  // passes it over, so copies on past owners are marked too.
+  Status touch(std::span<const storage::ContextTouch> contexts, uint64_t stamp, Deadline deadline,
+               const CancelToken& cancel) override {
+    if (stamp == 0) stamp = storage::next_write_version();
+    auto answers = ask_all<bool>(deadline, cancel, true, [&](storage::Client& c, Deadline d) -> Result<bool> {
+      KVS_RETURN_IF_ERROR(c.touch(contexts, stamp, d, cancel));
+      return true;
+    });
+    return answers.status;
+  }
+
+  // Per context: the larger size and the newest marks of any replica, the union of
+  // their chunks.
+  Result<std::vector<storage::ContextUsage>> usage(const std::string& prefix, Deadline deadline,
+                                                   const CancelToken& cancel) override {
+    auto answers = ask_all<std::vector<storage::ContextUsage>>(
+        deadline, cancel, true, [&](storage::Client& c, Deadline d) { return c.usage(prefix, d, cancel); });
+    KVS_RETURN_IF_ERROR(answers.status);
+    std::map<std::string, storage::ContextUsage> merged;
+    for (auto& v : answers.values)
+      for (storage::ContextUsage& u : v) {
+        auto [it, fresh] = merged.try_emplace(u.context, u);
+        if (fresh) continue;
+        storage::ContextUsage& m = it->second;
+        m.bytes = std::max(m.bytes, u.bytes);
+        m.written = std::max(m.written, u.written);
+        if (u.used > m.used) m.used = u.used, m.depth = u.depth;
+        std::vector<uint32_t> chunks;
+        std::set_union(m.chunks.begin(), m.chunks.end(), u.chunks.begin(), u.chunks.end(), std::back_inserter(chunks));
+        m.chunks = std::move(chunks);
+      }
+    std::vector<storage::ContextUsage> out;
+    out.reserve(merged.size());
+    for (auto& [name, u] : merged) out.push_back(std::move(u));
+    return out;
+  }
+
  private:
   ReplicatedClient(ClusterConfig cfg, std::shared_ptr<transport::Backend> backend)
       : cfg_(std::move(cfg)), backend_(std::move(backend)) {}

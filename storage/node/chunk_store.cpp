@@ -96,6 +96,10 @@ void ChunkStore::scan() {
         set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version, obj->header().parts,
                                   obj->header().key_id});
       }
+      // The context's use mark, once it holds an object (a mark alone names nothing).
+      if (auto n = index_.find(ns); n != index_.end())
+        if (auto c = n->second.find(ctx); c != n->second.end())
+          if (auto mark = read_use_mark(cd.path())) c->second.use = *mark;
     }
   }
 }

@@ -33,6 +33,7 @@
 #include "storage/node/memory_budget.hpp"
 #include "storage/node/namespace_quota.hpp"
 #include "storage/node/object_file.hpp"
+#include "storage/node/use_mark.hpp"
 #include "security/key_ring.hpp"
 
 namespace kvstream::storage {
@@ -196,6 +197,20 @@ class ChunkStore {
   Status remove(const std::string& ns, const std::string& ctx);
   std::vector<std::string> list(const std::string& ns);
 
+  /// Raises the use mark of each of `touches` stored in `ns` to `stamp` (a context
+  /// keeps the highest stamp it was given, with the depth given with it; an equal
+  /// stamp takes the depth given now) and writes the mark beside the context
+  /// (storage/node/use_mark.hpp). Contexts not stored are passed over. Returns how many
+  /// were stored. Errors: io_error (a mark that could not be written; the index holds
+  /// it all the same, until a restart).
+  Result<uint32_t> touch(const std::string& ns, std::span<const ContextTouch> touches, uint64_t stamp);
+  /// The use mark of one context (none: stamp 0).
+  [[nodiscard]] UseMark use_mark(const std::string& ns, const std::string& ctx) const;
+  /// Up to `limit` contexts of `ns` whose names start with `prefix` and sort after
+  /// `after`, by name, each with its payload bytes, chunks, newest write version and use mark.
+  [[nodiscard]] std::vector<ContextUsage> usage(const std::string& ns, const std::string& prefix,
+                                                const std::string& after, uint32_t limit) const;
+
  private:
   ChunkStore(MemoryBudget& budget) : budget_(budget) {}
   struct Entry {
@@ -207,6 +222,7 @@ class ChunkStore {
   };
   struct Context {
     std::map<uint32_t, std::vector<Entry>> chunks;  // chunk -> per level
+    UseMark use;                                    // the highest touch (also in <context dir>/use)
   };
   using Lru = std::list<std::pair<std::string, Bytes>>;
 

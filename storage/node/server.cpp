@@ -235,6 +235,7 @@ class ServerImpl final : public Server {
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
+    hello.features = kFeatureUsage;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -341,8 +342,8 @@ class ServerImpl final : public Server {
       }
       ++requests_;
       auto req = decode_request(header);
-      const bool bad_body = req.ok() && (req->op == Op::put ? *body_len != segment_bytes(req->total, 0)
-                                                              : *body_len != 0);
+      const bool has_body = req.ok() && (req->op == Op::put || req->op == Op::touch);
+      const bool bad_body = req.ok() && (has_body ? *body_len != segment_bytes(req->total, 0) : *body_len != 0);
       if (!req.ok() || bad_body || req->op == Op::auth || req->op == Op::data) {
         // A malformed request ends the connection: its framing can no longer be trusted.
         ++errors_;
@@ -401,6 +402,15 @@ class ServerImpl final : public Server {
       case Op::list:
         small = encode_names(store_->list(ns));
         break;
+      case Op::touch: {
+        Status outcome;
+        KVS_RETURN_IF_ERROR(receive_touch(c, ns, req, cancel, outcome));
+        if (!outcome.ok()) fail(outcome);
+        break;
+      }
+      case Op::usage:
+        small = encode_usage(store_->usage(ns, req.context, req.after, req.chunk));
+        break;
       default:
         fail(make_status(StatusCode::invalid_argument, "unexpected request"));
     }
@@ -439,6 +449,35 @@ class ServerImpl final : public Server {
         cfg_.idle_timeout, cancel));
     bytes_in_ += req.total;
     if (st.ok()) st = store_->commit(std::move(*pending), req.checksum);
+    return {};
+  }
+
+  // Receives a touch's body (one segment, bounded by decode_request) and raises the
+  // marks it names. As a put's, the body is always read off the wire, so a refused
+  // touch (budget, a malformed list) is answered with its reason. Returns an error
+  // only when the connection must end.
+  Status receive_touch(Connection& c, const std::string& ns, const Request& req, const CancelToken& cancel,
+                       Status& outcome) {
+    SegmentPool::Segment seg;
+    if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
+    else outcome = s.status();
+    std::span<std::byte> body;
+    KVS_RETURN_IF_ERROR(recv_segmented(
+        c, true, req.id, req.total, segment_bytes(req.total, 0),
+        [&](uint64_t, uint64_t len) { return outcome.ok() ? (body = seg.span(len)) : std::span<std::byte>(); },
+        [](std::span<std::byte>) {}, cfg_.idle_timeout, cancel));
+    bytes_in_ += req.total;
+    if (!outcome.ok()) return {};
+    if (body_checksum(body) != req.checksum) {
+      outcome = make_status(StatusCode::corrupt_data, "touch body failed its checksum");
+      return {};
+    }
+    auto touches = decode_touches(body);
+    if (!touches.ok()) {
+      outcome = touches.status();
+      return {};
+    }
+    if (auto n = store_->touch(ns, *touches, req.version); !n.ok()) outcome = n.status();
     return {};
   }
 

@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
   };
   int w = 0;
   using storage::Op;
-  for (Op op : {Op::hello, Op::auth, Op::put, Op::get, Op::stat, Op::remove, Op::list, Op::data}) {
+  for (Op op : {Op::hello, Op::auth, Op::put, Op::get, Op::stat, Op::remove, Op::list, Op::data, Op::touch,
+                Op::usage}) {
     storage::Request rq;
     rq.op = op;
     rq.id = 1000 + w;
@@ -129,6 +130,8 @@ int main(int argc, char** argv) {
     if (op == Op::put || op == Op::get || op == Op::stat || op == Op::remove) rq.context = "story-0042";
     if (op == Op::auth) rq.name_space = "tenant-a", rq.mac.fill(0x5a);
     if (op == Op::put) rq.total = 3 << 20, rq.checksum = 0x1122334455667788ull, rq.version = 1700000000000000ull;
+    if (op == Op::touch) rq.total = 300, rq.checksum = 0x1122334455667788ull, rq.version = 1700000000000000ull;
+    if (op == Op::usage) rq.context = "story-", rq.after = "story-0041", rq.chunk = 4096;
     if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     if (op == Op::put) {  // with a parts table (a progressive chunk's levels)
       rq.parts = {{1000, 2.5}, {200000, 0.25}, {3 << 20, 0.0}};
@@ -142,7 +145,7 @@ int main(int argc, char** argv) {
     rs.op = op;
     rs.id = rq.id;
     rs.checksum = 0x0123456789abcdefull;
-    if (op == Op::hello) rs.nonce.fill(0x33);
+    if (op == Op::hello) rs.nonce.fill(0x33), rs.features = storage::kFeatureUsage, rs.checksum = 0;
     if (op == Op::get) rs.code = StatusCode::not_found, rs.message = "no such chunk";
     if (op == Op::data) rs.total = 0;
     if (!write_file(wdir + "/resp_" + std::to_string(w++), 1, bytes(storage::encode(rs)))) return 1;
@@ -154,6 +157,12 @@ int main(int argc, char** argv) {
     if (!write_file(wdir + "/stats_parts", 2, bytes(storage::encode_stats({a, b})))) return 1;
   }
   if (!write_file(wdir + "/names", 3, bytes(storage::encode_names({"a", "story-1", "ctx.v2"})))) return 1;
+  {
+    const std::vector<storage::ContextTouch> touches = {{"story-0", 0}, {"story-1", 1}, {"story-2", 2}};
+    if (!write_file(wdir + "/touches", 4, bytes(storage::encode_touches(touches)))) return 1;
+    const std::vector<storage::ContextUsage> usage = {{"story-0", 4000, {0, 1}, 17, 99, 0}, {"story-1", 9, {3}, 5, 0, 0}};
+    if (!write_file(wdir + "/usage", 5, bytes(storage::encode_usage(usage)))) return 1;
+  }
   // rANS seeds (fuzz_rans_decoder): its input is a description, not a stream, so a
   // few descriptions are enough: untouched matrices of every shape kind, and groups
   // with edits.
@@ -171,6 +180,6 @@ int main(int argc, char** argv) {
     if (!write_file(rdir + "/seed_" + std::to_string(i), rans_seeds[i][0], {rans_seeds[i].begin() + 1, rans_seeds[i].end()}))
       return 1;
   std::fprintf(stderr, "wrote %d chunk seeds, %zu profile seeds and %d wire seeds under %s\n", n + grouped, profiles.size() * 3,
-               w + 3, root.c_str());
+               w + 5, root.c_str());
   return 0;
 }

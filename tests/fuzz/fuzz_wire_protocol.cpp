@@ -1,5 +1,5 @@
 // libFuzzer target: the storage protocol's parsers on untrusted bytes: request and
-// response headers, stat bodies and list bodies (the first input byte picks which).
+// response headers, stat, list, touch and usage bodies (the first input byte picks which).
 // Invariants besides memory safety: a parser never returns `internal`; whatever it
 // accepts re-encodes to bytes it parses back to the same fields, every one compared
 // (a put's total, checksum, version and parts table, a get's range, a response's total,
@@ -7,7 +7,8 @@
 // to themselves: nothing accepted is lost or invented on the way. What it accepts is
 // also valid: a put's parts table fits its body, a range lies within the largest
 // object, fields of other ops are zero, a stat body's parts are trimmed and each
-// level's fits its size.
+// level's fits its size, a touch's body is within a segment, a usage page's names and
+// chunk ids are in order.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -40,11 +41,11 @@ bool same(const Request& a, const Request& b) {
   return a.op == b.op && a.id == b.id && a.chunk == b.chunk && a.level == b.level && a.total == b.total &&
          a.checksum == b.checksum && a.version == b.version && same(a.parts, b.parts) &&
          a.range_offset == b.range_offset && a.range_length == b.range_length && a.context == b.context &&
-         a.name_space == b.name_space && a.mac == b.mac;
+         a.name_space == b.name_space && a.mac == b.mac && a.after == b.after;
 }
 bool same(const Response& a, const Response& b) {
   return a.op == b.op && a.id == b.id && a.code == b.code && a.message == b.message && a.checksum == b.checksum &&
-         a.total == b.total && a.nonce == b.nonce;
+         a.total == b.total && a.nonce == b.nonce && a.features == b.features;
 }
 bool same(const ChunkStat& a, const ChunkStat& b) {
   if (a.chunk != b.chunk || a.level_bytes != b.level_bytes || a.level_parts.size() != b.level_parts.size())
@@ -63,8 +64,12 @@ bool same(const std::vector<ChunkStat>& a, const std::vector<ChunkStat>& b) {
 // body, a range lies within the largest object, fields of other ops are zero.
 void check_accepted(const Request& r) {
   if (Status s = validate_parts(r.parts, r.total); !s.ok()) fail("accepted a put whose parts table is invalid", s);
-  if (r.op != Op::put && (r.total != 0 || r.checksum != 0 || r.version != 0 || !r.parts.empty()))
-    fail("put fields on another op");
+  const bool has_body = r.op == Op::put || r.op == Op::touch;
+  if (!has_body && (r.total != 0 || r.checksum != 0 || r.version != 0)) fail("put fields on another op");
+  if (r.op != Op::put && !r.parts.empty()) fail("a parts table on another op");
+  if (r.op == Op::touch && (r.total == 0 || r.total > kMaxTouchBodyBytes)) fail("accepted a touch body out of bounds");
+  if (r.op != Op::usage && !r.after.empty()) fail("a usage start on another op");
+  if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage)) fail("accepted a usage page out of bounds");
   if (r.op != Op::get && (r.range_offset != 0 || r.range_length != 0)) fail("range fields on another op");
   if (r.range_length == 0 && r.range_offset != 0) fail("accepted a range of no length");
   if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
@@ -85,7 +90,7 @@ void check_accepted(const std::vector<ChunkStat>& stats) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const auto in = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 4) {
+  switch (data[0] % 6) {
     case 0: {
       auto r = decode_request(in);
       no_internal(r, "decode_request");
@@ -118,6 +123,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto again = decode_stats(bytes);
         if (!again.ok() || !same(*r, *again)) fail("stats round trip", again.status());
         if (encode_stats(*again) != bytes) fail("stats re-encode differently");
+      }
+      break;
+    }
+    case 4: {
+      auto r = decode_touches(in);
+      no_internal(r, "decode_touches");
+      if (r.ok()) {
+        if (r->empty()) fail("accepted a touch of nothing");
+        const auto bytes = encode_touches(*r);
+        auto again = decode_touches(bytes);
+        if (!again.ok() || *again != *r) fail("touches round trip", again.status());
+        if (encode_touches(*again) != bytes) fail("touches re-encode differently");
+      }
+      break;
+    }
+    case 5: {
+      auto r = decode_usage(in);
+      no_internal(r, "decode_usage");
+      if (r.ok()) {
+        for (size_t i = 0; i < r->size(); ++i) {
+          const auto& c = (*r)[i].chunks;
+          if (i > 0 && !((*r)[i - 1].context < (*r)[i].context)) fail("usage: names out of order");
+          for (size_t k = 1; k < c.size(); ++k)
+            if (c[k - 1] >= c[k]) fail("usage: chunk ids out of order");
+        }
+        const auto bytes = encode_usage(*r);
+        auto again = decode_usage(bytes);
+        if (!again.ok() || *again != *r) fail("usage round trip", again.status());
+        if (encode_usage(*again) != bytes) fail("usage re-encodes differently");
       }
       break;
     }

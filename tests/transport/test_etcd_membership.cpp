@@ -263,6 +263,10 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
     stored += before[a].size() * kBytes;
   }
   ASSERT_EQ(stored, uint64_t(kChunks) * kReplication * kBytes);
+  // A use mark on every holder (the cluster client tells every node); the rebalance
+  // carries it to the new owner with the context's objects.
+  const storage::ContextTouch mark{kCtx, 3};
+  ASSERT_TRUE((*client)->touch(std::span(&mark, 1), 4242, deadline_in(5000ms)).ok());
 
   // Join: copying runs at 1 MiB/s, so the reads below overlap it (and fall back to
   // the old owners for chunks not copied yet).
@@ -285,6 +289,17 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   }
   EXPECT_EQ(on_d.size(), expected_on_d);
   EXPECT_EQ(copied, on_d.size() * kBytes) << "bytes went somewhere other than the new node";
+  {
+    storage::ClientConfig cc;
+    cc.address = d, cc.name_space = kNs, cc.secret = kSecret;
+    auto direct = storage::Client::connect(cc, deadline_in(5000ms));
+    ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+    auto usage = (*direct)->usage(kCtx, deadline_in(5000ms));
+    ASSERT_TRUE(usage.ok()) << usage.status().to_string();
+    ASSERT_EQ(usage->size(), 1u);
+    EXPECT_EQ((*usage)[0].used, 4242u) << "the use mark did not travel with the context";
+    EXPECT_EQ((*usage)[0].depth, 3u);
+  }
   for (const auto& a : three) EXPECT_EQ(holdings(a), before[a]) << "something moved to old node " << a;
   const double share = double(copied) / double(stored);
   ::testing::Test::RecordProperty("join_moved_share", fmt::format("{:.3f}", share));
