@@ -52,12 +52,13 @@ Result<std::vector<uint64_t>> KvStore::Impl::stat_one(const std::string& key, tr
   return levels;
 }
 
-void KvStore::Impl::mark_used(const std::vector<std::string>& keys, transport::Deadline deadline) {
+void KvStore::Impl::mark_used(const std::vector<std::string>& keys, transport::Deadline deadline,
+                              const transport::CancelToken& cancel) {
   if (keys.empty() || marks_unsupported.load(std::memory_order_relaxed)) return;
   std::vector<storage::ContextTouch> touches;
   touches.reserve(keys.size());
   for (uint32_t i = 0; i < keys.size(); ++i) touches.push_back({keys[i], i});
-  const Status s = client->touch(touches, 0, deadline);
+  const Status s = client->touch(touches, 0, deadline, cancel);
   if (s.ok()) return;
   if (s.code() == StatusCode::unsupported) {
     if (!marks_unsupported.exchange(true))

@@ -72,7 +72,8 @@ struct KvStore::Impl {
   // depth, so that eviction goes by use (store/eviction.hpp). Never the caller's error:
   // a storage that keeps no marks is noted once and not asked again, and any other
   // failure is logged (eviction then sees the chunks as used when they were last marked).
-  void mark_used(const std::vector<std::string>& keys, transport::Deadline deadline);
+  void mark_used(const std::vector<std::string>& keys, transport::Deadline deadline,
+                 const transport::CancelToken& cancel = {});
   std::atomic<bool> marks_unsupported{false};
 
   void forget(const std::string& key) {

@@ -215,13 +215,15 @@ Result<StoreFetch> KvStore::fetch(std::span<const Token> tokens, const FetchDest
     KVS_ASSIGN_OR_RETURN(s->ticket, m.scheduler->submit(std::move(sf)));
   }
   // Off the caller's path: the mark is one small request, and the runtime waits for
-  // the chunks, not for it.
-  try {
-    s->marking = std::async(std::launch::async, [store = impl_, keys = std::move(marked), deadline] {
-      store->mark_used(keys, deadline);
-    });
-  } catch (const std::system_error&) {
-    KVS_LOG_DEBUG("kvstore: no thread to mark a fetch's chunks used; they keep their older marks");
+  // the chunks, not for it. Cancelling the fetch ends it too. A storage known to keep
+  // no marks costs no thread.
+  if (!m.marks_unsupported.load(std::memory_order_relaxed)) {
+    try {
+      s->marking = std::async(std::launch::async, [store = impl_, keys = std::move(marked), deadline,
+                                                   cancel = options.cancel] { store->mark_used(keys, deadline, cancel); });
+    } catch (const std::system_error&) {
+      KVS_LOG_DEBUG("kvstore: no thread to mark a fetch's chunks used; they keep their older marks");
+    }
   }
   return StoreFetch(std::move(s));
 }

@@ -16,9 +16,11 @@
 #include <span>
 
 #include <fmt/format.h>
+#include <openssl/err.h>
 
 #include "core/log.hpp"
 #include "core/text.hpp"
+#include "security/socket_bio.hpp"
 #include "storage/protocol.hpp"
 #include "transport/common/address.hpp"
 
@@ -34,24 +36,69 @@ int ms_left(Clock::time_point until) {
   return left > 0 ? int(left) : 0;
 }
 
-// Writes all of `text` before `until`; false if the peer does not take it in time.
-bool write_all(int fd, std::string_view text, Clock::time_point until) {
-  while (!text.empty()) {
-    const ssize_t n = ::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      text.remove_prefix(size_t(n));
-      continue;
+bool wait_for(int fd, short events, Clock::time_point until) {
+  pollfd p{fd, events, 0};
+  return ::poll(&p, 1, ms_left(until)) > 0;
+}
+
+// One client's connection: the socket (non-blocking), in clear or under a TLS
+// session whose handshake is done. Every call ends by `until`.
+class Stream {
+ public:
+  Stream(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
+
+  // Some bytes into `buf`; 0 when the peer closed, failed or was too slow.
+  size_t read_some(char* buf, size_t n, Clock::time_point until) {
+    for (;;) {
+      if (ssl_) {
+        const int got = SSL_read(ssl_, buf, int(n));
+        if (got > 0) return size_t(got);
+        if (!retry(SSL_get_error(ssl_, got), until)) return 0;
+        continue;
+      }
+      const ssize_t got = ::recv(fd_, buf, n, 0);
+      if (got > 0) return size_t(got);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLIN, until)) continue;
+      return 0;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, ms_left(until)) <= 0) return false;
-      continue;
+  }
+
+  // All of `text`; false if the peer does not take it in time.
+  bool write_all(std::string_view text, Clock::time_point until) {
+    while (!text.empty()) {
+      if (ssl_) {
+        const int n = SSL_write(ssl_, text.data(), int(std::min<size_t>(text.size(), 1 << 20)));
+        if (n > 0) {
+          text.remove_prefix(size_t(n));
+          continue;
+        }
+        if (!retry(SSL_get_error(ssl_, n), until)) return false;
+        continue;
+      }
+      const ssize_t n = ::send(fd_, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        text.remove_prefix(size_t(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd_, POLLOUT, until)) continue;
+      return false;
     }
+    return true;
+  }
+
+ private:
+  // After an SSL call that did not complete: waits for what it wants, or gives up.
+  bool retry(int err, Clock::time_point until) {
+    if (err == SSL_ERROR_WANT_READ) return wait_for(fd_, POLLIN, until);
+    if (err == SSL_ERROR_WANT_WRITE) return wait_for(fd_, POLLOUT, until);
+    ERR_clear_error();  // a reset or a bad record: this client is done
     return false;
   }
-  return true;
-}
+  int fd_;
+  SSL* ssl_;
+};
 
 std::string response(int code, const char* reason, const std::string& body, const char* type,
                      std::string_view extra_header = {}) {
@@ -109,7 +156,10 @@ void MetricsListener::set_bearer_token(std::string token) {
 
 Result<std::unique_ptr<MetricsListener>> MetricsListener::start(const std::string& address,
                                                                 std::function<std::string()> body,
-                                                                std::string bearer_token) {
+                                                                std::string bearer_token,
+                                                                std::shared_ptr<const security::TlsContext> tls) {
+  if (tls && tls->role() != security::TlsRole::server)
+    return make_status(StatusCode::invalid_argument, "metrics: a TLS context of the client role cannot serve");
   KVS_ASSIGN_OR_RETURN(auto addrs, transport::resolve_address("metrics", address, /*passive=*/true));
   const sockaddr_storage& sa = addrs.front();
   const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -129,14 +179,14 @@ Result<std::unique_ptr<MetricsListener>> MetricsListener::start(const std::strin
     ::close(fd);
     return make_status(StatusCode::io_error, "metrics: eventfd: {}", std::strerror(errno));
   }
-  return std::unique_ptr<MetricsListener>(
-      new MetricsListener(fd, stop, transport::format_address(bound), std::move(body), std::move(bearer_token)));
+  return std::unique_ptr<MetricsListener>(new MetricsListener(
+      fd, stop, transport::format_address(bound), std::move(body), std::move(bearer_token), std::move(tls)));
 }
 
 MetricsListener::MetricsListener(int listen_fd, int stop_fd, std::string address, std::function<std::string()> body,
-                                 std::string bearer_token)
+                                 std::string bearer_token, std::shared_ptr<const security::TlsContext> tls)
     : listen_fd_(listen_fd), stop_fd_(stop_fd), address_(std::move(address)), body_(std::move(body)),
-      token_(std::move(bearer_token)) {
+      tls_(std::move(tls)), token_(std::move(bearer_token)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -174,35 +224,57 @@ void MetricsListener::run() {
 
 void MetricsListener::answer(int fd) {
   const auto until = Clock::now() + kClientTime;
+  // Under TLS the handshake comes first, within the same 2 s; a client that does not
+  // complete it (plain HTTP, another protocol, a certificate it refuses) gets nothing.
+  security::SslPtr ssl;
+  if (tls_) {
+    auto session = tls_->new_session({});
+    if (!session.ok()) return void(++refused_);
+    ssl = std::move(session).value();
+    if (!security::attach_socket(ssl.get(), fd).ok()) return void(++refused_);
+    // Step by step on the non-blocking socket. A failure is the client's to see and
+    // is counted, not logged: any peer that reaches the port could write lines at will.
+    for (;;) {
+      const security::HandshakeStep step = security::step_handshake(ssl.get(), "a metrics client");
+      if (step.done) break;
+      if (!step.error.ok() || !wait_for(fd, step.wait_events, until)) {
+        KVS_LOG_DEBUG("metrics: {}", step.error.ok() ? "a client's handshake took too long" : step.error.to_string());
+        return void(++refused_);
+      }
+    }
+  }
+  answer_on(fd, ssl.get(), until);
+  if (ssl) (void)SSL_shutdown(ssl.get());  // close_notify, best effort: the socket closes next
+}
+
+void MetricsListener::answer_on(int fd, SSL* ssl, std::chrono::steady_clock::time_point until) {
+  Stream stream(fd, ssl);
   std::string request;
   char buf[1024];
   // Up to the end of the headers; a request body (a GET has none) is not read.
   while (request.find("\r\n\r\n") == std::string::npos) {
     if (request.size() >= kMaxRequestBytes) return void(++refused_);
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, ms_left(until)) <= 0) return void(++refused_);  // too slow
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return void(++refused_);
-    request.append(buf, size_t(n));
+    const size_t n = stream.read_some(buf, sizeof buf, until);
+    if (n == 0) return void(++refused_);  // closed, failed or too slow
+    request.append(buf, n);
   }
   const std::string_view line = std::string_view(request).substr(0, request.find("\r\n"));
   const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 == std::string_view::npos ? 0 : sp1 + 1);
   if (sp1 == std::string_view::npos || sp2 == std::string_view::npos) {
-    (void)write_all(fd, response(400, "Bad Request", "bad request line\n", "text/plain"), until);
+    (void)stream.write_all(response(400, "Bad Request", "bad request line\n", "text/plain"), until);
     return void(++refused_);
   }
   const std::string_view method = line.substr(0, sp1), path = line.substr(sp1 + 1, sp2 - sp1 - 1);
   if (method != "GET") {
-    (void)write_all(fd, response(405, "Method Not Allowed", "GET /metrics only\n", "text/plain"), until);
+    (void)stream.write_all(response(405, "Method Not Allowed", "GET /metrics only\n", "text/plain"), until);
     return void(++refused_);
   }
   if (path != "/metrics") {
-    (void)write_all(fd, response(404, "Not Found", "GET /metrics only\n", "text/plain"), until);
+    (void)stream.write_all(response(404, "Not Found", "GET /metrics only\n", "text/plain"), until);
     return void(++refused_);
   }
   if (!authorized(std::string_view(request).substr(line.size()))) {
-    (void)write_all(fd,
+    (void)stream.write_all(
                     response(401, "Unauthorized", "a bearer token is needed\n", "text/plain",
                              "WWW-Authenticate: Bearer realm=\"kvstream\"\r\n"),
                     until);
@@ -213,10 +285,10 @@ void MetricsListener::answer(int fd) {
     text = body_();
   } catch (const std::exception& e) {
     KVS_LOG_WARN("metrics: could not make the answer: {}", e.what());
-    (void)write_all(fd, response(500, "Internal Server Error", "\n", "text/plain"), until);
+    (void)stream.write_all(response(500, "Internal Server Error", "\n", "text/plain"), until);
     return void(++refused_);
   }
-  if (write_all(fd, response(200, "OK", text, "text/plain; version=0.0.4"), until))
+  if (stream.write_all(response(200, "OK", text, "text/plain; version=0.0.4"), until))
     ++served_;
   else
     ++refused_;

@@ -136,9 +136,12 @@ int main(int argc, char** argv) {
                  "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces (reread "
                  "on SIGHUP)");
   std::string metrics_address, metrics_token_file;
+  bool metrics_tls = false;
   app.add_option("--metrics", metrics_address,
                  "host:port to serve the node's counters and each namespace's stored bytes and quota at GET "
-                 "/metrics (Prometheus text; plain HTTP: loopback or a management network; port 0: any)");
+                 "/metrics (Prometheus text; plain HTTP unless --metrics-tls: loopback or a management network; "
+                 "port 0: any)");
+  app.add_flag("--metrics-tls", metrics_tls, "serve /metrics over HTTPS (TLS 1.3) with --tls-cert and --tls-key");
   app.add_option("--metrics-token-file", metrics_token_file,
                  "file whose first line is the bearer token /metrics asks for (Authorization: Bearer <token>; "
                  "reread on SIGHUP); without it, no login");
@@ -216,6 +219,17 @@ int main(int argc, char** argv) {
   if (!metrics_token_file.empty())
     if (auto err = read_token(metrics_token_file, metrics_token); !err.empty())
       return fmt::print(stderr, "kvstream-server: --metrics-token-file: {}\n", err), 1;
+  std::shared_ptr<const kvstream::security::TlsContext> metrics_tls_context;
+  if (metrics_tls) {
+    if (metrics_address.empty()) return fmt::print(stderr, "kvstream-server: --metrics-tls needs --metrics\n"), 1;
+    if (tls.cert_file.empty() || tls.key_file.empty())
+      return fmt::print(stderr, "kvstream-server: --metrics-tls needs --tls-cert and --tls-key\n"), 1;
+    kvstream::TlsSettings m;  // the node's certificate; no client certificates asked for
+    m.enabled = true, m.cert_file = tls.cert_file, m.key_file = tls.key_file;
+    auto ctx = kvstream::security::TlsContext::create(m, kvstream::security::TlsRole::server);
+    if (!ctx.ok()) return fmt::print(stderr, "kvstream-server: --metrics-tls: {}\n", ctx.status().to_string()), 1;
+    metrics_tls_context = std::move(ctx).value();
+  }
   if (!metrics_address.empty() && metrics_token.empty() && !kvstream::transport::is_loopback_address(metrics_address))
     fmt::print(stderr,
                "kvstream-server: warning: /metrics on {} answers anyone who reaches it (tenant names and usage); "
@@ -236,10 +250,10 @@ int main(int argc, char** argv) {
     auto m = kvstream::storage::MetricsListener::start(
         metrics_address,
         [node = server->get()] { return kvstream::storage::metrics_text(node->counters(), node->namespace_usage()); },
-        std::move(metrics_token));
+        std::move(metrics_token), metrics_tls_context);
     if (!m.ok()) return fmt::print(stderr, "kvstream-server: --metrics: {}\n", m.status().to_string()), 1;
     metrics = std::move(m).value();
-    fmt::print("metrics on http://{}/metrics\n", metrics->address());
+    fmt::print("metrics on {}://{}/metrics\n", metrics_tls_context ? "https" : "http", metrics->address());
   }
   std::fflush(stdout);
   while (!g_stop) {

@@ -24,6 +24,17 @@ void fetch_all(KvStore& store, const std::vector<Token>& tokens) {
   ASSERT_TRUE(f->wait().ok());
 }
 
+// The fixture's node started again on its directory (a new port), with a quota for
+// the tenant when `quota` is set.
+std::unique_ptr<storage::Server> restart_node(const fs::path& dir, uint64_t quota = 0) {
+  storage::ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.directory = (dir / "node").string();
+  sc.secrets = {{"ns", kSecret}};
+  sc.default_namespace_quota_bytes = quota;
+  return std::move(storage::Server::start(sc)).value();
+}
+
 uint64_t stored_bytes(KvStore& store) {
   auto r = store.evict(0, 0s, soon());
   EXPECT_TRUE(r.ok()) << r.status().to_string();
@@ -60,12 +71,7 @@ TEST_F(StoreTest, APutIntoAFullStoreMakesRoomFromTheLeastRecentlyUsed) {
   }
   // The tenant's quota: room for two prompts and a little, not three.
   server_.reset();
-  storage::ServerConfig sc;
-  sc.address = "127.0.0.1:0";
-  sc.directory = (dir_ / "node").string();
-  sc.secrets = {{"ns", kSecret}};
-  sc.default_namespace_quota_bytes = one * 2 + one / 4;
-  server_ = std::move(storage::Server::start(sc)).value();
+  server_ = restart_node(dir_, one * 2 + one / 4);
   StoreConfig cfg = config();
   ASSERT_TRUE(cfg.set("eviction.when_full", "true").ok());
   ASSERT_TRUE(cfg.set("eviction.when_full_fraction", "0").ok());
@@ -100,11 +106,7 @@ TEST_F(StoreTest, UnmarkedChunksGoFirstAndMarksOutliveARestart) {
   }
   server_.reset();
   for (const auto& k : keys_b) ASSERT_TRUE(fs::remove(dir_ / "node" / "ns" / k / "use")) << k;
-  storage::ServerConfig sc;
-  sc.address = "127.0.0.1:0";
-  sc.directory = (dir_ / "node").string();
-  sc.secrets = {{"ns", kSecret}};
-  server_ = std::move(storage::Server::start(sc)).value();
+  server_ = restart_node(dir_);
   KvStore store = open(config());
   auto r = store.evict(one, 0s, soon());
   ASSERT_TRUE(r.ok()) << r.status().to_string();

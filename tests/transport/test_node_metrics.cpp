@@ -6,6 +6,8 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include "storage/node/metrics_text.hpp"
 #include "tests/support/hang_guard.hpp"
 #include "tests/support/node_process.hpp"
+#include "tests/support/test_certs.hpp"
 #include "tests/transport/free_port.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
@@ -53,6 +56,33 @@ std::string http_exchange(const std::string& address, const std::string& request
     if (n <= 0) break;
     got.append(buf, size_t(n));
   }
+  ::close(fd);
+  return got;
+}
+
+// http_exchange over TLS 1.3, trusting `ca_file` and checking the certificate names
+// 127.0.0.1. Empty when the connection or the handshake failed.
+std::string https_exchange(const std::string& address, const std::string& request, const std::string& ca_file) {
+  const uint16_t port = uint16_t(std::stoi(address.substr(address.rfind(':') + 1)));
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  if (SSL_CTX_load_verify_locations(ctx.get(), ca_file.c_str(), nullptr) != 1) return {};
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{10, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET, sa.sin_port = htons(port), sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return ::close(fd), std::string();
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(SSL_new(ctx.get()), SSL_free);
+  SSL_set_fd(ssl.get(), fd);
+  X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl.get()), "127.0.0.1");
+  std::string got;
+  if (SSL_connect(ssl.get()) == 1 && SSL_write(ssl.get(), request.data(), int(request.size())) > 0) {
+    char buf[4096];
+    for (int n; (n = SSL_read(ssl.get(), buf, sizeof buf)) > 0;) got.append(buf, size_t(n));
+  }
+  ssl.reset();
   ::close(fd);
   return got;
 }
@@ -184,6 +214,61 @@ TEST_F(NodeMetrics, ABearerTokenKeepsTheTenantsFromWhoeverReachesThePort) {
   EXPECT_EQ(scrape("Authorization: Bearer rotated\r\n").rfind("HTTP/1.1 200", 0), 0u);
   EXPECT_EQ((*m)->served(), 3u);
   EXPECT_EQ(calls, 3);
+}
+
+// With the node's certificate the endpoint speaks HTTPS only: a scraper that trusts the
+// node's authority gets the text (the token checked as over HTTP); plain HTTP, or a
+// client that trusts another authority, gets nothing, and the endpoint goes on serving.
+TEST_F(NodeMetrics, OverTlsTheTokenAndTheTextCrossEncrypted) {
+  const auto certs = kvstream::testing::make_test_certs(tmp_.path().string());
+  ASSERT_TRUE(certs.ok()) << certs.error;
+  TlsSettings s;
+  s.enabled = true, s.cert_file = certs.server_cert, s.key_file = certs.server_key;
+  auto tls = security::TlsContext::create(s, security::TlsRole::server);
+  ASSERT_TRUE(tls.ok()) << tls.status().to_string();
+  auto m = MetricsListener::start(
+      "127.0.0.1:0", [] { return std::string("kvstream_node_up 1\n"); }, "s3cret-token", *tls);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::string addr = (*m)->address();
+  const std::string get = "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n\r\n";
+  std::string got = https_exchange(addr, get, certs.ca);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("\r\n\r\nkvstream_node_up 1\n"), std::string::npos) << got;
+  got = https_exchange(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", certs.ca);
+  EXPECT_EQ(got.rfind("HTTP/1.1 401", 0), 0u) << got;
+  // In clear to the TLS port: no HTTP answer (the handshake fails on it).
+  got = http_exchange(addr, get);
+  EXPECT_EQ(got.find("HTTP/1.1"), std::string::npos) << got;
+  EXPECT_TRUE(https_exchange(addr, get, certs.other_ca).empty()) << "a client of another authority was answered";
+  got = https_exchange(addr, get, certs.ca);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_EQ((*m)->served(), 2u);
+  EXPECT_EQ((*m)->refused(), 3u);
+  // A client context cannot serve.
+  auto client_ctx = security::TlsContext::create(s, security::TlsRole::client);
+  ASSERT_TRUE(client_ctx.ok()) << client_ctx.status().to_string();
+  EXPECT_EQ(MetricsListener::start("127.0.0.1:0", [] { return std::string(); }, {}, *client_ctx).status().code(),
+            StatusCode::invalid_argument);
+}
+
+// kvstream-server --metrics-tls: /metrics with the node's certificate, and no start
+// without one.
+TEST_F(NodeMetrics, KvstreamServerServesThemOverTlsWithItsCertificate) {
+  const auto certs = kvstream::testing::make_test_certs(tmp_.path().string());
+  ASSERT_TRUE(certs.ok()) << certs.error;
+  const auto secrets = tmp_.path() / "secrets.json";
+  std::ofstream(secrets) << R"({"tenant-a": ")" << kSecretA << R"("})";
+  const std::string metrics = "127.0.0.1:" + std::to_string(test_util::free_port());
+  const std::vector<std::string> args = {"--dir",    (tmp_.path() / "store").string(), "--secrets", secrets.string(),
+                                         "--listen", "127.0.0.1:0", "--metrics", metrics, "--metrics-tls"};
+  kvstream::testing::NodeProcess node;
+  EXPECT_FALSE(node.start(KVSTREAM_SERVER_BIN, args, "warn")) << "--metrics-tls without a certificate started";
+  auto with_cert = args;
+  with_cert.insert(with_cert.end(), {"--tls-cert", certs.server_cert, "--tls-key", certs.server_key});
+  ASSERT_TRUE(node.start(KVSTREAM_SERVER_BIN, with_cert, "warn"));
+  const std::string got = https_exchange(metrics, "GET /metrics HTTP/1.1\r\n\r\n", certs.ca);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("kvstream_node_requests_total"), std::string::npos) << got;
 }
 
 // kvstream-server --metrics-token-file: the token is the file's first line, and SIGHUP
