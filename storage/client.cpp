@@ -428,9 +428,9 @@ class ClientImpl final : public Client {
       for (const auto& u : page)
         if (!u.context.starts_with(prefix))
           return make_status(StatusCode::corrupt_data, "usage listed '{}' for the prefix '{}'", u.context, prefix);
-      const bool last = page.size() < kUsagePage;
+      // A node may end a page early (its byte bound), so only an empty one is the last.
+      if (page.empty()) return out;
       std::move(page.begin(), page.end(), std::back_inserter(out));
-      if (last) return out;
     }
   }
 

@@ -33,8 +33,10 @@ enum class Op : uint8_t {
 inline constexpr uint64_t kFeatureUsage = 1;  ///< touch and usage requests
 /// Bound on a touch request's body: one segment.
 inline constexpr uint64_t kMaxTouchBodyBytes = uint64_t(1) << 20;
-/// Most entries one usage reply may carry.
+/// Most entries one usage reply may carry, and the bytes a node fills one with (it
+/// stops adding entries past them; a client reads pages until an empty one).
 inline constexpr uint32_t kMaxUsagePage = 65536;
+inline constexpr uint64_t kMaxUsageBodyBytes = uint64_t(8) << 20;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
 /// Bound on a response's error text (nothing else: the other header fields have

@@ -360,7 +360,8 @@ class Client {
   virtual Status touch(std::span<const ContextTouch> contexts, uint64_t stamp, transport::Deadline deadline,
                        const transport::CancelToken& cancel = {});
   /// Every context of the namespace whose name starts with `prefix` (empty: all), by
-  /// name, with its bytes, chunks, write and use marks: one reply per 4096 contexts.
+  /// name, with its bytes, chunks, write and use marks: pages of up to 4096 contexts
+  /// (8 MiB), read until an empty one.
   /// Errors: unsupported (as touch; the default here), the client's.
   virtual Result<std::vector<ContextUsage>> usage(const std::string& prefix, transport::Deadline deadline,
                                                   const transport::CancelToken& cancel = {});

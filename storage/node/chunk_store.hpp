@@ -34,6 +34,7 @@
 #include "storage/node/namespace_quota.hpp"
 #include "storage/node/object_file.hpp"
 #include "storage/node/use_mark.hpp"
+#include "storage/protocol.hpp"
 #include "security/key_ring.hpp"
 
 namespace kvstream::storage {
@@ -207,9 +208,12 @@ class ChunkStore {
   /// The use mark of one context (none: stamp 0).
   [[nodiscard]] UseMark use_mark(const std::string& ns, const std::string& ctx) const;
   /// Up to `limit` contexts of `ns` whose names start with `prefix` and sort after
-  /// `after`, by name, each with its payload bytes, chunks, newest write version and use mark.
+  /// `after`, by name, each with its payload bytes, chunks, newest write version and use
+  /// mark; fewer once their wire form (encode_usage) passes `max_bytes` (at least one,
+  /// when there is one), so a page of contexts with many chunks stays a bounded reply.
   [[nodiscard]] std::vector<ContextUsage> usage(const std::string& ns, const std::string& prefix,
-                                                const std::string& after, uint32_t limit) const;
+                                                const std::string& after, uint32_t limit,
+                                                uint64_t max_bytes = kMaxUsageBodyBytes) const;
 
  private:
   ChunkStore(MemoryBudget& budget) : budget_(budget) {}

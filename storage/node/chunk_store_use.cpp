@@ -44,7 +44,7 @@ UseMark ChunkStore::use_mark(const std::string& ns, const std::string& ctx) cons
 }
 
 std::vector<ContextUsage> ChunkStore::usage(const std::string& ns, const std::string& prefix, const std::string& after,
-                                            uint32_t limit) const {
+                                            uint32_t limit, uint64_t max_bytes) const {
   std::vector<ContextUsage> out;
   std::lock_guard lock(mu_);
   auto n = index_.find(ns);
@@ -53,7 +53,8 @@ std::vector<ContextUsage> ChunkStore::usage(const std::string& ns, const std::st
   // Names sort, so the prefix's contexts are one run: from the first at or after it
   // (and after `after`) until the first that does not start with it.
   auto it = after.empty() || after < prefix ? contexts.lower_bound(prefix) : contexts.upper_bound(after);
-  for (; it != contexts.end() && out.size() < limit; ++it) {
+  uint64_t bytes = 4;  // the count
+  for (; it != contexts.end() && out.size() < limit && (out.empty() || bytes < max_bytes); ++it) {
     const auto& [name, ctx] = *it;
     if (!name.starts_with(prefix)) break;
     ContextUsage u;
@@ -69,6 +70,7 @@ std::vector<ContextUsage> ChunkStore::usage(const std::string& ns, const std::st
       if (present) u.chunks.push_back(chunk);
     }
     u.used = ctx.use.stamp, u.depth = ctx.use.depth;
+    bytes += 1 + u.context.size() + 8 + 8 + 8 + 4 + 4 + 4 * u.chunks.size();  // as encode_usage writes it
     out.push_back(std::move(u));
   }
   return out;

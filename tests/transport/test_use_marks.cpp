@@ -149,6 +149,9 @@ TEST(UseMarks, ListingPagesFollowTheNames) {
   EXPECT_EQ(seen, names);
   // A start before the prefix starts at the prefix.
   EXPECT_EQ((*store)->usage("t", "p.", "a", 1)[0].context, "p.0");
+  // A byte bound ends a page early, never before its first entry.
+  EXPECT_EQ((*store)->usage("t", "p.", "", 100, 1).size(), 1u);
+  EXPECT_EQ((*store)->usage("t", "p.", "", 100, 4 + 2 * 40).size(), 2u);  // an entry of "p.N", one chunk: 40 bytes
   EXPECT_TRUE((*store)->usage("other", "", "", 10).empty());
 }
 
