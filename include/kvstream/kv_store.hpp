@@ -201,7 +201,7 @@ class KvStore {
   /// one stamp, each chunk its depth), and among chunks used at once the deepest go
   /// first, so that what stays is whole prefixes: a chunk is of use only with every
   /// chunk before it. Chunks without a mark (stored before marks, or on a storage that
-  /// keeps none: Redis) go before marked ones, the deepest first, the oldest among
+  /// keeps none: Redis Cluster) go before marked ones, the deepest first, the oldest among
   /// equally deep ones; there one list, a stat and a record read per chunk find them,
   /// where a node that keeps marks answers in one listing (store/eviction.hpp).
   Result<EvictReport> evict(uint64_t max_bytes, std::chrono::seconds max_age, transport::Deadline deadline);

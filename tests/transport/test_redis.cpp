@@ -99,6 +99,44 @@ TEST_F(Redis, PutGetStatListRemove) {
   EXPECT_EQ(*(*c)->list(deadline_in(5s)), std::vector<std::string>{"ctx-2"});
 }
 
+// Use marks on one Redis server: a hash per namespace raised by a script; the listing
+// sums each context's size table. Redis keeps no write versions (written 0).
+TEST_F(Redis, UseMarksAndTheUsageListing) {
+  auto c = client();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  Client& cl = **c;
+  ASSERT_TRUE(cl.put("m.a", 0, 0, test_util::pattern(100, 1), deadline_in(5s)).ok());
+  ASSERT_TRUE(cl.put("m.a", 0, 1, test_util::pattern(30, 2), deadline_in(5s)).ok());
+  ASSERT_TRUE(cl.put("m.a", 1, 0, test_util::pattern(40, 3), deadline_in(5s)).ok());
+  ASSERT_TRUE(cl.put("m.b", 0, 0, test_util::pattern(10, 4), deadline_in(5s)).ok());
+  ASSERT_TRUE(cl.put("x.c", 2, 0, test_util::pattern(5, 5), deadline_in(5s)).ok());
+  const std::vector<storage::ContextTouch> first = {{"m.a", 0}, {"m.b", 1}, {"m.none", 2}};
+  ASSERT_TRUE(cl.touch(first, 1000, deadline_in(5s)).ok());
+  const std::vector<storage::ContextTouch> lower = {{"m.a", 7}};
+  ASSERT_TRUE(cl.touch(lower, 999, deadline_in(5s)).ok());
+  const std::vector<storage::ContextTouch> same = {{"m.b", 4}};
+  ASSERT_TRUE(cl.touch(same, 1000, deadline_in(5s)).ok());
+  auto u = cl.usage("m.", deadline_in(5s));
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  ASSERT_EQ(u->size(), 2u) << "a touch made a context, or the prefix let another through";
+  EXPECT_EQ((*u)[0], (storage::ContextUsage{"m.a", 170, {0, 1}, 0, 1000, 0}));
+  EXPECT_EQ((*u)[1], (storage::ContextUsage{"m.b", 10, {0}, 0, 1000, 4}));
+  auto all = cl.usage("", deadline_in(5s));
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[2], (storage::ContextUsage{"x.c", 5, {2}, 0, 0, 0}));
+  // A remove takes the mark with it; the context stored again starts unmarked.
+  ASSERT_TRUE(cl.remove("m.a", deadline_in(5s)).ok());
+  ASSERT_TRUE(cl.put("m.a", 0, 0, test_util::pattern(100, 1), deadline_in(5s)).ok());
+  u = cl.usage("m.a", deadline_in(5s));
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ((*u)[0].used, 0u);
+  // Other namespaces see none of it.
+  auto other = client(5000ms, "tenant-b");
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE((*other)->usage("", deadline_in(5s))->empty());
+}
+
 // A Redis at its maxmemory that evicts nothing refuses writes ("OOM command not
 // allowed"): a put is no_space (only removing data helps), not unavailable, and after
 // a remove it fits again.
