@@ -169,6 +169,7 @@ struct EvictionBenchOptions {
   uint32_t scan_chunks = 2000;       ///< chunks stored for the cost of one eviction listing
   uint32_t scan_reps = 5;
   uint64_t seed = 1;
+  std::string redis;                 ///< host:port of a Redis server to store in instead of a node started here
   std::string json;
 };
 int run_eviction_bench(const EvictionBenchOptions& o);

@@ -54,11 +54,37 @@ Workload make_workload(const EvictionBenchOptions& o) {
   return w;
 }
 
-StoreConfig store_config(const BenchNode& node, const std::string& profile_path, uint32_t chunk_tokens, bool by_use) {
+// Where a run's store keeps its chunks: a node started here (on a directory of its
+// own), or the Redis server at --redis under a namespace of its own.
+struct Backing {
+  BenchNode node;
+  std::string redis, name_space;
+  // Requests the node served so far (0 on Redis: not counted there).
+  [[nodiscard]] uint64_t requests() const { return node.server ? node.server->counters().requests : 0; }
+};
+
+Result<Backing> open_backing(const EvictionBenchOptions& o, const std::string& dir, const std::string& name) {
+  Backing b;
+  if (!o.redis.empty()) {
+    b.redis = o.redis;
+    b.name_space = fmt::format("bench-{}-{}-{}", ::getpid(), name, o.seed);
+    return b;
+  }
+  KVS_ASSIGN_OR_RETURN(b.node, open_bench_node("", "tcp", kSecret, dir));
+  return b;
+}
+
+StoreConfig store_config(const Backing& backing, const std::string& profile_path, uint32_t chunk_tokens, bool by_use) {
   StoreConfig sc;
-  sc.storage.address = node.client.address;
-  sc.storage.name_space = node.client.name_space;
-  sc.storage.secret = node.client.secret;
+  if (!backing.redis.empty()) {
+    sc.storage.kind = "redis";
+    sc.storage.address = backing.redis;
+    sc.storage.name_space = backing.name_space;
+  } else {
+    sc.storage.address = backing.node.client.address;
+    sc.storage.name_space = backing.node.client.name_space;
+    sc.storage.secret = backing.node.client.secret;
+  }
   sc.codec.profile_path = profile_path;
   sc.codec.model_id = "bench";
   sc.codec.chunk_tokens = chunk_tokens;
@@ -79,7 +105,7 @@ struct HitRun {
 // One pass of the workload on a fresh node: bounded to `max_bytes`.
 Result<HitRun> run_hits(const EvictionBenchOptions& o, const AssembledSetup& setup, const std::string& profile_path,
                         const Workload& w, bool by_use, uint64_t max_bytes, const std::string& dir) {
-  KVS_ASSIGN_OR_RETURN(BenchNode node, open_bench_node("", "tcp", kSecret, dir));
+  KVS_ASSIGN_OR_RETURN(Backing node, open_backing(o, dir, by_use ? "hits-use" : "hits-depth"));
   KVS_ASSIGN_OR_RETURN(KvStore store, KvStore::open(store_config(node, profile_path, o.chunk_tokens, by_use)));
   KVS_ASSIGN_OR_RETURN(KvCache dest, KvCache::create(setup.geometry, DType::f16, setup.context.tokens()));
   FetchOptions fo;
@@ -98,11 +124,11 @@ Result<HitRun> run_hits(const EvictionBenchOptions& o, const AssembledSetup& set
     if (found == tokens.size()) continue;
     KVS_RETURN_IF_ERROR(store.put(tokens, setup.context.view(), deadline_in(60s)).status());
     ++r.puts;
-    const uint64_t before = node.server->counters().requests;
+    const uint64_t before = node.requests();
     const auto t0 = transport::Clock::now();
     KVS_ASSIGN_OR_RETURN(EvictReport ev, store.evict(max_bytes, 0s, deadline_in(60s)));
     r.evict_seconds += since(t0);
-    r.evict_requests += node.server->counters().requests - before;
+    r.evict_requests += node.requests() - before;
     ++r.evictions;
     r.chunks_evicted += ev.chunks_removed;
   }
@@ -119,7 +145,7 @@ struct ScanCost {
 // nothing) timed under both orders, alternated.
 Result<std::pair<ScanCost, ScanCost>> scan_cost(const EvictionBenchOptions& o, const AssembledSetup& setup,
                                                 const std::string& profile_path, const std::string& dir) {
-  KVS_ASSIGN_OR_RETURN(BenchNode node, open_bench_node("", "tcp", kSecret, dir));
+  KVS_ASSIGN_OR_RETURN(Backing node, open_backing(o, dir, "scan"));
   KVS_ASSIGN_OR_RETURN(KvStore by_use, KvStore::open(store_config(node, profile_path, o.chunk_tokens, true)));
   KVS_ASSIGN_OR_RETURN(KvStore by_depth, KvStore::open(store_config(node, profile_path, o.chunk_tokens, false)));
   const uint32_t ct = o.chunk_tokens;
@@ -143,11 +169,11 @@ Result<std::pair<ScanCost, ScanCost>> scan_cost(const EvictionBenchOptions& o, c
   ScanCost use, depth;
   for (uint32_t rep = 0; rep < o.scan_reps; ++rep) {
     for (KvStore* s : {&by_depth, &by_use}) {
-      const uint64_t before = node.server->counters().requests;
+      const uint64_t before = node.requests();
       const auto t0 = transport::Clock::now();
       KVS_ASSIGN_OR_RETURN(EvictReport ev, s->evict(0, 0s, deadline_in(120s)));
       (s == &by_use ? use_s : depth_s).push_back(since(t0));
-      (s == &by_use ? use : depth).requests = node.server->counters().requests - before;
+      (s == &by_use ? use : depth).requests = node.requests() - before;
       if (ev.chunks_removed != 0) return make_status(StatusCode::internal, "a listing removed chunks");
     }
   }
@@ -185,7 +211,7 @@ int run_eviction_bench(const EvictionBenchOptions& o) {
   // The bytes of one prompt's own chunks and of the shared ones, from a store of one.
   uint64_t all_bytes = 0;
   {
-    auto node = open_bench_node("", "tcp", kSecret, (base / "probe").string());
+    auto node = open_backing(o, (base / "probe").string(), "probe");
     if (!node.ok()) return fail(node.status());
     auto store = KvStore::open(store_config(*node, profile_path, o.chunk_tokens, true));
     if (!store.ok()) return fail(store.status());
@@ -199,6 +225,7 @@ int run_eviction_bench(const EvictionBenchOptions& o) {
     all_bytes = per_chunk * (o.shared_chunks + uint64_t(o.prompts) * o.own_chunks);
   }
   const uint64_t max_bytes = uint64_t(o.capacity * double(all_bytes));
+  if (!o.redis.empty()) fmt::print("on the Redis server at {} (node requests not counted there)\n", o.redis);
   fmt::print("{} prompts of {} tokens ({} shared chunks, {} own, {} tokens each); {} requests, Zipf {}; the store "
              "bounded to {:.0f}% of the {:.1f} MiB they take\n",
              o.prompts, prompt_tokens, o.shared_chunks, o.own_chunks, o.chunk_tokens, o.requests, o.zipf,
