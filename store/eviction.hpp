@@ -7,7 +7,7 @@
 // stamp it carries, so what stays is whole prefixes.
 //
 // Chunks nobody has marked (stored before marks, or where the storage keeps none:
-// Redis Cluster, nodes from before 2026-12-06) go before marked ones, deepest first, the
+// nodes from before 2026-12-06) go before marked ones, deepest first, the
 // oldest among equally deep ones, by their records. Chunks without a record come last:
 // one is either a put cut short or a put another store is writing now, and nothing
 // tells which.

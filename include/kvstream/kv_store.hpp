@@ -200,10 +200,10 @@ class KvStore {
   /// recently used first. put and fetch mark a prompt's chunks used (Client::touch:
   /// one stamp, each chunk its depth), and among chunks used at once the deepest go
   /// first, so that what stays is whole prefixes: a chunk is of use only with every
-  /// chunk before it. Chunks without a mark (stored before marks, or on a storage that
-  /// keeps none: Redis Cluster) go before marked ones, the deepest first, the oldest among
-  /// equally deep ones; there one list, a stat and a record read per chunk find them,
-  /// where a node that keeps marks answers in one listing (store/eviction.hpp).
+  /// chunk before it. Chunks without a mark (stored before marks, or on a node from
+  /// before 2026-12-06, which keeps none) go before marked ones, the deepest first, the
+  /// oldest among equally deep ones, by their records; a storage that keeps marks lists
+  /// the rest in one usage listing (store/eviction.hpp).
   Result<EvictReport> evict(uint64_t max_bytes, std::chrono::seconds max_age, transport::Deadline deadline);
 
   [[nodiscard]] const StoreConfig& config() const noexcept;

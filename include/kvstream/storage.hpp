@@ -354,10 +354,10 @@ class Client {
   /// Marks `contexts` used at `stamp` (0: next_write_version(), this process's clock,
   /// the clock of write versions): each keeps the highest stamp it was given, with the
   /// depth given with it. Contexts not stored are passed over. Nothing is read; the
-  /// node keeps the mark beside the context (it survives restarts, not a remove), one
-  /// Redis server in a hash per namespace (stamps up to 2^53).
+  /// node keeps the mark beside the context (it survives restarts, not a remove), Redis
+  /// (one server or a cluster) in a hash per namespace (stamps below 2^53).
   /// Errors: invalid_argument (a context id), unsupported (a storage that keeps no
-  /// marks: nodes from before 2026-12-06, Redis Cluster; the default here), the client's.
+  /// marks: nodes from before 2026-12-06; the default here), the client's.
   virtual Status touch(std::span<const ContextTouch> contexts, uint64_t stamp, transport::Deadline deadline,
                        const transport::CancelToken& cancel = {});
   /// Every context of the namespace whose name starts with `prefix` (empty: all), by

@@ -16,6 +16,7 @@
 #include "storage/redis/redis_cluster_client.hpp"
 #include "storage/redis/redis_conn.hpp"
 #include "storage/redis/redis_job_queue.hpp"
+#include "storage/redis/redis_marks.hpp"
 #include "storage/redis/redis_value.hpp"
 #include "transport/common/address.hpp"
 #include "transport/common/registration.hpp"
@@ -171,18 +172,11 @@ class RedisClient final : public RedisClientBase {
         });
   }
 
-  // The marks live in one hash per namespace (context -> "<stamp> <depth>"), raised by
-  // a script so that a mark never goes down and only listed contexts get one.
+  // The marks live in one hash per namespace (redis_marks.hpp).
   Status touch(std::span<const storage::ContextTouch> contexts, uint64_t stamp, Deadline deadline,
                const CancelToken& cancel) override {
-    for (const auto& t : contexts)
-      KVS_RETURN_IF_ERROR(storage::validate_id(t.context, storage::kMaxContextBytes, "context id"));
+    KVS_ASSIGN_OR_RETURN(auto args, touch_args(contexts, stamp));
     if (contexts.empty()) return {};
-    if (stamp == 0) stamp = storage::next_write_version();
-    if (stamp > kMaxLuaExact)
-      return make_status(StatusCode::invalid_argument, "a use stamp above 2^53 (Redis keeps marks as Lua numbers)");
-    std::vector<std::string> args{std::to_string(stamp)};
-    for (const auto& t : contexts) args.push_back(t.context), args.push_back(std::to_string(t.depth));
     auto r = queue_->call<bool>(
         deadline, cancel,
         [args = std::move(args), marks = marks_key(), ctxs = contexts_key()](Conn& conn, QueueJob& j) -> Result<bool> {
@@ -210,15 +204,7 @@ class RedisClient final : public RedisClientBase {
           std::map<std::string, storage::ContextUsage> out;
           for (auto& n : names)
             if (n.starts_with(prefix)) out[n].context = n;
-          const redisReply* marks = rs[1].get();
-          for (size_t i = 0; marks->type == REDIS_REPLY_ARRAY && i + 1 < marks->elements; i += 2) {
-            auto it = out.find(std::string(reply_str(marks->element[i])));
-            if (it == out.end()) continue;
-            unsigned long long stamp = 0;
-            unsigned depth = 0;
-            if (std::sscanf(std::string(reply_str(marks->element[i + 1])).c_str(), "%llu %u", &stamp, &depth) == 2)
-              it->second.used = stamp, it->second.depth = depth;
-          }
+          apply_marks(rs[1].get(), out);
           KVS_RETURN_IF_ERROR(fill_sizes(conn, j, out));
           std::vector<storage::ContextUsage> v;
           v.reserve(out.size());
@@ -251,21 +237,6 @@ class RedisClient final : public RedisClientBase {
   std::string contexts_key() const { return fmt::format("kvs:{}:contexts", cfg_.name_space); }
   std::string marks_key() const { return fmt::format("kvs:{}:marks", cfg_.name_space); }
 
-  // Raises each listed context's mark to ARGV[1] (an equal stamp takes the depth given
-  // now); KEYS[1] the marks, KEYS[2] the contexts, ARGV[2k], ARGV[2k+1] a context and
-  // its depth.
-  static constexpr const char* kTouchScript =
-      "local stamp = tonumber(ARGV[1]) "
-      "for i = 2, #ARGV, 2 do "
-      "  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 1 then "
-      "    local cur = redis.call('HGET', KEYS[1], ARGV[i]) "
-      "    local s = cur and tonumber(string.match(cur, '^(%d+)')) or -1 "
-      "    if stamp >= s then redis.call('HSET', KEYS[1], ARGV[i], ARGV[1] .. ' ' .. ARGV[i + 1]) end "
-      "  end "
-      "end "
-      "return 0";
-  // Lua numbers are doubles: stamps (us since the epoch, about 1.8e15) stay exact below 2^53.
-  static constexpr uint64_t kMaxLuaExact = uint64_t(1) << 53;
 
   // Sums each context's size table (fields "<chunk>:<level>") into its bytes and chunks,
   // 512 tables a pipelined round trip.
@@ -279,20 +250,9 @@ class RedisClient final : public RedisClientBase {
       for (size_t i = first; i < end; ++i) cmds.push_back({"HGETALL", keys[i]});
       KVS_ASSIGN_OR_RETURN(auto rs, conn.run(cmds, j.deadline));
       for (size_t i = first; i < end; ++i) {
-        const redisReply* r = rs[i - first].get();
-        KVS_RETURN_IF_ERROR(reply_error(r, "usage"));
-        storage::ContextUsage& u = *targets[i];
         std::set<uint32_t> chunks;
-        for (size_t e = 0; r->type == REDIS_REPLY_ARRAY && e + 1 < r->elements; e += 2) {
-          unsigned chunk = 0, level = 0;
-          unsigned long long size = 0;
-          if (std::sscanf(std::string(reply_str(r->element[e])).c_str(), "%u:%u", &chunk, &level) != 2 ||
-              std::sscanf(std::string(reply_str(r->element[e + 1])).c_str(), "%llu", &size) != 1)
-            return make_status(StatusCode::corrupt_data, "redis size table '{}' has a malformed entry", keys[i]);
-          u.bytes += size;
-          chunks.insert(chunk);
-        }
-        u.chunks.assign(chunks.begin(), chunks.end());
+        KVS_RETURN_IF_ERROR(add_sizes(rs[i - first].get(), keys[i], *targets[i], chunks));
+        targets[i]->chunks.assign(chunks.begin(), chunks.end());
       }
     }
     return {};

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "core/log.hpp"
@@ -15,6 +16,7 @@
 #include "storage/redis/redis_calls.hpp"
 #include "storage/redis/redis_conn.hpp"
 #include "storage/redis/redis_job_queue.hpp"
+#include "storage/redis/redis_marks.hpp"
 #include "storage/redis/redis_value.hpp"
 #include "storage/redis/slot_map.hpp"
 #include "transport/common/address.hpp"
@@ -384,8 +386,11 @@ class ClusterClient final : public RedisClientBase {
       }
       KVS_ASSIGN_OR_RETURN(auto d1, run_slot(w, j, key_slot(chunks_set), {{"DEL", chunks_set}}, Access::write));
       KVS_RETURN_IF_ERROR(reply_error(d1[0].get(), "remove"));
-      KVS_ASSIGN_OR_RETURN(auto d2, run_slot(w, j, key_slot(contexts), {{"SREM", contexts, context}}, Access::write));
+      const std::string marks = marks_key();  // the contexts' slot
+      KVS_ASSIGN_OR_RETURN(auto d2, run_slot(w, j, key_slot(contexts),
+                                             {{"SREM", contexts, context}, {"HDEL", marks, context}}, Access::write));
       KVS_RETURN_IF_ERROR(reply_error(d2[0].get(), "remove"));
+      KVS_RETURN_IF_ERROR(reply_error(d2[1].get(), "remove"));
       return true;
     });
     return r.status();
@@ -397,6 +402,57 @@ class ClusterClient final : public RedisClientBase {
           const std::string key = contexts_key();
           KVS_ASSIGN_OR_RETURN(auto rs, run_slot(w, j, key_slot(key), {{"SMEMBERS", key}}, Access::read));
           return string_set(rs[0].get(), "list");
+        });
+  }
+
+  // The marks hash shares the contexts set's slot, so the script (redis_marks.hpp)
+  // reads both on one node. A hint, not data: no WAIT for replicas.
+  Status touch(std::span<const storage::ContextTouch> contexts, uint64_t stamp, Deadline deadline,
+               const CancelToken& cancel) override {
+    KVS_ASSIGN_OR_RETURN(auto args, touch_args(contexts, stamp));
+    if (contexts.empty()) return {};
+    auto r = queue_->call<bool>(deadline, cancel,
+                                [this, args = std::move(args)](ClusterWorker& w, QueueJob& j) -> Result<bool> {
+                                  const std::string marks = marks_key(), ctxs = contexts_key();
+                                  Command cmd{"EVAL", kTouchScript, "2", marks, ctxs};
+                                  for (const auto& a : args) cmd.push_back(a);
+                                  KVS_ASSIGN_OR_RETURN(auto rs, run_slot(w, j, key_slot(marks), {cmd}, Access::write));
+                                  KVS_RETURN_IF_ERROR(reply_error(rs[0].get(), "touch"));
+                                  return true;
+                                });
+    return r.status();
+  }
+
+  // The contexts and marks from their slot, then per context its chunk set and each
+  // chunk's size table (a round trip each, as stat). Redis keeps no write versions.
+  Result<std::vector<storage::ContextUsage>> usage(const std::string& prefix, Deadline deadline,
+                                                   const CancelToken& cancel) override {
+    if (!prefix.empty()) KVS_RETURN_IF_ERROR(storage::validate_id(prefix, storage::kMaxContextBytes, "usage prefix"));
+    return queue_->call<std::vector<storage::ContextUsage>>(
+        deadline, cancel, [this, prefix](ClusterWorker& w, QueueJob& j) -> Result<std::vector<storage::ContextUsage>> {
+          const std::string ctxs = contexts_key(), marks = marks_key();
+          KVS_ASSIGN_OR_RETURN(auto rs,
+                               run_slot(w, j, key_slot(ctxs), {{"SMEMBERS", ctxs}, {"HGETALL", marks}}, Access::read));
+          KVS_ASSIGN_OR_RETURN(auto names, string_set(rs[0].get(), "usage"));
+          KVS_RETURN_IF_ERROR(reply_error(rs[1].get(), "usage"));
+          std::map<std::string, storage::ContextUsage> out;
+          for (auto& n : names)
+            if (n.starts_with(prefix)) out[n].context = n;
+          apply_marks(rs[1].get(), out);
+          for (auto& [name, u] : out) {
+            KVS_ASSIGN_OR_RETURN(auto chunks, chunk_numbers(w, j, name, Access::read));
+            std::set<uint32_t> present;
+            for (uint32_t chunk : chunks) {
+              const std::string sizes = sizes_key(name, chunk);
+              KVS_ASSIGN_OR_RETURN(auto t, run_slot(w, j, key_slot(sizes), {{"HGETALL", sizes}}, Access::read));
+              KVS_RETURN_IF_ERROR(add_sizes(t[0].get(), sizes, u, present));
+            }
+            u.chunks.assign(present.begin(), present.end());
+          }
+          std::vector<storage::ContextUsage> v;
+          v.reserve(out.size());
+          for (auto& [name, u] : out) v.push_back(std::move(u));
+          return v;
         });
   }
 
@@ -431,6 +487,7 @@ class ClusterClient final : public RedisClientBase {
   }
   std::string chunks_key(const std::string& ctx) const { return fmt::format("kvs:{{{}:{}}}:chunks", ns(), ctx); }
   std::string contexts_key() const { return fmt::format("kvs:{{{}}}:contexts", ns()); }
+  std::string marks_key() const { return fmt::format("kvs:{{{}}}:marks", ns()); }  // the contexts' slot
 
   // A write batch on `key`'s slot, then WAIT for put_replicas replicas. `exec_results`:
   // the batch is MULTI ... EXEC with that many commands inside.

@@ -105,6 +105,20 @@ TEST_F(RedisClusterTest, PutGetStatListRemoveAcrossShards) {
   ASSERT_TRUE(n.ok()) << n.status().to_string();
   EXPECT_EQ(std::memcmp(part.data(), big.data() + 200000, 1000), 0);
   EXPECT_EQ(*(*c)->list(deadline_in(5s)), (std::vector<std::string>{"ctx-1", "ctx-2", "ctx-3"}));
+  // Use marks (in the contexts' slot) and the usage listing across the shards.
+  const std::vector<storage::ContextTouch> marks = {{"ctx-1", 2}, {"ctx-3", 5}, {"ctx-none", 1}};
+  ASSERT_TRUE((*c)->touch(marks, 4242, deadline_in(5s)).ok());
+  auto usage = (*c)->usage("ctx-", deadline_in(5s));
+  ASSERT_TRUE(usage.ok()) << usage.status().to_string();
+  ASSERT_EQ(usage->size(), 3u) << "a touch made a context";
+  uint64_t ctx1_bytes = 0;
+  for (uint32_t i = 0; i < kChunks * kLevels; ++i) ctx1_bytes += object(i / kLevels, i % kLevels).size();
+  EXPECT_EQ((*usage)[0].bytes, ctx1_bytes);
+  EXPECT_EQ((*usage)[0].chunks.size(), kChunks);
+  EXPECT_EQ((*usage)[0].used, 4242u);
+  EXPECT_EQ((*usage)[0].depth, 2u);
+  EXPECT_EQ((*usage)[1].used, 0u);
+  EXPECT_EQ((*usage)[2], (storage::ContextUsage{"ctx-3", big.size(), {99}, 0, 4242, 5}));
   EXPECT_EQ((*c)->get("ctx-1", 99, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::not_found);
   // Another namespace sees nothing; remove leaves nothing behind.
   auto other = cluster->client(2, 1, 250ms, "tenant-b");
@@ -115,6 +129,10 @@ TEST_F(RedisClusterTest, PutGetStatListRemoveAcrossShards) {
   EXPECT_EQ((*c)->get("ctx-1", 0, 0, *mr, 0, buf.size(), deadline_in(5s)).status().code(), StatusCode::not_found);
   EXPECT_EQ((*c)->remove("ctx-1", deadline_in(5s)).code(), StatusCode::not_found);
   EXPECT_EQ(*(*c)->list(deadline_in(5s)), (std::vector<std::string>{"ctx-2", "ctx-3"}));
+  ASSERT_TRUE((*c)->put("ctx-1", 0, 0, object(0, 0), deadline_in(5s)).ok());
+  usage = (*c)->usage("ctx-1", deadline_in(5s));
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ((*usage)[0].used, 0u) << "a mark outlived its context's remove";
   // The single-server client refuses a cluster node instead of scattering its keys.
   test_util::RedisServer& node = cluster->server(0);
   redis::RedisConfig single;
