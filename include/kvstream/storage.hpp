@@ -183,6 +183,7 @@ class Server {
     uint64_t evicted_unauthenticated = 0; ///< pre-auth connections replaced by newer ones
     uint64_t budget_refusals = 0;         ///< requests answered resource_exhausted for memory
     uint64_t quota_refusals = 0;          ///< puts answered no_space for their namespace's quota
+    uint64_t use_marks_raised = 0;        ///< contexts whose use mark a touch raised (Client::touch)
     uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
     uint64_t budget_limit_bytes = 0;
     uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start

@@ -36,6 +36,7 @@ class Server {
     d["budget_refusals"] = c.budget_refusals;
     d["budget_peak_bytes"] = c.budget_peak_bytes;
     d["quota_refusals"] = c.quota_refusals;
+    d["use_marks_raised"] = c.use_marks_raised;
     if (c.transport_peer_entries) d["transport_peer_entries"] = *c.transport_peer_entries;
     return d;
   }

@@ -207,6 +207,8 @@ class ChunkStore {
   Result<uint32_t> touch(const std::string& ns, std::span<const ContextTouch> touches, uint64_t stamp);
   /// The use mark of one context (none: stamp 0).
   [[nodiscard]] UseMark use_mark(const std::string& ns, const std::string& ctx) const;
+  /// Use marks raised by touch() since the store opened.
+  [[nodiscard]] uint64_t marks_raised() const { return marks_raised_.load(std::memory_order_relaxed); }
   /// Up to `limit` contexts of `ns` whose names start with `prefix` and sort after
   /// `after`, by name, each with its payload bytes, chunks, newest write version and use
   /// mark; fewer once their wire form (encode_usage) passes `max_bytes` (at least one,
@@ -247,6 +249,7 @@ class ChunkStore {
     uint64_t quarantined = 0, stale_temporaries = 0;
   } counters_;  // logged at open
   NamespaceQuota quota_;           // guarded by mu_
+  std::atomic<uint64_t> marks_raised_{0};
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
   mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)

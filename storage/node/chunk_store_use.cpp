@@ -28,6 +28,7 @@ Result<uint32_t> ChunkStore::touch(const std::string& ns, std::span<const Contex
       if (stamp < use.stamp || (stamp == use.stamp && t.depth == use.depth)) continue;
       use = {stamp, t.depth};
       mark = use;
+      marks_raised_.fetch_add(1, std::memory_order_relaxed);
     }
     if (Status s = write_use_mark(context_dir(ns, t.context), mark); !s.ok() && first_error.ok()) first_error = s;
   }

@@ -135,6 +135,7 @@ class ServerImpl final : public Server {
     c.budget_refusals = budget_.refusals(), c.budget_peak_bytes = budget_.peak(), c.budget_limit_bytes = budget_.limit();
     c.objects_under_old_keys = store_->objects_under_old_keys();
     c.quota_refusals = store_->quota_refusals();
+    c.use_marks_raised = store_->marks_raised();
     c.transport_peer_entries = listener_->peer_entries();
     std::lock_guard lock(keys_mu_);
     c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;

@@ -437,6 +437,7 @@ def test_a_full_store_evicts_only_when_asked(tmp_path, tinyllama_profile, model,
             kept = s.evict().bytes_kept
             assert kept <= used + used // 2
         assert node.counters()["quota_refusals"] >= 2
+        assert node.counters()["use_marks_raised"] > 0  # every put marked its chunks used
         usage = node.namespace_usage()["ns"]
         assert usage["quota_bytes"] == used + used // 2 and 0 < usage["stored_bytes"] <= usage["quota_bytes"]
 

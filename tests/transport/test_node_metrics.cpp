@@ -110,10 +110,17 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE((*a)->put("ctx", 0, 0, pattern(6000, 1), deadline_in(10s)).ok());
   EXPECT_EQ((*a)->put("ctx", 1, 0, pattern(6000, 2), deadline_in(10s)).code(), StatusCode::no_space);
+  // A mark raised once: the second touch, at the same stamp and depth, raises nothing.
+  const ContextTouch t{"ctx", 0};
+  ASSERT_TRUE((*a)->touch(std::span(&t, 1), 77, deadline_in(10s)).ok());
+  ASSERT_TRUE((*a)->touch(std::span(&t, 1), 77, deadline_in(10s)).ok());
   const std::string text = "\n" + metrics_text((*server)->counters(), (*server)->namespace_usage());
   EXPECT_EQ(sample(text, "kvstream_node_quota_refusals_total"), 1);
+  EXPECT_EQ(sample(text, "kvstream_node_use_marks_raised_total"), 1);
   EXPECT_GE(sample(text, "kvstream_node_requests_total"), 2);
-  EXPECT_EQ(sample(text, "kvstream_node_bytes_in_total"), 12000);
+  // Both puts' bodies (the refused one is read off the wire too) and the two touches'
+  // (12 bytes each: a count, a depth, a length and "ctx").
+  EXPECT_EQ(sample(text, "kvstream_node_bytes_in_total"), 12000 + 2 * 12);
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"), 6000);
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})"), 10000);
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-b"})"), 0) << "served, empty";
