@@ -147,6 +147,10 @@ inline size_t touch_wire_bytes(const ContextTouch& t) { return 4 + 1 + t.context
 /// Body of a usage response: u32 n, then per context u8 length, bytes, u64 bytes,
 /// u64 written, u64 used, u32 depth, u32 chunk count, u32 chunk ids (ascending).
 std::vector<std::byte> encode_usage(const std::vector<ContextUsage>& usage);
+/// Bytes one entry of a usage body takes.
+inline size_t usage_wire_bytes(const ContextUsage& u) {
+  return 1 + u.context.size() + 8 + 8 + 8 + 4 + 4 + 4 * u.chunks.size();
+}
 Result<std::vector<ContextUsage>> decode_usage(std::span<const std::byte> body);
 /// Body of a list response.
 std::vector<std::byte> encode_names(const std::vector<std::string>& names);

@@ -78,31 +78,40 @@ Result<std::vector<StoredChunk>> read_without_usage(KvStore::Impl& m, transport:
   return out;
 }
 
+// From a usage listing: only the unmarked need their records (their depth and time).
+// nullopt where the storage lists no usage (unsupported).
+Result<std::optional<std::vector<StoredChunk>>> read_with_usage(KvStore::Impl& m, transport::Deadline deadline) {
+  auto usage = m.client->usage(m.keyer.prefix(), deadline);
+  if (!usage.ok()) {
+    if (usage.status().code() == StatusCode::unsupported) return std::optional<std::vector<StoredChunk>>();
+    return usage.status();
+  }
+  std::vector<StoredChunk> out;
+  for (storage::ContextUsage& u : *usage) {
+    StoredChunk e;
+    e.key = std::move(u.context);
+    e.bytes = u.bytes;
+    e.has_record = std::binary_search(u.chunks.begin(), u.chunks.end(), kRecordChunk);
+    e.marked = u.used != 0;
+    e.last_used_us = u.used;  // microseconds (next_write_version): two marks a moment apart still order
+    e.depth = u.depth;
+    out.push_back(std::move(e));
+  }
+  read_records(m, out, [](const StoredChunk& c) { return !c.marked && c.has_record; }, deadline);
+  return std::optional(std::move(out));
+}
+
 }  // namespace
 
 Result<std::vector<StoredChunk>> chunks_in_eviction_order(KvStore::Impl& m, transport::Deadline deadline) {
-  std::vector<StoredChunk> out;
-  auto usage = m.cfg.eviction.by_use
-                   ? m.client->usage(m.keyer.prefix(), deadline)
-                   : Result<std::vector<storage::ContextUsage>>(Status(StatusCode::unsupported, "eviction.by_use off"));
-  if (usage.ok()) {
-    for (storage::ContextUsage& u : *usage) {
-      StoredChunk e;
-      e.key = std::move(u.context);
-      e.bytes = u.bytes;
-      e.has_record = std::binary_search(u.chunks.begin(), u.chunks.end(), kRecordChunk);
-      e.marked = u.used != 0;
-      e.last_used_us = u.used;  // microseconds (next_write_version): two marks a moment apart still order
-      e.depth = u.depth;
-      out.push_back(std::move(e));
-    }
-    // Only the unmarked need their records (their depth and time).
-    read_records(m, out, [](const StoredChunk& c) { return !c.marked && c.has_record; }, deadline);
-  } else if (usage.status().code() == StatusCode::unsupported) {
-    KVS_ASSIGN_OR_RETURN(out, read_without_usage(m, deadline));
-  } else {
-    return usage.status();
+  std::optional<std::vector<StoredChunk>> listed;
+  if (m.cfg.eviction.by_use) {
+    KVS_ASSIGN_OR_RETURN(listed, read_with_usage(m, deadline));
   }
+  if (!listed) {
+    KVS_ASSIGN_OR_RETURN(listed, read_without_usage(m, deadline));
+  }
+  std::vector<StoredChunk>& out = *listed;
   std::sort(out.begin(), out.end(), [](const StoredChunk& a, const StoredChunk& b) {
     if (a.has_record != b.has_record) return a.has_record;
     if (a.marked != b.marked) return !a.marked;

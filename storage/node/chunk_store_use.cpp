@@ -71,7 +71,7 @@ std::vector<ContextUsage> ChunkStore::usage(const std::string& ns, const std::st
       if (present) u.chunks.push_back(chunk);
     }
     u.used = ctx.use.stamp, u.depth = ctx.use.depth;
-    bytes += 1 + u.context.size() + 8 + 8 + 8 + 4 + 4 + 4 * u.chunks.size();  // as encode_usage writes it
+    bytes += usage_wire_bytes(u);
     out.push_back(std::move(u));
   }
   return out;

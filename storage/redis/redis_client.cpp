@@ -175,14 +175,11 @@ class RedisClient final : public RedisClientBase {
   // The marks live in one hash per namespace (redis_marks.hpp).
   Status touch(std::span<const storage::ContextTouch> contexts, uint64_t stamp, Deadline deadline,
                const CancelToken& cancel) override {
-    KVS_ASSIGN_OR_RETURN(auto args, touch_args(contexts, stamp));
-    if (contexts.empty()) return {};
+    KVS_ASSIGN_OR_RETURN(auto argv, touch_command(marks_key(), contexts_key(), contexts, stamp));
+    if (argv.empty()) return {};
     auto r = queue_->call<bool>(
-        deadline, cancel,
-        [args = std::move(args), marks = marks_key(), ctxs = contexts_key()](Conn& conn, QueueJob& j) -> Result<bool> {
-          Command cmd{"EVAL", kTouchScript, "2", marks, ctxs};
-          for (const auto& a : args) cmd.push_back(a);
-          KVS_ASSIGN_OR_RETURN(auto rs, conn.run({cmd}, j.deadline));
+        deadline, cancel, [argv = std::move(argv)](Conn& conn, QueueJob& j) -> Result<bool> {
+          KVS_ASSIGN_OR_RETURN(auto rs, conn.run({Command(argv.begin(), argv.end())}, j.deadline));
           KVS_RETURN_IF_ERROR(reply_error(rs[0].get(), "touch"));
           return true;
         });
@@ -199,17 +196,9 @@ class RedisClient final : public RedisClientBase {
         [this, prefix](Conn& conn, QueueJob& j) -> Result<std::vector<storage::ContextUsage>> {
           const std::string ck = contexts_key(), mk = marks_key();
           KVS_ASSIGN_OR_RETURN(auto rs, conn.run({{"SMEMBERS", ck}, {"HGETALL", mk}}, j.deadline));
-          KVS_ASSIGN_OR_RETURN(auto names, string_set(rs[0].get(), "usage"));
-          KVS_RETURN_IF_ERROR(reply_error(rs[1].get(), "usage"));
-          std::map<std::string, storage::ContextUsage> out;
-          for (auto& n : names)
-            if (n.starts_with(prefix)) out[n].context = n;
-          apply_marks(rs[1].get(), out);
+          KVS_ASSIGN_OR_RETURN(auto out, listed_with_marks(rs[0].get(), rs[1].get(), prefix));
           KVS_RETURN_IF_ERROR(fill_sizes(conn, j, out));
-          std::vector<storage::ContextUsage> v;
-          v.reserve(out.size());
-          for (auto& [name, u] : out) v.push_back(std::move(u));
-          return v;
+          return in_name_order(std::move(out));
         });
   }
 

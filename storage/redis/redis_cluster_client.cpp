@@ -409,17 +409,15 @@ class ClusterClient final : public RedisClientBase {
   // reads both on one node. A hint, not data: no WAIT for replicas.
   Status touch(std::span<const storage::ContextTouch> contexts, uint64_t stamp, Deadline deadline,
                const CancelToken& cancel) override {
-    KVS_ASSIGN_OR_RETURN(auto args, touch_args(contexts, stamp));
-    if (contexts.empty()) return {};
-    auto r = queue_->call<bool>(deadline, cancel,
-                                [this, args = std::move(args)](ClusterWorker& w, QueueJob& j) -> Result<bool> {
-                                  const std::string marks = marks_key(), ctxs = contexts_key();
-                                  Command cmd{"EVAL", kTouchScript, "2", marks, ctxs};
-                                  for (const auto& a : args) cmd.push_back(a);
-                                  KVS_ASSIGN_OR_RETURN(auto rs, run_slot(w, j, key_slot(marks), {cmd}, Access::write));
-                                  KVS_RETURN_IF_ERROR(reply_error(rs[0].get(), "touch"));
-                                  return true;
-                                });
+    const std::string marks = marks_key();
+    KVS_ASSIGN_OR_RETURN(auto argv, touch_command(marks, contexts_key(), contexts, stamp));
+    if (argv.empty()) return {};
+    auto r = queue_->call<bool>(
+        deadline, cancel, [slot = key_slot(marks), argv = std::move(argv)](ClusterWorker& w, QueueJob& j) -> Result<bool> {
+          KVS_ASSIGN_OR_RETURN(auto rs, run_slot(w, j, slot, {Command(argv.begin(), argv.end())}, Access::write));
+          KVS_RETURN_IF_ERROR(reply_error(rs[0].get(), "touch"));
+          return true;
+        });
     return r.status();
   }
 
@@ -433,12 +431,7 @@ class ClusterClient final : public RedisClientBase {
           const std::string ctxs = contexts_key(), marks = marks_key();
           KVS_ASSIGN_OR_RETURN(auto rs,
                                run_slot(w, j, key_slot(ctxs), {{"SMEMBERS", ctxs}, {"HGETALL", marks}}, Access::read));
-          KVS_ASSIGN_OR_RETURN(auto names, string_set(rs[0].get(), "usage"));
-          KVS_RETURN_IF_ERROR(reply_error(rs[1].get(), "usage"));
-          std::map<std::string, storage::ContextUsage> out;
-          for (auto& n : names)
-            if (n.starts_with(prefix)) out[n].context = n;
-          apply_marks(rs[1].get(), out);
+          KVS_ASSIGN_OR_RETURN(auto out, listed_with_marks(rs[0].get(), rs[1].get(), prefix));
           for (auto& [name, u] : out) {
             KVS_ASSIGN_OR_RETURN(auto chunks, chunk_numbers(w, j, name, Access::read));
             std::set<uint32_t> present;
@@ -449,10 +442,7 @@ class ClusterClient final : public RedisClientBase {
             }
             u.chunks.assign(present.begin(), present.end());
           }
-          std::vector<storage::ContextUsage> v;
-          v.reserve(out.size());
-          for (auto& [name, u] : out) v.push_back(std::move(u));
-          return v;
+          return in_name_order(std::move(out));
         });
   }
 

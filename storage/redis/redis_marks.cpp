@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "storage/protocol.hpp"
+#include "storage/redis/redis_calls.hpp"
 #include "storage/redis/redis_conn.hpp"
 
 namespace kvstream::redis::detail {
@@ -10,9 +11,9 @@ namespace kvstream::redis::detail {
 namespace {
 // Lua numbers are doubles: stamps (us since the epoch, about 1.8e15) stay exact below 2^53.
 constexpr uint64_t kMaxLuaExact = uint64_t(1) << 53;
-}  // namespace
-
-const char* const kTouchScript =
+// KEYS[1] the marks hash, KEYS[2] the contexts set; ARGV[1] the stamp, then each
+// context and its depth.
+constexpr const char* kTouchScript =
     "local stamp = tonumber(ARGV[1]) "
     "for i = 2, #ARGV, 2 do "
     "  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 1 then "
@@ -22,19 +23,29 @@ const char* const kTouchScript =
     "  end "
     "end "
     "return 0";
+}  // namespace
 
-Result<std::vector<std::string>> touch_args(std::span<const storage::ContextTouch> contexts, uint64_t stamp) {
+Result<std::vector<std::string>> touch_command(const std::string& marks_key, const std::string& contexts_key,
+                                               std::span<const storage::ContextTouch> contexts, uint64_t stamp) {
   for (const auto& t : contexts)
     KVS_RETURN_IF_ERROR(storage::validate_id(t.context, storage::kMaxContextBytes, "context id"));
   if (stamp == 0) stamp = storage::next_write_version();
   if (stamp >= kMaxLuaExact)
     return make_status(StatusCode::invalid_argument, "a use stamp at or above 2^53 (Redis keeps marks as Lua numbers)");
-  std::vector<std::string> args{std::to_string(stamp)};
-  for (const auto& t : contexts) args.push_back(t.context), args.push_back(std::to_string(t.depth));
-  return args;
+  if (contexts.empty()) return std::vector<std::string>();
+  std::vector<std::string> argv{"EVAL", kTouchScript, "2", marks_key, contexts_key, std::to_string(stamp)};
+  for (const auto& t : contexts) argv.push_back(t.context), argv.push_back(std::to_string(t.depth));
+  return argv;
 }
 
-void apply_marks(const redisReply* marks, std::map<std::string, storage::ContextUsage>& out) {
+Result<std::map<std::string, storage::ContextUsage>> listed_with_marks(const redisReply* members,
+                                                                       const redisReply* marks,
+                                                                       const std::string& prefix) {
+  KVS_ASSIGN_OR_RETURN(auto names, string_set(members, "usage"));
+  KVS_RETURN_IF_ERROR(reply_error(marks, "usage"));
+  std::map<std::string, storage::ContextUsage> out;
+  for (auto& n : names)
+    if (n.starts_with(prefix)) out[n].context = n;
   for (size_t i = 0; marks->type == REDIS_REPLY_ARRAY && i + 1 < marks->elements; i += 2) {
     auto it = out.find(std::string(reply_str(marks->element[i])));
     if (it == out.end()) continue;
@@ -43,6 +54,14 @@ void apply_marks(const redisReply* marks, std::map<std::string, storage::Context
     if (std::sscanf(std::string(reply_str(marks->element[i + 1])).c_str(), "%llu %u", &stamp, &depth) == 2)
       it->second.used = stamp, it->second.depth = depth;
   }
+  return out;
+}
+
+std::vector<storage::ContextUsage> in_name_order(std::map<std::string, storage::ContextUsage>&& listed) {
+  std::vector<storage::ContextUsage> v;
+  v.reserve(listed.size());
+  for (auto& [name, u] : listed) v.push_back(std::move(u));
+  return v;
 }
 
 Status add_sizes(const redisReply* sizes, const std::string& name, storage::ContextUsage& u,

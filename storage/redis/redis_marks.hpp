@@ -17,18 +17,23 @@
 
 namespace kvstream::redis::detail {
 
-/// EVAL with KEYS[1] the marks hash, KEYS[2] the contexts set, then touch_args: raises
-/// each listed context's mark to the stamp (an equal stamp takes the depth given now).
-extern const char* const kTouchScript;
+/// The argv of the EVAL that raises each of `contexts`' marks in hash `marks_key` to
+/// `stamp` (0: next_write_version(); an equal stamp takes the depth given now), for
+/// those listed in set `contexts_key`; empty when there are no contexts. Errors:
+/// invalid_argument (a context id; a stamp at or above 2^53, which a Lua number would
+/// round).
+Result<std::vector<std::string>> touch_command(const std::string& marks_key, const std::string& contexts_key,
+                                               std::span<const storage::ContextTouch> contexts, uint64_t stamp);
 
-/// The script's arguments: the stamp (0: next_write_version()), then each context and
-/// its depth. Errors: invalid_argument (a context id; a stamp at or above 2^53, which a
-/// Lua number would round).
-Result<std::vector<std::string>> touch_args(std::span<const storage::ContextTouch> contexts, uint64_t stamp);
+/// The contexts of a SMEMBERS reply that start with `prefix`, by name, with the marks
+/// an HGETALL reply of the marks hash gives them (none: 0; malformed values are
+/// skipped). Errors: unavailable (error replies), corrupt_data.
+Result<std::map<std::string, storage::ContextUsage>> listed_with_marks(const redisReply* members,
+                                                                       const redisReply* marks,
+                                                                       const std::string& prefix);
 
-/// Sets `used` and `depth` of the entries of `out` that the marks hash (an HGETALL
-/// reply) names; entries it does not name keep 0, malformed values are skipped.
-void apply_marks(const redisReply* marks, std::map<std::string, storage::ContextUsage>& out);
+/// The values of `listed`, in its (name) order.
+std::vector<storage::ContextUsage> in_name_order(std::map<std::string, storage::ContextUsage>&& listed);
 
 /// Adds one size table (an HGETALL reply of "<chunk>:<level>" -> bytes, named `name`
 /// for errors) to `u`'s bytes and to `chunks`. Errors: corrupt_data.

@@ -22,7 +22,7 @@
 #include "storage/node/metrics_text.hpp"
 #include "tests/support/hang_guard.hpp"
 #include "tests/support/node_process.hpp"
-#include "tests/support/test_certs.hpp"
+#include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/free_port.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
@@ -227,7 +227,7 @@ TEST_F(NodeMetrics, ABearerTokenKeepsTheTenantsFromWhoeverReachesThePort) {
 // node's authority gets the text (the token checked as over HTTP); plain HTTP, or a
 // client that trusts another authority, gets nothing, and the endpoint goes on serving.
 TEST_F(NodeMetrics, OverTlsTheTokenAndTheTextCrossEncrypted) {
-  const auto certs = kvstream::testing::make_test_certs(tmp_.path().string());
+  const auto& certs = transport::test_util::process_certs();
   ASSERT_TRUE(certs.ok()) << certs.error;
   TlsSettings s;
   s.enabled = true, s.cert_file = certs.server_cert, s.key_file = certs.server_key;
@@ -261,7 +261,7 @@ TEST_F(NodeMetrics, OverTlsTheTokenAndTheTextCrossEncrypted) {
 // kvstream-server --metrics-tls: /metrics with the node's certificate, and no start
 // without one.
 TEST_F(NodeMetrics, KvstreamServerServesThemOverTlsWithItsCertificate) {
-  const auto certs = kvstream::testing::make_test_certs(tmp_.path().string());
+  const auto& certs = transport::test_util::process_certs();
   ASSERT_TRUE(certs.ok()) << certs.error;
   const auto secrets = tmp_.path() / "secrets.json";
   std::ofstream(secrets) << R"({"tenant-a": ")" << kSecretA << R"("})";
