@@ -367,8 +367,13 @@ class ClientImpl final : public Client {
     KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
     Request req;
     req.op = Op::stat, req.context = context;
+    // Asked of every node that declares them (8 bytes a level): what a rebalance checks
+    // before it drops a copy. A node from before them ignores the flag and would send
+    // a body without them, so it is not asked.
+    const bool versions = features_ & kFeatureVersions;
+    if (versions) req.flags = kStatVersions;
     KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
-    return decode_stats(body);
+    return decode_stats(body, versions);
   }
 
   Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {

@@ -156,7 +156,7 @@ Status validate_id(std::string_view id, size_t max_bytes, std::string_view what)
 
 std::vector<std::byte> encode(const Request& r) {
   Writer w;
-  w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint16_t(0));
+  w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(r.flags);
   w.put(r.id), w.put(r.chunk), w.put(r.level);
   if (r.op == Op::put) {
     w.put(r.total), w.put(r.checksum), w.put(r.version);
@@ -178,7 +178,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   Request r;
   const uint32_t magic = rd.get<uint32_t>();
   const uint8_t version = rd.get<uint8_t>(), op = rd.get<uint8_t>();
-  rd.get<uint16_t>();
+  r.flags = rd.get<uint16_t>();
   r.id = rd.get<uint64_t>(), r.chunk = rd.get<uint32_t>(), r.level = rd.get<uint32_t>();
   if (!rd.ok() || magic != kRequestMagic)
     return detail::unlogged_status(StatusCode::corrupt_data, "not a kvstream request");
@@ -186,6 +186,8 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (!op_valid(op) || Op(op) == Op::hello)
     return detail::unlogged_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
+  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions))
+    return detail::unlogged_status(StatusCode::corrupt_data, "request flags {:#x} on op {}", r.flags, op);
   bool parts_ok = true;
   if (r.op == Op::put) {
     r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
@@ -271,7 +273,7 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   return r;
 }
 
-std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats) {
+std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats, bool versions) {
   Writer w;
   w.put(uint32_t(stats.size()));
   for (const ChunkStat& s : stats) {
@@ -282,11 +284,13 @@ std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats) {
           l < s.level_parts.size() ? std::span<const ObjectPart>(s.level_parts[l]) : std::span<const ObjectPart>();
       put_parts_table(w, parts.first(std::min(parts.size(), kMaxObjectParts)));
     }
+    if (versions)
+      for (size_t l = 0; l < s.level_bytes.size(); ++l) w.put(l < s.level_versions.size() ? s.level_versions[l] : 0);
   }
   return std::move(w.out);
 }
 
-Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body) {
+Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body, bool versions) {
   Reader rd(body);
   const uint32_t n = rd.get<uint32_t>();
   if (!rd.ok() || n > kMaxChunksPerContext || n > body.size() / 5)
@@ -309,6 +313,10 @@ Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body) {
         return make_status(StatusCode::corrupt_data, "stat body: chunk {} level {}: {}", s.chunk, l, v.message());
     }
     trim_level_parts(s.level_parts);
+    if (versions) {
+      s.level_versions.resize(levels);
+      for (uint64_t& v : s.level_versions) v = rd.get<uint64_t>();
+    }
   }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed stat body");
   return out;

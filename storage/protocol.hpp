@@ -31,6 +31,11 @@ enum class Op : uint8_t {
 /// Feature bits a node declares in its hello (the u64 in the checksum's place; nodes
 /// from before them send 0, and clients from before them ignore it).
 inline constexpr uint64_t kFeatureUsage = 1;  ///< touch and usage requests
+inline constexpr uint64_t kFeatureVersions = 2;  ///< a stat with kStatVersions answers each object's write version
+/// Request flags (the u16 after the op; clients from before flags send 0 there, and
+/// nodes from before them ignore it). Only a stat may carry one, to a node that
+/// declares kFeatureVersions.
+inline constexpr uint16_t kStatVersions = 1;
 /// Bound on a touch request's body: one segment.
 inline constexpr uint64_t kMaxTouchBodyBytes = uint64_t(1) << 20;
 /// Most entries one usage reply may carry, and the bytes a node fills one with (it
@@ -66,6 +71,7 @@ inline uint64_t segment_bytes(uint64_t total, uint64_t i) {
 
 struct Request {
   Op op = Op::get;
+  uint16_t flags = 0;                   // stat: kStatVersions
   uint64_t id = 0;
   uint32_t chunk = 0;                   // data: the segment's index; usage: most entries to return
   uint32_t level = 0;
@@ -126,11 +132,13 @@ Status recv_segmented(transport::Connection& c, bool of_request, uint64_t id, ui
                       const std::function<void(std::span<std::byte>)>& landed,
                       std::chrono::milliseconds per_segment, const transport::CancelToken& cancel);
 
-/// Body of a stat response: per chunk its level sizes, then per level its parts
+/// Body of a stat response: per chunk its level sizes, then per level its parts, and
+/// with `versions` (a stat asked with kStatVersions) per level its write version
 /// (docs/protocol.md). decode_stats checks every level's parts against its size
-/// (validate_parts) and returns ChunkStat::level_parts trimmed as documented.
-std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats);
-Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body);
+/// (validate_parts) and returns ChunkStat::level_parts trimmed as documented, and
+/// level_versions as long as level_bytes with `versions`, empty without.
+std::vector<std::byte> encode_stats(const std::vector<ChunkStat>& stats, bool versions = false);
+Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body, bool versions = false);
 /// Drops the trailing levels without parts (ChunkStat::level_parts as every client returns it).
 void trim_level_parts(std::vector<std::vector<ObjectPart>>& level_parts);
 /// A parts table without its count: (u64 end, f64 score) per part, little-endian (the

@@ -3,8 +3,12 @@
 //
 //   kvstream-etcd-example put    --etcd URL --chunks N   writes N chunks (R = 2)
 //   kvstream-etcd-example wait   --etcd URL --members M  waits for M nodes, each done
-//                                                        rebalancing; prints the reports
+//                                [--trimmed]             rebalancing (and done dropping the
+//                                                        copies it no longer owns); prints
+//                                                        the reports
 //   kvstream-etcd-example verify --etcd URL --chunks N   reads every chunk back, checks it
+//   kvstream-etcd-example held   --etcd URL --chunks N   what each node holds of them, and
+//                                                        the whole against R copies
 #include <chrono>
 #include <thread>
 
@@ -14,6 +18,7 @@
 
 #include "kvstream/cluster.hpp"
 #include "kvstream/membership.hpp"
+#include "kvstream/storage.hpp"
 
 using namespace kvstream;
 using namespace std::chrono_literals;
@@ -27,27 +32,54 @@ std::vector<std::byte> chunk_bytes(uint32_t c, size_t n) {
   return v;
 }
 
-int wait_for(const cluster::EtcdConfig& etcd, size_t members, std::chrono::seconds timeout) {
+int wait_for(const cluster::EtcdConfig& etcd, size_t members, bool trimmed, std::chrono::seconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - start < timeout) {
     auto now = cluster::current_members(etcd, transport::deadline_in(2s));
     auto reports = cluster::migration_reports(etcd, transport::deadline_in(2s));
     const bool settled = now.ok() && reports.ok() && now->size() == members && reports->size() == members &&
                          std::all_of(reports->begin(), reports->end(), [&](const cluster::MigrationReport& r) {
-                           return r.done && r.members == *now;
+                           return r.done && (r.trimmed || !trimmed) && r.members == *now;
                          });
     if (settled) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       fmt::print("{} members, every rebalance done ({:.2f} s after asking):\n", members, waited);
-      for (const auto& r : *reports)
+      for (const auto& r : *reports) {
         fmt::print("  {}: copied {} objects ({} bytes), {} already there, {} failed, {:.2f} s after the change\n",
                    r.node, r.objects_copied, r.bytes_copied, r.objects_present, r.objects_failed, r.seconds);
+        if (r.trimmed)
+          fmt::print("  {}: dropped {} copies of chunks it no longer owns ({} bytes), kept {}\n", r.node,
+                     r.objects_trimmed, r.bytes_trimmed, r.objects_kept);
+      }
       return 0;
     }
     std::this_thread::sleep_for(100ms);
   }
   fmt::print(stderr, "kvstream-etcd-example: {} members did not settle within {} s\n", members, timeout.count());
   return 1;
+}
+
+// Asks each member what it holds of the chunks (a stat straight to the node).
+int held(const cluster::ClusterConfig& cfg, uint32_t chunks, size_t bytes) {
+  auto members = cluster::current_members(cfg.etcd, transport::deadline_in(5s));
+  if (!members.ok()) return fmt::print(stderr, "kvstream-etcd-example: {}\n", members.status().to_string()), 1;
+  uint64_t total = 0;
+  for (const auto& node : *members) {
+    storage::ClientConfig cc;
+    cc.address = node, cc.name_space = cfg.name_space, cc.secret = cfg.secret;
+    auto c = storage::Client::connect(cc, transport::deadline_in(10s));
+    if (!c.ok()) return fmt::print(stderr, "kvstream-etcd-example: {}: {}\n", node, c.status().to_string()), 1;
+    auto st = (*c)->stat("ctx", transport::deadline_in(10s));
+    uint64_t n = 0, b = 0;
+    for (const auto& s : st.ok() ? *st : std::vector<storage::ChunkStat>{})
+      if (!s.level_bytes.empty() && s.level_bytes[0] > 0) ++n, b += s.level_bytes[0];
+    fmt::print("  {}: {} chunks, {} bytes\n", node, n, b);
+    total += b;
+  }
+  const double r_copies = double(chunks) * double(bytes) * double(cfg.replication);
+  fmt::print("held: {} bytes on {} nodes, {:.3f}x R copies of the data\n", total, members->size(),
+             double(total) / r_copies);
+  return 0;
 }
 
 }  // namespace
@@ -61,16 +93,21 @@ int main(int argc, char** argv) {
   uint32_t chunks = 200, members = 3;
   size_t bytes = 32 * 1024;
   for (auto* sub : {app.add_subcommand("put", "write the chunks"), app.add_subcommand("verify", "read them back"),
-                    app.add_subcommand("wait", "wait for the members to settle")}) {
+                    app.add_subcommand("wait", "wait for the members to settle"),
+                    app.add_subcommand("held", "what each member holds of the chunks")}) {
     sub->add_option("--etcd", cfg.etcd.endpoints, "etcd client URL")->required();
     sub->add_option("--prefix", cfg.etcd.prefix, "the cluster's key prefix")->capture_default_str();
     sub->add_option("--chunks", chunks, "chunks")->capture_default_str();
     sub->add_option("--bytes", bytes, "bytes per chunk")->capture_default_str();
     sub->add_option("--members", members, "wait: members to wait for")->capture_default_str();
   }
+  bool trimmed = false;
+  app.get_subcommand("wait")->add_flag("--trimmed", trimmed,
+                                       "also wait until each member has dropped the copies it no longer owns");
   CLI11_PARSE(app, argc, argv);
   const std::string cmd = app.get_subcommands().front()->get_name();
-  if (cmd == "wait") return wait_for(cfg.etcd, members, 60s);
+  if (cmd == "wait") return wait_for(cfg.etcd, members, trimmed, 120s);
+  if (cmd == "held") return held(cfg, chunks, bytes);
 
   auto client = cluster::connect(cfg, transport::deadline_in(10s));
   if (!client.ok()) return fmt::print(stderr, "kvstream-etcd-example: {}\n", client.status().to_string()), 1;

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # A storage cluster whose membership lives in etcd, on loopback: etcd and three
 # kvstream-server nodes start, chunks are written, a fourth node joins (the nodes copy
-# it its share), one node is killed -9 (the survivors restore two replicas of its
-# chunks), and every chunk reads back equal after each step.
+# it its share, and the old owners then drop their copies of it), one node is killed -9
+# (the survivors restore two replicas of its chunks), and every chunk reads back equal
+# after each step; what the nodes hold is printed after each.
 #
 #   examples/etcd_cluster/run.sh <build-dir>      (exit 77 when etcd is not installed)
+#
+# CHUNKS (200) and BYTES (32768) size the data; KEEP_SURPLUS=1 starts the nodes with
+# --keep-surplus-copies (perf/etcd-rebalance.sh compares the two).
 set -euo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 ETCD=$(command -v etcd || true)
 [ -n "$ETCD" ] || { echo "etcd is not installed (Debian package etcd-server): skipped"; exit 77; }
+CHUNKS=${CHUNKS:-200}
+BYTES=${BYTES:-32768}
+node_flags=()
+wait_flags=(--trimmed)
+if [ "${KEEP_SURPLUS:-0}" = 1 ]; then node_flags=(--keep-surplus-copies); wait_flags=(); fi
 SERVER=$BUILD/bin/kvstream-server
 CLIENT=$BUILD/bin/kvstream-etcd-example
 WORK=$(mktemp -d)
@@ -31,22 +40,28 @@ declare -A node_pid
 start_node() {  # $1: name
   mkdir -p "$WORK/$1"
   "$SERVER" --listen 127.0.0.1:$(free_port) --dir "$WORK/$1" --secrets "$WORK/secrets.json" --etcd "$URL" \
-    --replication 2 --lease-ttl-s 2 > "$WORK/$1.out" 2> "$WORK/$1.log" &
+    --replication 2 --lease-ttl-s 2 "${node_flags[@]}" > "$WORK/$1.out" 2> "$WORK/$1.log" &
   node_pid[$1]=$!
   pids+=($!)
   for _ in $(seq 100); do grep -q "listening on" "$WORK/$1.out" && break; sleep 0.1; done
   echo "node $1: $(cat "$WORK/$1.out")"
 }
 
+data=(--chunks "$CHUNKS" --bytes "$BYTES")
 for n in a b c; do start_node $n; done
-"$CLIENT" wait --etcd "$URL" --members 3
-"$CLIENT" put --etcd "$URL" --chunks 200
+"$CLIENT" wait --etcd "$URL" --members 3 "${wait_flags[@]}"
+"$CLIENT" put --etcd "$URL" "${data[@]}"
+"$CLIENT" held --etcd "$URL" "${data[@]}"
 echo "--- node d joins"
+t0=$(date +%s.%N)
 start_node d
-"$CLIENT" wait --etcd "$URL" --members 4
-"$CLIENT" verify --etcd "$URL" --chunks 200
+"$CLIENT" wait --etcd "$URL" --members 4 "${wait_flags[@]}"
+echo "settled after the join: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s"
+"$CLIENT" held --etcd "$URL" "${data[@]}"
+"$CLIENT" verify --etcd "$URL" "${data[@]}"
 echo "--- node b is killed -9 (it leaves when its 2 s lease runs out)"
 kill -9 "${node_pid[b]}"
-"$CLIENT" verify --etcd "$URL" --chunks 200
-"$CLIENT" wait --etcd "$URL" --members 3
-"$CLIENT" verify --etcd "$URL" --chunks 200
+"$CLIENT" verify --etcd "$URL" "${data[@]}"
+"$CLIENT" wait --etcd "$URL" --members 3 "${wait_flags[@]}"
+"$CLIENT" held --etcd "$URL" "${data[@]}"
+"$CLIENT" verify --etcd "$URL" "${data[@]}"

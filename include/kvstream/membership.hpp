@@ -55,6 +55,13 @@ struct RebalanceConfig {
   uint64_t bytes_per_second = uint64_t(64) << 20;
   /// Changes that arrive within this of each other are rebalanced as one.
   std::chrono::milliseconds settle{300};
+  /// Drop the copies this node holds of chunks it no longer owns (left behind when a
+  /// change gave them new owners), once every member has finished copying for the
+  /// new set and each owner holds the same write or a newer one; a copy an owner
+  /// lacks stays. Runs after each finished pass and once at start (the node may have
+  /// been away while its chunks moved). false: keep them (space for R+1 copies of the
+  /// chunks that moved).
+  bool trim_surplus = true;
   /// After a pass that left objects uncopied (an owner unreachable or out of space),
   /// the next pass waits retry_first, and each further one twice as long, up to
   /// retry_max; a new membership change starts one at once. A retry pass sends only
@@ -74,6 +81,12 @@ struct MigrationReport {
   uint64_t objects_present = 0;      ///< sent, but the owner already held that write (or a newer one)
   uint64_t objects_failed = 0;       ///< not copied (owner unreachable or out of space); retried at the next pass
   double seconds = 0;                ///< from the membership change to done (or to now)
+  /// The copies of chunks this node no longer owns under `members` were dealt with:
+  /// dropped (objects_trimmed), or kept because an owner lacks that write (objects_kept).
+  bool trimmed = false;
+  uint64_t objects_trimmed = 0;  ///< copies dropped: each owner held that write or a newer one
+  uint64_t bytes_trimmed = 0;
+  uint64_t objects_kept = 0;     ///< copies kept: an owner lacks that write (or does not say its versions)
 };
 
 /// The members registered now (sorted). Errors: unavailable (no endpoint answered),

@@ -67,6 +67,12 @@ struct ChunkStat {
   /// returns it trimmed: it ends at the last level that has parts, so a chunk
   /// stored without parts has an empty level_parts.
   std::vector<std::vector<ObjectPart>> level_parts;
+  /// Per level, the stored object's write version (0: level absent, or stored without
+  /// one), as long as level_bytes; empty where the storage does not say (Redis, nodes
+  /// from before 2026-12-06). Replicated clients give each level's newest among the
+  /// replicas that answered. What a rebalance checks before it drops a copy a node no
+  /// longer owns.
+  std::vector<uint64_t> level_versions;
   bool operator==(const ChunkStat&) const = default;
 };
 

@@ -401,6 +401,11 @@ Result<std::vector<MigrationReport>> migration_reports(const EtcdConfig& config,
       r.objects_present = j.value("objects_present", uint64_t(0));
       r.objects_failed = j.value("objects_failed", uint64_t(0));
       r.seconds = j.value("seconds", 0.0);
+      // Nodes from before surplus trimming leave these out.
+      r.trimmed = j.value("trimmed", false);
+      r.objects_trimmed = j.value("objects_trimmed", uint64_t(0));
+      r.bytes_trimmed = j.value("bytes_trimmed", uint64_t(0));
+      r.objects_kept = j.value("objects_kept", uint64_t(0));
     } catch (const json::exception& e) {
       return make_status(StatusCode::corrupt_data, "etcd: migration report '{}': {}", kv.key, e.what());
     }

@@ -10,6 +10,7 @@
 
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
+#include "storage/cluster/peer_clients.hpp"
 
 namespace kvstream::cluster {
 
@@ -91,7 +92,8 @@ void Rebalancer::on_change(const std::vector<std::string>& members) {
   cv_.notify_all();
 }
 
-void Rebalancer::report(const std::vector<std::string>& target, bool done, const Tally& t, double seconds) {
+void Rebalancer::report(const std::vector<std::string>& target, bool done, const Tally& t, double seconds,
+                        bool trimmed) {
   const nlohmann::json j = {{"node", self_},
                             {"members", target},
                             {"done", done},
@@ -99,7 +101,11 @@ void Rebalancer::report(const std::vector<std::string>& target, bool done, const
                             {"bytes_copied", t.bytes_copied},
                             {"objects_present", t.objects_present},
                             {"objects_failed", t.objects_failed},
-                            {"seconds", seconds}};
+                            {"seconds", seconds},
+                            {"trimmed", trimmed},
+                            {"objects_trimmed", t.objects_trimmed},
+                            {"bytes_trimmed", t.bytes_trimmed},
+                            {"objects_kept", t.objects_kept}};
   // A report that does not reach etcd is replaced by the next one.
   (void)registration_->publish("migration", j.dump(), Clock::now() + cfg_.etcd.request_timeout);
 }
@@ -113,14 +119,22 @@ void Rebalancer::run() {
   report(settled, true, {}, 0);
   lock.lock();
   bool retry = false;  // the last pass left objects uncopied
+  // Copies of chunks this node does not own under `settled` wait to be dropped: after
+  // each finished pass, and at start (the node may have been away while the cluster
+  // gave its chunks to others). `last` and `last_seconds` are that pass's figures,
+  // which the trim's report repeats.
+  bool trim_due = cfg_.trim_surplus;
+  Tally last;
+  double last_seconds = 0;
   // Passes that keep failing (an owner out of space until its quota is raised, a node
   // down) read and offer every object they must send: once a second that was a
   // node's disk and the new owner's network, for as long as it lasted. They back off
-  // instead, and a new change wakes them.
+  // instead, and a new change wakes them. Trims waiting for the other members back
+  // off alike.
   auto retry_delay = cfg_.retry_first;
   uint64_t tried_generation = settled_generation;
   while (!stopping_) {
-    if (retry) {
+    if (retry || trim_due) {
       cv_.wait_for(lock, retry_delay, [&] { return stopping_ || generation_ != tried_generation; });
       retry_delay = generation_ != tried_generation ? cfg_.retry_first : std::min(retry_delay * 2, cfg_.retry_max);
     } else {
@@ -128,6 +142,22 @@ void Rebalancer::run() {
       cv_.wait(lock, [&] { return stopping_ || generation_ != settled_generation; });
     }
     if (stopping_) break;
+    if (trim_due && !retry && generation_ == settled_generation) {
+      const uint64_t gen = generation_;
+      const auto started = Clock::now();
+      lock.unlock();
+      const TrimResult t = trim(settled, gen, last);
+      if (t == TrimResult::finished) {
+        report(settled, true, last, last_seconds, true);
+        KVS_LOG_INFO("rebalance of node {} for {} members: {} copies of chunks it no longer owns dropped ({} bytes) "
+                     "in {:.2f} s, {} kept",
+                     self_, settled.size(), last.objects_trimmed, last.bytes_trimmed, seconds_since(started),
+                     last.objects_kept);
+      }
+      lock.lock();
+      if (t == TrimResult::finished) trim_due = false;
+      continue;  // again: after the next delay; cut: the new change is taken next
+    }
     // Changes that come together (several nodes starting, a node replaced) make one pass.
     cv_.wait_for(lock, cfg_.settle, [&] { return stopping_; });
     if (stopping_) break;
@@ -147,7 +177,11 @@ void Rebalancer::run() {
     }
     retry = tally.objects_failed > 0;
     tried_generation = gen;
-    if (!retry) settled = target, settled_generation = gen;
+    if (!retry) {
+      settled = target, settled_generation = gen;
+      trim_due = cfg_.trim_surplus, last = tally, last_seconds = secs;
+      retry_delay = cfg_.retry_first;
+    }
     lock.unlock();
     report(target, !retry, tally, secs);
     KVS_LOG_INFO("rebalance of node {} for {} members {} in {:.2f} s: {} objects ({} bytes) copied, {} already "
@@ -177,36 +211,7 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
   const std::set<std::string> members(target.begin(), target.end());
   // Connections to the new owners, per tenant; a node that does not answer is not
   // asked again in this pass (its objects count as failed and the pass is retried).
-  // All of them on one backend, made at the first: one endpoint or worker for the
-  // pass, not one per tenant and node.
-  std::shared_ptr<transport::Backend> backend;
-  std::map<std::pair<std::string, std::string>, std::unique_ptr<storage::Client>> clients;
-  std::set<std::pair<std::string, std::string>> unreachable;
-  auto client_for = [&](const std::string& ns, const std::string& node) -> storage::Client* {
-    const auto key = std::make_pair(ns, node);
-    if (auto it = clients.find(key); it != clients.end()) return it->second.get();
-    if (unreachable.count(key)) return nullptr;
-    if (!backend) {
-      auto b = transport::create_backend(backend_);
-      if (!b.ok()) {
-        KVS_LOG_WARN("rebalance: node {} cannot make its {} backend ({}); its objects wait for the next pass", self_,
-                     backend_.name, b.status().to_string());
-        unreachable.insert(key);
-        return nullptr;
-      }
-      backend = std::move(b).value();
-    }
-    storage::ClientConfig cc;
-    cc.address = node, cc.name_space = ns, cc.secret = secrets_.at(ns);
-    auto c = storage::Client::connect(cc, backend, Clock::now() + 2s, stop_);
-    if (!c.ok()) {
-      KVS_LOG_WARN("rebalance: node {} cannot reach {} for '{}' ({}); its objects wait for the next pass", self_, node,
-                   ns, c.status().to_string());
-      unreachable.insert(key);
-      return nullptr;
-    }
-    return (clients[key] = std::move(c).value()).get();
-  };
+  PeerClients peers(self_, backend_, secrets_, stop_);
   for (const auto& [ns, secret] : secrets_) {
     for (const auto& ctx : store_.list(ns)) {
       auto stats = store_.stat(ns, ctx);
@@ -247,7 +252,7 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
           // write, so any write the owner has wins over it.
           const uint64_t version = std::max<uint64_t>(obj->version, 1);
           for (const auto& [node, id] : due) {
-            storage::Client* c = client_for(ns, node);
+            storage::Client* c = peers.get(ns, node);
             const Status s = c ? c->put_parts(ctx, cs.chunk, level, obj->bytes, obj->parts, version,
                                               Clock::now() + 30s, stop_)
                                : Status(StatusCode::unavailable, "unreachable");
@@ -263,7 +268,7 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
             } else {
               ++tally.objects_failed;
               if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out)
-                clients.erase({ns, node}), unreachable.insert({ns, node});
+                peers.drop(ns, node);
             }
             if (!pace(s.ok() ? obj->bytes.size() : 0, gen)) return false;
           }
@@ -274,7 +279,7 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
       // a node from before marks answers unsupported.
       if (const storage::UseMark mark = store_.use_mark(ns, ctx); mark.stamp != 0)
         for (const auto& node : received)
-          if (storage::Client* c = client_for(ns, node)) {
+          if (storage::Client* c = peers.get(ns, node)) {
             const storage::ContextTouch t{ctx, mark.depth};
             if (Status s = c->touch(std::span(&t, 1), mark.stamp, Clock::now() + 30s, stop_); !s.ok())
               KVS_LOG_DEBUG("rebalance: the use mark of '{}' did not reach {}: {}", ctx, node, s.to_string());

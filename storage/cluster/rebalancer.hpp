@@ -43,6 +43,12 @@ class Rebalancer {
 
   struct Tally {
     uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
+    uint64_t objects_trimmed = 0, bytes_trimmed = 0, objects_kept = 0;
+  };
+  enum class TrimResult {
+    finished,  ///< every surplus copy dropped, or kept for a reason counted in objects_kept
+    again,     ///< a member has not finished copying, or an owner did not answer
+    cut,       ///< a newer change (or stop)
   };
   void on_change(const std::vector<std::string>& members);
   void run();
@@ -50,7 +56,14 @@ class Rebalancer {
   // (or stop) cut it short.
   bool pass(const std::vector<std::string>& settled, const std::vector<std::string>& target, Tally& tally,
             uint64_t gen);
-  void report(const std::vector<std::string>& target, bool done, const Tally& tally, double seconds);
+  void report(const std::vector<std::string>& target, bool done, const Tally& tally, double seconds,
+              bool trimmed = false);
+  // Drops the copies this node holds of chunks it does not own under `members`, once
+  // every member reports its copies for `members` done and each owner holds the same
+  // write or a newer one (storage/cluster/surplus_copies.hpp); counts into `tally`.
+  TrimResult trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally);
+  // Whether change `gen` is still the newest and the node is not stopping.
+  bool current(uint64_t gen);
   // Waits out the rate bound after `bytes` more; false when stopping or when a change
   // newer than `gen` arrived.
   bool pace(uint64_t bytes, uint64_t gen);

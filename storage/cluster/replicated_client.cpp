@@ -254,11 +254,18 @@ class ReplicatedClient final : public storage::Client {
                          s.chunk, l, context, v[l], s.level_bytes[l], m.level_parts[l].size(), parts.size());
           if (s.level_bytes[l] > v[l]) v[l] = s.level_bytes[l], m.level_parts[l] = std::move(parts);
         }
+        // Versions: the newest any replica holds (none where no replica said).
+        if (!s.level_versions.empty()) {
+          auto& mv = m.level_versions;
+          if (mv.size() < s.level_versions.size()) mv.resize(s.level_versions.size(), 0);
+          for (size_t l = 0; l < s.level_versions.size(); ++l) mv[l] = std::max(mv[l], s.level_versions[l]);
+        }
       }
     if (merged.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
     std::vector<ChunkStat> out;
     for (auto& [chunk, s] : merged) {
       storage::trim_level_parts(s.level_parts);
+      if (!s.level_versions.empty()) s.level_versions.resize(s.level_bytes.size(), 0);
       out.push_back(std::move(s));
     }
     return out;

@@ -1,11 +1,13 @@
 #include "storage/node/chunk_store.hpp"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <new>
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "core/log.hpp"
@@ -398,7 +400,8 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
   std::vector<ChunkStat> out;
   for (const auto& [chunk, levels] : c->second.chunks) {
     ChunkStat s{chunk, {}, {}};
-    for (const Entry& e : levels) s.level_bytes.push_back(e.size), s.level_parts.push_back(e.parts);
+    for (const Entry& e : levels)
+      s.level_bytes.push_back(e.size), s.level_parts.push_back(e.parts), s.level_versions.push_back(e.version);
     trim_level_parts(s.level_parts);
     out.push_back(std::move(s));
   }
@@ -432,6 +435,47 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
     return make_status(StatusCode::io_error, "cannot remove context '{}': {}", ctx, ec.message());
   }
   return fsync_directory(dir_ + "/" + ns);
+}
+
+Result<uint64_t> ChunkStore::remove_object(const ObjectKey& k, uint64_t max_version) {
+  KVS_RETURN_IF_ERROR(check_key(k));
+  // The stripe keeps commits of this context out from the check to the directory's
+  // sync: a write that lands after the check is the next commit, and stays.
+  std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+  uint64_t size = 0;
+  {
+    std::lock_guard lock(mu_);
+    const Entry* e = entry_locked(k);
+    if (!e || e->generation == 0) return make_status(StatusCode::not_found, "no object {}", k.name());
+    if (e->version > max_version)
+      return make_status(StatusCode::already_exists, "object {} holds a newer write (version {} > {})", k.name(),
+                         e->version, max_version);
+    size = e->size;
+  }
+  // The file first: a crash after it leaves an index rebuilt without the object; the
+  // other order could leave a file the index forgot.
+  if (::unlink(object_path(k).c_str()) != 0 && errno != ENOENT) {
+    const int err = errno;
+    KVS_LOG_WARN("cannot remove '{}': {}", object_path(k), std::strerror(err));
+    return make_status(StatusCode::io_error, "cannot remove object {}: {}", k.name(), std::strerror(err));
+  }
+  bool context_gone = false;
+  {
+    std::lock_guard lock(mu_);
+    set_entry_locked(k, {});  // the quota's count, and the chunk and context once empty
+    cache_drop_locked(k.name());
+    const auto n = index_.find(k.ns);
+    context_gone = n == index_.end() || !n->second.contains(k.ctx);
+  }
+  if (!context_gone) KVS_RETURN_IF_ERROR(fsync_directory(context_dir(k.ns, k.ctx)));
+  else {
+    // Its last object: the directory (and the use mark in it) goes, as a remove's.
+    std::error_code ec;
+    fs::remove_all(context_dir(k.ns, k.ctx), ec);
+    if (ec) KVS_LOG_WARN("cannot remove '{}': {}", context_dir(k.ns, k.ctx), ec.message());
+    KVS_RETURN_IF_ERROR(fsync_directory(dir_ + "/" + k.ns));
+  }
+  return size;
 }
 
 std::vector<std::string> ChunkStore::list(const std::string& ns) {

@@ -196,6 +196,12 @@ class ChunkStore {
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx);
   /// Deletes a context. Errors: not_found, io_error.
   Status remove(const std::string& ns, const std::string& ctx);
+  /// Deletes one object if its write version is at most `max_version` (the version
+  /// the caller found elsewhere: a newer write since then wins and stays). The
+  /// context, and its use mark, go with its last object. Returns the payload bytes
+  /// freed. Errors: not_found, already_exists (a newer write is stored: nothing
+  /// changed), io_error.
+  Result<uint64_t> remove_object(const ObjectKey& key, uint64_t max_version);
   std::vector<std::string> list(const std::string& ns);
 
   /// Raises the use mark of each of `touches` stored in `ns` to `stamp` (a context

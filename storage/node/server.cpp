@@ -236,7 +236,7 @@ class ServerImpl final : public Server {
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
-    hello.features = kFeatureUsage;
+    hello.features = kFeatureUsage | kFeatureVersions;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -393,7 +393,7 @@ class ServerImpl final : public Server {
         return send_get(c, ObjectKey{ns, req.context, req.chunk, req.level}, req, r, cancel);
       case Op::stat: {
         auto s = store_->stat(ns, req.context);
-        if (s.ok()) small = encode_stats(*s);
+        if (s.ok()) small = encode_stats(*s, req.flags & kStatVersions);
         else fail(s.status());
         break;
       }

@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rebalance-mb-per-s", rebalance_mb, "bound on this node's copy rate after a change (0: none)")
       ->capture_default_str();
+  bool keep_surplus = !m.trim_surplus;
+  app.add_flag("--keep-surplus-copies", keep_surplus,
+               "after a rebalance keep the copies of chunks this node no longer owns (default: dropped once every "
+               "member has copied and each owner holds the same write or a newer one)");
   uint64_t quota_mb = 0;
   std::string quotas_file;
   app.add_option("--namespace-quota-mb", quota_mb,
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
   cfg.reencrypt_bytes_per_second = reencrypt_mb << 20;
   m.etcd.lease_ttl = std::chrono::seconds(lease_s);
   m.bytes_per_second = rebalance_mb << 20;
+  m.trim_surplus = !keep_surplus;
   for (const auto& s : sets)
     if (auto st = shared->set(s); !st.ok())
       return fmt::print(stderr, "kvstream-server: --set {}: {}\n", s, st.to_string()), 1;

@@ -141,11 +141,15 @@ int main(int argc, char** argv) {
       rq.range_offset = 1000, rq.range_length = 199000;
       if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     }
+    if (op == Op::stat) {  // asking for write versions
+      rq.flags = storage::kStatVersions;
+      if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+    }
     storage::Response rs;
     rs.op = op;
     rs.id = rq.id;
     rs.checksum = 0x0123456789abcdefull;
-    if (op == Op::hello) rs.nonce.fill(0x33), rs.features = storage::kFeatureUsage, rs.checksum = 0;
+    if (op == Op::hello) rs.nonce.fill(0x33), rs.features = storage::kFeatureUsage | storage::kFeatureVersions, rs.checksum = 0;
     if (op == Op::get) rs.code = StatusCode::not_found, rs.message = "no such chunk";
     if (op == Op::data) rs.total = 0;
     if (!write_file(wdir + "/resp_" + std::to_string(w++), 1, bytes(storage::encode(rs)))) return 1;
@@ -155,6 +159,9 @@ int main(int argc, char** argv) {
     storage::ChunkStat a{0, {4000, 0, 300}, {{{100, 1.5}, {1000, 0.5}, {4000, 0.0}}, {}, {{300, 7.0}}}};
     storage::ChunkStat b{3, {0, 90}, {{}, {{90, 0.125}}}};
     if (!write_file(wdir + "/stats_parts", 2, bytes(storage::encode_stats({a, b})))) return 1;
+    // With write versions: selector 8 is a stat body (8 mod 6 = 2) read with them (8 / 6 odd).
+    a.level_versions = {1700000000000001ull, 0, 1700000000000002ull}, b.level_versions = {0, 5};
+    if (!write_file(wdir + "/stats_versions", 8, bytes(storage::encode_stats({a, b}, true)))) return 1;
   }
   if (!write_file(wdir + "/names", 3, bytes(storage::encode_names({"a", "story-1", "ctx.v2"})))) return 1;
   {

@@ -38,7 +38,7 @@ bool same(std::span<const ObjectPart> a, std::span<const ObjectPart> b) {
   return true;
 }
 bool same(const Request& a, const Request& b) {
-  return a.op == b.op && a.id == b.id && a.chunk == b.chunk && a.level == b.level && a.total == b.total &&
+  return a.op == b.op && a.flags == b.flags && a.id == b.id && a.chunk == b.chunk && a.level == b.level && a.total == b.total &&
          a.checksum == b.checksum && a.version == b.version && same(a.parts, b.parts) &&
          a.range_offset == b.range_offset && a.range_length == b.range_length && a.context == b.context &&
          a.name_space == b.name_space && a.mac == b.mac && a.after == b.after;
@@ -48,7 +48,8 @@ bool same(const Response& a, const Response& b) {
          a.total == b.total && a.nonce == b.nonce && a.features == b.features;
 }
 bool same(const ChunkStat& a, const ChunkStat& b) {
-  if (a.chunk != b.chunk || a.level_bytes != b.level_bytes || a.level_parts.size() != b.level_parts.size())
+  if (a.chunk != b.chunk || a.level_bytes != b.level_bytes || a.level_versions != b.level_versions ||
+      a.level_parts.size() != b.level_parts.size())
     return false;
   for (size_t l = 0; l < a.level_parts.size(); ++l)
     if (!same(a.level_parts[l], b.level_parts[l])) return false;
@@ -71,6 +72,7 @@ void check_accepted(const Request& r) {
   if (r.op != Op::usage && !r.after.empty()) fail("a usage start on another op");
   if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage)) fail("accepted a usage page out of bounds");
   if (r.op != Op::get && (r.range_offset != 0 || r.range_length != 0)) fail("range fields on another op");
+  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions)) fail("accepted a flag no node knows");
   if (r.range_length == 0 && r.range_offset != 0) fail("accepted a range of no length");
   if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
     fail("accepted a range past the largest object");
@@ -81,6 +83,8 @@ void check_accepted(const std::vector<ChunkStat>& stats) {
   for (const ChunkStat& s : stats) {
     if (s.level_parts.size() > s.level_bytes.size()) fail("stat: more levels of parts than levels");
     if (!s.level_parts.empty() && s.level_parts.back().empty()) fail("stat: level_parts not trimmed");
+    if (!s.level_versions.empty() && s.level_versions.size() != s.level_bytes.size())
+      fail("stat: versions not one per level");
     for (size_t l = 0; l < s.level_parts.size(); ++l)
       if (Status v = validate_parts(s.level_parts[l], s.level_bytes[l]); !v.ok()) fail("stat: invalid parts", v);
   }
@@ -115,14 +119,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 2: {
-      auto r = decode_stats(in);
+      // The stat body with write versions (a stat asked with kStatVersions) or without.
+      const bool versions = (data[0] / 6) & 1;
+      auto r = decode_stats(in, versions);
       no_internal(r, "decode_stats");
       if (r.ok()) {
         check_accepted(*r);
-        const auto bytes = encode_stats(*r);
-        auto again = decode_stats(bytes);
+        for (const ChunkStat& s : *r)
+          if (s.level_versions.empty() == versions && !s.level_bytes.empty()) fail("stat: versions not as asked");
+        const auto bytes = encode_stats(*r, versions);
+        auto again = decode_stats(bytes, versions);
         if (!again.ok() || !same(*r, *again)) fail("stats round trip", again.status());
-        if (encode_stats(*again) != bytes) fail("stats re-encode differently");
+        if (encode_stats(*again, versions) != bytes) fail("stats re-encode differently");
       }
       break;
     }

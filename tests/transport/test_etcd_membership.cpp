@@ -2,7 +2,7 @@
 // etcd the test starts, the replicated client follows the member set, and after a join
 // or a crash the nodes copy chunks to their new owners until every chunk has R
 // replicas again. Placement is checked against the ring exactly; the moved share is
-// reported (perf/etcd-rebalance.sh measures it over many joins).
+// reported; perf/etcd-rebalance.sh measures what a join leaves the nodes holding.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -98,16 +98,19 @@ class EtcdCluster {
 };
 
 // Waits until the registered set is `members` and every one of them reports its
-// rebalance for exactly that set done; the reports, or empty at the deadline.
+// rebalance for exactly that set done (and with `trimmed`, its surplus copies dealt
+// with); the reports, or empty at the deadline.
 std::vector<cluster::MigrationReport> wait_settled(const cluster::EtcdConfig& etcd, std::vector<std::string> members,
-                                                   Deadline deadline) {
+                                                   Deadline deadline, bool trimmed = false) {
   std::sort(members.begin(), members.end());
   while (Clock::now() < deadline) {
     auto now = cluster::current_members(etcd, deadline_in(2000ms));
     auto reports = cluster::migration_reports(etcd, deadline_in(2000ms));
     if (now.ok() && reports.ok() && *now == members && reports->size() == members.size() &&
         std::all_of(reports->begin(), reports->end(),
-                    [&](const cluster::MigrationReport& r) { return r.done && r.members == members; }))
+                    [&](const cluster::MigrationReport& r) {
+                      return r.done && (r.trimmed || !trimmed) && r.members == members;
+                    }))
       return std::move(reports).value();
     std::this_thread::sleep_for(100ms);
   }
@@ -275,10 +278,13 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   std::vector<std::string> four = three;
   four.push_back(d);
   EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks)) << "a read failed during the rebalance";
-  const auto reports = wait_settled(cl.etcd.config(), four, deadline_in(60000ms));
+  const auto reports = wait_settled(cl.etcd.config(), four, deadline_in(60000ms), /*trimmed=*/true);
   ASSERT_FALSE(reports.empty()) << "the rebalance after the join did not finish";
-  uint64_t copied = 0;
-  for (const auto& r : reports) copied += r.bytes_copied;
+  uint64_t copied = 0, trimmed = 0;
+  for (const auto& r : reports) {
+    copied += r.bytes_copied, trimmed += r.bytes_trimmed;
+    EXPECT_EQ(r.objects_kept, 0u) << r.node;
+  }
   const auto on_d = holdings(d);
   uint64_t expected_on_d = 0;
   for (uint32_t c = 0; c < kChunks; ++c) {
@@ -300,7 +306,18 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
     EXPECT_EQ((*usage)[0].used, 4242u) << "the use mark did not travel with the context";
     EXPECT_EQ((*usage)[0].depth, 3u);
   }
-  for (const auto& a : three) EXPECT_EQ(holdings(a), before[a]) << "something moved to old node " << a;
+  // Each chunk the new node took leaves exactly one old owner, which dropped its copy
+  // once every member had copied: R copies of everything, nothing else moved.
+  uint64_t held = on_d.size() * kBytes;
+  for (const auto& a : three) {
+    std::map<uint32_t, uint64_t> kept;
+    for (const auto& [c, b] : before[a])
+      if (const auto o = owners(four, c); std::find(o.begin(), o.end(), a) != o.end()) kept[c] = b;
+    EXPECT_EQ(holdings(a), kept) << "old node " << a << " holds other than the chunks it still owns";
+    held += kept.size() * kBytes;
+  }
+  EXPECT_EQ(held, stored) << "not R copies of every chunk after the trim";
+  EXPECT_EQ(trimmed, copied) << "the bytes dropped are not those the new node took";
   const double share = double(copied) / double(stored);
   ::testing::Test::RecordProperty("join_moved_share", fmt::format("{:.3f}", share));
   std::printf("join: %llu of %llu stored bytes moved to the new node (%.3f; a quarter is 0.25)\n",
@@ -330,6 +347,64 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks));
   ::testing::Test::RecordProperty("crash_back_to_r_seconds", fmt::format("{:.2f}", secs));
   std::printf("crash: every chunk back to %u replicas %.2f s after the kill (lease TTL 2 s)\n", kReplication, secs);
+}
+
+// A copy a node holds of a chunk it does not own goes only when each owner holds that
+// write or a newer one. Written straight to the nodes (as a client with a stale member
+// set would): chunk k1 on its owners and on a non-owner at one version, k2 on the
+// non-owner at a newer version than its owners', k3 on the non-owner alone. A crash of
+// a fourth node makes a change; the non-owner then drops k1 and keeps k2 and k3.
+TEST_F(EtcdMembership, ASurplusCopyGoesOnlyWhenEveryOwnerHoldsItsWrite) {
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  std::vector<std::string> four;
+  for (int i = 0; i < 4; ++i) four.push_back(cl.start_node());
+  for (const auto& a : four) ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), four, deadline_in(30000ms), true).empty());
+  const std::string a = four[0], victim = four[3];
+  const std::vector<std::string> three(four.begin(), four.begin() + 3);
+  // Chunks that a does not own and the victim does not own either, so the crash leaves
+  // their owners as they are.
+  std::vector<uint32_t> ids;
+  for (uint32_t k = 0; ids.size() < 3 && k < 1000; ++k) {
+    const auto o3 = owners(three, k), o4 = owners(four, k);
+    if (o3 == o4 && std::find(o3.begin(), o3.end(), a) == o3.end()) ids.push_back(k);
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  const uint32_t k1 = ids[0], k2 = ids[1], k3 = ids[2];
+  auto direct = [&](const std::string& node) {
+    storage::ClientConfig cc;
+    cc.address = node, cc.name_space = kNs, cc.secret = kSecret;
+    auto c = storage::Client::connect(cc, deadline_in(5000ms));
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return c.ok() ? std::move(c).value() : nullptr;
+  };
+  const auto bytes = [](uint32_t k) { return payload(k, 4096); };
+  for (const auto& o : owners(three, k1)) {
+    auto c = direct(o);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->put_versioned(kCtx, k1, 0, bytes(k1), 100, deadline_in(5000ms)).ok());
+    ASSERT_TRUE(c->put_versioned(kCtx, k2, 0, bytes(k2), 100, deadline_in(5000ms)).ok());
+  }
+  {
+    auto c = direct(a);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->put_versioned(kCtx, k1, 0, bytes(k1), 100, deadline_in(5000ms)).ok());
+    ASSERT_TRUE(c->put_versioned(kCtx, k2, 0, bytes(k2), 200, deadline_in(5000ms)).ok());
+    ASSERT_TRUE(c->put_versioned(kCtx, k3, 0, bytes(k3), 100, deadline_in(5000ms)).ok());
+  }
+  cl.kill(victim);
+  const auto reports = wait_settled(cl.etcd.config(), three, deadline_in(60000ms), true);
+  ASSERT_FALSE(reports.empty()) << "the rebalance after the crash did not finish";
+  for (const auto& r : reports) {
+    EXPECT_EQ(r.objects_trimmed, r.node == a ? 1u : 0u) << r.node;
+    EXPECT_EQ(r.objects_kept, r.node == a ? 2u : 0u) << r.node;
+  }
+  const auto on_a = holdings(a);
+  EXPECT_EQ(on_a.count(k1), 0u) << "a copy every owner holds was kept";
+  EXPECT_EQ(on_a.count(k2), 1u) << "a newer write than the owners' was dropped";
+  EXPECT_EQ(on_a.count(k3), 1u) << "a write no owner holds was dropped";
+  for (const auto& o : owners(three, k1)) EXPECT_EQ(holdings(o).count(k1), 1u) << o;
 }
 
 // A new owner out of space (its tenant's quota) refuses part of a rebalance. The

@@ -249,7 +249,8 @@ TEST(UseMarks, AMalformedTouchIsRefusedAndTheConnectionStays) {
 
 // A node from before marks says hello without the feature: the client answers touch
 // and usage `unsupported` without sending them (the old node would end the connection
-// on an op it does not know), and its next request is the first the node sees.
+// on an op it does not know), and its next request is the first the node sees: a
+// stat that asks for no write versions (the old node would answer without them).
 TEST(UseMarks, AClientOfANodeWithoutMarksSendsNoneOfThem) {
   transport::BackendConfig bc;
   bc.name = "tcp";
@@ -257,7 +258,7 @@ TEST(UseMarks, AClientOfANodeWithoutMarksSendsNoneOfThem) {
   ASSERT_TRUE(backend.ok());
   auto listener = (*backend)->listen("127.0.0.1:0");
   ASSERT_TRUE(listener.ok());
-  std::optional<Op> first_request;
+  std::optional<Request> first_request;
   std::thread node([&] {
     auto conn = (*listener)->accept(deadline_in(30s), {});
     if (!conn.ok()) return;
@@ -272,11 +273,11 @@ TEST(UseMarks, AClientOfANodeWithoutMarksSendsNoneOfThem) {
     ok.op = Op::auth, ok.id = auth.ok() ? auth->id : 0;
     if (!(*conn)->send(encode(ok), {}, deadline_in(30s), {}).ok()) return;
     if (!(*conn)->recv_header(header, deadline_in(30s), {}).ok()) return;
-    if (auto r = decode_request(header); r.ok()) first_request = r->op;
+    if (auto r = decode_request(header); r.ok()) first_request = *r;
     (void)(*conn)->recv_body({}, deadline_in(30s), {});
-    Response names;
-    names.op = Op::list, names.id = decode_request(header)->id;
-    (void)(*conn)->send(encode(names), {}, deadline_in(30s), {});
+    Response none;
+    none.op = Op::stat, none.id = first_request ? first_request->id : 0, none.code = StatusCode::not_found;
+    (void)(*conn)->send(encode(none), {}, deadline_in(30s), {});
   });
   ClientConfig cc;
   cc.address = (*listener)->address(), cc.backend = bc, cc.name_space = "t", cc.secret = kSecret;
@@ -284,10 +285,11 @@ TEST(UseMarks, AClientOfANodeWithoutMarksSendsNoneOfThem) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ((*c)->touch(touches({{"a", 0}}), 0, deadline_in(30s)).code(), StatusCode::unsupported);
   EXPECT_EQ((*c)->usage("", deadline_in(30s)).status().code(), StatusCode::unsupported);
-  (void)(*c)->list(deadline_in(30s));  // the fake node's answer carries no names
+  EXPECT_EQ((*c)->stat("a", deadline_in(30s)).status().code(), StatusCode::not_found);
   node.join();
   ASSERT_TRUE(first_request.has_value());
-  EXPECT_EQ(*first_request, Op::list);
+  EXPECT_EQ(first_request->op, Op::stat);
+  EXPECT_EQ(first_request->flags, 0) << "a stat flag sent to a node that did not declare versions";
 }
 
 }  // namespace
