@@ -170,6 +170,7 @@ struct EvictionBenchOptions {
   uint32_t scan_reps = 5;
   uint64_t seed = 1;
   std::string redis;                 ///< host:port of a Redis server to store in instead of a node started here
+  bool redis_cluster = false;        ///< `redis` is a node of a Redis Cluster (its topology learnt from it)
   std::string json;
 };
 int run_eviction_bench(const EvictionBenchOptions& o);

@@ -59,6 +59,7 @@ Workload make_workload(const EvictionBenchOptions& o) {
 struct Backing {
   BenchNode node;
   std::string redis, name_space;
+  bool redis_cluster = false;
   // Requests the node served so far (0 on Redis: not counted there).
   [[nodiscard]] uint64_t requests() const { return node.server ? node.server->counters().requests : 0; }
 };
@@ -66,7 +67,7 @@ struct Backing {
 Result<Backing> open_backing(const EvictionBenchOptions& o, const std::string& dir, const std::string& name) {
   Backing b;
   if (!o.redis.empty()) {
-    b.redis = o.redis;
+    b.redis = o.redis, b.redis_cluster = o.redis_cluster;
     b.name_space = fmt::format("bench-{}-{}-{}", ::getpid(), name, o.seed);
     return b;
   }
@@ -77,7 +78,7 @@ Result<Backing> open_backing(const EvictionBenchOptions& o, const std::string& d
 StoreConfig store_config(const Backing& backing, const std::string& profile_path, uint32_t chunk_tokens, bool by_use) {
   StoreConfig sc;
   if (!backing.redis.empty()) {
-    sc.storage.kind = "redis";
+    sc.storage.kind = backing.redis_cluster ? "redis-cluster" : "redis";
     sc.storage.address = backing.redis;
     sc.storage.name_space = backing.name_space;
   } else {
@@ -225,7 +226,9 @@ int run_eviction_bench(const EvictionBenchOptions& o) {
     all_bytes = per_chunk * (o.shared_chunks + uint64_t(o.prompts) * o.own_chunks);
   }
   const uint64_t max_bytes = uint64_t(o.capacity * double(all_bytes));
-  if (!o.redis.empty()) fmt::print("on the Redis server at {} (node requests not counted there)\n", o.redis);
+  if (!o.redis.empty())
+    fmt::print("on the Redis {} at {} (node requests not counted there)\n", o.redis_cluster ? "cluster" : "server",
+               o.redis);
   fmt::print("{} prompts of {} tokens ({} shared chunks, {} own, {} tokens each); {} requests, Zipf {}; the store "
              "bounded to {:.0f}% of the {:.1f} MiB they take\n",
              o.prompts, prompt_tokens, o.shared_chunks, o.own_chunks, o.chunk_tokens, o.requests, o.zipf,

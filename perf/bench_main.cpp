@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
   ev->add_option("--scan-reps", eo.scan_reps, "timed listings per order")->capture_default_str();
   ev->add_option("--seed", eo.seed, "request sequence seed")->capture_default_str();
   ev->add_option("--redis", eo.redis, "host:port of a Redis server to store in (namespaces of the run's own)");
+  ev->add_flag("--redis-cluster", eo.redis_cluster, "--redis names a node of a Redis Cluster");
   ev->add_option("--json", eo.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);
   if (*ev) return kvstream::bench::run_eviction_bench(eo);

@@ -45,7 +45,7 @@ struct Redirect {
 // "ASK 3999 host:port"), or a state worth retrying: TRYAGAIN (a multi-key command
 // during a slot's migration), CLUSTERDOWN, LOADING, MASTERDOWN, READONLY (a write
 // that reached a node demoted to replica).
-Redirect find_redirect(const std::vector<Reply>& rs) {
+Redirect find_redirect(std::span<const Reply> rs) {
   for (const auto& r : rs) {
     if (r->type != REDIS_REPLY_ERROR) continue;
     const std::string_view e = reply_str(r.get());
@@ -251,6 +251,63 @@ Result<std::vector<Reply>> run_slot(ClusterWorker& w, const QueueJob& j, uint16_
   }
 }
 
+// Commands on the keys of one slot, for run_slot_groups.
+struct SlotGroup {
+  uint16_t slot = 0;
+  std::vector<Command> cmds;
+};
+
+// Reads many slots at once: the groups are sorted by the node the map routes each slot
+// to and sent to it in one pipeline (at most kGroupsPerPipeline groups each), so a
+// listing of N chunks costs a round trip or two per node instead of one per chunk. A
+// group whose replies carry a redirection or a retry state, or whose node did not
+// answer in time, runs again alone through run_slot, which follows redirections and
+// failovers and turns to replicas. The replies per group, in the order given.
+Result<std::vector<std::vector<Reply>>> run_slot_groups(ClusterWorker& w, const QueueJob& j,
+                                                        const std::vector<SlotGroup>& groups) {
+  constexpr size_t kGroupsPerPipeline = 256;
+  ClusterState& s = w.state();
+  std::vector<std::vector<Reply>> out(groups.size());
+  std::map<std::string, std::vector<size_t>> by_node;
+  std::vector<size_t> alone;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const SlotMap::Route route = s.map.route(groups[i].slot);
+    if (route.primary.empty()) alone.push_back(i);
+    else by_node[route.primary].push_back(i);
+  }
+  for (const auto& [node, members] : by_node)
+    for (size_t at = 0; at < members.size(); at += kGroupsPerPipeline) {
+      if (!j.open()) return Status(StatusCode::cancelled, "call already completed");
+      const std::span<const size_t> part =
+          std::span(members).subspan(at, std::min(kGroupsPerPipeline, members.size() - at));
+      std::vector<Command> batch;
+      for (size_t i : part) batch.insert(batch.end(), groups[i].cmds.begin(), groups[i].cmds.end());
+      // As run_slot's first try of a read: the primary has replica_after to answer.
+      auto rs = w.conn(node, false).run(batch, std::min(j.deadline, Clock::now() + s.cfg.replica_after));
+      if (!rs.ok()) {
+        const StatusCode code = rs.status().code();
+        if (code == StatusCode::permission_denied || code == StatusCode::invalid_argument)
+          return make_status(code, "redis cluster: {}", rs.status().message());
+        alone.insert(alone.end(), part.begin(), part.end());
+        continue;
+      }
+      size_t k = 0;
+      for (size_t i : part) {
+        const std::span<Reply> mine = std::span(*rs).subspan(k, groups[i].cmds.size());
+        k += mine.size();
+        if (find_redirect(mine).kind != Redirect::none) {
+          alone.push_back(i);
+          continue;
+        }
+        out[i].assign(std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+      }
+    }
+  for (size_t i : alone) {
+    KVS_ASSIGN_OR_RETURN(out[i], run_slot(w, j, groups[i].slot, groups[i].cmds, Access::read));
+  }
+  return out;
+}
+
 class ClusterClient final : public RedisClientBase {
  public:
   static Result<std::unique_ptr<storage::Client>> create(const RedisConfig& cfg, Deadline deadline,
@@ -335,21 +392,28 @@ class ClusterClient final : public RedisClientBase {
   }
 
   // The context's chunk set, then each chunk's size and parts tables (one
-  // transaction each, so both are of the same writes).
+  // transaction each, so both are of the same writes), the chunks of one node in one
+  // pipeline.
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
                                       const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
     return queue_->call<std::vector<ChunkStat>>(
         deadline, cancel, [this, context](ClusterWorker& w, QueueJob& j) -> Result<std::vector<ChunkStat>> {
           KVS_ASSIGN_OR_RETURN(auto chunks, chunk_numbers(w, j, context, Access::read));
+          std::vector<std::string> keys;  // sizes and parts per chunk; the groups' commands view them
+          keys.reserve(2 * chunks.size());
+          for (uint32_t chunk : chunks) keys.push_back(sizes_key(context, chunk)), keys.push_back(parts_key(context, chunk));
+          std::vector<SlotGroup> groups;
+          for (size_t i = 0; i < chunks.size(); ++i)
+            groups.push_back({key_slot(keys[2 * i]),
+                              {{"MULTI"}, {"HGETALL", keys[2 * i]}, {"HGETALL", keys[2 * i + 1]}, {"EXEC"}}});
+          KVS_ASSIGN_OR_RETURN(auto replies, run_slot_groups(w, j, groups));
           std::map<uint32_t, ChunkStat> m;
-          for (uint32_t chunk : chunks) {
-            const std::string sizes = sizes_key(context, chunk), parts = parts_key(context, chunk);
-            KVS_ASSIGN_OR_RETURN(auto rs, run_slot(w, j, key_slot(sizes),
-                                                   {{"MULTI"}, {"HGETALL", sizes}, {"HGETALL", parts}, {"EXEC"}},
-                                                   Access::read));
+          for (size_t i = 0; i < chunks.size(); ++i) {
+            auto& rs = replies[i];
             KVS_RETURN_IF_ERROR(check_exec(rs, 2, "stat"));
-            KVS_RETURN_IF_ERROR(merge_stat_tables(rs[3]->element[0], sizes, rs[3]->element[1], parts, m));
+            KVS_RETURN_IF_ERROR(
+                merge_stat_tables(rs[3]->element[0], keys[2 * i], rs[3]->element[1], keys[2 * i + 1], m));
           }
           if (m.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
           return finish_stats(std::move(m));
@@ -421,8 +485,9 @@ class ClusterClient final : public RedisClientBase {
     return r.status();
   }
 
-  // The contexts and marks from their slot, then per context its chunk set and each
-  // chunk's size table (a round trip each, as stat). Redis keeps no write versions.
+  // The contexts and marks from their slot, then every context's chunk set, then every
+  // chunk's size table, each step one pipeline per node (run_slot_groups). Redis keeps
+  // no write versions.
   Result<std::vector<storage::ContextUsage>> usage(const std::string& prefix, Deadline deadline,
                                                    const CancelToken& cancel) override {
     if (!prefix.empty()) KVS_RETURN_IF_ERROR(storage::validate_id(prefix, storage::kMaxContextBytes, "usage prefix"));
@@ -432,15 +497,31 @@ class ClusterClient final : public RedisClientBase {
           KVS_ASSIGN_OR_RETURN(auto rs,
                                run_slot(w, j, key_slot(ctxs), {{"SMEMBERS", ctxs}, {"HGETALL", marks}}, Access::read));
           KVS_ASSIGN_OR_RETURN(auto out, listed_with_marks(rs[0].get(), rs[1].get(), prefix));
+          std::vector<std::string> sets;
+          sets.reserve(out.size());
+          std::vector<SlotGroup> groups;
+          for (const auto& [name, u] : out) {
+            sets.push_back(chunks_key(name));
+            groups.push_back({key_slot(sets.back()), {{"SMEMBERS", sets.back()}}});
+          }
+          KVS_ASSIGN_OR_RETURN(auto set_replies, run_slot_groups(w, j, groups));
+          std::vector<std::pair<storage::ContextUsage*, std::string>> tables;  // a context, one chunk's sizes key
+          size_t i = 0;
           for (auto& [name, u] : out) {
-            KVS_ASSIGN_OR_RETURN(auto chunks, chunk_numbers(w, j, name, Access::read));
-            std::set<uint32_t> present;
-            for (uint32_t chunk : chunks) {
-              const std::string sizes = sizes_key(name, chunk);
-              KVS_ASSIGN_OR_RETURN(auto t, run_slot(w, j, key_slot(sizes), {{"HGETALL", sizes}}, Access::read));
-              KVS_RETURN_IF_ERROR(add_sizes(t[0].get(), sizes, u, present));
-            }
-            u.chunks.assign(present.begin(), present.end());
+            KVS_ASSIGN_OR_RETURN(auto chunks, parse_chunk_numbers(set_replies[i][0].get(), sets[i]));
+            ++i;
+            for (uint32_t chunk : chunks) tables.emplace_back(&u, sizes_key(name, chunk));
+          }
+          groups.clear();
+          for (const auto& [u, key] : tables) groups.push_back({key_slot(key), {{"HGETALL", key}}});
+          KVS_ASSIGN_OR_RETURN(auto size_replies, run_slot_groups(w, j, groups));
+          std::map<const storage::ContextUsage*, std::set<uint32_t>> present;
+          for (size_t t = 0; t < tables.size(); ++t)
+            KVS_RETURN_IF_ERROR(add_sizes(size_replies[t][0].get(), tables[t].second, *tables[t].first,
+                                          present[tables[t].first]));
+          for (auto& [name, u] : out) {
+            const auto& p = present[&u];
+            u.chunks.assign(p.begin(), p.end());
           }
           return in_name_order(std::move(out));
         });
@@ -516,7 +597,11 @@ class ClusterClient final : public RedisClientBase {
                                               Access access) const {
     const std::string key = chunks_key(context);
     KVS_ASSIGN_OR_RETURN(auto rs, run_slot(w, j, key_slot(key), {{"SMEMBERS", key}}, access));
-    KVS_ASSIGN_OR_RETURN(auto names, string_set(rs[0].get(), "chunk set"));
+    return parse_chunk_numbers(rs[0].get(), key);
+  }
+  // A chunk set's members (SMEMBERS of `key`), as numbers in order.
+  static Result<std::vector<uint32_t>> parse_chunk_numbers(const redisReply* members, const std::string& key) {
+    KVS_ASSIGN_OR_RETURN(auto names, string_set(members, "chunk set"));
     std::vector<uint32_t> out;
     for (const auto& n : names) {
       uint32_t c = 0;

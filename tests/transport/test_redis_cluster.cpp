@@ -278,8 +278,10 @@ TEST_F(RedisClusterTest, PrimaryKilledDuringAHundredFetches) {
 }
 
 // Issue 21's figure: slots move between primaries (redis-cli --cluster reshard, keys
-// migrated with MIGRATE) while readers and a writer run; the client follows ASK and
-// MOVED; afterwards every chunk, old and new, reads back intact: 0 lost, 0 wrong.
+// migrated with MIGRATE) while readers, a writer and a lister run; the client follows
+// ASK and MOVED (a listing's pipelines per node fall back to one slot at a time for
+// the groups redirected); afterwards every chunk, old and new, reads back intact: 0
+// lost, 0 wrong, and no listing missed a chunk.
 TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
   auto cluster = start("kvs-rc-reshard");
   ASSERT_TRUE(cluster);
@@ -322,6 +324,24 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
         ++reads;
       }
     });
+  std::atomic<uint32_t> listings{0}, short_listings{0};
+  load.emplace_back([&] {
+    std::vector<uint64_t> size(kChunks);
+    for (uint32_t chunk = 0; chunk < kChunks; ++chunk) size[chunk] = object(chunk, 0).size();
+    while (!stop) {
+      auto st = (*c)->stat("ctx", deadline_in(10s));
+      auto u = (*c)->usage("ctx", deadline_in(10s));
+      if (!st.ok() || !u.ok()) {
+        note(st.ok() ? u.status() : st.status());
+        continue;
+      }
+      uint32_t seen = 0;
+      for (const ChunkStat& cs : *st)
+        seen += cs.chunk < kChunks && cs.level_bytes.size() == 1 && cs.level_bytes[0] == size[cs.chunk];
+      if (seen != kChunks || u->size() != 1 || (*u)[0].chunks.size() < kChunks) ++short_listings;
+      ++listings;
+    }
+  });
   load.emplace_back([&] {
     for (uint32_t chunk = kChunks; !stop; ++chunk) {
       if (Status s = (*c)->put("ctx", chunk, 0, object(chunk, 0), deadline_in(10s)); !s.ok()) note(s);
@@ -334,6 +354,8 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
   EXPECT_EQ(wrong.load(), 0u);
   EXPECT_EQ(errors.load(), 0u) << first_error;
   EXPECT_GT(reads.load(), 0u);
+  EXPECT_GT(listings.load(), 0u);
+  EXPECT_EQ(short_listings.load(), 0u) << "listings during the resharding that missed chunks, of " << listings.load();
   EXPECT_NE(out.find("Moving slot"), std::string::npos) << out;
   ASSERT_TRUE(cluster->wait_until_ok(20s));
   // Every chunk, old and new, is there and intact.
@@ -351,8 +373,8 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadLosesNoChunk) {
   }
   EXPECT_EQ(lost, 0u);
   EXPECT_EQ(bad, 0u);
-  fprintf(stderr, "resharding 1000 slots under load: %u reads, %u puts, %u errors, %u wrong, %u lost\n", reads.load(),
-          written.load(), errors.load(), wrong.load() + bad, lost);
+  fprintf(stderr, "resharding 1000 slots under load: %u reads, %u puts, %u listings, %u errors, %u wrong, %u lost\n",
+          reads.load(), written.load(), listings.load(), errors.load(), wrong.load() + bad, lost);
   RecordProperty("reads_during_resharding", int(reads.load()));
   RecordProperty("puts_during_resharding", int(written.load()));
 }
