@@ -433,9 +433,12 @@ class ClientImpl final : public Client {
       for (const auto& u : page)
         if (!u.context.starts_with(prefix))
           return make_status(StatusCode::corrupt_data, "usage listed '{}' for the prefix '{}'", u.context, prefix);
-      // A node may end a page early (its byte bound), so only an empty one is the last.
-      if (page.empty()) return out;
+      // A node ends a page short of the entries asked for only once its body reaches
+      // kMaxUsageBodyBytes: a shorter page under that is the last, and saves the round
+      // trip that would fetch an empty one.
+      const bool last = page.empty() || (page.size() < kUsagePage && body.size() < kMaxUsageBodyBytes);
       std::move(page.begin(), page.end(), std::back_inserter(out));
+      if (last) return out;
     }
   }
 

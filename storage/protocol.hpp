@@ -39,7 +39,8 @@ inline constexpr uint16_t kStatVersions = 1;
 /// Bound on a touch request's body: one segment.
 inline constexpr uint64_t kMaxTouchBodyBytes = uint64_t(1) << 20;
 /// Most entries one usage reply may carry, and the bytes a node fills one with (it
-/// stops adding entries past them; a client reads pages until an empty one).
+/// stops adding entries once the body reaches them; so a page with fewer entries than
+/// asked for and a body under them is the last, and a client stops there).
 inline constexpr uint32_t kMaxUsagePage = 65536;
 inline constexpr uint64_t kMaxUsageBodyBytes = uint64_t(8) << 20;
 inline constexpr size_t kNonceBytes = 32;

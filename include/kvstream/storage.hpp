@@ -369,7 +369,7 @@ class Client {
                        const transport::CancelToken& cancel = {});
   /// Every context of the namespace whose name starts with `prefix` (empty: all), by
   /// name, with its bytes, chunks, write and use marks: pages of up to 4096 contexts
-  /// (8 MiB), read until an empty one.
+  /// (8 MiB), read until a short one.
   /// Errors: unsupported (as touch; the default here), the client's.
   virtual Result<std::vector<ContextUsage>> usage(const std::string& prefix, transport::Deadline deadline,
                                                   const transport::CancelToken& cancel = {});

@@ -180,7 +180,10 @@ void Rebalancer::run() {
     if (!retry) {
       settled = target, settled_generation = gen;
       trim_due = cfg_.trim_surplus, last = tally, last_seconds = secs;
-      retry_delay = cfg_.retry_first;
+      // The first look at the others' reports comes soon: their passes for the same
+      // change tend to end together. Later looks back off from there.
+      retry_delay = std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(cfg_.settle, 50ms),
+                                                        cfg_.retry_first);
     }
     lock.unlock();
     report(target, !retry, tally, secs);
