@@ -260,9 +260,11 @@ struct SlotGroup {
 // Reads many slots at once: the groups are sorted by the node the map routes each slot
 // to and sent to it in one pipeline (at most kGroupsPerPipeline groups each), so a
 // listing of N chunks costs a round trip or two per node instead of one per chunk. A
-// group whose replies carry a redirection or a retry state, or whose node did not
-// answer in time, runs again alone through run_slot, which follows redirections and
-// failovers and turns to replicas. The replies per group, in the order given.
+// pipeline its primary does not answer within replica_after goes whole to a replica
+// of that primary (so a stalled primary costs one wait, not one per chunk). A group
+// whose replies carry a redirection or a retry state, or that no node answered, runs
+// again alone through run_slot, which follows redirections and failovers. The
+// replies per group, in the order given.
 Result<std::vector<std::vector<Reply>>> run_slot_groups(ClusterWorker& w, const QueueJob& j,
                                                         const std::vector<SlotGroup>& groups) {
   constexpr size_t kGroupsPerPipeline = 256;
@@ -288,8 +290,14 @@ Result<std::vector<std::vector<Reply>>> run_slot_groups(ClusterWorker& w, const 
         const StatusCode code = rs.status().code();
         if (code == StatusCode::permission_denied || code == StatusCode::invalid_argument)
           return make_status(code, "redis cluster: {}", rs.status().message());
-        alone.insert(alone.end(), part.begin(), part.end());
-        continue;
+        for (const auto& replica : s.map.route(groups[part[0]].slot).replicas) {
+          rs = w.conn(replica, true).run(batch, j.deadline);
+          if (rs.ok()) break;
+        }
+        if (!rs.ok()) {
+          alone.insert(alone.end(), part.begin(), part.end());
+          continue;
+        }
       }
       size_t k = 0;
       for (size_t i : part) {

@@ -174,6 +174,14 @@ TEST_F(RedisClusterTest, ReadsFromAReplicaWhileThePrimaryStallsAndConnectsThroug
     EXPECT_EQ(std::memcmp(buf.data(), want.data(), want.size()), 0);
     ++ok;
   }
+  // A listing too: the stalled primary's share read from its replica.
+  auto st = (*c)->stat("ctx", deadline_in(10s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(st->size(), kChunks);
+  auto u = (*c)->usage("ctx", deadline_in(10s));
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  ASSERT_EQ(u->size(), 1u);
+  EXPECT_EQ((*u)[0].chunks.size(), kChunks);
   ::kill(cluster->server(primary).pid(), SIGCONT);
   EXPECT_EQ(ok, kChunks);
 
