@@ -74,14 +74,25 @@ void OfiConnection::answer_probes(std::shared_ptr<ProbeResponder> responder, uin
 }
 
 Status OfiConnection::lost_peer(const Status& why) {
-  // The sending and the receiving side may both find it: the first says so.
-  if (peer_lost_.exchange(true)) return peer_lost_status();
+  // The sending and the receiving side may both find it: the first says so, and its
+  // reason is every later call's.
+  {
+    std::lock_guard lock(lost_mu_);
+    if (peer_lost_.load()) return peer_lost_status_locked();
+    lost_why_ = why.message();
+    peer_lost_.store(true);
+  }
   return peer_fault(side_, StatusCode::unavailable, "libfabric: peer {} lost: {}", peer_name_, why.message());
 }
 
 Status OfiConnection::peer_lost_status() const {
-  return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost (found gone by its liveness probe)",
-                                 peer_name_);
+  std::lock_guard lock(lost_mu_);
+  return peer_lost_status_locked();
+}
+
+Status OfiConnection::peer_lost_status_locked() const {
+  return detail::repeated_status(StatusCode::unavailable, "libfabric: peer {} lost: {}", peer_name_,
+                                 lost_why_.empty() ? std::string("found gone by its liveness probe") : lost_why_);
 }
 
 std::string OfiConnection::describe() const {

@@ -121,8 +121,9 @@ class OfiConnection final : public Connection {
   /// The connection is unusable: its peer is gone (`why` from PeerProbe::check). Either
   /// side's thread may call it (it touches peer_lost_ alone).
   Status lost_peer(const Status& why);
-  /// What every later call answers once the peer was lost.
+  /// What every later call answers once the peer was lost: why it was found gone.
   Status peer_lost_status() const;
+  Status peer_lost_status_locked() const;  // requires lost_mu_
 
   std::shared_ptr<Endpoint> ep_;
   PeerTable::Use peer_;  // the peer's entry in ep_'s address vector
@@ -134,6 +135,8 @@ class OfiConnection final : public Connection {
   std::shared_ptr<ProbeResponder> responder_;  // accepted side
   std::unique_ptr<PeerProbe> probe_;           // connecting side, where probes are on
   std::atomic<bool> peer_lost_{false};         // a probe went unanswered: nothing to wait for at close
+  mutable std::mutex lost_mu_;                 // lost_why_
+  std::string lost_why_;                       // why the side that found it lost the peer
   // Sending side: the sender's thread alone, but for backlog_, which the receiving
   // side flushes too (progress_sends), under backlog_mu_.
   uint64_t send_seq_ = 0;          // messages posted
