@@ -1,9 +1,13 @@
 // Storage client: requests are pipelined over one or more connections; a receiver
 // thread per connection matches responses to requests by id and lands each chunk
-// straight in the caller's registered buffer, verifying its checksum first.
+// straight in the caller's registered buffer, verifying its checksum first. A
+// connection the node closed (its idle timeout, a restart) is made again by the next
+// call that finds none alive.
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "core/log.hpp"
@@ -36,7 +40,10 @@ struct Pending {
 class Channel {
  public:
   Channel(std::unique_ptr<Connection> c, transport::Backend* backend) : conn_(std::move(c)), backend_(backend) {
-    receiver_ = std::thread([this] { receive_loop(); });
+    receiver_ = std::thread([this] {
+      receive_loop();
+      finished_.store(true, std::memory_order_release);
+    });
   }
   ~Channel() {
     stop_.cancel();
@@ -75,6 +82,8 @@ class Channel {
     std::lock_guard lock(mu_);
     return broken_.ok();
   }
+  /// Its receiver thread has returned (the connection broke, or it was stopped).
+  [[nodiscard]] bool finished() const { return finished_.load(std::memory_order_acquire); }
 
  private:
   std::unique_ptr<Connection> conn_;
@@ -85,6 +94,7 @@ class Channel {
   std::map<uint64_t, Pending> pending_;
   uint64_t next_id_ = 1;
   Status broken_;
+  std::atomic<bool> finished_{false};
 
   Deadline pending_deadline(uint64_t id) {
     std::lock_guard lock(mu_);
@@ -272,10 +282,10 @@ class ClientImpl final : public Client {
       KVS_ASSIGN_OR_RETURN(backend, transport::create_backend(cfg.backend));
     }
     c->backend_ = std::move(backend);
+    c->cfg_ = cfg;
     for (uint32_t i = 0; i < cfg.connections; ++i) {
-      KVS_ASSIGN_OR_RETURN(auto conn, c->backend_->connect(cfg.address, deadline, cancel));
-      KVS_ASSIGN_OR_RETURN(c->features_, authenticate(*conn, cfg, deadline, cancel));
-      c->channels_.push_back(std::make_unique<Channel>(std::move(conn), c->backend_.get()));
+      KVS_ASSIGN_OR_RETURN(auto ch, c->open_channel(deadline, cancel));
+      c->channels_.push_back(std::move(ch));
     }
     return std::unique_ptr<Client>(std::move(c));
   }
@@ -336,7 +346,7 @@ class ClientImpl final : public Client {
     p.op = Op::get, p.dest = std::move(dest), p.offset = offset, p.capacity = capacity;
     p.deadline = deadline, p.cancel = cancel;
     p.done = [done = std::move(done)](Result<size_t> r, std::vector<std::byte>&&) { done(std::move(r)); };
-    pick().submit(std::move(req), {}, std::move(p));
+    submit(std::move(req), {}, std::move(p));
   }
 
   void get_range_async(const std::string& context, uint32_t chunk, uint32_t level, uint64_t offset, uint64_t length,
@@ -359,7 +369,7 @@ class ClientImpl final : public Client {
     p.op = Op::get, p.dest = std::move(dest), p.offset = dest_offset, p.capacity = size_t(length), p.range = true;
     p.deadline = deadline, p.cancel = cancel;
     p.done = [done = std::move(done)](Result<size_t> r, std::vector<std::byte>&&) { done(std::move(r)); };
-    pick().submit(std::move(req), {}, std::move(p));
+    submit(std::move(req), {}, std::move(p));
   }
 
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
@@ -370,7 +380,7 @@ class ClientImpl final : public Client {
     // Asked of every node that declares them (8 bytes a level): what a rebalance checks
     // before it drops a copy. A node from before them ignores the flag and would send
     // a body without them, so it is not asked.
-    const bool versions = features_ & kFeatureVersions;
+    const bool versions = features_.load(std::memory_order_relaxed) & kFeatureVersions;
     if (versions) req.flags = kStatVersions;
     KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
     return decode_stats(body, versions);
@@ -445,12 +455,19 @@ class ClientImpl final : public Client {
  private:
   static constexpr uint32_t kUsagePage = 4096;
   std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
-  std::vector<std::unique_ptr<Channel>> channels_;
+  ClientConfig cfg_;
+  std::mutex channels_mu_;  // channels_, retired_
+  std::vector<std::shared_ptr<Channel>> channels_;
+  std::vector<std::shared_ptr<Channel>> retired_;  // lost, until their receivers return
+  std::timed_mutex reconnect_mu_;  // one reconnection at a time; last_reconnect_*
+  static constexpr auto kReconnectInterval = std::chrono::milliseconds(100);
+  Clock::time_point last_reconnect_at_{};
+  Status last_reconnect_;
   std::atomic<uint64_t> rr_{0};
-  uint64_t features_ = 0;  // what the node's hello declared (kFeature*)
+  std::atomic<uint64_t> features_{0};  // what the node's hello declared (kFeature*)
 
   Status need_usage_feature() const {
-    if (features_ & kFeatureUsage) return {};
+    if (features_.load(std::memory_order_relaxed) & kFeatureUsage) return {};
     return Status(StatusCode::unsupported, "the storage node keeps no use marks (a node from before 2026-12-06)");
   }
 
@@ -481,13 +498,80 @@ class ClientImpl final : public Client {
     return hello.features;
   }
 
-  // Picks a live channel, round robin.
-  Channel& pick() {
-    const size_t n = channels_.size();
+  // A connection, logged in; the node's features go to features_.
+  Result<std::shared_ptr<Channel>> open_channel(Deadline deadline, const CancelToken& cancel) {
+    KVS_ASSIGN_OR_RETURN(auto conn, backend_->connect(cfg_.address, deadline, cancel));
+    KVS_ASSIGN_OR_RETURN(uint64_t features, authenticate(*conn, cfg_, deadline, cancel));
+    features_.store(features, std::memory_order_relaxed);
+    return std::make_shared<Channel>(std::move(conn), backend_.get());
+  }
+
+  // Picks a live channel, round robin. With none alive (the node closed them: its idle
+  // timeout, a restart), connects and logs in again in the caller's call, within its
+  // deadline; the requests that were on the lost connections failed with it.
+  Result<std::shared_ptr<Channel>> pick(Deadline deadline, const CancelToken& cancel) {
     const size_t start = size_t(rr_.fetch_add(1));
-    for (size_t i = 0; i < n; ++i)
-      if (channels_[(start + i) % n]->alive()) return *channels_[(start + i) % n];
-    return *channels_[start % n];
+    {
+      std::lock_guard lock(channels_mu_);
+      const size_t n = channels_.size();
+      for (size_t i = 0; i < n; ++i)
+        if (channels_[(start + i) % n]->alive()) return channels_[(start + i) % n];
+    }
+    // One reconnection at a time; a call waits for another's only until its own deadline.
+    std::unique_lock reconnecting(reconnect_mu_, std::defer_lock);
+    if (!reconnecting.try_lock_until(deadline))
+      return make_status(StatusCode::timed_out, "storage node {}: past the deadline while connecting again",
+                         cfg_.address);
+    std::vector<std::shared_ptr<Channel>> lost;
+    {
+      std::lock_guard lock(channels_mu_);
+      for (const auto& ch : channels_)  // another call may have reconnected meanwhile
+        if (ch->alive()) return ch;
+      lost = channels_;
+    }
+    // A node that is down is not dialled again by every call: one try per interval.
+    if (!last_reconnect_.ok() && Clock::now() - last_reconnect_at_ < kReconnectInterval) return last_reconnect_;
+    last_reconnect_at_ = Clock::now();
+    // Every lost connection is made again (the client's parallelism comes back), as
+    // long as they succeed; the first failure ends the round.
+    std::vector<std::shared_ptr<Channel>> fresh;
+    for (size_t i = 0; i < lost.size(); ++i) {
+      auto ch = open_channel(deadline, cancel);
+      if (!ch.ok()) {
+        if (fresh.empty()) {
+          last_reconnect_ = ch.status().with_context(fmt::format("storage node {}: connecting again", cfg_.address));
+          return last_reconnect_;
+        }
+        break;
+      }
+      fresh.push_back(std::move(ch).value());
+    }
+    last_reconnect_ = {};
+    KVS_LOG_INFO("storage client: connected again to {} for '{}' ({} of {} connections)", cfg_.address,
+                 cfg_.name_space, fresh.size(), lost.size());
+    std::vector<std::shared_ptr<Channel>> reaped;  // destroyed outside the lock
+    {
+      std::lock_guard lock(channels_mu_);
+      size_t next = 0;
+      for (auto& ch : channels_)
+        if (next < fresh.size() && std::find(lost.begin(), lost.end(), ch) != lost.end()) {
+          retired_.push_back(std::move(ch));
+          ch = fresh[next++];
+        }
+      lost.clear();
+      // A lost channel goes once its receiver has returned and no call holds it.
+      for (auto it = retired_.begin(); it != retired_.end();)
+        if ((*it)->finished() && it->use_count() == 1) reaped.push_back(std::move(*it)), it = retired_.erase(it);
+        else ++it;
+    }
+    return fresh.front();
+  }
+
+  // Sends `req` on a live channel; `p.done` runs exactly once.
+  void submit(Request req, std::span<const std::byte> body, Pending p) {
+    auto ch = pick(p.deadline, p.cancel);
+    if (!ch.ok()) return p.done(ch.status(), {});
+    (*ch)->submit(std::move(req), body, std::move(p));
   }
 
   // A blocking request whose small response body comes back as bytes.
@@ -501,7 +585,7 @@ class ClientImpl final : public Client {
       if (r.ok()) promise->set_value(std::move(b));
       else promise->set_value(r.status());
     };
-    pick().submit(std::move(req), body, std::move(p));
+    submit(std::move(req), body, std::move(p));
     return future.get();
   }
 };

@@ -137,7 +137,9 @@ struct ServerConfig {
   uint64_t default_namespace_quota_bytes = 0;
   std::map<std::string, uint64_t> namespace_quota_bytes;
   uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure
-  std::chrono::milliseconds idle_timeout{60000};  ///< a silent client is disconnected after this
+  /// A silent client is disconnected after this (kvstream's clients connect again on
+  /// their next call).
+  std::chrono::milliseconds idle_timeout{60000};
   /// Warnings a peer can cause at will (refused connections, failed logins) are
   /// logged at most once per interval, with counts.
   std::chrono::milliseconds log_interval{10000};
@@ -233,7 +235,12 @@ struct ClientConfig {
 /// Completion of an asynchronous get: bytes written into the destination, or why not.
 using GetCallback = std::function<void(Result<size_t>)>;
 
-/// A connection (or several) to one storage node. Thread-safe.
+/// A connection (or several) to one storage node. Thread-safe. Connections the node
+/// closes (its idle_timeout, a restart) are made again, logged in, by the next call
+/// that finds none alive, inside that call's deadline (an asynchronous get then
+/// connects before it returns); the calls that were on a lost connection fail with it
+/// (`unavailable`). While the node is down a call tries to connect at most every
+/// 100 ms and otherwise answers the last attempt's error.
 class Client {
  public:
   virtual ~Client() = default;
