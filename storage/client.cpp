@@ -459,9 +459,16 @@ class ClientImpl final : public Client {
   std::mutex channels_mu_;  // channels_, retired_
   std::vector<std::shared_ptr<Channel>> channels_;
   std::vector<std::shared_ptr<Channel>> retired_;  // lost, until their receivers return
-  std::timed_mutex reconnect_mu_;  // one reconnection at a time; last_reconnect_*
-  static constexpr auto kReconnectInterval = std::chrono::milliseconds(100);
+  std::timed_mutex reconnect_mu_;  // one reconnection at a time; last_reconnect_*, reconnect_pause_
+  // A reconnection has at most kReconnectBound to connect and log in (a node that
+  // still listens but no longer serves would otherwise hold each call to its
+  // deadline); after a failed one, calls answer its error for a pause that doubles
+  // from kReconnectPause up to kReconnectPauseMax.
+  static constexpr auto kReconnectBound = std::chrono::milliseconds(1000);
+  static constexpr auto kReconnectPause = std::chrono::milliseconds(100);
+  static constexpr auto kReconnectPauseMax = std::chrono::milliseconds(5000);
   Clock::time_point last_reconnect_at_{};
+  Clock::duration reconnect_pause_ = kReconnectPause;
   Status last_reconnect_;
   std::atomic<uint64_t> rr_{0};
   std::atomic<uint64_t> features_{0};  // what the node's hello declared (kFeature*)
@@ -529,16 +536,19 @@ class ClientImpl final : public Client {
         if (ch->alive()) return ch;
       lost = channels_;
     }
-    // A node that is down is not dialled again by every call: one try per interval.
-    if (!last_reconnect_.ok() && Clock::now() - last_reconnect_at_ < kReconnectInterval) return last_reconnect_;
-    last_reconnect_at_ = Clock::now();
+    // A node that is down is not dialled again by every call: after a failed try, its
+    // error stands for the pause.
+    if (!last_reconnect_.ok() && Clock::now() - last_reconnect_at_ < reconnect_pause_) return last_reconnect_;
+    const Deadline bound = std::min(deadline, Clock::now() + kReconnectBound);
     // Every lost connection is made again (the client's parallelism comes back), as
     // long as they succeed; the first failure ends the round.
     std::vector<std::shared_ptr<Channel>> fresh;
     for (size_t i = 0; i < lost.size(); ++i) {
-      auto ch = open_channel(deadline, cancel);
+      auto ch = open_channel(bound, cancel);
       if (!ch.ok()) {
         if (fresh.empty()) {
+          if (!last_reconnect_.ok()) reconnect_pause_ = std::min<Clock::duration>(reconnect_pause_ * 2, kReconnectPauseMax);
+          last_reconnect_at_ = Clock::now();
           last_reconnect_ = ch.status().with_context(fmt::format("storage node {}: connecting again", cfg_.address));
           return last_reconnect_;
         }
@@ -547,6 +557,7 @@ class ClientImpl final : public Client {
       fresh.push_back(std::move(ch).value());
     }
     last_reconnect_ = {};
+    reconnect_pause_ = kReconnectPause;
     KVS_LOG_INFO("storage client: connected again to {} for '{}' ({} of {} connections)", cfg_.address,
                  cfg_.name_space, fresh.size(), lost.size());
     std::vector<std::shared_ptr<Channel>> reaped;  // destroyed outside the lock

@@ -239,8 +239,8 @@ using GetCallback = std::function<void(Result<size_t>)>;
 /// closes (its idle_timeout, a restart) are made again, logged in, by the next call
 /// that finds none alive, inside that call's deadline (an asynchronous get then
 /// connects before it returns); the calls that were on a lost connection fail with it
-/// (`unavailable`). While the node is down a call tries to connect at most every
-/// 100 ms and otherwise answers the last attempt's error.
+/// (`unavailable`). A reconnection has at most 1 s; after a failed one, calls answer
+/// its error for a pause (100 ms, doubling up to 5 s while the node stays down).
 class Client {
  public:
   virtual ~Client() = default;
