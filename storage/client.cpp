@@ -546,12 +546,12 @@ class ClientImpl final : public Client {
         c->reconnect_cv_.notify_all();
       }
     } done_reconnecting{this};
-    std::vector<std::shared_ptr<Channel>> lost;
+    size_t lost = 0;  // all of them: only the reconnecting call replaces channels
     {
       std::lock_guard lock(channels_mu_);
       for (const auto& ch : channels_)  // another call may have reconnected meanwhile
         if (ch->alive()) return ch;
-      lost = channels_;
+      lost = channels_.size();
     }
     // A node that is down is not dialled again by every call: after a failed try, its
     // error stands for the pause.
@@ -560,7 +560,7 @@ class ClientImpl final : public Client {
     // Every lost connection is made again (the client's parallelism comes back), as
     // long as they succeed; the first failure ends the round.
     std::vector<std::shared_ptr<Channel>> fresh;
-    for (size_t i = 0; i < lost.size(); ++i) {
+    for (size_t i = 0; i < lost; ++i) {
       auto ch = open_channel(bound, cancel);
       if (!ch.ok()) {
         if (fresh.empty()) {
@@ -576,17 +576,14 @@ class ClientImpl final : public Client {
     last_reconnect_ = {};
     reconnect_pause_ = kReconnectPause;
     KVS_LOG_INFO("storage client: connected again to {} for '{}' ({} of {} connections)", cfg_.address,
-                 cfg_.name_space, fresh.size(), lost.size());
+                 cfg_.name_space, fresh.size(), lost);
     std::vector<std::shared_ptr<Channel>> reaped;  // destroyed outside the lock
     {
       std::lock_guard lock(channels_mu_);
-      size_t next = 0;
-      for (auto& ch : channels_)
-        if (next < fresh.size() && std::find(lost.begin(), lost.end(), ch) != lost.end()) {
-          retired_.push_back(std::move(ch));
-          ch = fresh[next++];
-        }
-      lost.clear();
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        retired_.push_back(std::move(channels_[i]));
+        channels_[i] = fresh[i];
+      }
       // A lost channel goes once its receiver has returned and no call holds it.
       for (auto it = retired_.begin(); it != retired_.end();)
         if ((*it)->finished() && it->use_count() == 1) reaped.push_back(std::move(*it)), it = retired_.erase(it);

@@ -426,8 +426,12 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
     n->second.erase(c);
     cache_drop_prefix_locked(ns + "/" + ctx + "/");
   }
-  // No write lands in a context directory except by a commit, which holds this
-  // stripe: nothing appears in it while it goes.
+  return remove_context_dir(ns, ctx);
+}
+
+Status ChunkStore::remove_context_dir(const std::string& ns, const std::string& ctx) {
+  // No write lands in a context directory except by a commit, which holds the
+  // context's stripe (as the caller does): nothing appears in it while it goes.
   std::error_code ec;
   fs::remove_all(context_dir(ns, ctx), ec);
   if (ec) {
@@ -467,14 +471,8 @@ Result<uint64_t> ChunkStore::remove_object(const ObjectKey& k, uint64_t max_vers
     const auto n = index_.find(k.ns);
     context_gone = n == index_.end() || !n->second.contains(k.ctx);
   }
-  if (!context_gone) KVS_RETURN_IF_ERROR(fsync_directory(context_dir(k.ns, k.ctx)));
-  else {
-    // Its last object: the directory (and the use mark in it) goes, as a remove's.
-    std::error_code ec;
-    fs::remove_all(context_dir(k.ns, k.ctx), ec);
-    if (ec) KVS_LOG_WARN("cannot remove '{}': {}", context_dir(k.ns, k.ctx), ec.message());
-    KVS_RETURN_IF_ERROR(fsync_directory(dir_ + "/" + k.ns));
-  }
+  // Its last object: the directory (and the use mark in it) goes, as a remove's.
+  KVS_RETURN_IF_ERROR(context_gone ? remove_context_dir(k.ns, k.ctx) : fsync_directory(context_dir(k.ns, k.ctx)));
   return size;
 }
 

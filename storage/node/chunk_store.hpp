@@ -263,6 +263,9 @@ class ChunkStore {
 
   std::mutex& stripe(const std::string& ns, const std::string& ctx);
   std::string context_dir(const std::string& ns, const std::string& ctx) const;
+  // Deletes a context's directory (its objects and use mark) and syncs the namespace's.
+  // Requires the context's stripe. Errors: io_error.
+  Status remove_context_dir(const std::string& ns, const std::string& ctx);
   std::string object_path(const ObjectKey& k) const;
   static Status check_key(const ObjectKey& k);
   Entry* entry_locked(const ObjectKey& k);
