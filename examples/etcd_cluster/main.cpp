@@ -2,14 +2,20 @@
 // a node killed). It finds the nodes through etcd, never through a list:
 //
 //   kvstream-etcd-example put    --etcd URL --chunks N   writes N chunks (R = 2)
+//                                [--generation G]        (their G-th contents)
+//                                [--nodes A,B,C]         as a client whose member set is
+//                                                        behind: to these nodes, not etcd's
 //   kvstream-etcd-example wait   --etcd URL --members M  waits for M nodes, each done
 //                                [--trimmed]             rebalancing (and done dropping the
 //                                                        copies it no longer owns); prints
 //                                                        the reports
 //   kvstream-etcd-example verify --etcd URL --chunks N   reads every chunk back, checks it
+//                                [--generation G]        against its G-th contents
+//                                [--wait-s S]            reading again until all match, up to S s
 //   kvstream-etcd-example held   --etcd URL --chunks N   what each node holds of them, and
 //                                                        the whole against R copies
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -25,10 +31,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Chunk c's bytes: recognizable, so verify can tell a wrong chunk from a right one.
-std::vector<std::byte> chunk_bytes(uint32_t c, size_t n) {
+// Chunk c's bytes in generation g: recognizable, so verify can tell a wrong chunk, or
+// an older write of it, from a right one.
+std::vector<std::byte> chunk_bytes(uint32_t c, size_t n, uint32_t g) {
   std::vector<std::byte> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::byte((c * 131 + i * 7) & 0xff);
+  for (size_t i = 0; i < n; ++i) v[i] = std::byte((c * 131 + i * 7 + g * 53) & 0xff);
   return v;
 }
 
@@ -48,8 +55,10 @@ int wait_for(const cluster::EtcdConfig& etcd, size_t members, bool trimmed, std:
         fmt::print("  {}: copied {} objects ({} bytes), {} already there, {} failed, {:.2f} s after the change\n",
                    r.node, r.objects_copied, r.bytes_copied, r.objects_present, r.objects_failed, r.seconds);
         if (r.trimmed)
-          fmt::print("  {}: dropped {} copies of chunks it no longer owns ({} bytes), kept {}\n", r.node,
-                     r.objects_trimmed, r.bytes_trimmed, r.objects_kept);
+          fmt::print("  {}: dropped {} copies of chunks it no longer owns ({} bytes; {} sent first to owners "
+                     "that lacked them, {} bytes), kept {}\n",
+                     r.node, r.objects_trimmed, r.bytes_trimmed, r.objects_handed_over, r.bytes_handed_over,
+                     r.objects_kept);
       }
       return 0;
     }
@@ -104,28 +113,49 @@ int main(int argc, char** argv) {
   bool trimmed = false;
   app.get_subcommand("wait")->add_flag("--trimmed", trimmed,
                                        "also wait until each member has dropped the copies it no longer owns");
+  uint32_t generation = 0;
+  for (const char* sub : {"put", "verify"})
+    app.get_subcommand(sub)->add_option("--generation", generation, "which contents of the chunks")->capture_default_str();
+  std::vector<std::string> behind;
+  app.get_subcommand("put")
+      ->add_option("--nodes", behind, "write as a client whose member set is behind: to these nodes, not etcd's")
+      ->delimiter(',');
+  double wait_s = 0;
+  app.get_subcommand("verify")->add_option("--wait-s", wait_s, "read again until every chunk matches, up to this long");
   CLI11_PARSE(app, argc, argv);
   const std::string cmd = app.get_subcommands().front()->get_name();
   if (cmd == "wait") return wait_for(cfg.etcd, members, trimmed, 120s);
   if (cmd == "held") return held(cfg, chunks, bytes);
 
+  if (!behind.empty()) cfg.nodes = behind, cfg.etcd = {};
   auto client = cluster::connect(cfg, transport::deadline_in(10s));
   if (!client.ok()) return fmt::print(stderr, "kvstream-etcd-example: {}\n", client.status().to_string()), 1;
   if (cmd == "put") {
     for (uint32_t c = 0; c < chunks; ++c)
-      if (Status s = (*client)->put("ctx", c, 0, chunk_bytes(c, bytes), transport::deadline_in(10s)); !s.ok())
+      if (Status s = (*client)->put("ctx", c, 0, chunk_bytes(c, bytes, generation), transport::deadline_in(10s));
+          !s.ok())
         return fmt::print(stderr, "kvstream-etcd-example: put of chunk {}: {}\n", c, s.to_string()), 1;
-    fmt::print("put {} chunks of {} bytes\n", chunks, bytes);
+    fmt::print("put {} chunks of {} bytes{}\n", chunks, bytes,
+               behind.empty() ? "" : fmt::format(" to {} (a member set behind)", fmt::join(behind, ", ")));
     return 0;
   }
   std::vector<std::byte> buf(bytes);
   auto region = (*client)->register_memory(buf.data(), buf.size());
   if (!region.ok()) return fmt::print(stderr, "kvstream-etcd-example: {}\n", region.status().to_string()), 1;
-  uint32_t good = 0;
-  for (uint32_t c = 0; c < chunks; ++c) {
-    auto r = (*client)->get("ctx", c, 0, *region, 0, buf.size(), transport::deadline_in(10s));
-    good += r.ok() && *r == bytes && buf == chunk_bytes(c, bytes);
+  const auto start = std::chrono::steady_clock::now();
+  const auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::optional<uint32_t> at_first;  // the count of the first read, before any wait
+  for (;; std::this_thread::sleep_for(50ms)) {
+    uint32_t good = 0;
+    for (uint32_t c = 0; c < chunks; ++c) {
+      auto r = (*client)->get("ctx", c, 0, *region, 0, buf.size(), transport::deadline_in(10s));
+      good += r.ok() && *r == bytes && buf == chunk_bytes(c, bytes, generation);
+    }
+    if (!at_first) at_first = good;
+    if (good == chunks || waited() >= wait_s) {
+      fmt::print("{} of {} chunks read back equal{}\n", good, chunks,
+                 wait_s > 0 ? fmt::format(" after {:.2f} s ({} at the first read)", waited(), *at_first) : "");
+      return good == chunks ? 0 : 1;
+    }
   }
-  fmt::print("{} of {} chunks read back equal\n", good, chunks);
-  return good == chunks ? 0 : 1;
 }

@@ -58,9 +58,10 @@ struct RebalanceConfig {
   /// Drop the copies this node holds of chunks it no longer owns (left behind when a
   /// change gave them new owners), once every member has finished copying for the
   /// new set and each owner holds the same write or a newer one; a copy an owner
-  /// lacks stays. Runs after each finished pass and once at start (the node may have
-  /// been away while its chunks moved). false: keep them (space for R+1 copies of the
-  /// chunks that moved).
+  /// lacks (or holds an older write of) is sent to it first. Runs after each finished
+  /// pass and once at start (the node may have been away while its chunks moved).
+  /// false: keep them (space for R+1 copies of the chunks that moved; a write that
+  /// reached only old owners stays there, read only while a rebalance runs).
   bool trim_surplus = true;
   /// After a pass that left objects uncopied (an owner unreachable or out of space),
   /// the next pass waits retry_first, and each further one twice as long, up to
@@ -82,11 +83,19 @@ struct MigrationReport {
   uint64_t objects_failed = 0;       ///< not copied (owner unreachable or out of space); retried at the next pass
   double seconds = 0;                ///< from the membership change to done (or to now)
   /// The copies of chunks this node no longer owns under `members` were dealt with:
-  /// dropped (objects_trimmed), or kept because an owner lacks that write (objects_kept).
+  /// dropped (objects_trimmed; those an owner lacked were sent to it first), or kept
+  /// (objects_kept).
   bool trimmed = false;
-  uint64_t objects_trimmed = 0;  ///< copies dropped: each owner held that write or a newer one
+  uint64_t objects_trimmed = 0;  ///< copies dropped: each owner held that write or a newer one, or took it
   uint64_t bytes_trimmed = 0;
-  uint64_t objects_kept = 0;     ///< copies kept: an owner lacks that write (or does not say its versions)
+  /// Copies sent to an owner that lacked that write or held an older one (one per
+  /// owner), before the drop: writes a client with an older member set made to old
+  /// owners only, or copies an owner lost.
+  uint64_t objects_handed_over = 0;
+  uint64_t bytes_handed_over = 0;
+  /// Copies kept: an owner does not say its versions (a node from before them), or
+  /// refused the write (out of space).
+  uint64_t objects_kept = 0;
 };
 
 /// The members registered now (sorted). Errors: unavailable (no endpoint answered),

@@ -2,6 +2,7 @@
 #include "storage/cluster/rebalancer.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -67,7 +68,11 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
                        MembershipWatch::start(
                            std::move(etcd), [p = r.get()](const std::vector<std::string>& m, int64_t) { p->on_change(m); },
                            deadline));
-  r->target_ = r->watch_->members();
+  {
+    std::lock_guard lock(r->mu_);  // on_write may run already (the node serves)
+    r->target_ = r->watch_->members();
+    r->target_ring_ = ring_of(r->target_, r->cfg_.virtual_nodes);
+  }
   r->worker_ = std::thread([p = r.get()] { p->run(); });
   return r;
 }
@@ -85,11 +90,24 @@ Rebalancer::~Rebalancer() {
 }
 
 void Rebalancer::on_change(const std::vector<std::string>& members) {
+  HashRing ring = ring_of(members, cfg_.virtual_nodes);  // outside the lock: 1024 points a node
   std::lock_guard lock(mu_);
   target_ = members;
+  target_ring_ = std::move(ring);
   ++generation_;
   changed_at_ = Clock::now();
   cv_.notify_all();
+}
+
+void Rebalancer::on_write(const storage::ObjectKey& key) {
+  if (!cfg_.trim_surplus) return;
+  const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
+  std::lock_guard lock(mu_);
+  if (target_.empty()) return;  // not started yet
+  const auto owners = target_ring_.replicas(chunk_key, cfg_.replication);
+  if (std::find(owners.begin(), owners.end(), self_) != owners.end()) return;
+  if (strays_.size() >= kMaxStrays) strays_overflow_ = true;
+  else if (strays_.emplace(key.ns, key.ctx).second && strays_.size() == 1) cv_.notify_all();
 }
 
 void Rebalancer::report(const std::vector<std::string>& target, bool done, const Tally& t, double seconds,
@@ -105,7 +123,9 @@ void Rebalancer::report(const std::vector<std::string>& target, bool done, const
                             {"trimmed", trimmed},
                             {"objects_trimmed", t.objects_trimmed},
                             {"bytes_trimmed", t.bytes_trimmed},
-                            {"objects_kept", t.objects_kept}};
+                            {"objects_kept", t.objects_kept},
+                            {"objects_handed_over", t.objects_handed_over},
+                            {"bytes_handed_over", t.bytes_handed_over}};
   // A report that does not reach etcd is replaced by the next one.
   (void)registration_->publish("migration", j.dump(), Clock::now() + cfg_.etcd.request_timeout);
 }
@@ -124,6 +144,9 @@ void Rebalancer::run() {
   // gave its chunks to others). `last` and `last_seconds` are that pass's figures,
   // which the trim's report repeats.
   bool trim_due = cfg_.trim_surplus;
+  // The contexts the due trim looks at: every one (nullopt), or those clients with an
+  // older member set wrote to since (on_write).
+  std::optional<std::set<std::pair<std::string, std::string>>> scope;
   Tally last;
   double last_seconds = 0;
   // Passes that keep failing (an owner out of space until its quota is raised, a node
@@ -139,20 +162,32 @@ void Rebalancer::run() {
       retry_delay = generation_ != tried_generation ? cfg_.retry_first : std::min(retry_delay * 2, cfg_.retry_max);
     } else {
       retry_delay = cfg_.retry_first;
-      cv_.wait(lock, [&] { return stopping_ || generation_ != settled_generation; });
+      const auto strays = [&] { return cfg_.trim_surplus && (!strays_.empty() || strays_overflow_); };
+      cv_.wait(lock, [&] { return stopping_ || generation_ != settled_generation || strays(); });
+      if (!stopping_ && generation_ == settled_generation) {
+        // Writes of chunks this node does not own: a moment for more of them (a client
+        // behind writes a context's chunks together), then a look at their contexts.
+        cv_.wait_for(lock, cfg_.settle, [&] { return stopping_ || generation_ != settled_generation; });
+        if (!stopping_ && generation_ == settled_generation) {
+          if (strays_overflow_) scope.reset();
+          else scope = std::move(strays_);
+          strays_.clear(), strays_overflow_ = false;
+          trim_due = true;
+        }
+      }
     }
     if (stopping_) break;
     if (trim_due && !retry && generation_ == settled_generation) {
       const uint64_t gen = generation_;
       const auto started = Clock::now();
       lock.unlock();
-      const TrimResult t = trim(settled, gen, last);
+      const TrimResult t = trim(settled, gen, last, scope ? &*scope : nullptr);
       if (t == TrimResult::finished) {
         report(settled, true, last, last_seconds, true);
         KVS_LOG_INFO("rebalance of node {} for {} members: {} copies of chunks it no longer owns dropped ({} bytes) "
-                     "in {:.2f} s, {} kept",
+                     "in {:.2f} s, {} of them sent first to owners that lacked them ({} bytes), {} kept",
                      self_, settled.size(), last.objects_trimmed, last.bytes_trimmed, seconds_since(started),
-                     last.objects_kept);
+                     last.objects_handed_over, last.bytes_handed_over, last.objects_kept);
       }
       lock.lock();
       if (t == TrimResult::finished) trim_due = false;
@@ -179,7 +214,7 @@ void Rebalancer::run() {
     tried_generation = gen;
     if (!retry) {
       settled = target, settled_generation = gen;
-      trim_due = cfg_.trim_surplus, last = tally, last_seconds = secs;
+      trim_due = cfg_.trim_surplus, last = tally, last_seconds = secs, scope.reset();
       // The first look at the others' reports comes soon: their passes for the same
       // change tend to end together. Later looks back off from there.
       retry_delay = std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(cfg_.settle, 50ms),
@@ -277,19 +312,23 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
           }
         }
       }
-      // The context's use mark goes with it, so an evictor on the new owner sees it as
-      // used when it was (a copy otherwise looks unused and goes first). Best effort:
-      // a node from before marks answers unsupported.
-      if (const storage::UseMark mark = store_.use_mark(ns, ctx); mark.stamp != 0)
-        for (const auto& node : received)
-          if (storage::Client* c = peers.get(ns, node)) {
-            const storage::ContextTouch t{ctx, mark.depth};
-            if (Status s = c->touch(std::span(&t, 1), mark.stamp, Clock::now() + 30s, stop_); !s.ok())
-              KVS_LOG_DEBUG("rebalance: the use mark of '{}' did not reach {}: {}", ctx, node, s.to_string());
-          }
+      send_use_mark(peers, ns, ctx, received);
     }
   }
   return true;
+}
+
+void Rebalancer::send_use_mark(PeerClients& peers, const std::string& ns, const std::string& ctx,
+                               const std::set<std::string>& to) {
+  // Best effort: a node from before marks answers unsupported.
+  const storage::UseMark mark = store_.use_mark(ns, ctx);
+  if (mark.stamp == 0) return;
+  for (const auto& node : to)
+    if (storage::Client* c = peers.get(ns, node)) {
+      const storage::ContextTouch t{ctx, mark.depth};
+      if (Status s = c->touch(std::span(&t, 1), mark.stamp, Clock::now() + 30s, stop_); !s.ok())
+        KVS_LOG_DEBUG("rebalance: the use mark of '{}' did not reach {}: {}", ctx, node, s.to_string());
+    }
 }
 
 }  // namespace kvstream::cluster

@@ -8,11 +8,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "kvstream/cluster.hpp"
 #include "kvstream/membership.hpp"
 #include "kvstream/storage.hpp"
 #include "storage/cluster/membership_watch.hpp"
@@ -20,6 +22,8 @@
 #include "storage/node/chunk_store.hpp"
 
 namespace kvstream::cluster {
+
+class PeerClients;
 
 class Rebalancer {
  public:
@@ -35,20 +39,35 @@ class Rebalancer {
   /// Stops copying, stops the watch and leaves the membership (revokes the lease).
   ~Rebalancer();
 
+  /// A client's write of `key` committed here. A write of a chunk this node does not
+  /// own under the newest member set it knows came from a client whose set is older
+  /// (its etcd watch behind or cut off): its context is looked at again soon, and the
+  /// write handed to the chunk's owners (the surplus trim, scoped to those contexts).
+  /// Cheap; called on the node's request threads.
+  void on_write(const storage::ObjectKey& key);
+
  private:
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
              std::map<std::string, std::string> secrets, transport::BackendConfig backend)
       : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), budget_(budget), secrets_(std::move(secrets)),
-        backend_(std::move(backend)) {}
+        backend_(std::move(backend)), target_ring_(cfg_.virtual_nodes) {}
 
   struct Tally {
     uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
     uint64_t objects_trimmed = 0, bytes_trimmed = 0, objects_kept = 0;
+    uint64_t objects_handed_over = 0, bytes_handed_over = 0;
   };
   enum class TrimResult {
     finished,  ///< every surplus copy dropped, or kept for a reason counted in objects_kept
     again,     ///< a member has not finished copying, or an owner did not answer
     cut,       ///< a newer change (or stop)
+  };
+  enum class HandOver {
+    delivered,  ///< every owner took the write or holds a newer one
+    gone,       ///< the copy went meanwhile (removed)
+    refused,    ///< an owner refused it (out of space): the copy stays
+    again,      ///< an owner did not answer, no memory, or a write landed here since
+    cut,        ///< a newer change (or stop)
   };
   void on_change(const std::vector<std::string>& members);
   void run();
@@ -61,7 +80,17 @@ class Rebalancer {
   // Drops the copies this node holds of chunks it does not own under `members`, once
   // every member reports its copies for `members` done and each owner holds the same
   // write or a newer one (storage/cluster/surplus_copies.hpp); counts into `tally`.
-  TrimResult trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally);
+  // `only`: the (namespace, context) pairs to look at; null: every context.
+  TrimResult trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally,
+                  const std::set<std::pair<std::string, std::string>>* only = nullptr);
+  // Sends this node's copy of `key` (write `version`, `bytes` long) to the owners in
+  // `to`, which lack it or hold an older write; those that took it join `received`.
+  HandOver hand_over(PeerClients& peers, const storage::ObjectKey& key, uint64_t version, uint64_t bytes,
+                     const std::vector<std::string>& to, uint64_t gen, Tally& tally, std::set<std::string>& received);
+  // The use mark of `ctx` goes with objects sent to `to`, so an evictor there sees the
+  // context as used when it was (a copy otherwise looks unused and goes first).
+  void send_use_mark(PeerClients& peers, const std::string& ns, const std::string& ctx,
+                     const std::set<std::string>& to);
   // Whether change `gen` is still the newest and the node is not stopping.
   bool current(uint64_t gen);
   // Waits out the rate bound after `bytes` more; false when stopping or when a change
@@ -80,6 +109,12 @@ class Rebalancer {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::vector<std::string> target_;  // the newest member set
+  HashRing target_ring_;             // its ring, for on_write
+  // Contexts written here by clients with an older member set (on_write), waiting for
+  // a scoped trim; past kMaxStrays of them, the next trim looks at every context.
+  static constexpr size_t kMaxStrays = 4096;
+  std::set<std::pair<std::string, std::string>> strays_;
+  bool strays_overflow_ = false;
   uint64_t generation_ = 0;          // bumped at each change
   transport::Clock::time_point changed_at_{};
   // The rate bound's account of the current pass.

@@ -14,23 +14,26 @@ namespace kvstream::cluster {
 
 using transport::Clock;
 
-SurplusVerdict judge_surplus(uint32_t chunk, uint32_t level, uint64_t version,
-                             std::span<const std::vector<storage::ChunkStat>* const> owners) {
-  SurplusVerdict verdict = SurplusVerdict::drop;
-  for (const std::vector<storage::ChunkStat>* stats : owners) {
-    const auto s = std::find_if(stats->begin(), stats->end(),
-                                [&](const storage::ChunkStat& c) { return c.chunk == chunk; });
-    if (s == stats->end() || level >= s->level_bytes.size() || s->level_bytes[level] == 0)
-      return SurplusVerdict::owner_lacks;
-    // A copy that may be the only one of its write outranks a copy whose owner merely
-    // does not say: the strongest reason to keep it is the one reported.
-    if (s->level_versions.size() <= level) {
-      if (verdict == SurplusVerdict::drop) verdict = SurplusVerdict::unknown;
-    } else if (s->level_versions[level] < version) {
-      verdict = SurplusVerdict::owner_older;
-    }
+OwnerHolds owner_holds(uint32_t chunk, uint32_t level, uint64_t version, const std::vector<storage::ChunkStat>& stats) {
+  const auto s = std::find_if(stats.begin(), stats.end(), [&](const storage::ChunkStat& c) { return c.chunk == chunk; });
+  if (s == stats.end() || level >= s->level_bytes.size() || s->level_bytes[level] == 0) return OwnerHolds::none;
+  if (s->level_versions.size() <= level) return OwnerHolds::unsaid;
+  return s->level_versions[level] < version ? OwnerHolds::older : OwnerHolds::same_or_newer;
+}
+
+SurplusPlan plan_surplus(std::span<const OwnerHolds> holds) {
+  SurplusPlan plan;
+  // An owner that holds a copy without saying which write may hold an older one: this
+  // copy could then be the newest, and a node from before versions cannot be sent
+  // a write conditionally on it either.
+  if (std::find(holds.begin(), holds.end(), OwnerHolds::unsaid) != holds.end()) {
+    plan.action = SurplusPlan::Action::keep;
+    return plan;
   }
-  return verdict;
+  for (size_t i = 0; i < holds.size(); ++i)
+    if (holds[i] != OwnerHolds::same_or_newer) plan.to.push_back(i);
+  plan.action = plan.to.empty() ? SurplusPlan::Action::drop : SurplusPlan::Action::hand_over;
+  return plan;
 }
 
 bool Rebalancer::current(uint64_t gen) {
@@ -38,7 +41,8 @@ bool Rebalancer::current(uint64_t gen) {
   return !stopping_ && generation_ == gen;
 }
 
-Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally) {
+Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally,
+                                        const std::set<std::pair<std::string, std::string>>* only) {
   // Until every member has copied for this set, an owner may lack a chunk only because
   // its sender has not reached it yet: try again later rather than keep the copy.
   const std::set<std::string> want(members.begin(), members.end());
@@ -52,16 +56,25 @@ Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members,
   HashRing ring(cfg_.virtual_nodes);
   for (const auto& m : members) (void)ring.add(m);
   PeerClients peers(self_, backend_, secrets_, stop_);
-  tally.objects_kept = 0;  // counted afresh each time; what was dropped stays counted
-  uint64_t lacks = 0, older = 0, unknown = 0;
+  // Counted afresh by each look at every context; what was dropped stays counted.
+  if (!only) tally.objects_kept = 0;
+  uint64_t unsaid = 0, refused = 0;
   bool again = false;
   struct Copy {
     uint32_t chunk = 0, level = 0;
-    uint64_t version = 0;
+    uint64_t version = 0, bytes = 0;
     std::vector<std::string> owners;
   };
+  { // Hand-overs keep to the rate bound, counted from here.
+    std::lock_guard lock(mu_);
+    pace_start_ = Clock::now(), paced_bytes_ = 0;
+  }
   for (const auto& [ns, secret] : secrets_) {
-    for (const auto& ctx : store_.list(ns)) {
+    std::vector<std::string> contexts;
+    if (!only) contexts = store_.list(ns);
+    else
+      for (auto it = only->lower_bound({ns, ""}); it != only->end() && it->first == ns; ++it) contexts.push_back(it->second);
+    for (const auto& ctx : contexts) {
       if (!current(gen)) return TrimResult::cut;
       auto stats = store_.stat(ns, ctx);
       if (!stats.ok()) continue;  // removed meanwhile
@@ -71,7 +84,8 @@ Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members,
         if (std::find(owners.begin(), owners.end(), self_) != owners.end()) continue;
         for (uint32_t level = 0; level < cs.level_bytes.size(); ++level)
           if (cs.level_bytes[level] != 0)
-            copies.push_back({cs.chunk, level, level < cs.level_versions.size() ? cs.level_versions[level] : 0, owners});
+            copies.push_back({cs.chunk, level, level < cs.level_versions.size() ? cs.level_versions[level] : 0,
+                              cs.level_bytes[level], owners});
       }
       if (copies.empty()) continue;
       // Each owner's view of the context, asked once; empty: it holds none of it.
@@ -90,34 +104,80 @@ Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members,
             if (c) peers.drop(ns, owner);
           }
         }
+      std::set<std::string> received;  // owners handed objects of ctx
       for (const Copy& copy : copies) {
         if (std::any_of(copy.owners.begin(), copy.owners.end(), [&](const auto& o) { return silent.contains(o); })) {
           again = true;
           continue;
         }
-        std::vector<const std::vector<storage::ChunkStat>*> views;
-        for (const auto& o : copy.owners) views.push_back(&seen.at(o));
-        switch (judge_surplus(copy.chunk, copy.level, copy.version, views)) {
-          case SurplusVerdict::drop: {
-            // Only the write that was checked: one that landed since stays.
-            auto freed = store_.remove_object({ns, ctx, copy.chunk, copy.level}, copy.version);
-            if (freed.ok()) ++tally.objects_trimmed, tally.bytes_trimmed += *freed;
-            else if (freed.status().code() == StatusCode::already_exists) ++tally.objects_kept, ++older;
-            else if (freed.status().code() != StatusCode::not_found) again = true;
-            break;
-          }
-          case SurplusVerdict::owner_lacks: ++tally.objects_kept, ++lacks; break;
-          case SurplusVerdict::owner_older: ++tally.objects_kept, ++older; break;
-          case SurplusVerdict::unknown: ++tally.objects_kept, ++unknown; break;
+        std::vector<OwnerHolds> holds;
+        for (const auto& o : copy.owners) holds.push_back(owner_holds(copy.chunk, copy.level, copy.version, seen.at(o)));
+        const SurplusPlan plan = plan_surplus(holds);
+        if (plan.action == SurplusPlan::Action::keep) {
+          ++tally.objects_kept, ++unsaid;
+          continue;
         }
+        const storage::ObjectKey key{ns, ctx, copy.chunk, copy.level};
+        if (plan.action == SurplusPlan::Action::hand_over) {
+          std::vector<std::string> to;
+          for (size_t i : plan.to) to.push_back(copy.owners[i]);
+          switch (hand_over(peers, key, copy.version, copy.bytes, to, gen, tally, received)) {
+            case HandOver::delivered: break;
+            case HandOver::gone: continue;
+            case HandOver::refused: ++tally.objects_kept, ++refused; continue;
+            case HandOver::again: again = true; continue;
+            case HandOver::cut: return TrimResult::cut;
+          }
+        }
+        // Only the write that was checked (and handed over): one that landed since
+        // stays, and a later look judges it afresh.
+        auto freed = store_.remove_object(key, copy.version);
+        if (freed.ok()) ++tally.objects_trimmed, tally.bytes_trimmed += *freed;
+        else if (freed.status().code() != StatusCode::not_found) again = true;
       }
+      send_use_mark(peers, ns, ctx, received);
     }
   }
   if (tally.objects_kept > 0)
-    KVS_LOG_INFO("rebalance: node {} keeps {} copies of chunks it no longer owns: an owner lacks {}, holds an older "
-                 "write of {}, does not say its versions for {}",
-                 self_, tally.objects_kept, lacks, older, unknown);
+    KVS_LOG_INFO("rebalance: node {} keeps {} copies of chunks it no longer owns: an owner does not say its versions "
+                 "for {}, refused {} handed over",
+                 self_, tally.objects_kept, unsaid, refused);
   return again ? TrimResult::again : TrimResult::finished;
+}
+
+Rebalancer::HandOver Rebalancer::hand_over(PeerClients& peers, const storage::ObjectKey& key, uint64_t version,
+                                           uint64_t bytes, const std::vector<std::string>& to, uint64_t gen,
+                                           Tally& tally, std::set<std::string>& received) {
+  // Held in memory under the node's budget, as a pass's copies are.
+  auto held = budget_.acquire(bytes);
+  if (!held.ok()) return HandOver::again;
+  auto obj = store_.read_stored(key);
+  if (!obj.ok()) return obj.status().code() == StatusCode::not_found ? HandOver::gone : HandOver::again;
+  if (obj->version != version) return HandOver::again;  // a write landed since the check
+  // Sent as the pass sends (an object without a version as the oldest write), and
+  // conditional on it: an owner that got a newer write meanwhile keeps that one.
+  bool again = false, refused = false;
+  for (const auto& node : to) {
+    storage::Client* c = peers.get(key.ns, node);
+    const Status s = c ? c->put_parts(key.ctx, key.chunk, key.level, obj->bytes, obj->parts,
+                                      std::max<uint64_t>(version, 1), Clock::now() + std::chrono::seconds(30), stop_)
+                       : Status(StatusCode::unavailable, "unreachable");
+    if (s.ok()) {
+      ++tally.objects_handed_over, tally.bytes_handed_over += obj->bytes.size();
+      received.insert(node);
+    } else if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out ||
+               s.code() == StatusCode::cancelled) {
+      again = true;
+      if (c) peers.drop(key.ns, node);
+    } else if (s.code() != StatusCode::already_exists) {
+      // Out of space, a quota: the copy stays here, where it is still read from.
+      KVS_LOG_WARN("rebalance: {} refused {} of a chunk node {} no longer owns: {}", node, key.name(), self_,
+                   s.to_string());
+      refused = true;
+    }
+    if (!pace(s.ok() ? obj->bytes.size() : 0, gen)) return HandOver::cut;
+  }
+  return again ? HandOver::again : refused ? HandOver::refused : HandOver::delivered;
 }
 
 }  // namespace kvstream::cluster

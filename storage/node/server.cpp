@@ -80,6 +80,8 @@ class ServerImpl final : public Server {
       const std::string self = cfg.membership.advertise.empty() ? s->address_ : cfg.membership.advertise;
       KVS_ASSIGN_OR_RETURN(s->rebalancer_, cluster::Rebalancer::start(cfg.membership, self, *s->store_, s->budget_,
                                                                       cfg.secrets, cfg.backend));
+      std::lock_guard lock(s->writes_mu_);
+      s->write_watch_ = s->rebalancer_.get();
     }
     KVS_LOG_INFO("storage node on {} ({}), {} namespaces, store '{}', memory budget {} MiB", s->address_,
                  s->backend_->capabilities().backend, cfg.secrets.size(), cfg.directory, s->budget_.limit() >> 20);
@@ -90,6 +92,10 @@ class ServerImpl final : public Server {
 
   void stop() override {
     if (stopped_.exchange(true)) return;
+    {
+      std::lock_guard lock(writes_mu_);
+      write_watch_ = nullptr;
+    }
     rebalancer_.reset();  // leaves the membership before the node stops serving
     stop_.cancel();
     if (acceptor_.joinable()) acceptor_.join();
@@ -158,6 +164,11 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::Backend> backend_;
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<cluster::Rebalancer> rebalancer_;  // etcd membership (holds store_)
+  // What the request threads tell of their writes (Rebalancer::on_write): set once the
+  // rebalancer runs, cleared before it goes, under its own lock since both happen while
+  // the node serves.
+  std::mutex writes_mu_;
+  cluster::Rebalancer* write_watch_ = nullptr;
   mutable std::mutex keys_mu_;                       // reload_keys, stop and counters against each other
   std::unique_ptr<Reencryptor> reencryptor_;         // with a key file (holds store_; gone at stop)
   uint64_t reencrypted_at_stop_ = 0;
@@ -450,6 +461,10 @@ class ServerImpl final : public Server {
         cfg_.idle_timeout, cancel));
     bytes_in_ += req.total;
     if (st.ok()) st = store_->commit(std::move(*pending), req.checksum);
+    if (st.ok()) {
+      std::lock_guard lock(writes_mu_);
+      if (write_watch_) write_watch_->on_write(key);
+    }
     return {};
   }
 

@@ -110,25 +110,39 @@ TEST(SurplusCopies, ANodeRemovesAnObjectOnlyWhileItHoldsTheCheckedWrite) {
 
 std::vector<ChunkStat> holding(uint32_t chunk, uint64_t version) { return {{chunk, {100}, {}, {version}}}; }
 
-TEST(SurplusCopies, TheVerdictKeepsEveryCopyAnOwnerLacksOrHoldsOlder) {
-  using cluster::judge_surplus;
-  using cluster::SurplusVerdict;
+TEST(SurplusCopies, WhatAnOwnerHoldsOfTheWrite) {
+  using cluster::owner_holds;
+  using cluster::OwnerHolds;
   const auto at_10 = holding(3, 10), at_12 = holding(3, 12), at_8 = holding(3, 8), other_chunk = holding(4, 10);
   const std::vector<ChunkStat> none, old_node = {{3, {100}, {}, {}}}, level_absent = {{3, {0, 100}, {}, {0, 10}}};
-  const auto verdict = [](uint32_t level, uint64_t version, std::vector<const std::vector<ChunkStat>*> owners) {
-    return judge_surplus(3, level, version, owners);
-  };
-  EXPECT_EQ(verdict(0, 10, {&at_10, &at_12}), SurplusVerdict::drop);
-  EXPECT_EQ(verdict(0, 10, {&at_10, &none}), SurplusVerdict::owner_lacks);
-  EXPECT_EQ(verdict(0, 10, {&other_chunk}), SurplusVerdict::owner_lacks);
-  EXPECT_EQ(verdict(0, 10, {&level_absent}), SurplusVerdict::owner_lacks);
-  EXPECT_EQ(verdict(1, 10, {&level_absent}), SurplusVerdict::drop);
-  EXPECT_EQ(verdict(2, 10, {&level_absent}), SurplusVerdict::owner_lacks) << "a level past the owner's";
-  EXPECT_EQ(verdict(0, 10, {&at_12, &at_8}), SurplusVerdict::owner_older);
-  EXPECT_EQ(verdict(0, 10, {&old_node, &at_12}), SurplusVerdict::unknown);
-  EXPECT_EQ(verdict(0, 10, {&old_node, &at_8}), SurplusVerdict::owner_older) << "the stronger reason is reported";
-  EXPECT_EQ(verdict(0, 10, {&old_node, &none}), SurplusVerdict::owner_lacks);
-  EXPECT_EQ(verdict(0, 0, {&at_8}), SurplusVerdict::drop) << "a copy stored without a version is the oldest write";
+  EXPECT_EQ(owner_holds(3, 0, 10, at_10), OwnerHolds::same_or_newer);
+  EXPECT_EQ(owner_holds(3, 0, 10, at_12), OwnerHolds::same_or_newer);
+  EXPECT_EQ(owner_holds(3, 0, 10, at_8), OwnerHolds::older);
+  EXPECT_EQ(owner_holds(3, 0, 10, none), OwnerHolds::none);
+  EXPECT_EQ(owner_holds(3, 0, 10, other_chunk), OwnerHolds::none);
+  EXPECT_EQ(owner_holds(3, 0, 10, level_absent), OwnerHolds::none);
+  EXPECT_EQ(owner_holds(3, 1, 10, level_absent), OwnerHolds::same_or_newer);
+  EXPECT_EQ(owner_holds(3, 2, 10, level_absent), OwnerHolds::none) << "a level past the owner's";
+  EXPECT_EQ(owner_holds(3, 0, 10, old_node), OwnerHolds::unsaid);
+  EXPECT_EQ(owner_holds(3, 0, 0, at_8), OwnerHolds::same_or_newer) << "a copy stored without a version is the oldest";
+}
+
+TEST(SurplusCopies, ACopyGoesToTheOwnersThatNeedItUnlessAnOwnerDoesNotSay) {
+  using cluster::OwnerHolds;
+  using Action = cluster::SurplusPlan::Action;
+  const auto plan = [](std::vector<OwnerHolds> holds) { return cluster::plan_surplus(holds); };
+  auto p = plan({OwnerHolds::same_or_newer, OwnerHolds::same_or_newer});
+  EXPECT_EQ(p.action, Action::drop);
+  EXPECT_TRUE(p.to.empty());
+  p = plan({OwnerHolds::same_or_newer, OwnerHolds::none});
+  EXPECT_EQ(p.action, Action::hand_over);
+  EXPECT_EQ(p.to, std::vector<size_t>{1});
+  p = plan({OwnerHolds::older, OwnerHolds::same_or_newer, OwnerHolds::none});
+  EXPECT_EQ(p.action, Action::hand_over);
+  EXPECT_EQ(p.to, (std::vector<size_t>{0, 2}));
+  EXPECT_EQ(plan({OwnerHolds::none, OwnerHolds::unsaid}).action, Action::keep) << "the copy may be the newest";
+  EXPECT_EQ(plan({OwnerHolds::unsaid, OwnerHolds::same_or_newer}).action, Action::keep);
+  EXPECT_EQ(plan({}).action, Action::drop);
 }
 
 }  // namespace
