@@ -129,11 +129,13 @@ struct ServerConfig {
   uint32_t max_unauthenticated_per_source = 64;
   /// A connection that has not authenticated by then is closed.
   std::chrono::milliseconds auth_timeout{2000};
-  /// Payload bytes one namespace (tenant) may keep on this node: a put that would go
-  /// over is answered no_space and stores nothing (an overwrite is charged
-  /// only what it adds, and puts under way count at their declared length). 0: no
-  /// bound. Objects a rebalance copies in count too. namespace_quota_bytes overrides
-  /// it per namespace.
+  /// Bytes one namespace (tenant) may keep on this node's disk: each object's file
+  /// (header, payload, seal tags) rounded up to the file system's allocation unit
+  /// (4 KiB on most), and two units per context (its directory and use mark file), so
+  /// a tenant of many tiny objects cannot keep more disk than its quota. A put that would go over is answered no_space and stores nothing (an
+  /// overwrite is charged only what it adds, and puts under way count at their
+  /// declared length). 0: no bound. Objects a rebalance copies in count too.
+  /// namespace_quota_bytes overrides it per namespace.
   uint64_t default_namespace_quota_bytes = 0;
   std::map<std::string, uint64_t> namespace_quota_bytes;
   uint32_t max_inflight_per_connection = 64;  ///< requests queued per connection before back-pressure
@@ -204,7 +206,7 @@ class Server {
   /// What one namespace (tenant) keeps on this node.
   struct NamespaceUsage {
     std::string name_space;
-    uint64_t stored_bytes = 0;  ///< payload bytes of its committed objects
+    uint64_t stored_bytes = 0;  ///< disk bytes of its committed objects, as its quota counts them
     uint64_t quota_bytes = 0;   ///< its quota; 0: no bound
   };
   /// Every namespace the node serves (secrets, tls_clients) and every other that holds

@@ -7,6 +7,7 @@
 #include <new>
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -41,6 +42,10 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& director
   s->tmp_dir_ = directory + "/.tmp";
   s->quarantine_dir_ = directory + "/.quarantine";
   s->cache_limit_ = cache_bytes;
+  // The quotas charge whole allocation units; a file system that does not say (or
+  // says something odd) is taken as 4 KiB.
+  if (struct statvfs vfs {}; ::statvfs(directory.c_str(), &vfs) == 0 && vfs.f_frsize >= 512 && vfs.f_frsize <= (1u << 20))
+    s->alloc_unit_ = vfs.f_frsize;
   // Temporary files are only ever half-written objects of a process that held the
   // lock and is gone: none can be completed, so they all go.
   if (fs::exists(s->tmp_dir_, ec)) {
@@ -123,6 +128,12 @@ Status ChunkStore::check_key(const ObjectKey& k) {
   return {};
 }
 
+uint64_t ChunkStore::disk_charge(uint64_t length, size_t parts, bool sealed) const {
+  const uint64_t file = (sealed ? kSealedObjectHeaderBytes : kObjectHeaderBytes) + 16 * parts +
+                        (sealed ? sealed_bytes(length, kSealBlockBytes) : length);
+  return (file + alloc_unit_ - 1) / alloc_unit_ * alloc_unit_;
+}
+
 ChunkStore::Entry* ChunkStore::entry_locked(const ObjectKey& k) {
   auto n = index_.find(k.ns);
   if (n == index_.end()) return nullptr;
@@ -136,7 +147,7 @@ ChunkStore::Entry* ChunkStore::entry_locked(const ObjectKey& k) {
 
 void ChunkStore::set_entry_locked(const ObjectKey& k, Entry e) {
   const Entry* old = entry_locked(k);
-  quota_.stored(k.ns, old ? old->size : 0, e.generation ? e.size : 0);
+  quota_.stored(k.ns, old ? disk_charge(*old) : 0, e.generation ? disk_charge(e) : 0);
   if (old && old->key_id != current_key_id_) --under_old_keys_;
   if (e.generation != 0 && e.key_id != current_key_id_) ++under_old_keys_;
   if (e.generation == 0) {  // absent: drop it, and the chunk and context once empty
@@ -149,10 +160,15 @@ void ChunkStore::set_entry_locked(const ObjectKey& k, Entry e) {
     ch->second[k.level] = {};
     while (!ch->second.empty() && ch->second.back().generation == 0) ch->second.pop_back();
     if (ch->second.empty()) c->second.chunks.erase(ch);
-    if (c->second.chunks.empty()) n->second.erase(c);
+    if (c->second.chunks.empty()) {
+      n->second.erase(c);
+      quota_.stored(k.ns, context_charge(), 0);
+    }
     return;
   }
-  auto& v = index_[k.ns][k.ctx].chunks[k.chunk];
+  auto& contexts = index_[k.ns];
+  if (!contexts.contains(k.ctx)) quota_.stored(k.ns, 0, context_charge());
+  auto& v = contexts[k.ctx].chunks[k.chunk];
   if (v.size() <= k.level) v.resize(k.level + 1);
   v[k.level] = e;
 }
@@ -175,16 +191,20 @@ Result<ChunkStore::PendingPut> ChunkStore::begin_put(ObjectKey key, uint64_t len
   if (length > kMaxChunkBytes)
     return make_status(StatusCode::out_of_range, "{} bytes (limit {})", length, kMaxChunkBytes);
   KVS_RETURN_IF_ERROR(validate_parts(parts, length));
+  std::optional<ObjectSeal> seal;
+  if (const auto ring = keys()) {
+    KVS_ASSIGN_OR_RETURN(seal, new_object_seal(*ring, key.ns));
+  }
   PendingPut p;
   {
     std::lock_guard lock(mu_);
     const Entry* e = entry_locked(key);
-    KVS_RETURN_IF_ERROR(quota_.reserve(key.ns, length, e ? e->size : 0));
-    p.claim_ = QuotaClaim(this, key.ns, length);
-  }
-  std::optional<ObjectSeal> seal;
-  if (const auto ring = keys()) {
-    KVS_ASSIGN_OR_RETURN(seal, new_object_seal(*ring, key.ns));
+    // A put that makes a context is charged its directory and mark file too.
+    const auto n = index_.find(key.ns);
+    const bool new_context = n == index_.end() || !n->second.contains(key.ctx);
+    const uint64_t charge = disk_charge(length, parts.size(), seal.has_value()) + (new_context ? context_charge() : 0);
+    KVS_RETURN_IF_ERROR(quota_.reserve(key.ns, charge, e ? disk_charge(*e) : 0));
+    p.claim_ = QuotaClaim(this, key.ns, charge);
   }
   KVS_ASSIGN_OR_RETURN(p.tmp_, TempObject::create(tmp_dir_, length, std::move(parts), std::move(seal), key.name()));
   p.key_ = std::move(key);
@@ -421,9 +441,10 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
     for (const auto& [chunk, levels] : c->second.chunks)
       for (const Entry& e : levels) {
         under_old_keys_ -= e.generation != 0 && e.key_id != current_key_id_;
-        if (e.generation != 0) quota_.stored(ns, e.size, 0);
+        if (e.generation != 0) quota_.stored(ns, disk_charge(e), 0);
       }
     n->second.erase(c);
+    quota_.stored(ns, context_charge(), 0);
     cache_drop_prefix_locked(ns + "/" + ctx + "/");
   }
   return remove_context_dir(ns, ctx);

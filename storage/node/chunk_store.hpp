@@ -110,10 +110,21 @@ class ChunkStore {
   /// invalid_argument (no keys).
   Result<ReencryptReport> reencrypt(const ReencryptOptions& options);
 
-  /// Payload bytes each namespace may keep (none bound by default). Puts that begin
-  /// afterwards are checked against them; what is stored stays, over a lowered quota.
+  /// Bytes each namespace may keep on disk (none bound by default): each object's
+  /// file, header and seal tags included, rounded up to the file system's allocation
+  /// unit. Puts that begin afterwards are checked against them; what is stored stays,
+  /// over a lowered quota.
   void set_quotas(QuotaLimits limits);
-  /// Payload bytes `ns` holds.
+  /// What an object's file takes on disk, as the namespace quotas count it: its header
+  /// (with `parts` parts) and `length` payload bytes (sealed: a tag per block), rounded
+  /// up to the file system's allocation unit. A tenant of tiny objects would otherwise
+  /// keep a block (and an inode) per object against a few payload bytes: 4096x its quota.
+  [[nodiscard]] uint64_t disk_charge(uint64_t length, size_t parts, bool sealed) const;
+  /// What a context takes on disk beside its objects, as the quotas count it: two
+  /// allocation units, its directory and its use mark file (whether it has one yet or
+  /// not). Without it a tenant of one tiny object per context keeps twice its quota.
+  [[nodiscard]] uint64_t context_charge() const { return 2 * alloc_unit_; }
+  /// Bytes `ns` holds on disk, as its quota counts them.
   [[nodiscard]] uint64_t namespace_bytes(const std::string& ns) const;
   /// Puts refused for their namespace's quota since the store opened.
   [[nodiscard]] uint64_t quota_refusals() const;
@@ -232,6 +243,9 @@ class ChunkStore {
     std::vector<ObjectPart> parts;  // the parts table in its header
     uint32_t key_id = 0;      // the master key it is sealed under (0: clear)
   };
+  [[nodiscard]] uint64_t disk_charge(const Entry& e) const {
+    return disk_charge(e.size, e.parts.size(), e.key_id != 0);
+  }
   struct Context {
     std::map<uint32_t, std::vector<Entry>> chunks;  // chunk -> per level
     UseMark use;                                    // the highest touch (also in <context dir>/use)
@@ -240,6 +254,7 @@ class ChunkStore {
 
   std::string dir_, tmp_dir_, quarantine_dir_;
   uint64_t cache_limit_ = 0;
+  uint64_t alloc_unit_ = 4096;  // the directory's file system allocation unit (statvfs f_frsize)
   MemoryBudget& budget_;
   DirLock lock_;
   // Commits, removes and the opening of an object for reading take their context's

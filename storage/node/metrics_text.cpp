@@ -66,7 +66,7 @@ std::string metrics_text(const Server::Counters& c, const std::vector<Server::Na
     const char* help;
     uint64_t Server::NamespaceUsage::*field;
   } families[] = {
-      {"namespace_stored_bytes", "Payload bytes a namespace keeps on this node.",
+      {"namespace_stored_bytes", "Bytes a namespace keeps on this node's disk, as its quota counts them.",
        &Server::NamespaceUsage::stored_bytes},
       {"namespace_quota_bytes", "A namespace's quota on this node (0: no bound).",
        &Server::NamespaceUsage::quota_bytes},

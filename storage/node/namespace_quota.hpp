@@ -18,7 +18,8 @@
 
 namespace kvstream::storage {
 
-/// Payload bytes per namespace; 0 means no bound.
+/// Bytes per namespace (as the chunk store charges them: each object's file rounded up
+/// to the file system's allocation unit); 0 means no bound.
 struct QuotaLimits {
   uint64_t default_bytes = 0;                         ///< every namespace not listed below
   std::map<std::string, uint64_t> per_namespace;      ///< overrides default_bytes
@@ -35,10 +36,10 @@ class NamespaceQuota {
   Status reserve(const std::string& ns, uint64_t length, uint64_t replaced);
   /// Ends a claim of reserve() (the put committed or failed).
   void release(const std::string& ns, uint64_t length);
-  /// An object of `ns` went from `old_size` to `new_size` payload bytes (0: absent).
+  /// An object of `ns` went from `old_size` to `new_size` bytes charged (0: absent).
   void stored(const std::string& ns, uint64_t old_size, uint64_t new_size);
 
-  /// Payload bytes `ns` holds (committed objects only).
+  /// Bytes `ns` holds (committed objects only).
   [[nodiscard]] uint64_t used(const std::string& ns) const;
   /// Puts refused for their namespace's quota since start.
   [[nodiscard]] uint64_t refusals() const { return refusals_; }

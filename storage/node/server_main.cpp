@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
   uint64_t quota_mb = 0;
   std::string quotas_file;
   app.add_option("--namespace-quota-mb", quota_mb,
-                 "payload MiB each namespace may keep on this node; puts past it are refused (0: no bound)")
+                 "MiB each namespace may keep on this node's disk (each object's file in whole allocation units, 4 KiB on "
+                 "most file systems); puts past it are refused (0: no bound)")
       ->capture_default_str();
   app.add_option("--namespace-quotas", quotas_file,
                  "JSON object of namespace -> MiB, overriding --namespace-quota-mb for those namespaces (reread "

@@ -52,6 +52,13 @@ class StoreTest : public ::testing::Test {
     kv_ = synthetic_kv(7);
   }
   void TearDown() override { server_.reset(); }
+  // The bytes the tenant holds on the node as its quota counts them (each object's file
+  // in whole allocation units: more than the payload bytes a usage listing gives).
+  uint64_t quota_bytes_used() const {
+    for (const auto& u : server_->namespace_usage())
+      if (u.name_space == "ns") return u.stored_bytes;
+    return 0;
+  }
   static codec::Profile make_profile(uint32_t seed, std::vector<float> steps) {
     auto train = synthetic_kv(seed);
     std::vector<KvView> samples;

@@ -66,7 +66,7 @@ TEST_F(StoreTest, APutIntoAFullStoreMakesRoomFromTheLeastRecentlyUsed) {
   {
     KvStore store = open(config());
     ASSERT_TRUE(store.put(a, kv_.view(), soon()).ok());
-    one = stored_bytes(store);
+    one = quota_bytes_used();
     ASSERT_TRUE(store.put(b, kv_.view(), soon()).ok());
     fetch_all(store, a);
   }

@@ -2,6 +2,8 @@
 // and a client of one namespace.
 #pragma once
 
+#include <sys/statvfs.h>
+
 #include <filesystem>
 #include <map>
 #include <string>
@@ -23,6 +25,18 @@ inline ServerConfig node_config(const std::filesystem::path& dir, std::map<std::
   cfg.directory = dir.string();
   cfg.secrets = std::move(secrets);
   return cfg;
+}
+
+/// What a namespace quota charges for a context of one clear object of `length`
+/// payload bytes and no parts stored under `dir`: the object's file (a 40-byte header
+/// and the payload) in whole allocation units of that file system, and two units for
+/// the context (its directory and use mark). Worked out here apart from the store's
+/// own rule, so the tests check that rule.
+inline uint64_t quota_charge(const std::filesystem::path& dir, uint64_t length) {
+  struct statvfs vfs {};
+  uint64_t unit = 4096;
+  if (::statvfs(dir.c_str(), &vfs) == 0 && vfs.f_frsize >= 512 && vfs.f_frsize <= (1u << 20)) unit = vfs.f_frsize;
+  return (40 + length + unit - 1) / unit * unit + 2 * unit;
 }
 
 /// A client of namespace `ns` on the node at `address`.

@@ -479,10 +479,10 @@ TEST_F(Cluster, PartsAndRangesWithFailover) {
 // A put that every replica refuses for want of space (here the namespace's quota) is
 // no_space, not unavailable: retrying will not help. The nodes stay in use.
 TEST_F(Cluster, APutNoReplicaHasSpaceForIsNoSpace) {
-  start_nodes(30000);
+  start_nodes(60000);  // six 5000-byte chunks and their context on one node: 56 KiB (4 KiB units)
   auto c = cluster::connect(config(addresses()), deadline_in(10s));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  const Status big = (*c)->put("ctx", 0, 0, test_util::pattern(40000, 1), deadline_in(10s));
+  const Status big = (*c)->put("ctx", 0, 0, test_util::pattern(70000, 1), deadline_in(10s));
   EXPECT_EQ(big.code(), StatusCode::no_space) << big.to_string();
   EXPECT_NE(big.message().find("quota"), std::string::npos) << big.message();
   for (uint32_t chunk = 0; chunk < 6; ++chunk)

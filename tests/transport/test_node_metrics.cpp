@@ -103,7 +103,7 @@ class NodeMetrics : public ::testing::Test {
 // each namespace the node serves is listed with its bytes and quota.
 TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   ServerConfig cfg = node_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}, {"tenant-b", kSecretB}});
-  cfg.namespace_quota_bytes = {{"tenant-a", 10000}};
+  cfg.namespace_quota_bytes = {{"tenant-a", 20000}};  // one 6000-byte chunk and its context, not two
   auto server = Server::start(cfg);
   ASSERT_TRUE(server.ok()) << server.status().to_string();
   auto a = node_util::connect_client((*server)->address(), "tenant-a", kSecretA);
@@ -121,8 +121,9 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   // Both puts' bodies (the refused one is read off the wire too) and the two touches'
   // (12 bytes each: a count, a depth, a length and "ctx").
   EXPECT_EQ(sample(text, "kvstream_node_bytes_in_total"), 12000 + 2 * 12);
-  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"), 6000);
-  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})"), 10000);
+  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"),
+            node_util::quota_charge(tmp_.path(), 6000));
+  EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})"), 20000);
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-b"})"), 0) << "served, empty";
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-b"})"), 0);
   EXPECT_EQ(text.find("transport_peer_entries"), std::string::npos) << "a tcp node keeps no per-peer state";
@@ -321,7 +322,9 @@ TEST_F(NodeMetrics, KvstreamServerServesThemAndTheyFollowSighup) {
   const std::string quota_a = R"(kvstream_node_namespace_quota_bytes{namespace="tenant-a"})";
   std::string got = http_exchange(metrics, "GET /metrics HTTP/1.1\r\n\r\n");
   EXPECT_EQ(sample(got, quota_a), 1 << 20) << got;
-  EXPECT_EQ(sample(got, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"), 1000) << got;
+  EXPECT_EQ(sample(got, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-a"})"),
+            node_util::quota_charge(tmp_.path(), 1000))
+      << got;
   std::ofstream(quotas, std::ios::trunc) << R"({"tenant-a": 2})";
   ASSERT_EQ(::kill(node.pid(), SIGHUP), 0);
   EXPECT_TRUE(kvstream::testing::eventually(
