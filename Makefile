@@ -93,13 +93,23 @@ TSAN_CONFIG := $(SAN_COMMON) -DKVSTREAM_TEST_TIMEOUT_SCALE=4 -DCMAKE_CXX_FLAGS="
 # (TSan pass 312 s -> 248 s). Buffer size, and so the eager/rendezvous split, stays
 # the provider's; the plain pass runs the provider's defaults.
 SAN_FI := FI_OFI_RXM_MSG_RX_SIZE=32
-ASAN_RUN := ASAN_OPTIONS=detect_leaks=1 $(SAN_FI)
-TSAN_RUN := $(SAN_FI)
+# Every process of a pass, the tests and the kvstream-server, etcd and example
+# processes they start, writes its sanitizer reports to <build dir>/sanitizer-report.<pid>
+# (log_path): a node process's report would otherwise go to its own stderr, which no
+# test reads, and a race or leak in a node would pass unseen. Any such file fails the
+# pass, after it is printed.
+SAN_LOG = log_path=$(CURDIR)/$(1)/sanitizer-report
+ASAN_RUN := ASAN_OPTIONS=detect_leaks=1:$(call SAN_LOG,build-asan) UBSAN_OPTIONS=$(call SAN_LOG,build-asan) $(SAN_FI)
+TSAN_RUN := TSAN_OPTIONS=$(call SAN_LOG,build-tsan) $(SAN_FI)
 # One sanitizer pass: $(call san_pass,build dir,cmake config,env of the run,build args,ctest args)
 define san_pass
 	cmake -S . -B $(1) $(2) >/dev/null
 	cmake --build $(1) -j $(JOBS) $(4)
-	$(3) ctest --test-dir $(1) --output-on-failure -j $(TEST_JOBS) $(5)
+	rm -f $(1)/sanitizer-report.*
+	rc=0; $(3) ctest --test-dir $(1) --output-on-failure -j $(TEST_JOBS) $(5) || rc=$$?; \
+	if ls $(1)/sanitizer-report.* >/dev/null 2>&1; then \
+	  cat $(1)/sanitizer-report.*; echo "sanitizer reports above, from the tests or the processes they started"; rc=1; \
+	fi; exit $$rc
 endef
 test-sanitize: deps
 	$(call san_pass,build-asan,$(ASAN_CONFIG),$(ASAN_RUN),,-E "fuzz_smoke|install_consumer")
