@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/log.hpp"
@@ -35,11 +36,23 @@ struct Pending {
   CancelToken cancel;
   std::function<void(Result<size_t>, std::vector<std::byte>&&)> done;
   bool abandoned = false;  // completed early (deadline/cancel): its late body is discarded
+  // A read (get, range get, stat, list, usage) is sent again once, on a fresh
+  // connection, when its connection is lost under it: reading twice changes nothing,
+  // and a runtime's fetch then survives the node closing an idle connection, or
+  // restarting, as it was sent. Puts, removes and touches are not: the node may have
+  // done them already.
+  std::optional<Request> replay;
+  bool replayed = false;
 };
+
+// Where a channel hands the requests it can send again (Pending::replay) when its
+// connection is lost (why: the loss).
+using Replay = std::function<void(Request, Pending, const Status& why)>;
 
 class Channel {
  public:
-  Channel(std::unique_ptr<Connection> c, transport::Backend* backend) : conn_(std::move(c)), backend_(backend) {
+  Channel(std::unique_ptr<Connection> c, transport::Backend* backend, Replay replay)
+      : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)) {
     receiver_ = std::thread([this] {
       receive_loop();
       finished_.store(true, std::memory_order_release);
@@ -63,6 +76,8 @@ class Channel {
         done(broken_, {});
         return;
       }
+      const bool reads = req.op == Op::get || req.op == Op::stat || req.op == Op::list || req.op == Op::usage;
+      if (reads && body.empty() && !p.replayed) p.replay = req;
       req.id = next_id_++;
       pending_.emplace(req.id, std::move(p));
     }
@@ -88,6 +103,7 @@ class Channel {
  private:
   std::unique_ptr<Connection> conn_;
   transport::Backend* backend_;
+  Replay replay_;
   CancelToken stop_;
   std::thread receiver_;
   std::mutex send_mu_, mu_;
@@ -136,6 +152,30 @@ class Channel {
     return failed;
   }
 
+  // The connection is lost (`s`): the reads not sent again yet go to replay_, which
+  // sends them on a fresh connection; every other request fails with `s`. How many
+  // failed.
+  size_t lose(const Status& s) {
+    std::map<uint64_t, Pending> all;
+    {
+      std::lock_guard lock(mu_);
+      all.swap(pending_);
+    }
+    size_t failed = 0;
+    for (auto& [id, p] : all) {
+      if (p.abandoned || !p.done) continue;
+      if (p.replay && replay_ && !p.cancel.cancelled() && Clock::now() < p.deadline) {
+        Request again = std::move(*p.replay);
+        p.replay.reset(), p.replayed = true;
+        replay_(std::move(again), std::move(p), s);
+      } else {
+        ++failed;
+        p.done(s, {});
+      }
+    }
+    return failed;
+  }
+
   // Requests past their deadline or cancelled complete now; the slot stays so their
   // response, if it ever comes, is recognised and its body discarded.
   void expire() {
@@ -171,7 +211,7 @@ class Channel {
         // The transport logs a node that closed between two messages at debug only
         // (transport/common/peer_closed.hpp); here it cost requests, which is worth
         // a warning.
-        if (const size_t n = fail_all(len.status().with_context("storage connection lost")); n > 0)
+        if (const size_t n = lose(len.status().with_context("storage connection lost")); n > 0)
           KVS_LOG_WARN("storage client: {} lost with {} requests waiting: {}", conn_->describe(), n,
                        len.status().to_string());
         return;
@@ -185,7 +225,10 @@ class Channel {
       Status st = land(*resp, *len);
       if (!st.ok()) {
         mark_broken(st);
-        fail_all(st);
+        // Lost mid-body: the reads go again (a body that arrived garbled, or a
+        // malformed message, fails them: the node answered).
+        if (st.code() == StatusCode::unavailable) lose(st.with_context("storage connection lost"));
+        else fail_all(st);
         return;
       }
     }
@@ -289,6 +332,17 @@ class ClientImpl final : public Client {
     }
     return std::unique_ptr<Client>(std::move(c));
   }
+  // The channels go first, under the lock, so that a get a lost connection hands back
+  // meanwhile (replay, on that channel's receiver) finds no channel and fails rather
+  // than connecting again into a client being destroyed.
+  ~ClientImpl() override {
+    std::vector<std::shared_ptr<Channel>> channels, retired;
+    {
+      std::lock_guard lock(channels_mu_);
+      channels.swap(channels_), retired.swap(retired_);
+    }
+  }
+
 
   const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
 
@@ -512,7 +566,10 @@ class ClientImpl final : public Client {
     KVS_ASSIGN_OR_RETURN(auto conn, backend_->connect(cfg_.address, deadline, cancel));
     KVS_ASSIGN_OR_RETURN(uint64_t features, authenticate(*conn, cfg_, deadline, cancel));
     features_.store(features, std::memory_order_relaxed);
-    return std::make_shared<Channel>(std::move(conn), backend_.get());
+    return std::make_shared<Channel>(std::move(conn), backend_.get(),
+                                     [this](Request req, Pending p, const Status& why) {
+                                       replay(std::move(req), std::move(p), why);
+                                     });
   }
 
   // Picks a live channel, round robin. With none alive (the node closed them: its idle
@@ -523,6 +580,7 @@ class ClientImpl final : public Client {
     {
       std::lock_guard lock(channels_mu_);
       const size_t n = channels_.size();
+      if (n == 0) return make_status(StatusCode::cancelled, "storage client closed");  // ~ClientImpl
       for (size_t i = 0; i < n; ++i)
         if (channels_[(start + i) % n]->alive()) return channels_[(start + i) % n];
     }
@@ -552,6 +610,7 @@ class ClientImpl final : public Client {
       for (const auto& ch : channels_)  // another call may have reconnected meanwhile
         if (ch->alive()) return ch;
       lost = channels_.size();
+      if (lost == 0) return make_status(StatusCode::cancelled, "storage client closed");
     }
     // A node that is down is not dialled again by every call: after a failed try, its
     // error stands for the pause.
@@ -580,6 +639,7 @@ class ClientImpl final : public Client {
     std::vector<std::shared_ptr<Channel>> reaped;  // destroyed outside the lock
     {
       std::lock_guard lock(channels_mu_);
+      if (channels_.size() < fresh.size()) return make_status(StatusCode::cancelled, "storage client closed");
       for (size_t i = 0; i < fresh.size(); ++i) {
         retired_.push_back(std::move(channels_[i]));
         channels_[i] = fresh[i];
@@ -590,6 +650,25 @@ class ClientImpl final : public Client {
         else ++it;
     }
     return fresh.front();
+  }
+
+  // A read whose connection was lost (`why`), sent again (Pending::replay); on the
+  // lost channel's receiver thread. If that fails too, the caller learns both: the
+  // loss first (its code), then what the second try met; its deadline or a cancel
+  // stay what they are.
+  void replay(Request req, Pending p, const Status& why) {
+    KVS_LOG_DEBUG("storage client: a read of '{}' sent again on a fresh connection to {}", req.context, cfg_.address);
+    p.done = [done = std::move(p.done), why, deadline = p.deadline](Result<size_t> r, std::vector<std::byte>&& body) {
+      const StatusCode code = r.ok() ? StatusCode::ok : r.status().code();
+      // (A reconnection's own bound, short of the call's deadline, is not the call's
+      // timeout: that one is combined with the loss like any other failure.)
+      const bool past_deadline = code == StatusCode::timed_out && Clock::now() >= deadline;
+      if (code == StatusCode::ok || past_deadline || code == StatusCode::cancelled || code == StatusCode::not_found ||
+          code == StatusCode::out_of_range)
+        return done(std::move(r), std::move(body));
+      done(Status(why.code(), fmt::format("{}; sent again: {}", why.message(), r.status().message())), {});
+    };
+    submit(std::move(req), {}, std::move(p));
   }
 
   // Sends `req` on a live channel; `p.done` runs exactly once.

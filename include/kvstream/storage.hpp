@@ -240,9 +240,14 @@ using GetCallback = std::function<void(Result<size_t>)>;
 /// A connection (or several) to one storage node. Thread-safe. Connections the node
 /// closes (its idle_timeout, a restart) are made again, logged in, by the next call
 /// that finds none alive, inside that call's deadline (an asynchronous get then
-/// connects before it returns); the calls that were on a lost connection fail with it
-/// (`unavailable`). A reconnection has at most 1 s; after a failed one, calls answer
-/// its error for a pause (100 ms, doubling up to 5 s while the node stays down).
+/// connects before it returns). A read (get, range get, stat, list, usage) that was
+/// on a lost connection is sent again once, on a fresh one (reading twice changes
+/// nothing), so it survives a node closing an idle connection or restarting as the
+/// request went out; where that fails too, it fails with the loss's code
+/// (`unavailable`) and both reasons. A put, remove or touch on a lost connection
+/// fails with it: the node may have done it. A reconnection has at most 1 s; after a failed one,
+/// calls answer its error for a pause (100 ms, doubling up to 5 s while the node
+/// stays down).
 class Client {
  public:
   virtual ~Client() = default;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <random>
 
 #include "kvstream/storage.hpp"
@@ -108,6 +109,36 @@ TEST_F(Faults, AStalledNodeIsDetectedByTheDeadline) {
   auto st = (*c)->stat("ctx", deadline_in(200ms));
   EXPECT_FALSE(st.ok());
   proxy_->pause(false);
+}
+
+// The connection is lost under gets in flight (a node closing an idle connection as a
+// request goes out, a restart, a middlebox's reset): each get is sent again on a fresh
+// connection and completes whole. The proxy holds the requests (paused) so that none
+// can have been answered before the cut. Without the resend every one fails.
+TEST_F(Faults, GetsInFlightOnALostConnectionAreSentAgain) {
+  auto c = connect_to(proxy_->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  constexpr int kGets = 8;
+  std::vector<std::vector<std::byte>> dest(kGets, std::vector<std::byte>(chunk_.size()));
+  std::vector<MemoryRegion> regions;
+  for (auto& d : dest) {
+    auto mr = (*c)->register_memory(d.data(), d.size());
+    ASSERT_TRUE(mr.ok()) << mr.status().to_string();
+    regions.push_back(*mr);
+  }
+  proxy_->pause(true);
+  std::vector<std::promise<Result<size_t>>> done(kGets);
+  for (int i = 0; i < kGets; ++i)
+    (*c)->get_async("ctx", 0, 0, regions[size_t(i)], 0, chunk_.size(), deadline_in(20s), {},
+                    [&, i](Result<size_t> r) { done[size_t(i)].set_value(std::move(r)); });
+  proxy_->cut();
+  proxy_->pause(false);
+  for (int i = 0; i < kGets; ++i) {
+    auto r = done[size_t(i)].get_future().get();
+    ASSERT_TRUE(r.ok()) << "get " << i << ": " << r.status().to_string();
+    EXPECT_EQ(*r, chunk_.size());
+    EXPECT_EQ(dest[size_t(i)], chunk_) << "get " << i;
+  }
 }
 
 // A node whose disk fills up mid-put: a clear no_space, no partial object

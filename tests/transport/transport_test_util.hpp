@@ -65,7 +65,9 @@ inline Result<BackendPair> make_backend_pair(const BackendConfig& cfg) {
 /// Forwards TCP between clients and a node (loopback), for fault injection: pause()
 /// stops forwarding in both directions (the node looks alive but never answers: a
 /// stalled node); flip_at(n) inverts the byte at offset n of the node-to-client stream
-/// of the next connection (bytes flipped on the wire).
+/// of the next connection (bytes flipped on the wire); cut() closes every connection
+/// made so far (a node that closed them, or a middlebox that reset them), and later
+/// ones are forwarded as before.
 class TcpProxy {
  public:
   explicit TcpProxy(const std::string& target) {
@@ -93,6 +95,8 @@ class TcpProxy {
   /// The next accepted connection gets byte `offset` of its node-to-client stream
   /// inverted; negative: no corruption.
   void flip_at(int64_t offset) { flip_next_ = offset; }
+  /// Closes the connections accepted so far, paused or not.
+  void cut() { ++cut_; }
 
  private:
   int listen_fd_ = -1;
@@ -100,6 +104,7 @@ class TcpProxy {
   std::string address_;
   std::atomic<bool> stop_{false}, paused_{false};
   std::atomic<int64_t> flip_next_{-1};
+  std::atomic<uint64_t> cut_{0};  // bumped by cut(): pumps of an older count close
   std::thread acceptor_;
   std::vector<std::thread> pumps_;
 
@@ -118,15 +123,15 @@ class TcpProxy {
         ::close(c), ::close(s);
         continue;
       }
-      pumps_.emplace_back([this, c, s, flip = flip_next_.exchange(-1)] { pump(c, s, flip); });
+      pumps_.emplace_back([this, c, s, flip = flip_next_.exchange(-1), era = cut_.load()] { pump(c, s, flip, era); });
     }
   }
 
-  void pump(int a, int b, int64_t flip) {
+  void pump(int a, int b, int64_t flip, uint64_t era) {
     std::vector<char> buf(1 << 16);
     int64_t from_node = 0;  // bytes forwarded from the node (b) so far
     bool open = true;
-    while (open && !stop_) {
+    while (open && !stop_ && cut_ == era) {
       if (paused_) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         continue;
