@@ -332,9 +332,9 @@ class ClientImpl final : public Client {
     }
     return std::unique_ptr<Client>(std::move(c));
   }
-  // The channels go first, under the lock, so that a get a lost connection hands back
-  // meanwhile (replay, on that channel's receiver) finds no channel and fails rather
-  // than connecting again into a client being destroyed.
+  // The channels go first, under the lock, so that a read a lost connection hands
+  // back meanwhile (replay, on that channel's receiver) finds no channel and fails
+  // rather than connecting again into a client being destroyed.
   ~ClientImpl() override {
     std::vector<std::shared_ptr<Channel>> channels, retired;
     {
@@ -342,7 +342,6 @@ class ClientImpl final : public Client {
       channels.swap(channels_), retired.swap(retired_);
     }
   }
-
 
   const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
 
