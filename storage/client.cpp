@@ -70,26 +70,30 @@ class Channel {
     // A request that is already over never reaches the wire (and cannot break it).
     if (p.cancel.cancelled()) return done(make_status(StatusCode::cancelled, "request cancelled"), {});
     if (Clock::now() >= p.deadline) return done(make_status(StatusCode::timed_out, "request past its deadline"), {});
+    uint64_t id = 0;
+    std::vector<std::byte> header;
     {
       std::lock_guard lock(mu_);
       if (!broken_.ok()) {
         done(broken_, {});
         return;
       }
+      id = req.id = next_id_++;
+      header = encode(req);
+      // A read keeps its request for a resend (moved: the header is encoded already).
       const bool reads = req.op == Op::get || req.op == Op::stat || req.op == Op::list || req.op == Op::usage;
-      if (reads && body.empty() && !p.replayed) p.replay = req;
-      req.id = next_id_++;
-      pending_.emplace(req.id, std::move(p));
+      if (reads && body.empty() && !p.replayed) p.replay = std::move(req);
+      pending_.emplace(id, std::move(p));
     }
     Status st;
     {
       std::lock_guard lock(send_mu_);
-      st = send_segmented(*conn_, encode(req), body, [id = req.id](uint32_t i) { return data_request_header(id, i); },
-                          pending_deadline(req.id), stop_);
+      st = send_segmented(*conn_, header, body, [id](uint32_t i) { return data_request_header(id, i); },
+                          pending_deadline(id), stop_);
     }
     if (!st.ok()) {
       mark_broken(st);
-      complete(req.id, st, {});
+      complete(id, st, {});
     }
   }
 
@@ -136,26 +140,10 @@ class Channel {
     if (done) done(std::move(r), std::move(body));
   }
 
-  // Fails every request still waiting with `s`; how many there were.
-  size_t fail_all(const Status& s) {
-    std::map<uint64_t, Pending> all;
-    {
-      std::lock_guard lock(mu_);
-      all.swap(pending_);
-    }
-    size_t failed = 0;
-    for (auto& [id, p] : all)
-      if (!p.abandoned && p.done) {
-        ++failed;
-        p.done(s, {});
-      }
-    return failed;
-  }
-
-  // The connection is lost (`s`): the reads not sent again yet go to replay_, which
-  // sends them on a fresh connection; every other request fails with `s`. How many
-  // failed.
-  size_t lose(const Status& s) {
+  // Fails every request still waiting with `s`; how many there were. `resend`: the
+  // connection was lost, and the reads not sent again yet go to replay_ instead,
+  // which sends them on a fresh connection.
+  size_t fail_all(const Status& s, bool resend = false) {
     std::map<uint64_t, Pending> all;
     {
       std::lock_guard lock(mu_);
@@ -164,7 +152,7 @@ class Channel {
     size_t failed = 0;
     for (auto& [id, p] : all) {
       if (p.abandoned || !p.done) continue;
-      if (p.replay && replay_ && !p.cancel.cancelled() && Clock::now() < p.deadline) {
+      if (resend && p.replay && !p.cancel.cancelled() && Clock::now() < p.deadline) {
         Request again = std::move(*p.replay);
         p.replay.reset(), p.replayed = true;
         replay_(std::move(again), std::move(p), s);
@@ -211,7 +199,7 @@ class Channel {
         // The transport logs a node that closed between two messages at debug only
         // (transport/common/peer_closed.hpp); here it cost requests, which is worth
         // a warning.
-        if (const size_t n = lose(len.status().with_context("storage connection lost")); n > 0)
+        if (const size_t n = fail_all(len.status().with_context("storage connection lost"), true); n > 0)
           KVS_LOG_WARN("storage client: {} lost with {} requests waiting: {}", conn_->describe(), n,
                        len.status().to_string());
         return;
@@ -227,8 +215,8 @@ class Channel {
         mark_broken(st);
         // Lost mid-body: the reads go again (a body that arrived garbled, or a
         // malformed message, fails them: the node answered).
-        if (st.code() == StatusCode::unavailable) lose(st.with_context("storage connection lost"));
-        else fail_all(st);
+        const bool lost = st.code() == StatusCode::unavailable;
+        fail_all(lost ? st.with_context("storage connection lost") : st, lost);
         return;
       }
     }

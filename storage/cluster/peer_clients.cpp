@@ -1,6 +1,8 @@
 // A rebalance's connections to the other nodes (peer_clients.hpp).
 #include "storage/cluster/peer_clients.hpp"
 
+#include <algorithm>
+
 #include "core/log.hpp"
 
 namespace kvstream::cluster {
@@ -43,6 +45,16 @@ void PeerClients::drop(const std::string& ns, const std::string& node) {
   const auto key = std::make_pair(ns, node);
   clients_.erase(key);
   unreachable_.insert(key);
+}
+
+Status PeerClients::send(const storage::ObjectKey& key, const storage::ChunkStore::StoredObject& obj,
+                         const std::string& node) {
+  storage::Client* c = get(key.ns, node);
+  if (!c) return Status(StatusCode::unavailable, "unreachable");
+  const Status s = c->put_parts(key.ctx, key.chunk, key.level, obj.bytes, obj.parts, std::max<uint64_t>(obj.version, 1),
+                                Clock::now() + 30s, stop_);
+  if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out) drop(key.ns, node);
+  return s;
 }
 
 }  // namespace kvstream::cluster

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kvstream/storage.hpp"
+#include "storage/node/chunk_store.hpp"
 
 namespace kvstream::cluster {
 
@@ -28,6 +29,11 @@ class PeerClients {
   /// `node` failed mid-pass (unavailable, timed out): its client goes, and get() now
   /// answers null for it.
   void drop(const std::string& ns, const std::string& node);
+  /// Writes this node's stored object `key` to `node` as the write it is (one stored
+  /// without a version goes as the oldest write, so any write the owner has wins):
+  /// already_exists where the owner holds that write or a newer one. A node that does
+  /// not answer (unavailable, timed out) is dropped.
+  Status send(const storage::ObjectKey& key, const storage::ChunkStore::StoredObject& obj, const std::string& node);
 
  private:
   const std::string& self_;

@@ -70,8 +70,7 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
                            deadline));
   {
     std::lock_guard lock(r->mu_);  // on_write may run already (the node serves)
-    r->target_ = r->watch_->members();
-    r->target_ring_ = ring_of(r->target_, r->cfg_.virtual_nodes);
+    r->target_ = ring_of(r->watch_->members(), r->cfg_.virtual_nodes);
   }
   r->worker_ = std::thread([p = r.get()] { p->run(); });
   return r;
@@ -92,8 +91,7 @@ Rebalancer::~Rebalancer() {
 void Rebalancer::on_change(const std::vector<std::string>& members) {
   HashRing ring = ring_of(members, cfg_.virtual_nodes);  // outside the lock: 1024 points a node
   std::lock_guard lock(mu_);
-  target_ = members;
-  target_ring_ = std::move(ring);
+  target_ = std::move(ring);
   ++generation_;
   changed_at_ = Clock::now();
   cv_.notify_all();
@@ -103,8 +101,8 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
   if (!cfg_.trim_surplus) return;
   const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
   std::lock_guard lock(mu_);
-  if (target_.empty()) return;  // not started yet
-  const auto owners = target_ring_.replicas(chunk_key, cfg_.replication);
+  if (target_.size() == 0) return;  // not started yet
+  const auto owners = target_.replicas(chunk_key, cfg_.replication);
   if (std::find(owners.begin(), owners.end(), self_) != owners.end()) return;
   if (strays_.size() >= kMaxStrays) strays_overflow_ = true;
   else if (strays_.emplace(key.ns, key.ctx).second && strays_.size() == 1) cv_.notify_all();
@@ -133,10 +131,10 @@ void Rebalancer::report(const std::vector<std::string>& target, bool done, const
 void Rebalancer::run() {
   std::unique_lock lock(mu_);
   // The set this node has rebalanced for: at start, the one it joined.
-  std::vector<std::string> settled = target_;
+  HashRing settled = target_;
   uint64_t settled_generation = generation_;
   lock.unlock();
-  report(settled, true, {}, 0);
+  report(settled.nodes(), true, {}, 0);
   lock.lock();
   bool retry = false;  // the last pass left objects uncopied
   // Copies of chunks this node does not own under `settled` wait to be dropped: after
@@ -183,7 +181,7 @@ void Rebalancer::run() {
       lock.unlock();
       const TrimResult t = trim(settled, gen, last, scope ? &*scope : nullptr);
       if (t == TrimResult::finished) {
-        report(settled, true, last, last_seconds, true);
+        report(settled.nodes(), true, last, last_seconds, true);
         KVS_LOG_INFO("rebalance of node {} for {} members: {} copies of chunks it no longer owns dropped ({} bytes) "
                      "in {:.2f} s, {} of them sent first to owners that lacked them ({} bytes), {} kept",
                      self_, settled.size(), last.objects_trimmed, last.bytes_trimmed, seconds_since(started),
@@ -197,12 +195,12 @@ void Rebalancer::run() {
     cv_.wait_for(lock, cfg_.settle, [&] { return stopping_; });
     if (stopping_) break;
     const uint64_t gen = generation_;
-    const std::vector<std::string> target = target_;
+    const HashRing target = target_;
     const auto changed_at = changed_at_;
     pace_start_ = Clock::now(), paced_bytes_ = 0;
     lock.unlock();
     Tally tally;
-    report(target, false, tally, seconds_since(changed_at));
+    report(target.nodes(), false, tally, seconds_since(changed_at));
     const bool complete = pass(settled, target, tally, gen);
     const double secs = seconds_since(changed_at);
     lock.lock();
@@ -221,7 +219,7 @@ void Rebalancer::run() {
                                                         cfg_.retry_first);
     }
     lock.unlock();
-    report(target, !retry, tally, secs);
+    report(target.nodes(), !retry, tally, secs);
     KVS_LOG_INFO("rebalance of node {} for {} members {} in {:.2f} s: {} objects ({} bytes) copied, {} already "
                  "there, {} failed{}",
                  self_, target.size(), retry ? "incomplete" : "done", secs, tally.objects_copied, tally.bytes_copied,
@@ -242,11 +240,9 @@ bool Rebalancer::pace(uint64_t bytes, uint64_t gen) {
   return !stopping_ && generation_ == gen;
 }
 
-bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector<std::string>& target, Tally& tally,
-                      uint64_t gen) {
-  const HashRing before = ring_of(settled, cfg_.virtual_nodes), after = ring_of(target, cfg_.virtual_nodes);
+bool Rebalancer::pass(const HashRing& before, const HashRing& after, Tally& tally, uint64_t gen) {
   if (gen != delivered_gen_) delivered_.clear(), delivered_gen_ = gen;
-  const std::set<std::string> members(target.begin(), target.end());
+  const std::set<std::string> members(after.nodes().begin(), after.nodes().end());
   // Connections to the new owners, per tenant; a node that does not answer is not
   // asked again in this pass (its objects count as failed and the pass is retried).
   PeerClients peers(self_, backend_, secrets_, stop_);
@@ -281,19 +277,14 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
             tally.objects_failed += due.size();
             continue;
           }
-          auto obj = store_.read_stored({ns, ctx, cs.chunk, level});
+          const storage::ObjectKey okey{ns, ctx, cs.chunk, level};
+          auto obj = store_.read_stored(okey);
           if (!obj.ok()) {
             if (obj.status().code() != StatusCode::not_found) tally.objects_failed += due.size();
             continue;
           }
-          // An object stored without a version (an old format) goes as the oldest
-          // write, so any write the owner has wins over it.
-          const uint64_t version = std::max<uint64_t>(obj->version, 1);
           for (const auto& [node, id] : due) {
-            storage::Client* c = peers.get(ns, node);
-            const Status s = c ? c->put_parts(ctx, cs.chunk, level, obj->bytes, obj->parts, version,
-                                              Clock::now() + 30s, stop_)
-                               : Status(StatusCode::unavailable, "unreachable");
+            const Status s = peers.send(okey, *obj, node);
             if (s.ok()) {
               ++tally.objects_copied;
               tally.bytes_copied += obj->bytes.size();
@@ -305,8 +296,6 @@ bool Rebalancer::pass(const std::vector<std::string>& settled, const std::vector
               received.insert(node);
             } else {
               ++tally.objects_failed;
-              if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out)
-                peers.drop(ns, node);
             }
             if (!pace(s.ok() ? obj->bytes.size() : 0, gen)) return false;
           }

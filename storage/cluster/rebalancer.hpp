@@ -50,7 +50,7 @@ class Rebalancer {
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
              std::map<std::string, std::string> secrets, transport::BackendConfig backend)
       : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), budget_(budget), secrets_(std::move(secrets)),
-        backend_(std::move(backend)), target_ring_(cfg_.virtual_nodes) {}
+        backend_(std::move(backend)), target_(cfg_.virtual_nodes) {}
 
   struct Tally {
     uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
@@ -71,17 +71,17 @@ class Rebalancer {
   };
   void on_change(const std::vector<std::string>& members);
   void run();
-  // One pass from `settled` to `target` for change `gen`; false when a newer change
-  // (or stop) cut it short.
-  bool pass(const std::vector<std::string>& settled, const std::vector<std::string>& target, Tally& tally,
-            uint64_t gen);
+  // One pass from the member set of `settled` to that of `target` (their rings) for
+  // change `gen`; false when a newer change (or stop) cut it short.
+  bool pass(const HashRing& settled, const HashRing& target, Tally& tally, uint64_t gen);
   void report(const std::vector<std::string>& target, bool done, const Tally& tally, double seconds,
               bool trimmed = false);
-  // Drops the copies this node holds of chunks it does not own under `members`, once
-  // every member reports its copies for `members` done and each owner holds the same
-  // write or a newer one (storage/cluster/surplus_copies.hpp); counts into `tally`.
-  // `only`: the (namespace, context) pairs to look at; null: every context.
-  TrimResult trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally,
+  // Drops the copies this node holds of chunks it does not own under the member set
+  // of `members` (its ring), once every member reports its copies for that set done
+  // and each owner holds the same write or a newer one
+  // (storage/cluster/surplus_copies.hpp); counts into `tally`. `only`: the
+  // (namespace, context) pairs to look at; null: every context.
+  TrimResult trim(const HashRing& members, uint64_t gen, Tally& tally,
                   const std::set<std::pair<std::string, std::string>>* only = nullptr);
   // Sends this node's copy of `key` (write `version`, `bytes` long) to the owners in
   // `to`, which lack it or hold an older write; those that took it join `received`.
@@ -108,8 +108,9 @@ class Rebalancer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  std::vector<std::string> target_;  // the newest member set
-  HashRing target_ring_;             // its ring, for on_write
+  // The newest member set, as its ring (nodes() are the members, in etcd's order):
+  // built once per change, and copied by the passes, the trims and on_write.
+  HashRing target_;
   // Contexts written here by clients with an older member set (on_write), waiting for
   // a scoped trim; past kMaxStrays of them, the next trim looks at every context.
   static constexpr size_t kMaxStrays = 4096;

@@ -41,11 +41,11 @@ bool Rebalancer::current(uint64_t gen) {
   return !stopping_ && generation_ == gen;
 }
 
-Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members, uint64_t gen, Tally& tally,
+Rebalancer::TrimResult Rebalancer::trim(const HashRing& ring, uint64_t gen, Tally& tally,
                                         const std::set<std::pair<std::string, std::string>>* only) {
   // Until every member has copied for this set, an owner may lack a chunk only because
   // its sender has not reached it yet: try again later rather than keep the copy.
-  const std::set<std::string> want(members.begin(), members.end());
+  const std::set<std::string> want(ring.nodes().begin(), ring.nodes().end());
   auto reports = migration_reports(cfg_.etcd, Clock::now() + cfg_.etcd.request_timeout, stop_);
   if (!reports.ok()) return current(gen) ? TrimResult::again : TrimResult::cut;
   std::set<std::string> finished;
@@ -53,8 +53,6 @@ Rebalancer::TrimResult Rebalancer::trim(const std::vector<std::string>& members,
     if (r.done && std::set<std::string>(r.members.begin(), r.members.end()) == want) finished.insert(r.node);
   if (finished != want) return current(gen) ? TrimResult::again : TrimResult::cut;
 
-  HashRing ring(cfg_.virtual_nodes);
-  for (const auto& m : members) (void)ring.add(m);
   PeerClients peers(self_, backend_, secrets_, stop_);
   // Counted afresh by each look at every context; what was dropped stays counted.
   if (!only) tally.objects_kept = 0;
@@ -154,21 +152,17 @@ Rebalancer::HandOver Rebalancer::hand_over(PeerClients& peers, const storage::Ob
   auto obj = store_.read_stored(key);
   if (!obj.ok()) return obj.status().code() == StatusCode::not_found ? HandOver::gone : HandOver::again;
   if (obj->version != version) return HandOver::again;  // a write landed since the check
-  // Sent as the pass sends (an object without a version as the oldest write), and
-  // conditional on it: an owner that got a newer write meanwhile keeps that one.
+  // Sent as the pass sends, and conditional on it: an owner that got a newer write
+  // meanwhile keeps that one.
   bool again = false, refused = false;
   for (const auto& node : to) {
-    storage::Client* c = peers.get(key.ns, node);
-    const Status s = c ? c->put_parts(key.ctx, key.chunk, key.level, obj->bytes, obj->parts,
-                                      std::max<uint64_t>(version, 1), Clock::now() + std::chrono::seconds(30), stop_)
-                       : Status(StatusCode::unavailable, "unreachable");
+    const Status s = peers.send(key, *obj, node);
     if (s.ok()) {
       ++tally.objects_handed_over, tally.bytes_handed_over += obj->bytes.size();
       received.insert(node);
     } else if (s.code() == StatusCode::unavailable || s.code() == StatusCode::timed_out ||
                s.code() == StatusCode::cancelled) {
       again = true;
-      if (c) peers.drop(key.ns, node);
     } else if (s.code() != StatusCode::already_exists) {
       // Out of space, a quota: the copy stays here, where it is still read from.
       KVS_LOG_WARN("rebalance: {} refused {} of a chunk node {} no longer owns: {}", node, key.name(), self_,

@@ -166,9 +166,9 @@ void ChunkStore::set_entry_locked(const ObjectKey& k, Entry e) {
     }
     return;
   }
-  auto& contexts = index_[k.ns];
-  if (!contexts.contains(k.ctx)) quota_.stored(k.ns, 0, context_charge());
-  auto& v = contexts[k.ctx].chunks[k.chunk];
+  const auto [ctx, made] = index_[k.ns].try_emplace(k.ctx);
+  if (made) quota_.stored(k.ns, 0, context_charge());
+  auto& v = ctx->second.chunks[k.chunk];
   if (v.size() <= k.level) v.resize(k.level + 1);
   v[k.level] = e;
 }
