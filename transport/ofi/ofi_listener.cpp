@@ -74,7 +74,7 @@ class OfiListener final : public Listener {
       refill_hellos();
       for (const auto& v : verifies) answer_verify(*ep_, *responder_, v);
       if (!h) continue;  // only spent receives and questions: wait on
-      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, *h, next_id_++ & uint32_t(Tag::kConnMask), responder_));
+      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, *h, responder_->draw_id(), responder_));
     }
     if (Status st = finish_handshake(*ep_, *pending_, deadline, cancel); !st.ok()) {
       if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) pending_.reset();
@@ -117,7 +117,6 @@ class OfiListener final : public Listener {
   std::shared_ptr<HelloQueue> hellos_;
   std::vector<std::shared_ptr<Op>> hello_ops_;
   std::shared_ptr<ProbeResponder> responder_;  // shared with the accepted connections
-  uint32_t next_id_ = 1;
   std::unique_ptr<Handshake> pending_;  // taken hello whose ack a deadline interrupted
 };
 

@@ -1,9 +1,11 @@
 // Probes and their answers: see ofi_liveness.hpp.
 #include "transport/ofi/ofi_liveness.hpp"
 
+#include <atomic>
 #include <cstring>
 
 #include "core/log.hpp"
+#include "transport/common/random_fill.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
 #include "transport/ofi/ofi_wire.hpp"
 
@@ -32,6 +34,17 @@ ProbeResponder::~ProbeResponder() {
   // No callback can reach this object any more (they hold a weak pointer); the
   // receives are cancelled so the provider lets go of their buffers.
   for (auto& op : posted_) ep_->cancel_and_drain(*op, std::chrono::seconds(1));
+}
+
+uint32_t ProbeResponder::draw_id() const {
+  static std::atomic<uint32_t> next{1};  // where the kernel has no random bits: in order
+  std::lock_guard lock(mu_);
+  for (;;) {
+    uint32_t id = 0;
+    if (!random_fill(&id, sizeof id)) id = next++;
+    id &= uint32_t(Tag::kConnMask);
+    if (id != 0 && !live_.contains(id)) return id;
+  }
 }
 
 void ProbeResponder::add(uint32_t id, uint64_t nonce, fi_addr_t peer) {

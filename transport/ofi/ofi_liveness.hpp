@@ -37,6 +37,14 @@ class ProbeResponder : public std::enable_shared_from_this<ProbeResponder> {
   ProbeResponder(const ProbeResponder&) = delete;
   ProbeResponder& operator=(const ProbeResponder&) = delete;
 
+  /// An id for a new connection that no live one uses, drawn at random: a node
+  /// that restarted gives out other ids than its last life did, so a message a
+  /// client sent on a connection of that life (queued unmatched in the endpoint)
+  /// is not taken by a new connection of the same client (when ids went out in
+  /// order from 1, the new node's first connection took the old first one's
+  /// requests, and its answers went to the new one's). One in 2^20 per such
+  /// connection still draws the old id.
+  uint32_t draw_id() const;
   /// Connection `id`, opened by the hello with `nonce` from `peer`, is answered for.
   void add(uint32_t id, uint64_t nonce, fi_addr_t peer);
   /// It is no longer (closed): probes for it go unanswered.

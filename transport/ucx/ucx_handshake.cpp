@@ -12,9 +12,8 @@
 #include <cstring>
 #include <mutex>
 
-#include <sys/random.h>
-
 #include "core/log.hpp"
+#include "transport/common/random_fill.hpp"
 #include "transport/ucx/ucx_connection.hpp"
 
 namespace kvstream::transport::ucx_detail {
@@ -44,14 +43,6 @@ ucs_status_t hello_cb(void* arg, const void* /*header*/, size_t /*header_length*
   cs.peer_key = uint64_t(msg[3]) | uint64_t(msg[4]) << 32;
   cs.hello = true;
   return UCS_OK;
-}
-
-/// Fills `out` from getrandom(2); false where the kernel has none to give.
-bool random_fill(void* out, size_t n) {
-  ssize_t got;
-  do got = ::getrandom(out, n, 0);
-  while (got < 0 && errno == EINTR);
-  return got == ssize_t(n);
 }
 
 /// A connection's key (ucx_wire.hpp). Without getrandom(2) (kernels before 3.17) the
