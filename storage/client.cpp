@@ -1,17 +1,17 @@
-// Storage client: requests are pipelined over one or more connections; a receiver
-// thread per connection matches responses to requests by id and lands each chunk
-// straight in the caller's registered buffer, verifying its checksum first. A
-// connection the node closed (its idle timeout, a restart) is made again by the next
-// call that finds none alive.
+// Storage client: requests are pipelined over one or more connections
+// (client_channel.hpp). Connections the node closed (its idle timeout, a restart) are
+// made again by the client's own thread while the requests that found none alive
+// wait (client_redial.hpp); requests lost with their connection that may go twice
+// are sent again.
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <map>
+#include <future>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "core/log.hpp"
+#include "storage/client_channel.hpp"
+#include "storage/client_redial.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::storage {
@@ -26,279 +26,10 @@ using transport::MemoryRegion;
 
 namespace {
 
-// One outstanding request.
-struct Pending {
-  Op op = Op::get;
-  MemoryRegion dest;  // where the body lands (get), or empty
-  size_t offset = 0, capacity = 0;
-  bool range = false;  // a range get: the body must be exactly `capacity` bytes
-  Deadline deadline;
-  CancelToken cancel;
-  std::function<void(Result<size_t>, std::vector<std::byte>&&)> done;
-  bool abandoned = false;  // completed early (deadline/cancel): its late body is discarded
-  // A read (get, range get, stat, list, usage) is sent again once, on a fresh
-  // connection, when its connection is lost under it: reading twice changes nothing,
-  // and a runtime's fetch then survives the node closing an idle connection, or
-  // restarting, as it was sent. Puts, removes and touches are not: the node may have
-  // done them already.
-  std::optional<Request> replay;
-  bool replayed = false;
-};
-
-// Where a channel hands the requests it can send again (Pending::replay) when its
-// connection is lost (why: the loss).
-using Replay = std::function<void(Request, Pending, const Status& why)>;
-
-class Channel {
- public:
-  Channel(std::unique_ptr<Connection> c, transport::Backend* backend, Replay replay)
-      : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)) {
-    receiver_ = std::thread([this] {
-      receive_loop();
-      finished_.store(true, std::memory_order_release);
-    });
-  }
-  ~Channel() {
-    stop_.cancel();
-    if (receiver_.joinable()) receiver_.join();
-    fail_all(make_status(StatusCode::cancelled, "client closed"));
-  }
-
-  // Sends a request; `p.done` runs exactly once.
-  void submit(Request req, std::span<const std::byte> body, Pending p) {
-    auto done = p.done;
-    // A request that is already over never reaches the wire (and cannot break it).
-    if (p.cancel.cancelled()) return done(make_status(StatusCode::cancelled, "request cancelled"), {});
-    if (Clock::now() >= p.deadline) return done(make_status(StatusCode::timed_out, "request past its deadline"), {});
-    uint64_t id = 0;
-    std::vector<std::byte> header;
-    {
-      std::lock_guard lock(mu_);
-      if (!broken_.ok()) {
-        done(broken_, {});
-        return;
-      }
-      id = req.id = next_id_++;
-      header = encode(req);
-      // A read keeps its request for a resend (moved: the header is encoded already).
-      const bool reads = req.op == Op::get || req.op == Op::stat || req.op == Op::list || req.op == Op::usage;
-      if (reads && body.empty() && !p.replayed) p.replay = std::move(req);
-      pending_.emplace(id, std::move(p));
-    }
-    Status st;
-    {
-      std::lock_guard lock(send_mu_);
-      st = send_segmented(*conn_, header, body, [id](uint32_t i) { return data_request_header(id, i); },
-                          pending_deadline(id), stop_);
-    }
-    if (!st.ok()) {
-      mark_broken(st);
-      complete(id, st, {});
-    }
-  }
-
-  [[nodiscard]] bool alive() {
-    std::lock_guard lock(mu_);
-    return broken_.ok();
-  }
-  /// Its receiver thread has returned (the connection broke, or it was stopped).
-  [[nodiscard]] bool finished() const { return finished_.load(std::memory_order_acquire); }
-
- private:
-  std::unique_ptr<Connection> conn_;
-  transport::Backend* backend_;
-  Replay replay_;
-  CancelToken stop_;
-  std::thread receiver_;
-  std::mutex send_mu_, mu_;
-  std::map<uint64_t, Pending> pending_;
-  uint64_t next_id_ = 1;
-  Status broken_;
-  std::atomic<bool> finished_{false};
-
-  Deadline pending_deadline(uint64_t id) {
-    std::lock_guard lock(mu_);
-    auto it = pending_.find(id);
-    return it == pending_.end() ? Clock::now() : it->second.deadline;
-  }
-
-  void mark_broken(const Status& s) {
-    std::lock_guard lock(mu_);
-    if (broken_.ok()) broken_ = s;
-  }
-
-  // Completes request `id` (if still waiting) outside the lock.
-  void complete(uint64_t id, Result<size_t> r, std::vector<std::byte>&& body) {
-    std::function<void(Result<size_t>, std::vector<std::byte>&&)> done;
-    {
-      std::lock_guard lock(mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      if (!it->second.abandoned) done = std::move(it->second.done);
-      pending_.erase(it);
-    }
-    if (done) done(std::move(r), std::move(body));
-  }
-
-  // Fails every request still waiting with `s`; how many there were. `resend`: the
-  // connection was lost, and the reads not sent again yet go to replay_ instead,
-  // which sends them on a fresh connection.
-  size_t fail_all(const Status& s, bool resend = false) {
-    std::map<uint64_t, Pending> all;
-    {
-      std::lock_guard lock(mu_);
-      all.swap(pending_);
-    }
-    size_t failed = 0;
-    for (auto& [id, p] : all) {
-      if (p.abandoned || !p.done) continue;
-      if (resend && p.replay && !p.cancel.cancelled() && Clock::now() < p.deadline) {
-        Request again = std::move(*p.replay);
-        p.replay.reset(), p.replayed = true;
-        replay_(std::move(again), std::move(p), s);
-      } else {
-        ++failed;
-        p.done(s, {});
-      }
-    }
-    return failed;
-  }
-
-  // Requests past their deadline or cancelled complete now; the slot stays so their
-  // response, if it ever comes, is recognised and its body discarded.
-  void expire() {
-    std::vector<std::pair<std::function<void(Result<size_t>, std::vector<std::byte>&&)>, Status>> due;
-    {
-      std::lock_guard lock(mu_);
-      const auto now = Clock::now();
-      for (auto& [id, p] : pending_) {
-        if (p.abandoned) continue;
-        if (p.cancel.cancelled())
-          due.emplace_back(std::move(p.done), make_status(StatusCode::cancelled, "request {} cancelled", id));
-        else if (now >= p.deadline)
-          due.emplace_back(std::move(p.done), make_status(StatusCode::timed_out, "request {} passed its deadline", id));
-        else
-          continue;
-        p.abandoned = true;
-        p.dest = {};
-      }
-    }
-    for (auto& [done, st] : due) done(st, {});
-  }
-
-  void receive_loop() {
-    std::vector<std::byte> header;
-    while (!stop_.cancelled()) {
-      expire();
-      // Short waits so deadlines and cancels are seen promptly.
-      auto len = conn_->recv_header(header, deadline_in(20ms), stop_);
-      if (!len.ok()) {
-        if (len.status().code() == StatusCode::timed_out) continue;
-        if (len.status().code() == StatusCode::cancelled) return;
-        mark_broken(len.status());
-        // The transport logs a node that closed between two messages at debug only
-        // (transport/common/peer_closed.hpp); here it cost requests, which is worth
-        // a warning.
-        if (const size_t n = fail_all(len.status().with_context("storage connection lost"), true); n > 0)
-          KVS_LOG_WARN("storage client: {} lost with {} requests waiting: {}", conn_->describe(), n,
-                       len.status().to_string());
-        return;
-      }
-      auto resp = decode_response(header);
-      if (!resp.ok()) {
-        mark_broken(resp.status());
-        fail_all(resp.status().with_context("malformed response"));
-        return;
-      }
-      Status st = land(*resp, *len);
-      if (!st.ok()) {
-        mark_broken(st);
-        // Lost mid-body: the reads go again (a body that arrived garbled, or a
-        // malformed message, fails them: the node answered).
-        const bool lost = st.code() == StatusCode::unavailable;
-        fail_all(lost ? st.with_context("storage connection lost") : st, lost);
-        return;
-      }
-    }
-  }
-
-  // Receives the body of `r` into its request's destination and completes it.
-  Status land(const Response& r, size_t len) {
-    MemoryRegion dest;
-    size_t offset = 0, capacity = 0;
-    bool known = false, abandoned = false, range = false;
-    Op op = Op::get;
-    {
-      std::lock_guard lock(mu_);
-      auto it = pending_.find(r.id);
-      if (it != pending_.end()) {
-        known = true;
-        abandoned = it->second.abandoned;
-        dest = it->second.dest;
-        offset = it->second.offset, capacity = it->second.capacity;
-        op = it->second.op, range = it->second.range;
-      }
-    }
-    if (!known) return make_status(StatusCode::corrupt_data, "response to unknown request {}", r.id);
-    const auto body_deadline = deadline_in(30s);
-    if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity, range);
-    if (abandoned || r.code != StatusCode::ok) {
-      KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
-      complete(r.id, r.code == StatusCode::ok ? Status{} : make_status(r.code, "{}", r.message), {});
-      return {};
-    }
-    // Small bodies (stat, list) go through a buffer of our own.
-    if (len > (size_t(64) << 20)) return make_status(StatusCode::corrupt_data, "response body of {} bytes", len);
-    std::vector<std::byte> body(len);
-    if (len) {
-      KVS_ASSIGN_OR_RETURN(auto mr, backend_->register_memory(body.data(), len, transport::MemoryType::host));
-      KVS_RETURN_IF_ERROR(conn_->recv_body(mr.span(0, len), body_deadline, stop_));
-    } else {
-      KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));
-    }
-    if (body_checksum(body) != r.checksum) {
-      complete(r.id, make_status(StatusCode::corrupt_data, "response failed its checksum in transit"), {});
-      return {};
-    }
-    complete(r.id, len, std::move(body));
-    return {};
-  }
-
-  // A get's body: its first segment came with the response, the others follow as
-  // `data` messages; each lands at its place in the destination (or is discarded when
-  // the request is over or the buffer too small, or a range's body is not the range's
-  // size), and the whole is checked once.
-  Status land_get(const Response& r, size_t first_len, bool abandoned, const MemoryRegion& dest, size_t offset,
-                  size_t capacity, bool range) {
-    const uint64_t total = r.total;
-    const bool fits = range ? total == capacity : total <= capacity;
-    const bool keep = !abandoned && fits;
-    KVS_RETURN_IF_ERROR(recv_segmented(
-        *conn_, false, r.id, total, first_len,
-        [&](uint64_t i, uint64_t len) {
-          return keep ? dest.span(offset + i * kSegmentBytes, len) : std::span<std::byte>();
-        },
-        [](std::span<std::byte>) {}, 30s, stop_));
-    if (abandoned) {
-      complete(r.id, Status{}, {});
-      return {};
-    }
-    if (!keep) {
-      complete(r.id,
-               range ? make_status(StatusCode::corrupt_data, "the node answered a range of {} bytes with {}", capacity,
-                                   total)
-                     : make_status(StatusCode::out_of_range, "chunk of {} bytes, buffer of {}", total, capacity),
-               {});
-      return {};
-    }
-    if (body_checksum(dest.span(offset, total)) != r.checksum) {
-      complete(r.id, make_status(StatusCode::corrupt_data, "chunk failed its checksum in transit"), {});
-      return {};
-    }
-    complete(r.id, size_t(total), {});
-    return {};
-  }
-};
+using client_detail::Channel;
+using client_detail::Done;
+using client_detail::Pending;
+using client_detail::Redial;
 
 class ClientImpl final : public Client {
  public:
@@ -320,10 +51,12 @@ class ClientImpl final : public Client {
     }
     return std::unique_ptr<Client>(std::move(c));
   }
-  // The channels go first, under the lock, so that a read a lost connection hands
-  // back meanwhile (replay, on that channel's receiver) finds no channel and fails
-  // rather than connecting again into a client being destroyed.
+  // The waiting requests go first (failed, the reconnection stopped), then the
+  // channels, under the lock, so that a request a lost connection hands back
+  // meanwhile (replay, on that channel's receiver) finds no channel and a closed
+  // Redial, and fails rather than waiting for a client being destroyed.
   ~ClientImpl() override {
+    redial_.close();
     std::vector<std::shared_ptr<Channel>> channels, retired;
     {
       std::lock_guard lock(channels_mu_);
@@ -500,13 +233,12 @@ class ClientImpl final : public Client {
   std::mutex channels_mu_;  // channels_, retired_
   std::vector<std::shared_ptr<Channel>> channels_;
   std::vector<std::shared_ptr<Channel>> retired_;  // lost, until their receivers return
-  std::mutex reconnect_mu_;  // reconnecting_
-  std::condition_variable reconnect_cv_;
-  bool reconnecting_ = false;  // a call is reconnecting: it alone touches last_reconnect_*, reconnect_pause_
-  // A reconnection has at most kReconnectBound to connect and log in (a node that
-  // still listens but no longer serves would otherwise hold each call to its
-  // deadline); after a failed one, calls answer its error for a pause that doubles
-  // from kReconnectPause up to kReconnectPauseMax.
+  // A reconnection (on Redial's thread, one at a time) has at most kReconnectBound
+  // to connect and log in (a node that still listens but no longer serves would
+  // otherwise hold the requests to their deadlines); after a failed one, requests
+  // answer its error for a pause that doubles from kReconnectPause up to
+  // kReconnectPauseMax. Only the reconnection touches last_reconnect_*,
+  // reconnect_pause_.
   static constexpr auto kReconnectBound = std::chrono::milliseconds(1000);
   static constexpr auto kReconnectPause = std::chrono::milliseconds(100);
   static constexpr auto kReconnectPauseMax = std::chrono::milliseconds(5000);
@@ -515,6 +247,10 @@ class ClientImpl final : public Client {
   Status last_reconnect_;
   std::atomic<uint64_t> rr_{0};
   std::atomic<uint64_t> features_{0};  // what the node's hello declared (kFeature*)
+  Redial redial_{[this](Deadline d, const CancelToken& c) { return reconnect(d, c); },
+                 [this](Request req, std::span<const std::byte> body, Pending p) {
+                   submit(std::move(req), body, std::move(p));
+                 }};
 
   Status need_usage_feature() const {
     if (features_.load(std::memory_order_relaxed) & kFeatureUsage) return {};
@@ -559,48 +295,32 @@ class ClientImpl final : public Client {
                                      });
   }
 
-  // Picks a live channel, round robin. With none alive (the node closed them: its idle
-  // timeout, a restart), connects and logs in again in the caller's call, within its
-  // deadline; the requests that were on the lost connections failed with it.
-  Result<std::shared_ptr<Channel>> pick(Deadline deadline, const CancelToken& cancel) {
+  // A live channel, round robin; null when none is alive. Errors: cancelled
+  // (~ClientImpl).
+  Result<std::shared_ptr<Channel>> live_channel() {
     const size_t start = size_t(rr_.fetch_add(1));
+    std::lock_guard lock(channels_mu_);
+    const size_t n = channels_.size();
+    if (n == 0) return make_status(StatusCode::cancelled, "storage client closed");
+    for (size_t i = 0; i < n; ++i)
+      if (channels_[(start + i) % n]->alive()) return channels_[(start + i) % n];
+    return std::shared_ptr<Channel>();
+  }
+
+  // With no live channel (the node closed them: its idle timeout, a restart),
+  // connects and logs in again within `deadline` and kReconnectBound; Redial's
+  // attempt, one at a time.
+  Status reconnect(Deadline deadline, const CancelToken& cancel) {
+    size_t lost = 0;  // all of them
     {
       std::lock_guard lock(channels_mu_);
-      const size_t n = channels_.size();
-      if (n == 0) return make_status(StatusCode::cancelled, "storage client closed");  // ~ClientImpl
-      for (size_t i = 0; i < n; ++i)
-        if (channels_[(start + i) % n]->alive()) return channels_[(start + i) % n];
-    }
-    // One reconnection at a time; a call waits for another's only until its own deadline.
-    // (A flag under a plain mutex, not a timed_mutex: ThreadSanitizer does not see
-    // pthread_mutex_clocklock, which timed_mutex uses, and reports its unlock.)
-    {
-      std::unique_lock lk(reconnect_mu_);
-      if (!reconnect_cv_.wait_until(lk, deadline, [&] { return !reconnecting_; }))
-        return make_status(StatusCode::timed_out, "storage node {}: past the deadline while connecting again",
-                           cfg_.address);
-      reconnecting_ = true;
-    }
-    struct Done {
-      ClientImpl* c;
-      ~Done() {
-        {
-          std::lock_guard lk(c->reconnect_mu_);
-          c->reconnecting_ = false;
-        }
-        c->reconnect_cv_.notify_all();
-      }
-    } done_reconnecting{this};
-    size_t lost = 0;  // all of them: only the reconnecting call replaces channels
-    {
-      std::lock_guard lock(channels_mu_);
-      for (const auto& ch : channels_)  // another call may have reconnected meanwhile
-        if (ch->alive()) return ch;
+      for (const auto& ch : channels_)
+        if (ch->alive()) return {};
       lost = channels_.size();
       if (lost == 0) return make_status(StatusCode::cancelled, "storage client closed");
     }
-    // A node that is down is not dialled again by every call: after a failed try, its
-    // error stands for the pause.
+    // A node that is down is not dialled again for every request: after a failed
+    // try, its error stands for the pause.
     if (!last_reconnect_.ok() && Clock::now() - last_reconnect_at_ < reconnect_pause_) return last_reconnect_;
     const Deadline bound = std::min(deadline, Clock::now() + kReconnectBound);
     // Every lost connection is made again (the client's parallelism comes back), as
@@ -636,33 +356,73 @@ class ClientImpl final : public Client {
         if ((*it)->finished() && it->use_count() == 1) reaped.push_back(std::move(*it)), it = retired_.erase(it);
         else ++it;
     }
-    return fresh.front();
+    return {};
   }
 
-  // A read whose connection was lost (`why`), sent again (Pending::replay); on the
-  // lost channel's receiver thread. If that fails too, the caller learns both: the
-  // loss first (its code), then what the second try met; its deadline or a cancel
-  // stay what they are.
+  // What a put sent again writes: the object and the write's version.
+  struct WriteId {
+    std::string context;
+    uint32_t chunk = 0, level = 0;
+    uint64_t version = 0;
+  };
+
+  // A request whose connection was lost (`why`), sent again (Pending::replay); on the
+  // lost channel's receiver thread or the sender's. If that fails too, the caller
+  // learns both: the loss first (its code), then what the second try met; an answer
+  // of the node (not found, no space, busy), its deadline or a cancel stay what they
+  // are.
   void replay(Request req, Pending p, const Status& why) {
-    KVS_LOG_DEBUG("storage client: a read of '{}' sent again on a fresh connection to {}", req.context, cfg_.address);
-    p.done = [done = std::move(p.done), why, deadline = p.deadline](Result<size_t> r, std::vector<std::byte>&& body) {
+    KVS_LOG_DEBUG("storage client: a request (op {}) on '{}' sent again on a fresh connection to {}", int(req.op),
+                  req.context, cfg_.address);
+    std::optional<WriteId> write;
+    if (req.op == Op::put) write = WriteId{req.context, req.chunk, req.level, req.version};
+    const auto body = p.replay_body;
+    p.done = [this, done = std::move(p.done), why, deadline = p.deadline, cancel = p.cancel,
+              write = std::move(write)](Result<size_t> r, std::vector<std::byte>&& b) mutable {
       const StatusCode code = r.ok() ? StatusCode::ok : r.status().code();
+      if (write && code == StatusCode::already_exists)
+        return confirm_write(*write, r.status(), deadline, cancel, std::move(done));
       // (A reconnection's own bound, short of the call's deadline, is not the call's
       // timeout: that one is combined with the loss like any other failure.)
       const bool past_deadline = code == StatusCode::timed_out && Clock::now() >= deadline;
       if (code == StatusCode::ok || past_deadline || code == StatusCode::cancelled || code == StatusCode::not_found ||
-          code == StatusCode::out_of_range)
-        return done(std::move(r), std::move(body));
+          code == StatusCode::out_of_range || code == StatusCode::already_exists || code == StatusCode::no_space ||
+          code == StatusCode::resource_exhausted)
+        return done(std::move(r), std::move(b));
       done(Status(why.code(), fmt::format("{}; sent again: {}", why.message(), r.status().message())), {});
+    };
+    submit(std::move(req), body, std::move(p));
+  }
+
+  // A put sent again that the node refused as not newer than the write it holds
+  // (`refused`): either its first try was done (the answer was lost with the
+  // connection) or another client's newer write got there first. The version the
+  // node holds tells which: the put succeeded where it is the put's own. A node
+  // that does not say its versions leaves the refusal standing.
+  void confirm_write(const WriteId& w, Status refused, Deadline deadline, const CancelToken& cancel, Done done) {
+    if (!(features_.load(std::memory_order_relaxed) & kFeatureVersions)) return done(std::move(refused), {});
+    Request req;
+    req.op = Op::stat, req.context = w.context, req.flags = kStatVersions;
+    Pending p;
+    p.op = Op::stat, p.deadline = deadline, p.cancel = cancel;
+    p.done = [w, refused = std::move(refused), done = std::move(done)](Result<size_t> r, std::vector<std::byte>&& b) {
+      if (r.ok())
+        if (auto stats = decode_stats(b, true); stats.ok())
+          for (const ChunkStat& cs : *stats)
+            if (cs.chunk == w.chunk && w.level < cs.level_versions.size() && cs.level_versions[w.level] == w.version)
+              return done(size_t(0), {});
+      done(refused, {});
     };
     submit(std::move(req), {}, std::move(p));
   }
 
-  // Sends `req` on a live channel; `p.done` runs exactly once.
+  // Sends `req` on a live channel, or has it wait while Redial connects again;
+  // `p.done` runs exactly once.
   void submit(Request req, std::span<const std::byte> body, Pending p) {
-    auto ch = pick(p.deadline, p.cancel);
+    auto ch = live_channel();
     if (!ch.ok()) return p.done(ch.status(), {});
-    (*ch)->submit(std::move(req), body, std::move(p));
+    if (*ch) return (*ch)->submit(std::move(req), body, std::move(p));
+    redial_.wait(std::move(req), body, std::move(p));
   }
 
   // A blocking request whose small response body comes back as bytes.

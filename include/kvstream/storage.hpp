@@ -238,16 +238,22 @@ struct ClientConfig {
 using GetCallback = std::function<void(Result<size_t>)>;
 
 /// A connection (or several) to one storage node. Thread-safe. Connections the node
-/// closes (its idle_timeout, a restart) are made again, logged in, by the next call
-/// that finds none alive, inside that call's deadline (an asynchronous get then
-/// connects before it returns). A read (get, range get, stat, list, usage) that was
-/// on a lost connection is sent again once, on a fresh one (reading twice changes
-/// nothing), so it survives a node closing an idle connection or restarting as the
-/// request went out; where that fails too, it fails with the loss's code
-/// (`unavailable`) and both reasons. A put, remove or touch on a lost connection
-/// fails with it: the node may have done it. A reconnection has at most 1 s; after a failed one,
-/// calls answer its error for a pause (100 ms, doubling up to 5 s while the node
-/// stays down).
+/// closes (its idle_timeout, a restart) are made again, logged in, by a thread of the
+/// client while the requests that found none alive wait, each until its own
+/// deadline or cancel (an asynchronous get returns at once; its callback never runs
+/// on the caller's thread for a reconnection). A request that was on a lost
+/// connection and may reach the node twice without harm is sent again once, on a
+/// fresh connection: a read (get, range get, stat, list, usage), a put (the node
+/// keeps one write per version; where it refuses the resend as not newer, the client
+/// reads the version it holds and answers ok when that is the put's own, the first
+/// try having been done) and a touch (marks keep the highest stamp). It so survives
+/// a node closing an idle connection or restarting as the request went out; where
+/// the resend fails too, it fails with the loss's code (`unavailable`) and both
+/// reasons, unless the node answered (not_found, already_exists, no_space,
+/// resource_exhausted stand). A remove on a lost connection fails with it: done
+/// twice it could remove a write made in between. A reconnection has at most 1 s;
+/// after a failed one, requests answer its error for a pause (100 ms, doubling up to
+/// 5 s while the node stays down).
 class Client {
  public:
   virtual ~Client() = default;

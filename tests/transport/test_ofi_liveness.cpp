@@ -156,10 +156,10 @@ TEST_P(OfiLiveness, AKilledNodeFailsTheCallsWaitingOnItUnavailable) {
 // the client probes it (its reader waits on the node all along, so the first probe
 // goes out a quarter of the timeout after the last reply: 4 s, time for the node to
 // come back), something listens there, and the new node answers that it does not
-// know the connection, so a put on it fails unavailable then (before, the new node
-// answered no probe and the call waited for the probe timeout). A put, because a get
-// lost that way is sent again on a fresh connection, and reads the value back from
-// the new node (its store is the old one's).
+// know the connection, so a remove on it fails unavailable then (before, the new
+// node answered no probe and the call waited for the probe timeout). A remove,
+// because it is the request not sent again on a fresh connection; a put and a get
+// after it are, and reach the new node (its store is the old one's).
 TEST_P(OfiLiveness, ARestartedNodeFailsTheCallsOnItsOldConnections) {
   if (GetParam() == "shm")
     GTEST_SKIP() << "shm keeps the dead node's region mapped under its name: the question never reaches the new node";
@@ -172,10 +172,12 @@ TEST_P(OfiLiveness, ARestartedNodeFailsTheCallsOnItsOldConnections) {
 
   node.kill();
   ASSERT_TRUE(start_node(node, dir, address));
+  const Status removed = stored->client->remove("nothing", deadline_in(30s));
+  ASSERT_FALSE(removed.ok());
+  EXPECT_EQ(removed.code(), StatusCode::unavailable) << removed.to_string();
+  EXPECT_NE(removed.message().find("no longer knows"), std::string::npos) << removed.to_string();
   const Status put = stored->client->put("ctx", 1, 0, test_util::pattern(1000, 4), deadline_in(30s));
-  ASSERT_FALSE(put.ok());
-  EXPECT_EQ(put.code(), StatusCode::unavailable) << put.to_string();
-  EXPECT_NE(put.message().find("no longer knows"), std::string::npos) << put.to_string();
+  ASSERT_TRUE(put.ok()) << put.to_string();
   auto got = stored->get(deadline_in(30s));
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(stored->buf, test_util::pattern(100000, 3));

@@ -97,12 +97,23 @@ class TcpProxy {
   void flip_at(int64_t offset) { flip_next_ = offset; }
   /// Closes the connections accepted so far, paused or not.
   void cut() { ++cut_; }
+  /// Client-to-node bytes are read and dropped (counted in swallowed()), as if lost
+  /// on the way: the node never sees them.
+  void swallow_requests(bool on) { swallow_ = on; }
+  [[nodiscard]] uint64_t swallowed() const { return swallowed_; }
+  /// Node-to-client bytes stay with the node (not read) while on: the node does
+  /// what it is asked, its answers do not arrive.
+  void hold_replies(bool on) { hold_replies_ = on; }
+  /// Connections whose pump is still running (cut() ends them).
+  [[nodiscard]] int open_connections() const { return open_; }
 
  private:
   int listen_fd_ = -1;
   uint16_t target_port_ = 0;
   std::string address_;
-  std::atomic<bool> stop_{false}, paused_{false};
+  std::atomic<bool> stop_{false}, paused_{false}, swallow_{false}, hold_replies_{false};
+  std::atomic<uint64_t> swallowed_{0};
+  std::atomic<int> open_{0};
   std::atomic<int64_t> flip_next_{-1};
   std::atomic<uint64_t> cut_{0};  // bumped by cut(): pumps of an older count close
   std::thread acceptor_;
@@ -123,7 +134,11 @@ class TcpProxy {
         ::close(c), ::close(s);
         continue;
       }
-      pumps_.emplace_back([this, c, s, flip = flip_next_.exchange(-1), era = cut_.load()] { pump(c, s, flip, era); });
+      ++open_;
+      pumps_.emplace_back([this, c, s, flip = flip_next_.exchange(-1), era = cut_.load()] {
+        pump(c, s, flip, era);
+        --open_;
+      });
     }
   }
 
@@ -136,7 +151,7 @@ class TcpProxy {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         continue;
       }
-      pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+      pollfd p[2] = {{a, POLLIN, 0}, {b, short(hold_replies_ ? 0 : POLLIN), 0}};
       if (::poll(p, 2, 20) <= 0) continue;
       for (int i = 0; i < 2 && open; ++i) {
         if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -144,6 +159,10 @@ class TcpProxy {
         if (n <= 0) {
           open = false;
           break;
+        }
+        if (i == 0 && swallow_) {
+          swallowed_ += uint64_t(n);
+          continue;
         }
         if (i == 1) {
           if (flip >= from_node && flip < from_node + n) buf[size_t(flip - from_node)] ^= char(0xff);

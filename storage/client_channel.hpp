@@ -1,0 +1,94 @@
+// One connection of the storage node's client: requests pipelined over it, a
+// receiver thread that matches responses to requests by id and lands each chunk
+// straight in the caller's registered buffer, its checksum verified first.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "storage/protocol.hpp"
+
+namespace kvstream::storage::client_detail {
+
+/// Completion of one request: the body's size (a get: bytes landed) and, for a small
+/// response (stat, list, usage), its bytes.
+using Done = std::function<void(Result<size_t>, std::vector<std::byte>&&)>;
+
+/// One outstanding request.
+struct Pending {
+  Op op = Op::get;
+  transport::MemoryRegion dest;  // where the body lands (get), or empty
+  size_t offset = 0, capacity = 0;
+  bool range = false;  // a range get: the body must be exactly `capacity` bytes
+  transport::Deadline deadline;
+  transport::CancelToken cancel;
+  Done done;
+  bool abandoned = false;  // completed early (deadline/cancel): its late body is discarded
+  // A request the node may get twice without harm is sent again once, on a fresh
+  // connection, when its connection is lost under it: a read (get, range get, stat,
+  // list, usage), a put (it carries its write version: the node keeps one write of a
+  // version, and the client tells a refusal of its own first try from a newer write,
+  // ClientImpl::replay) and a touch (its stamp; marks keep the highest). A runtime's
+  // fetches and stores then survive a node closing an idle connection, or restarting,
+  // as they were sent. A remove is not: done twice it would remove a write made
+  // between the two.
+  std::optional<Request> replay;
+  std::span<const std::byte> replay_body;  // the caller's, who waits for `done`
+  bool replayed = false;
+};
+
+/// Whether a request may be sent again after its connection was lost (Pending::replay).
+[[nodiscard]] bool resendable(const Request& req);
+
+/// Where a channel hands the requests it can send again (Pending::replay) when its
+/// connection is lost (why: the loss).
+using Replay = std::function<void(Request, Pending, const Status& why)>;
+
+/// A connection, its requests in flight and their receiver.
+class Channel {
+ public:
+  Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  /// Sends a request; `p.done` runs exactly once (on this thread, the receiver's, or
+  /// the thread the request is handed to for its resend).
+  void submit(Request req, std::span<const std::byte> body, Pending p);
+
+  [[nodiscard]] bool alive();
+  /// Its receiver thread has returned (the connection broke, or it was stopped).
+  [[nodiscard]] bool finished() const { return finished_.load(std::memory_order_acquire); }
+
+ private:
+  std::unique_ptr<transport::Connection> conn_;
+  transport::Backend* backend_;
+  Replay replay_;
+  transport::CancelToken stop_;
+  std::thread receiver_;
+  std::mutex send_mu_, mu_;
+  std::map<uint64_t, Pending> pending_;
+  uint64_t next_id_ = 1;
+  Status broken_;
+  std::atomic<bool> finished_{false};
+
+  transport::Deadline pending_deadline(uint64_t id);
+  void mark_broken(const Status& s);
+  void complete(uint64_t id, Result<size_t> r, std::vector<std::byte>&& body);
+  void finish(Pending p, const Status& s, bool resend);
+  void lose(uint64_t id, const Status& s);
+  size_t fail_all(const Status& s, bool resend = false);
+  void expire();
+  void receive_loop();
+  Status land(const Response& r, size_t len);
+  Status land_get(const Response& r, size_t first_len, bool abandoned, const transport::MemoryRegion& dest,
+                  size_t offset, size_t capacity, bool range);
+};
+
+}  // namespace kvstream::storage::client_detail
