@@ -157,6 +157,20 @@ struct TtftBenchOptions {
 };
 int run_ttft_bench(const TtftBenchOptions& o);
 
+struct ClientStallBenchOptions {
+  std::string backend = "tcp";
+  uint32_t connections = 4;   ///< the client's connections to the node
+  uint32_t rounds = 20;       ///< idle scene: rounds, each after the node closed the connections
+  uint32_t gets = 32;         ///< idle scene: gets per round (distinct chunks)
+  uint32_t chunk_kb = 256;    ///< bytes per chunk, KiB
+  uint32_t idle_ms = 100;     ///< the node's idle timeout; a round waits three times it
+  uint32_t hung_ms = 2000;    ///< hung scene: how long the node's port answers nothing
+  uint32_t gap_ms = 5;        ///< hung scene: between two gets
+  uint32_t deadline_ms = 200; ///< hung scene: each get's deadline
+  std::string json;           ///< optional output
+};
+int run_client_stall_bench(const ClientStallBenchOptions& o);
+
 struct EvictionBenchOptions {
   std::string data;                  ///< tinyllama directory ("" = default)
   uint32_t prompts = 60;             ///< distinct prompts

@@ -147,7 +147,21 @@ int main(int argc, char** argv) {
   ev->add_option("--redis", eo.redis, "host:port of a Redis server to store in (namespaces of the run's own)");
   ev->add_flag("--redis-cluster", eo.redis_cluster, "--redis names a node of a Redis Cluster");
   ev->add_option("--json", eo.json, "write the figures as JSON");
+  kvstream::bench::ClientStallBenchOptions cso;
+  auto* cs = app.add_subcommand("client-stall", "time a scheduler thread spends inside the node client's "
+                                                "asynchronous gets while the client connects again");
+  cs->add_option("--backend", cso.backend, "tcp, ucx or libfabric")->capture_default_str();
+  cs->add_option("--connections", cso.connections, "the client's connections")->capture_default_str();
+  cs->add_option("--rounds", cso.rounds, "idle scene: rounds")->capture_default_str();
+  cs->add_option("--gets", cso.gets, "idle scene: gets per round")->capture_default_str();
+  cs->add_option("--chunk-kb", cso.chunk_kb, "bytes per chunk, KiB")->capture_default_str();
+  cs->add_option("--idle-ms", cso.idle_ms, "the node's idle timeout, ms")->capture_default_str();
+  cs->add_option("--hung-ms", cso.hung_ms, "hung scene: how long the node answers nothing, ms")->capture_default_str();
+  cs->add_option("--gap-ms", cso.gap_ms, "hung scene: between two gets, ms")->capture_default_str();
+  cs->add_option("--deadline-ms", cso.deadline_ms, "hung scene: each get's deadline, ms")->capture_default_str();
+  cs->add_option("--json", cso.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (*cs) return kvstream::bench::run_client_stall_bench(cso);
   if (*ev) return kvstream::bench::run_eviction_bench(eo);
   if (*cc) return kvstream::bench::run_cluster_client_bench(cco);
   if (*tt) return kvstream::bench::run_ttft_bench(to);
