@@ -48,10 +48,17 @@ void Channel::submit(Request req, std::span<const std::byte> body, Pending p) {
   uint64_t id = 0;
   std::vector<std::byte> header;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (!broken_.ok()) {
-      done(broken_, {});
-      return;
+      // Lost since the client picked it: a request that may go twice goes on a
+      // fresh connection, as if it had been sent.
+      const Status why = broken_;
+      lock.unlock();
+      if (why.code() == StatusCode::unavailable && !p.replayed && resendable(req)) {
+        p.replayed = true, p.replay_body = body;
+        return replay_(std::move(req), std::move(p), why);
+      }
+      return done(why, {});
     }
     id = req.id = next_id_++;
     header = encode(req);
