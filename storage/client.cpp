@@ -164,6 +164,10 @@ class ClientImpl final : public Client {
     KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
     Request req;
     req.op = Op::remove, req.context = context;
+    // As of now: a write after this call (a newer version) stays, and the remove may
+    // be sent again after a lost connection. A node from before that removes all.
+    if (features_.load(std::memory_order_relaxed) & kFeatureRemoveUpTo)
+      req.flags = kRemoveUpTo, req.version = next_write_version();
     KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
     (void)body;
     return {};
@@ -376,10 +380,13 @@ class ClientImpl final : public Client {
                   req.context, cfg_.address);
     std::optional<WriteId> write;
     if (req.op == Op::put) write = WriteId{req.context, req.chunk, req.level, req.version};
+    // A remove whose first try was done finds nothing the second time: done.
+    const bool removes = req.op == Op::remove;
     const auto body = p.replay_body;
-    p.done = [this, done = std::move(p.done), why, deadline = p.deadline, cancel = p.cancel,
-              write = std::move(write)](Result<size_t> r, std::vector<std::byte>&& b) mutable {
+    p.done = [this, done = std::move(p.done), why, deadline = p.deadline, cancel = p.cancel, write = std::move(write),
+              removes](Result<size_t> r, std::vector<std::byte>&& b) mutable {
       const StatusCode code = r.ok() ? StatusCode::ok : r.status().code();
+      if (removes && code == StatusCode::not_found) return done(size_t(0), {});
       if (write && code == StatusCode::already_exists)
         return confirm_write(*write, r.status(), deadline, cancel, std::move(done));
       // (A reconnection's own bound, short of the call's deadline, is not the call's

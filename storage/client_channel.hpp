@@ -34,10 +34,11 @@ struct Pending {
   // connection, when its connection is lost under it: a read (get, range get, stat,
   // list, usage), a put (it carries its write version: the node keeps one write of a
   // version, and the client tells a refusal of its own first try from a newer write,
-  // ClientImpl::replay) and a touch (its stamp; marks keep the highest). A runtime's
-  // fetches and stores then survive a node closing an idle connection, or restarting,
-  // as they were sent. A remove is not: done twice it would remove a write made
-  // between the two.
+  // ClientImpl::replay), a touch (its stamp; marks keep the highest) and a remove
+  // that carries its version (kRemoveUpTo: a write made between the two tries is
+  // newer and stays; a node from before that is not sent one twice). A runtime's
+  // fetches and stores then survive a node closing an idle connection, or
+  // restarting, as they were sent.
   std::optional<Request> replay;
   std::span<const std::byte> replay_body;  // the caller's, who waits for `done`
   bool replayed = false;

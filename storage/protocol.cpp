@@ -164,6 +164,7 @@ std::vector<std::byte> encode(const Request& r) {
   }
   if (r.op == Op::get) w.put(r.range_offset), w.put(r.range_length);
   if (r.op == Op::touch) w.put(r.total), w.put(r.checksum), w.put(r.version);
+  if (r.op == Op::remove && (r.flags & kRemoveUpTo)) w.put(r.version);
   if (has_context(r.op)) w.put_str8(r.context);
   if (r.op == Op::usage) w.put_str8(r.context), w.put_str8(r.after);
   if (r.op == Op::auth) {
@@ -186,7 +187,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (!op_valid(op) || Op(op) == Op::hello)
     return detail::unlogged_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
-  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions))
+  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) && !(r.op == Op::remove && r.flags == kRemoveUpTo))
     return detail::unlogged_status(StatusCode::corrupt_data, "request flags {:#x} on op {}", r.flags, op);
   bool parts_ok = true;
   if (r.op == Op::put) {
@@ -195,6 +196,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   }
   if (r.op == Op::get) r.range_offset = rd.get<uint64_t>(), r.range_length = rd.get<uint64_t>();
   if (r.op == Op::touch) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
+  if (r.op == Op::remove && (r.flags & kRemoveUpTo)) r.version = rd.get<uint64_t>();
   if (has_context(r.op) || r.op == Op::usage) {
     const uint8_t n = rd.get<uint8_t>();
     r.context = rd.get_str(n, kMaxContextBytes);

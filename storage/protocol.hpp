@@ -32,10 +32,17 @@ enum class Op : uint8_t {
 /// from before them send 0, and clients from before them ignore it).
 inline constexpr uint64_t kFeatureUsage = 1;  ///< touch and usage requests
 inline constexpr uint64_t kFeatureVersions = 2;  ///< a stat with kStatVersions answers each object's write version
+/// A remove with kRemoveUpTo deletes only the objects written at or before its version.
+inline constexpr uint64_t kFeatureRemoveUpTo = 4;
 /// Request flags (the u16 after the op; clients from before flags send 0 there, and
-/// nodes from before them ignore it). Only a stat may carry one, to a node that
-/// declares kFeatureVersions.
+/// nodes from before them ignore it). Only a stat (kStatVersions, to a node that
+/// declares kFeatureVersions) or a remove (kRemoveUpTo, kFeatureRemoveUpTo) may
+/// carry one.
 inline constexpr uint16_t kStatVersions = 1;
+/// On a remove, to a node that declares kFeatureRemoveUpTo: a u64 version follows
+/// the level, and the objects of the context written after it stay (a newer write
+/// wins over the remove, as over an older put; and the remove can be sent twice).
+inline constexpr uint16_t kRemoveUpTo = 2;
 /// Bound on a touch request's body: one segment.
 inline constexpr uint64_t kMaxTouchBodyBytes = uint64_t(1) << 20;
 /// Most entries one usage reply may carry, and the bytes a node fills one with (it

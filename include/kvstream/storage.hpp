@@ -243,17 +243,22 @@ using GetCallback = std::function<void(Result<size_t>)>;
 /// deadline or cancel (an asynchronous get returns at once; its callback never runs
 /// on the caller's thread for a reconnection). A request that was on a lost
 /// connection and may reach the node twice without harm is sent again once, on a
-/// fresh connection: a read (get, range get, stat, list, usage), a put (the node
-/// keeps one write per version; where it refuses the resend as not newer, the client
-/// reads the version it holds and answers ok when that is the put's own, the first
-/// try having been done) and a touch (marks keep the highest stamp). It so survives
-/// a node closing an idle connection or restarting as the request went out; where
-/// the resend fails too, it fails with the loss's code (`unavailable`) and both
-/// reasons, unless the node answered (not_found, already_exists, no_space,
-/// resource_exhausted stand). A remove on a lost connection fails with it: done
-/// twice it could remove a write made in between. A reconnection has at most 1 s;
-/// after a failed one, requests answer its error for a pause (100 ms, doubling up to
-/// 5 s while the node stays down).
+/// fresh connection, so it survives a node closing an idle connection or restarting
+/// as the request went out:
+///  - a read (get, range get, stat, list, usage);
+///  - a put: the node keeps one write per version; where it refuses the resend as
+///    not newer, the client reads the version it holds and answers ok when that is
+///    the put's own (the first try was done);
+///  - a touch: marks keep the highest stamp;
+///  - a remove: it deletes only the writes at or before its version, so sent twice
+///    it removes no write made in between; one that finds the context gone the
+///    second time is done. To a node from before 2026-12-06 a remove on a lost
+///    connection fails with it.
+/// Where the resend fails too, the request fails with the loss's code (`unavailable`)
+/// and both reasons, unless the node answered (not_found, already_exists, no_space,
+/// resource_exhausted stand). A reconnection has at most 1 s; after a failed one,
+/// requests answer its error for a pause (100 ms, doubling up to 5 s while the node
+/// stays down).
 class Client {
  public:
   virtual ~Client() = default;
@@ -371,7 +376,11 @@ class Client {
   /// parts (what the level chooser needs before fetching). Errors: not_found.
   virtual Result<std::vector<ChunkStat>> stat(const std::string& context, transport::Deadline deadline,
                                               const transport::CancelToken& cancel = {}) = 0;
-  /// Deletes a context. Errors: not_found.
+  /// Deletes a context: every object written before the call. On a storage node, a
+  /// write of it at a newer version (a put that crossed the remove on the way, from
+  /// a writer whose clock is ahead) stays, with the context, as it would over an
+  /// older put; nodes from before 2026-12-06 and the Redis clients delete all.
+  /// Errors: not_found.
   virtual Status remove(const std::string& context, transport::Deadline deadline,
                         const transport::CancelToken& cancel = {}) = 0;
   /// Contexts of the namespace.

@@ -428,26 +428,54 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
   return out;
 }
 
-Status ChunkStore::remove(const std::string& ns, const std::string& ctx) {
+Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_t max_version) {
   KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
   KVS_RETURN_IF_ERROR(validate_id(ctx, kMaxContextBytes, "context id"));
   std::lock_guard stripe_lock(stripe(ns, ctx));
+  std::vector<ObjectKey> older;  // where a newer write stays: the objects to delete one by one
   {
     std::lock_guard lock(mu_);
     auto n = index_.find(ns);
     if (n == index_.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
     auto c = n->second.find(ctx);
     if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
+    bool newer = false;
     for (const auto& [chunk, levels] : c->second.chunks)
-      for (const Entry& e : levels) {
-        under_old_keys_ -= e.generation != 0 && e.key_id != current_key_id_;
-        if (e.generation != 0) quota_.stored(ns, disk_charge(e), 0);
+      for (uint32_t level = 0; level < levels.size(); ++level) {
+        const Entry& e = levels[level];
+        if (e.generation == 0) continue;
+        if (e.version > max_version) newer = true;
+        else older.push_back(ObjectKey{ns, ctx, chunk, level});
       }
-    n->second.erase(c);
-    quota_.stored(ns, context_charge(), 0);
-    cache_drop_prefix_locked(ns + "/" + ctx + "/");
+    if (!newer) {
+      for (const auto& [chunk, levels] : c->second.chunks)
+        for (const Entry& e : levels) {
+          under_old_keys_ -= e.generation != 0 && e.key_id != current_key_id_;
+          if (e.generation != 0) quota_.stored(ns, disk_charge(e), 0);
+        }
+      n->second.erase(c);
+      quota_.stored(ns, context_charge(), 0);
+      cache_drop_prefix_locked(ns + "/" + ctx + "/");
+      older.clear();
+    }
   }
-  return remove_context_dir(ns, ctx);
+  if (older.empty()) return remove_context_dir(ns, ctx);
+  // The files first (a crash between leaves an index rebuilt without them), then the
+  // index; the directory's sync makes the unlinks durable.
+  for (const ObjectKey& k : older)
+    if (::unlink(object_path(k).c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
+      KVS_LOG_WARN("cannot remove '{}': {}", object_path(k), std::strerror(err));
+      return make_status(StatusCode::io_error, "cannot remove object {}: {}", k.name(), std::strerror(err));
+    }
+  {
+    std::lock_guard lock(mu_);
+    for (const ObjectKey& k : older) {
+      set_entry_locked(k, {});
+      cache_drop_locked(k.name());
+    }
+  }
+  return fsync_directory(context_dir(ns, ctx));
 }
 
 Status ChunkStore::remove_context_dir(const std::string& ns, const std::string& ctx) {

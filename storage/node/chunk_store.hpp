@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -205,8 +206,12 @@ class ChunkStore {
   /// Every chunk of a context: its level sizes and parts tables, from the index (which
   /// each commit updates with the file it renamed into place). Errors: not_found.
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx);
-  /// Deletes a context. Errors: not_found, io_error.
-  Status remove(const std::string& ns, const std::string& ctx);
+  /// Deletes a context's objects written at or before `max_version` (all of them by
+  /// default); the context, and its use mark, go with its last object, while a newer
+  /// write stays with them (it wins over the remove, as over an older put). Errors:
+  /// not_found, io_error.
+  Status remove(const std::string& ns, const std::string& ctx,
+                uint64_t max_version = std::numeric_limits<uint64_t>::max());
   /// Deletes one object if its write version is at most `max_version` (the version
   /// the caller found elsewhere: a newer write since then wins and stays). The
   /// context, and its use mark, go with its last object. Returns the payload bytes

@@ -3,6 +3,7 @@
 // its requests in order, one thread per connection. Bodies move in segments through
 // buffers leased from the node's memory budget.
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <list>
 #include <map>
@@ -247,7 +248,7 @@ class ServerImpl final : public Server {
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
-    hello.features = kFeatureUsage | kFeatureVersions;
+    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -409,7 +410,10 @@ class ServerImpl final : public Server {
         break;
       }
       case Op::remove:
-        if (Status s = store_->remove(ns, req.context); !s.ok()) fail(s);
+        if (Status s = store_->remove(ns, req.context,
+                                      (req.flags & kRemoveUpTo) ? req.version : std::numeric_limits<uint64_t>::max());
+            !s.ok())
+          fail(s);
         break;
       case Op::list:
         small = encode_names(store_->list(ns));

@@ -145,6 +145,10 @@ int main(int argc, char** argv) {
       rq.flags = storage::kStatVersions;
       if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     }
+    if (op == Op::remove) {  // up to a version
+      rq.flags = storage::kRemoveUpTo, rq.version = 1765000000000000;
+      if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+    }
     storage::Response rs;
     rs.op = op;
     rs.id = rq.id;

@@ -66,13 +66,16 @@ bool same(const std::vector<ChunkStat>& a, const std::vector<ChunkStat>& b) {
 void check_accepted(const Request& r) {
   if (Status s = validate_parts(r.parts, r.total); !s.ok()) fail("accepted a put whose parts table is invalid", s);
   const bool has_body = r.op == Op::put || r.op == Op::touch;
-  if (!has_body && (r.total != 0 || r.checksum != 0 || r.version != 0)) fail("put fields on another op");
+  const bool versioned_remove = r.op == Op::remove && r.flags == kRemoveUpTo;
+  if (!has_body && (r.total != 0 || r.checksum != 0 || (r.version != 0 && !versioned_remove)))
+    fail("put fields on another op");
   if (r.op != Op::put && !r.parts.empty()) fail("a parts table on another op");
   if (r.op == Op::touch && (r.total == 0 || r.total > kMaxTouchBodyBytes)) fail("accepted a touch body out of bounds");
   if (r.op != Op::usage && !r.after.empty()) fail("a usage start on another op");
   if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage)) fail("accepted a usage page out of bounds");
   if (r.op != Op::get && (r.range_offset != 0 || r.range_length != 0)) fail("range fields on another op");
-  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions)) fail("accepted a flag no node knows");
+  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) && !versioned_remove)
+    fail("accepted a flag no node knows");
   if (r.range_length == 0 && r.range_offset != 0) fail("accepted a range of no length");
   if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
     fail("accepted a range past the largest object");

@@ -255,6 +255,36 @@ TEST_F(Faults, APutSentAgainTellsItsOwnWriteFromANewerOne) {
   }
 }
 
+// Removes lost with their connection: one whose request never reached the node and
+// one the node did (its answer lost) are both sent again and answer ok; both
+// contexts are gone. (The second finds nothing the second time.)
+TEST_F(Faults, RemovesLostWithTheirConnectionAreSentAgain) {
+  auto c = connect_to(proxy_->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto direct = connect_to(server_->address());
+  ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+  const auto bytes = random_bytes(1000, 400);
+  for (const char* ctx : {"gone-a", "gone-b"}) ASSERT_TRUE((*direct)->put(ctx, 0, 0, bytes, deadline_in(10s)).ok());
+  const auto removed = [&](const char* ctx) {
+    return (*direct)->stat(ctx, deadline_in(5s)).status().code() == StatusCode::not_found;
+  };
+  proxy_->swallow_requests(true);
+  auto lost = std::async(std::launch::async, [&] { return (*c)->remove("gone-a", deadline_in(30s)); });
+  ASSERT_TRUE(eventually([&] { return proxy_->swallowed() > 0; }));
+  proxy_->cut();
+  proxy_->swallow_requests(false);
+  const Status a = lost.get();
+  EXPECT_TRUE(a.ok()) << a.to_string();
+  EXPECT_TRUE(removed("gone-a"));
+  proxy_->hold_replies(true);
+  auto unanswered = std::async(std::launch::async, [&] { return (*c)->remove("gone-b", deadline_in(30s)); });
+  ASSERT_TRUE(eventually([&] { return removed("gone-b"); }));
+  proxy_->cut();
+  proxy_->hold_replies(false);
+  const Status b = unanswered.get();
+  EXPECT_TRUE(b.ok()) << b.to_string();
+}
+
 // With every connection lost and the node not answering a new one yet, an
 // asynchronous get returns to its caller and waits while the client's own thread
 // connects: its callback never runs on the caller's thread (a runtime's scheduler

@@ -132,6 +132,67 @@ TEST_P(NodeWrites, RemoveRacingPutsNeverFailsWithIoError) {
   }
 }
 
+// A remove's version travels only with its flag, and the flag only on a remove.
+TEST(RemoveUpTo, TheVersionTravelsOnlyWithTheFlag) {
+  Request r;
+  r.op = Op::remove, r.id = 9, r.context = "ctx", r.flags = kRemoveUpTo, r.version = 123456;
+  auto back = decode_request(encode(r));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->flags, kRemoveUpTo);
+  EXPECT_EQ(back->version, 123456u);
+  EXPECT_EQ(back->context, "ctx");
+  r.flags = 0;
+  back = decode_request(encode(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->version, 0u) << "a client from before it sends no version";
+  Request s;
+  s.op = Op::stat, s.context = "ctx", s.flags = kRemoveUpTo;
+  EXPECT_EQ(decode_request(encode(s)).status().code(), StatusCode::corrupt_data) << "the remove flag on a stat";
+}
+
+// A remove deletes the writes made before it; a write newer than the remove (here
+// one stamped an hour ahead of the remover's clock, as a writer whose put crossed
+// the remove on the wire would be) stays, with its context, across a restart. A
+// context of older writes only goes whole.
+TEST_P(NodeWrites, ARemoveLeavesTheWritesNewerThanItself) {
+  const auto older = pattern(50000, 4), newer = pattern(70000, 5);
+  const uint64_t ahead = next_write_version() + uint64_t(3600) * 1000000;
+  {
+    auto server = Server::start(config());
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    auto c = client((*server)->address());
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->put("mixed", 0, 0, older, deadline_in(10s)).ok());
+    ASSERT_TRUE(c->put("mixed", 2, 1, older, deadline_in(10s)).ok());
+    ASSERT_TRUE(c->put_versioned("mixed", 1, 0, newer, ahead, deadline_in(10s)).ok());
+    ASSERT_TRUE(c->put("old", 0, 0, older, deadline_in(10s)).ok());
+    ASSERT_TRUE(c->remove("mixed", deadline_in(10s)).ok());
+    ASSERT_TRUE(c->remove("old", deadline_in(10s)).ok());
+    auto st = c->stat("mixed", deadline_in(10s));
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    ASSERT_EQ(st->size(), 1u);
+    EXPECT_EQ(st->front().chunk, 1u);
+    auto usage = c->usage("mixed", deadline_in(10s));
+    ASSERT_TRUE(usage.ok()) << usage.status().to_string();
+    ASSERT_EQ(usage->size(), 1u);
+    EXPECT_EQ(usage->front().bytes, newer.size());
+    auto gone = c->stat("old", deadline_in(10s));
+    EXPECT_EQ(gone.status().code(), StatusCode::not_found) << gone.status().to_string();
+  }
+  auto server = Server::start(config());
+  ASSERT_TRUE(server.ok());
+  auto c = client((*server)->address());
+  ASSERT_TRUE(c);
+  auto kept = fetch(*c, "mixed", 1, 0);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_EQ(*kept, newer);
+  EXPECT_EQ(fetch(*c, "mixed", 0, 0).status().code(), StatusCode::not_found);
+  EXPECT_EQ(fetch(*c, "mixed", 2, 1).status().code(), StatusCode::not_found);
+  auto names = c->list(deadline_in(10s));
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, std::vector<std::string>{"mixed"});
+}
+
 // Bodies larger than the node's whole memory budget stream through it both ways.
 TEST_P(NodeWrites, BodiesLargerThanTheBudgetStream) {
   auto cfg = config();
