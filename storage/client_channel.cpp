@@ -2,6 +2,7 @@
 #include "storage/client_channel.hpp"
 
 #include "core/log.hpp"
+#include "transport/common/random_fill.hpp"
 
 namespace kvstream::storage::client_detail {
 
@@ -30,6 +31,9 @@ bool resendable(const Request& req) {
 
 Channel::Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay)
     : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)) {
+  if (!transport::random_fill(&next_id_, sizeof next_id_))  // no entropy: from the clock
+    next_id_ = uint64_t(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+  next_id_ = (next_id_ >> 1) | 1;  // far from wrapping round, never 0
   receiver_ = std::thread([this] {
     receive_loop();
     finished_.store(true, std::memory_order_release);

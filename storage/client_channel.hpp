@@ -75,7 +75,12 @@ class Channel {
   std::thread receiver_;
   std::mutex send_mu_, mu_;
   std::map<uint64_t, Pending> pending_;
-  uint64_t next_id_ = 1;
+  // Request ids start at random on each connection: an answer meant for a request
+  // of another connection (a transport that let a dead connection's message into
+  // this one) then names no request here and is refused, instead of completing this
+  // connection's request of the same number with another request's answer (a get,
+  // another chunk's bytes under their own valid checksum).
+  uint64_t next_id_;
   Status broken_;
   std::atomic<bool> finished_{false};
 

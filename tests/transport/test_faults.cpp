@@ -370,6 +370,68 @@ TEST(FakeNode, AnAnswerToAnotherKindOfRequestIsCorrupt) {
   EXPECT_TRUE(served.ok()) << served.to_string();
 }
 
+// An answer that names a request of the client's lost connection, arriving on its new
+// one (what a transport that let a dead connection's message through would deliver):
+// the get sent again on the new connection is not completed with it. Request ids
+// start at random on each connection, so the old id names nothing there; when every
+// connection counted from 1, the resent get had the old one's id, and took the other
+// request's bytes, under their own valid checksum, as its chunk.
+TEST(FakeNode, AnAnswerForALostConnectionsRequestIsNotTakenOnTheNewOne) {
+  auto backend = create_backend(BackendConfig{});
+  ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+  auto listener = (*backend)->listen("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  const auto stale = random_bytes(64, 500);
+  // Accepts a connection and logs it in; the request after that.
+  auto login = [&](std::unique_ptr<Connection>& c, Request& first) -> Status {
+    KVS_ASSIGN_OR_RETURN(c, (*listener)->accept(deadline_in(10s), {}));
+    Response hello;
+    hello.op = Op::hello;
+    KVS_RETURN_IF_ERROR(c->send(encode(hello), {}, deadline_in(10s), {}));
+    std::vector<std::byte> header;
+    KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
+    KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
+    Response welcome;
+    welcome.op = Op::auth;
+    KVS_RETURN_IF_ERROR(c->send(encode(welcome), {}, deadline_in(10s), {}));
+    KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
+    KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
+    KVS_ASSIGN_OR_RETURN(first, decode_request(header));
+    return {};
+  };
+  auto node = std::async(std::launch::async, [&]() -> Status {
+    std::unique_ptr<Connection> first, second;
+    Request lost, again;
+    KVS_RETURN_IF_ERROR(login(first, lost));
+    first.reset();  // the connection goes, the get unanswered
+    KVS_RETURN_IF_ERROR(login(second, again));
+    if (again.op != Op::get) return make_status(StatusCode::internal, "expected the get again");
+    Response r;  // a chunk, under the lost request's id
+    r.op = Op::get, r.id = lost.id, r.total = stale.size(), r.checksum = body_checksum(stale);
+    std::vector<std::byte> body = stale;
+    KVS_ASSIGN_OR_RETURN(auto mr, (*backend)->register_memory(body.data(), body.size(), MemoryType::host));
+    KVS_RETURN_IF_ERROR(second->send(encode(r), mr.span(0, body.size()), deadline_in(10s), {}));
+    std::vector<std::byte> header;
+    (void)second->recv_header(header, deadline_in(10s), {});  // until the client hangs up
+    return {};
+  });
+  ClientConfig cc;
+  cc.address = (*listener)->address();
+  cc.name_space = "ns";
+  cc.secret = kSecret;
+  auto c = Client::connect(cc, deadline_in(10s));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::vector<std::byte> dest(64, std::byte{0x5a});
+  auto mr = (*c)->register_memory(dest.data(), dest.size());
+  ASSERT_TRUE(mr.ok());
+  auto got = (*c)->get("ctx", 0, 0, *mr, 0, dest.size(), deadline_in(20s));
+  EXPECT_FALSE(got.ok()) << "the get took another request's answer as its chunk";
+  EXPECT_NE(dest, stale);
+  c->reset();
+  const Status served = node.get();
+  EXPECT_TRUE(served.ok()) << served.to_string();
+}
+
 // A node whose disk fills up mid-put: a clear no_space, no partial object
 // visible (not in stat, not after a restart), and room for the next put that fits.
 // Needs root for a 1 MiB tmpfs; skipped otherwise.
