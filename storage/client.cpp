@@ -261,8 +261,8 @@ class ClientImpl final : public Client {
     return Status(StatusCode::unsupported, "the storage node keeps no use marks (a node from before 2026-12-06)");
   }
 
-  // Logs in; returns the features the node's hello declares.
-  static Result<uint64_t> authenticate(Connection& c, const ClientConfig& cfg, Deadline deadline,
+  // Logs in; returns the node's hello (its features, its nonce).
+  static Result<Response> authenticate(Connection& c, const ClientConfig& cfg, Deadline deadline,
                                        const CancelToken& cancel) {
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t len, c.recv_header(header, deadline, cancel));
@@ -285,18 +285,19 @@ class ClientImpl final : public Client {
     if (r.code != StatusCode::ok)
       return make_status(StatusCode::permission_denied, "storage node {} refused namespace '{}'", cfg.address,
                          cfg.name_space);
-    return hello.features;
+    return hello;
   }
 
   // A connection, logged in; the node's features go to features_.
   Result<std::shared_ptr<Channel>> open_channel(Deadline deadline, const CancelToken& cancel) {
     KVS_ASSIGN_OR_RETURN(auto conn, backend_->connect(cfg_.address, deadline, cancel));
-    KVS_ASSIGN_OR_RETURN(uint64_t features, authenticate(*conn, cfg_, deadline, cancel));
-    features_.store(features, std::memory_order_relaxed);
-    return std::make_shared<Channel>(std::move(conn), backend_.get(),
-                                     [this](Request req, Pending p, const Status& why) {
-                                       replay(std::move(req), std::move(p), why);
-                                     });
+    KVS_ASSIGN_OR_RETURN(Response hello, authenticate(*conn, cfg_, deadline, cancel));
+    features_.store(hello.features, std::memory_order_relaxed);
+    // A node that keeps each connection to its window of ids gets ids from it.
+    const uint64_t first_id = (hello.features & kFeatureIdWindow) ? first_request_id(hello.nonce) : 0;
+    return std::make_shared<Channel>(
+        std::move(conn), backend_.get(),
+        [this](Request req, Pending p, const Status& why) { replay(std::move(req), std::move(p), why); }, first_id);
   }
 
   // A live channel, round robin; null when none is alive. Errors: cancelled

@@ -29,11 +29,14 @@ bool resendable(const Request& req) {
   }
 }
 
-Channel::Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay)
-    : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)) {
-  if (!transport::random_fill(&next_id_, sizeof next_id_))  // no entropy: from the clock
-    next_id_ = uint64_t(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
-  next_id_ = (next_id_ >> 1) | 1;  // far from wrapping round, never 0
+Channel::Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay,
+                 uint64_t first_id)
+    : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)), next_id_(first_id) {
+  if (next_id_ == 0) {
+    if (!transport::random_fill(&next_id_, sizeof next_id_))  // no entropy: from the clock
+      next_id_ = uint64_t(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+    next_id_ = (next_id_ >> 1) | 1;  // far from wrapping round, never 0
+  }
   receiver_ = std::thread([this] {
     receive_loop();
     finished_.store(true, std::memory_order_release);

@@ -54,7 +54,9 @@ using Replay = std::function<void(Request, Pending, const Status& why)>;
 /// A connection, its requests in flight and their receiver.
 class Channel {
  public:
-  Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay);
+  /// Request ids count up from `first_id` (first_request_id, for a node that takes
+  /// only its window of them), or from a random start where it is 0.
+  Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay, uint64_t first_id = 0);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -75,11 +77,11 @@ class Channel {
   std::thread receiver_;
   std::mutex send_mu_, mu_;
   std::map<uint64_t, Pending> pending_;
-  // Request ids start at random on each connection: an answer meant for a request
-  // of another connection (a transport that let a dead connection's message into
-  // this one) then names no request here and is refused, instead of completing this
-  // connection's request of the same number with another request's answer (a get,
-  // another chunk's bytes under their own valid checksum).
+  // Request ids start anew on each connection (from the node's hello, or at random):
+  // an answer meant for a request of another connection (a transport that let a dead
+  // connection's message into this one) then names no request here and is refused,
+  // instead of completing this connection's request of the same number with another
+  // request's answer (a get, another chunk's bytes under their own valid checksum).
   uint64_t next_id_;
   Status broken_;
   std::atomic<bool> finished_{false};

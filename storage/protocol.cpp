@@ -494,6 +494,11 @@ Result<std::array<uint8_t, kNonceBytes>> make_nonce() {
   return n;
 }
 
+uint64_t first_request_id(std::span<const uint8_t> nonce) {
+  constexpr uint64_t kHalf = uint64_t(1) << 63;
+  return kHalf + XXH3_64bits(nonce.data(), nonce.size()) % (kHalf - kRequestIdWindow);
+}
+
 bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

@@ -34,6 +34,12 @@ inline constexpr uint64_t kFeatureUsage = 1;  ///< touch and usage requests
 inline constexpr uint64_t kFeatureVersions = 2;  ///< a stat with kStatVersions answers each object's write version
 /// A remove with kRemoveUpTo deletes only the objects written at or before its version.
 inline constexpr uint64_t kFeatureRemoveUpTo = 4;
+/// The node takes a connection's requests only under ids from first_request_id(its
+/// hello's nonce) up (kRequestIdWindow of them), or from 1 up (clients from before
+/// it): a request of another connection (a transport that let a dead connection's
+/// message into this one, which on libfabric may belong to another namespace) is
+/// refused, and the connection ends.
+inline constexpr uint64_t kFeatureIdWindow = 8;
 /// Request flags (the u16 after the op; clients from before flags send 0 there, and
 /// nodes from before them ignore it). Only a stat (kStatVersions, to a node that
 /// declares kFeatureVersions) or a remove (kRemoveUpTo, kFeatureRemoveUpTo) may
@@ -185,6 +191,17 @@ std::array<uint8_t, kMacBytes> auth_mac(const std::string& secret, std::span<con
                                         const std::string& name_space);
 /// A fresh random nonce (from the OS).
 Result<std::array<uint8_t, kNonceBytes>> make_nonce();
+/// How many request ids a connection may use (kFeatureIdWindow): at a million
+/// requests a second, twelve days of them; a connection past it is ended by the node
+/// and made again by the client.
+inline constexpr uint64_t kRequestIdWindow = uint64_t(1) << 40;
+/// The first request id of a connection whose hello carried `nonce`: from 2^63 up,
+/// so no window of it meets the ids from 1 of clients from before kFeatureIdWindow.
+uint64_t first_request_id(std::span<const uint8_t> nonce);
+/// Whether a node takes request `id` on a connection whose ids start at `first`.
+[[nodiscard]] inline bool request_id_in_window(uint64_t id, uint64_t first) {
+  return (id >= 1 && id < kRequestIdWindow) || (id >= first && id - first < kRequestIdWindow);
+}
 /// Constant-time comparison.
 bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b);
 

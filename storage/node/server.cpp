@@ -242,13 +242,19 @@ class ServerImpl final : public Server {
   // not logged here: serve() notes them in the rate-limited login log.
   // `ticket` (the pre-auth place) is given back before the answer goes out, so the
   // place of a login that succeeded is never taken from it.
-  Result<std::string> authenticate(Connection& c, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
+  // A logged-in connection: its namespace, and where its request ids start.
+  struct Login {
+    std::string ns;
+    uint64_t first_id = 0;
+  };
+
+  Result<Login> authenticate(Connection& c, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
     const Deadline deadline = deadline_in(cfg_.auth_timeout);
     KVS_ASSIGN_OR_RETURN(auto nonce, make_nonce());
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
-    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo;
+    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -294,7 +300,7 @@ class ServerImpl final : public Server {
       release_namespace(req.name_space);
       return s;
     }
-    return req.name_space;
+    return Login{req.name_space, first_request_id(nonce)};
   }
 
   // Mutual TLS maps certificates to namespaces: it needs TLS on tcp asking for client
@@ -334,17 +340,19 @@ class ServerImpl final : public Server {
   }
 
   void serve(Connection& c, const CancelToken& handshake, const CancelToken& cancel, PreAuthPool::Ticket& ticket) {
-    auto ns = authenticate(c, handshake, ticket);
+    auto login = authenticate(c, handshake, ticket);
     ticket.release();
-    if (!ns.ok()) {
-      if (ns.status().code() != StatusCode::cancelled || !stop_.cancelled()) login_log_.note(ns.status().to_string());
+    if (!login.ok()) {
+      if (login.status().code() != StatusCode::cancelled || !stop_.cancelled())
+        login_log_.note(login.status().to_string());
       return;
     }
+    const std::string& ns = login->ns;
     struct Release {  // the namespace's connection slot, held while this connection lives
       ServerImpl* self;
       std::string ns;
       ~Release() { self->release_namespace(ns); }
-    } release{this, *ns};
+    } release{this, login->ns};
     std::vector<std::byte> header;
     while (!cancel.cancelled()) {
       auto body_len = c.recv_header(header, deadline_in(cfg_.idle_timeout), cancel);
@@ -357,12 +365,17 @@ class ServerImpl final : public Server {
       auto req = decode_request(header);
       const bool has_body = req.ok() && (req->op == Op::put || req->op == Op::touch);
       const bool bad_body = req.ok() && (has_body ? *body_len != segment_bytes(req->total, 0) : *body_len != 0);
-      if (!req.ok() || bad_body || req->op == Op::auth || req->op == Op::data) {
+      // An id outside the connection's window is another connection's request (a
+      // dead connection's message let in by the transport): not done here.
+      const bool foreign = req.ok() && !request_id_in_window(req->id, login->first_id);
+      if (!req.ok() || bad_body || foreign || req->op == Op::auth || req->op == Op::data) {
         // A malformed request ends the connection: its framing can no longer be trusted.
         ++errors_;
         Response r;
         r.code = req.ok() ? StatusCode::corrupt_data : req.status().code();
-        r.message = req.ok() ? "request out of place or with a body of the wrong size" : req.status().message();
+        r.message = !req.ok()  ? req.status().message()
+                    : foreign ? fmt::format("request id {} is none of this connection's", req->id)
+                              : "request out of place or with a body of the wrong size";
         if (req.ok()) r.op = req->op, r.id = req->id;
         (void)reply(c, r, deadline_in(cfg_.idle_timeout), cancel);
         conn_log_.note(fmt::format("closing {}: {}", c.describe(), r.message));
@@ -370,7 +383,7 @@ class ServerImpl final : public Server {
       }
       Status st;
       try {
-        st = handle(c, *ns, *req, cancel);
+        st = handle(c, ns, *req, cancel);
       } catch (const std::bad_alloc&) {
         // Every buffer of a request comes from the budget; this is the system itself
         // running short. The connection goes, the node stays.

@@ -68,6 +68,7 @@ class RawPeer {
   bool authenticate(const std::string& ns, const std::string& secret) {
     auto hello = read_response();
     if (!hello || hello->op != storage::Op::hello) return false;
+    first_id_ = storage::first_request_id(hello->nonce);
     storage::Request a;
     a.op = storage::Op::auth, a.name_space = ns, a.mac = storage::auth_mac(secret, hello->nonce, ns);
     if (!send_message(storage::encode(a), 0, {})) return false;
@@ -109,6 +110,9 @@ class RawPeer {
   }
 
   [[nodiscard]] int fd() const { return fd_; }
+  /// Where this connection's request ids start (from the node's hello; after
+  /// authenticate).
+  [[nodiscard]] uint64_t first_id() const { return first_id_; }
 
  private:
   bool read_exact(void* p, size_t n, int ms) {
@@ -124,6 +128,7 @@ class RawPeer {
     return true;
   }
   int fd_ = -1;
+  uint64_t first_id_ = 0;
 };
 
 }  // namespace kvstream::testing

@@ -72,6 +72,43 @@ TEST_F(NodeLimits, DeclaredHugePutsStayInsideTheBudget) {
   EXPECT_LE((*server)->counters().budget_peak_bytes, c.budget_limit_bytes);
 }
 
+// A request under an id of no request of its connection (what a transport that let a
+// dead connection's message into a new one would deliver, on libfabric possibly from
+// another namespace's connection) is not done: the node answers corrupt_data and ends
+// the connection. Ids from the connection's window, and from 1 up (clients from
+// before the windows), are served.
+TEST_F(NodeLimits, ARequestUnderAnotherConnectionsIdIsNotDone) {
+  auto server = Server::start(config());
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const std::string addr = (*server)->address();
+  auto tenant = client(addr);
+  ASSERT_TRUE(tenant.ok()) << tenant.status().to_string();
+  ASSERT_TRUE((*tenant)->put("kept", 0, 0, std::vector<std::byte>(100, std::byte{3}), deadline_in(10s)).ok());
+  RawPeer peer;
+  ASSERT_TRUE(peer.connect(addr));
+  ASSERT_TRUE(peer.authenticate("tenant-b", kSecretB));
+  Request stat;
+  stat.op = Op::stat, stat.context = "kept";
+  for (const uint64_t id : {uint64_t(1), peer.first_id(), peer.first_id() + 12345}) {
+    stat.id = id;
+    ASSERT_TRUE(peer.send_message(encode(stat), 0, {}));
+    auto r = peer.read_response();
+    ASSERT_TRUE(r) << id;
+    EXPECT_EQ(r->id, id);
+    EXPECT_EQ(r->code, StatusCode::ok) << r->message;
+  }
+  Request remove;
+  remove.op = Op::remove, remove.context = "kept";
+  remove.id = peer.first_id() + kRequestIdWindow;  // another connection's
+  ASSERT_TRUE(peer.send_message(encode(remove), 0, {}));
+  auto refused = peer.read_response();
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, StatusCode::corrupt_data) << refused->message;
+  EXPECT_TRUE(peer.closed_by_peer(5000));
+  auto st = (*tenant)->stat("kept", deadline_in(10s));
+  EXPECT_TRUE(st.ok()) << "the foreign remove was done: " << st.status().to_string();
+}
+
 // Unauthenticated sockets: one source past its limit loses its own oldest; many
 // sources fill the pre-auth pool, where the busiest source gives way first; tenants
 // log in and are served all the while, from their own slots.
