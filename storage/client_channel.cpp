@@ -124,15 +124,27 @@ void Channel::complete(uint64_t id, Result<size_t> r, std::vector<std::byte>&& b
 
 // Ends a request taken out of pending_ with `s`, or (`resend`: its connection was
 // lost, and it may go again) hands it to replay_, which sends it on a fresh one.
-void Channel::finish(Pending p, const Status& s, bool resend) {
-  if (p.abandoned || !p.done) return;
-  if (resend && p.replay && !p.cancel.cancelled() && Clock::now() < p.deadline) {
+// Whether it ended here (a request already over counts as not).
+bool Channel::finish(Pending p, const Status& s, bool resend) {
+  if (p.abandoned || !p.done) return false;
+  // A request its caller cancelled, or whose deadline passed, ends as such, whatever
+  // became of its connection meanwhile (as expire() would have ended it).
+  if (p.cancel.cancelled()) {
+    p.done(make_status(StatusCode::cancelled, "request cancelled"), {});
+    return true;
+  }
+  if (Clock::now() >= p.deadline) {
+    p.done(make_status(StatusCode::timed_out, "request past its deadline"), {});
+    return true;
+  }
+  if (resend && p.replay) {
     Request again = std::move(*p.replay);
     p.replay.reset(), p.replayed = true;
     replay_(std::move(again), std::move(p), s);
-    return;
+    return false;
   }
   p.done(s, {});
+  return true;
 }
 
 // Request `id`, whose send met the loss `s`.
@@ -148,7 +160,7 @@ void Channel::lose(uint64_t id, const Status& s) {
   finish(std::move(*p), s, true);
 }
 
-// Fails every request still waiting with `s`; how many failed. `resend`: the
+// Fails every request still waiting with `s`; how many ended here. `resend`: the
 // connection was lost, and those that may go again do (finish).
 size_t Channel::fail_all(const Status& s, bool resend) {
   std::map<uint64_t, Pending> all;
@@ -157,10 +169,7 @@ size_t Channel::fail_all(const Status& s, bool resend) {
     all.swap(pending_);
   }
   size_t failed = 0;
-  for (auto& [id, p] : all) {
-    failed += !p.abandoned && p.done && !(resend && p.replay);
-    finish(std::move(p), s, resend);
-  }
+  for (auto& [id, p] : all) failed += finish(std::move(p), s, resend);
   return failed;
 }
 

@@ -89,7 +89,7 @@ class Channel {
   transport::Deadline pending_deadline(uint64_t id);
   void mark_broken(const Status& s);
   void complete(uint64_t id, Result<size_t> r, std::vector<std::byte>&& body);
-  void finish(Pending p, const Status& s, bool resend);
+  bool finish(Pending p, const Status& s, bool resend);
   void lose(uint64_t id, const Status& s);
   size_t fail_all(const Status& s, bool resend = false);
   void expire();
