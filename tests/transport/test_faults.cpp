@@ -26,6 +26,15 @@ namespace {
 
 const std::string kSecret = "faults-secret-0123456789";
 
+// A client of namespace "ns" of the node (or fake node) at `address`.
+Result<std::unique_ptr<Client>> client_of(const std::string& address, Deadline deadline = deadline_in(10s)) {
+  ClientConfig cc;
+  cc.address = address;
+  cc.name_space = "ns";
+  cc.secret = kSecret;
+  return Client::connect(cc, deadline);
+}
+
 class Faults : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -47,11 +56,7 @@ class Faults : public ::testing::Test {
     server_.reset();
   }
   Result<std::unique_ptr<Client>> connect_to(const std::string& address, Deadline deadline = deadline_in(5s)) {
-    ClientConfig cc;
-    cc.address = address;
-    cc.name_space = "ns";
-    cc.secret = kSecret;
-    return Client::connect(cc, deadline);
+    return client_of(address, deadline);
   }
 
   kvstream::testing::TempDir dir_{"kvstream-faults"};
@@ -319,6 +324,29 @@ TEST_F(Faults, AnAsynchronousGetWaitsForTheReconnectionOffTheCallersThread) {
   EXPECT_EQ(dest, chunk_);
 }
 
+// A fake node's side of a login on a connection it accepted from `listener` (a hello
+// without features, any auth taken): the connection and the client's first request.
+struct FakeLogin {
+  std::unique_ptr<Connection> conn;
+  Request request;
+};
+Result<FakeLogin> fake_login(Listener& listener) {
+  KVS_ASSIGN_OR_RETURN(auto c, listener.accept(deadline_in(10s), {}));
+  Response hello;
+  hello.op = Op::hello;
+  KVS_RETURN_IF_ERROR(c->send(encode(hello), {}, deadline_in(10s), {}));
+  std::vector<std::byte> header;
+  KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
+  KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
+  Response welcome;
+  welcome.op = Op::auth;
+  KVS_RETURN_IF_ERROR(c->send(encode(welcome), {}, deadline_in(10s), {}));
+  KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
+  KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
+  KVS_ASSIGN_OR_RETURN(Request first, decode_request(header));
+  return FakeLogin{std::move(c), std::move(first)};
+}
+
 // A node (here a fake one) whose answer under a request's id is one to another kind
 // of request: what a transport that let a dead connection's message into a live one
 // would deliver (libfabric before its random connection ids: the answer to a remove
@@ -330,32 +358,18 @@ TEST(FakeNode, AnAnswerToAnotherKindOfRequestIsCorrupt) {
   auto listener = (*backend)->listen("127.0.0.1:0");
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
   auto node = std::async(std::launch::async, [&]() -> Status {
-    KVS_ASSIGN_OR_RETURN(auto c, (*listener)->accept(deadline_in(10s), {}));
-    Response hello;
-    hello.op = Op::hello;
-    KVS_RETURN_IF_ERROR(c->send(encode(hello), {}, deadline_in(10s), {}));
-    std::vector<std::byte> header;
-    KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
-    KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
-    Response welcome;
-    welcome.op = Op::auth;
-    KVS_RETURN_IF_ERROR(c->send(encode(welcome), {}, deadline_in(10s), {}));
-    KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
-    KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
-    KVS_ASSIGN_OR_RETURN(Request get, decode_request(header));
+    KVS_ASSIGN_OR_RETURN(auto login, fake_login(**listener));
+    auto& [c, get] = login;
     Response wrong;  // a remove's answer, under the get's id
     wrong.op = Op::remove, wrong.id = get.id, wrong.code = StatusCode::ok;
     wrong.checksum = body_checksum({});
     KVS_RETURN_IF_ERROR(c->send(encode(wrong), {}, deadline_in(10s), {}));
     // Stays until the client has read the answer and hung up.
+    std::vector<std::byte> header;
     (void)c->recv_header(header, deadline_in(10s), {});
     return {};
   });
-  ClientConfig cc;
-  cc.address = (*listener)->address();
-  cc.name_space = "ns";
-  cc.secret = kSecret;
-  auto c = Client::connect(cc, deadline_in(10s));
+  auto c = client_of((*listener)->address());
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   std::vector<std::byte> dest(64, std::byte{0x5a});
   auto mr = (*c)->register_memory(dest.data(), dest.size());
@@ -382,29 +396,12 @@ TEST(FakeNode, AnAnswerForALostConnectionsRequestIsNotTakenOnTheNewOne) {
   auto listener = (*backend)->listen("127.0.0.1:0");
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
   const auto stale = random_bytes(64, 500);
-  // Accepts a connection and logs it in; the request after that.
-  auto login = [&](std::unique_ptr<Connection>& c, Request& first) -> Status {
-    KVS_ASSIGN_OR_RETURN(c, (*listener)->accept(deadline_in(10s), {}));
-    Response hello;
-    hello.op = Op::hello;
-    KVS_RETURN_IF_ERROR(c->send(encode(hello), {}, deadline_in(10s), {}));
-    std::vector<std::byte> header;
-    KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
-    KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
-    Response welcome;
-    welcome.op = Op::auth;
-    KVS_RETURN_IF_ERROR(c->send(encode(welcome), {}, deadline_in(10s), {}));
-    KVS_RETURN_IF_ERROR(c->recv_header(header, deadline_in(10s), {}).status());
-    KVS_RETURN_IF_ERROR(c->recv_body({}, deadline_in(10s), {}));
-    KVS_ASSIGN_OR_RETURN(first, decode_request(header));
-    return {};
-  };
   auto node = std::async(std::launch::async, [&]() -> Status {
-    std::unique_ptr<Connection> first, second;
-    Request lost, again;
-    KVS_RETURN_IF_ERROR(login(first, lost));
-    first.reset();  // the connection goes, the get unanswered
-    KVS_RETURN_IF_ERROR(login(second, again));
+    KVS_ASSIGN_OR_RETURN(auto first, fake_login(**listener));
+    const Request lost = first.request;
+    first.conn.reset();  // the connection goes, the get unanswered
+    KVS_ASSIGN_OR_RETURN(auto login, fake_login(**listener));
+    auto& [second, again] = login;
     if (again.op != Op::get) return make_status(StatusCode::internal, "expected the get again");
     Response r;  // a chunk, under the lost request's id
     r.op = Op::get, r.id = lost.id, r.total = stale.size(), r.checksum = body_checksum(stale);
@@ -415,11 +412,7 @@ TEST(FakeNode, AnAnswerForALostConnectionsRequestIsNotTakenOnTheNewOne) {
     (void)second->recv_header(header, deadline_in(10s), {});  // until the client hangs up
     return {};
   });
-  ClientConfig cc;
-  cc.address = (*listener)->address();
-  cc.name_space = "ns";
-  cc.secret = kSecret;
-  auto c = Client::connect(cc, deadline_in(10s));
+  auto c = client_of((*listener)->address());
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   std::vector<std::byte> dest(64, std::byte{0x5a});
   auto mr = (*c)->register_memory(dest.data(), dest.size());
