@@ -1,6 +1,9 @@
 // kvstream-bench: shared declarations of its subcommands.
 #pragma once
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,6 +25,22 @@ struct Fail {
     fmt::print(stderr, "kvstream-bench {}: {}\n", what, s.to_string());
     return 1;
   }
+};
+
+/// A directory of the benchmark's own under the system's temporary directory
+/// (`<name>-<pid>`), made at once and removed with everything in it at the end.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / fmt::format("{}-{}", name, ::getpid())) {
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
 };
 
 /// Seconds since `t0` on the steady clock.

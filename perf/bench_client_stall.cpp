@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -96,19 +95,12 @@ double timed_get(storage::Client& c, const transport::MemoryRegion& mr, size_t b
 
 int run_client_stall_bench(const ClientStallBenchOptions& o) {
   const Fail fail{"client-stall"};
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvstream-client-stall-{}", ::getpid());
-  struct Cleanup {
-    std::filesystem::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-    }
-  } cleanup{dir};
+  const ScratchDir dir("kvstream-client-stall");
   const std::string secret = "client-stall-secret-0123456789";
   storage::ServerConfig sc;
   sc.address = "127.0.0.1:0";
   sc.backend.name = o.backend;
-  sc.directory = (dir / "store").string();
+  sc.directory = (dir.path / "store").string();
   sc.secrets = {{"bench", secret}};
   sc.idle_timeout = std::chrono::milliseconds(o.idle_ms);
   auto server = storage::Server::start(sc);

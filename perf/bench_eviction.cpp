@@ -196,15 +196,8 @@ int run_eviction_bench(const EvictionBenchOptions& o) {
   const uint64_t prompt_tokens = uint64_t(o.shared_chunks + o.own_chunks) * o.chunk_tokens;
   auto setup = assemble_setup("tinyllama", prompt_tokens, o.data);
   if (!setup.ok()) return fail(setup.status());
-  const auto base = std::filesystem::temp_directory_path() / fmt::format("kvstream-bench-eviction-{}", ::getpid());
-  std::filesystem::create_directories(base);
-  struct Cleanup {
-    std::filesystem::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-    }
-  } cleanup{base};
+  const ScratchDir scratch("kvstream-bench-eviction");
+  const auto& base = scratch.path;
   const std::string profile_path = (base / "bench.kvsprofile").string();
   if (Status s = setup->profile.save_file(profile_path); !s.ok()) return fail(s);
   const Workload w = make_workload(o);

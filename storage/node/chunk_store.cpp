@@ -462,12 +462,7 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
   if (older.empty()) return remove_context_dir(ns, ctx);
   // The files first (a crash between leaves an index rebuilt without them), then the
   // index; the directory's sync makes the unlinks durable.
-  for (const ObjectKey& k : older)
-    if (::unlink(object_path(k).c_str()) != 0 && errno != ENOENT) {
-      const int err = errno;
-      KVS_LOG_WARN("cannot remove '{}': {}", object_path(k), std::strerror(err));
-      return make_status(StatusCode::io_error, "cannot remove object {}: {}", k.name(), std::strerror(err));
-    }
+  for (const ObjectKey& k : older) KVS_RETURN_IF_ERROR(unlink_object(k));
   {
     std::lock_guard lock(mu_);
     for (const ObjectKey& k : older) {
@@ -476,6 +471,13 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
     }
   }
   return fsync_directory(context_dir(ns, ctx));
+}
+
+Status ChunkStore::unlink_object(const ObjectKey& k) {
+  if (::unlink(object_path(k).c_str()) == 0 || errno == ENOENT) return {};
+  const int err = errno;
+  KVS_LOG_WARN("cannot remove '{}': {}", object_path(k), std::strerror(err));
+  return make_status(StatusCode::io_error, "cannot remove object {}: {}", k.name(), std::strerror(err));
 }
 
 Status ChunkStore::remove_context_dir(const std::string& ns, const std::string& ctx) {
@@ -507,11 +509,7 @@ Result<uint64_t> ChunkStore::remove_object(const ObjectKey& k, uint64_t max_vers
   }
   // The file first: a crash after it leaves an index rebuilt without the object; the
   // other order could leave a file the index forgot.
-  if (::unlink(object_path(k).c_str()) != 0 && errno != ENOENT) {
-    const int err = errno;
-    KVS_LOG_WARN("cannot remove '{}': {}", object_path(k), std::strerror(err));
-    return make_status(StatusCode::io_error, "cannot remove object {}: {}", k.name(), std::strerror(err));
-  }
+  KVS_RETURN_IF_ERROR(unlink_object(k));
   bool context_gone = false;
   {
     std::lock_guard lock(mu_);

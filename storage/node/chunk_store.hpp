@@ -286,6 +286,8 @@ class ChunkStore {
   // Deletes a context's directory (its objects and use mark) and syncs the namespace's.
   // Requires the context's stripe. Errors: io_error.
   Status remove_context_dir(const std::string& ns, const std::string& ctx);
+  /// Deletes an object's file (already gone is fine). Errors: io_error.
+  Status unlink_object(const ObjectKey& k);
   std::string object_path(const ObjectKey& k) const;
   static Status check_key(const ObjectKey& k);
   Entry* entry_locked(const ObjectKey& k);

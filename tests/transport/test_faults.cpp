@@ -35,6 +35,23 @@ Result<std::unique_ptr<Client>> client_of(const std::string& address, Deadline d
   return Client::connect(cc, deadline);
 }
 
+// A get of chunk 0 of "ctx" from the (fake) node at `address` into `dest` (64 bytes
+// of 0x5a before), by a client that is gone when this returns.
+Result<size_t> get_from(const std::string& address, std::vector<std::byte>& dest) {
+  auto c = client_of(address);
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status().to_string();
+    return c.status();
+  }
+  dest.assign(64, std::byte{0x5a});
+  auto mr = (*c)->register_memory(dest.data(), dest.size());
+  if (!mr.ok()) {
+    ADD_FAILURE() << mr.status().to_string();
+    return mr.status();
+  }
+  return (*c)->get("ctx", 0, 0, *mr, 0, dest.size(), deadline_in(20s));
+}
+
 class Faults : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -369,17 +386,12 @@ TEST(FakeNode, AnAnswerToAnotherKindOfRequestIsCorrupt) {
     (void)c->recv_header(header, deadline_in(10s), {});
     return {};
   });
-  auto c = client_of((*listener)->address());
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  std::vector<std::byte> dest(64, std::byte{0x5a});
-  auto mr = (*c)->register_memory(dest.data(), dest.size());
-  ASSERT_TRUE(mr.ok());
-  auto got = (*c)->get("ctx", 0, 0, *mr, 0, dest.size(), deadline_in(10s));
+  std::vector<std::byte> dest;
+  auto got = get_from((*listener)->address(), dest);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::corrupt_data) << got.status().to_string();
   EXPECT_NE(got.status().message().find("is one to op"), std::string::npos) << got.status().to_string();
   EXPECT_EQ(dest, std::vector<std::byte>(64, std::byte{0x5a}));
-  c->reset();
   const Status served = node.get();
   EXPECT_TRUE(served.ok()) << served.to_string();
 }
@@ -412,15 +424,10 @@ TEST(FakeNode, AnAnswerForALostConnectionsRequestIsNotTakenOnTheNewOne) {
     (void)second->recv_header(header, deadline_in(10s), {});  // until the client hangs up
     return {};
   });
-  auto c = client_of((*listener)->address());
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  std::vector<std::byte> dest(64, std::byte{0x5a});
-  auto mr = (*c)->register_memory(dest.data(), dest.size());
-  ASSERT_TRUE(mr.ok());
-  auto got = (*c)->get("ctx", 0, 0, *mr, 0, dest.size(), deadline_in(20s));
+  std::vector<std::byte> dest;
+  auto got = get_from((*listener)->address(), dest);
   EXPECT_FALSE(got.ok()) << "the get took another request's answer as its chunk";
   EXPECT_NE(dest, stale);
-  c->reset();
   const Status served = node.get();
   EXPECT_TRUE(served.ok()) << served.to_string();
 }
