@@ -161,16 +161,18 @@ class ClientImpl final : public Client {
   }
 
   Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
-    KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
-    Request req;
-    req.op = Op::remove, req.context = context;
     // As of now: a write after this call (a newer version) stays, and the remove may
     // be sent again after a lost connection. A node from before that removes all.
-    if (features_.load(std::memory_order_relaxed) & kFeatureRemoveUpTo)
-      req.flags = kRemoveUpTo, req.version = next_write_version();
-    KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
-    (void)body;
-    return {};
+    const bool versioned = features_.load(std::memory_order_relaxed) & kFeatureRemoveUpTo;
+    return remove_at(context, versioned ? next_write_version() : 0, deadline, cancel);
+  }
+
+  Status remove_up_to(const std::string& context, uint64_t version, Deadline deadline,
+                      const CancelToken& cancel) override {
+    if (version == 0) return make_status(StatusCode::invalid_argument, "remove_up_to: version 0 names no write");
+    if (!(features_.load(std::memory_order_relaxed) & kFeatureRemoveUpTo))
+      return make_status(StatusCode::unsupported, "node {} is from before versioned removes", cfg_.address);
+    return remove_at(context, version, deadline, cancel);
   }
 
   Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
@@ -232,6 +234,17 @@ class ClientImpl final : public Client {
 
  private:
   static constexpr uint32_t kUsagePage = 4096;
+
+  // A remove of the writes up to `version` (0: all, for a node from before versions).
+  Status remove_at(const std::string& context, uint64_t version, Deadline deadline, const CancelToken& cancel) {
+    KVS_RETURN_IF_ERROR(validate_id(context, kMaxContextBytes, "context id"));
+    Request req;
+    req.op = Op::remove, req.context = context;
+    if (version != 0) req.flags = kRemoveUpTo, req.version = version;
+    KVS_ASSIGN_OR_RETURN(auto body, call(req, {}, deadline, cancel));
+    (void)body;
+    return {};
+  }
   std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
   ClientConfig cfg_;
   std::mutex channels_mu_;  // channels_, retired_
@@ -460,6 +473,10 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, std:
                                                 Deadline deadline, const CancelToken& cancel) {
   if (!backend) return make_status(StatusCode::invalid_argument, "storage client: no backend to connect over");
   return ClientImpl::create(config, std::move(backend), deadline, cancel);
+}
+
+Status Client::remove_up_to(const std::string&, uint64_t, Deadline, const CancelToken&) {
+  return Status(StatusCode::unsupported, "this storage client keeps no write versions");
 }
 
 Status Client::touch(std::span<const ContextTouch>, uint64_t, Deadline, const CancelToken&) {

@@ -212,6 +212,10 @@ class PacedClient final : public Client {
   Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
     return inner_->remove(context, deadline, cancel);
   }
+  Status remove_up_to(const std::string& context, uint64_t version, Deadline deadline,
+                      const CancelToken& cancel) override {
+    return inner_->remove_up_to(context, version, deadline, cancel);
+  }
   Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
     return inner_->list(deadline, cancel);
   }

@@ -40,7 +40,10 @@ struct EtcdConfig {
 /// of to the chunk's new owners: the sender is the first of the chunk's owners under
 /// the last member set the node finished rebalancing for that is still a member, and
 /// the new owners are those under the new set that were not owners before. Copies
-/// keep their write version, so a newer write that reached an owner first wins.
+/// keep their write version, so a newer write that reached an owner first wins. The
+/// removes a node remembers (ServerConfig::remove_memory) go to the nodes that joined,
+/// from the owners of each context's first chunk under the set before, so a node that
+/// comes back drops its copies of contexts removed while it was away.
 struct RebalanceConfig {
   EtcdConfig etcd;
   /// The address clients and other nodes reach this node at; default: the address it
@@ -96,6 +99,9 @@ struct MigrationReport {
   /// Copies kept: an owner does not say its versions (a node from before them), or
   /// refused the write (out of space).
   uint64_t objects_kept = 0;
+  /// Removes this node remembered and handed to nodes that joined (so one that comes
+  /// back with copies made before a remove drops them; ServerConfig::remove_memory).
+  uint64_t removes_handed_on = 0;
 };
 
 /// The members registered now (sorted). Errors: unavailable (no endpoint answered),

@@ -142,6 +142,13 @@ struct ServerConfig {
   /// A silent client is disconnected after this (kvstream's clients connect again on
   /// their next call).
   std::chrono::milliseconds idle_timeout{60000};
+  /// Removes the node remembers (in memory), so that a copy of a removed context made
+  /// before the remove (a node that was away hands it over when it comes back) is
+  /// refused, and a rebalance hands them to nodes that join (docs/protocol.md,
+  /// "Removes"): each for `remove_memory` after it was made, at most
+  /// `max_removes_remembered` of them (the oldest go first). 0 in either: none kept.
+  std::chrono::seconds remove_memory{24 * 3600};
+  uint64_t max_removes_remembered = 100000;
   /// Warnings a peer can cause at will (refused connections, failed logins) are
   /// logged at most once per interval, with counts.
   std::chrono::milliseconds log_interval{10000};
@@ -194,6 +201,7 @@ class Server {
     uint64_t budget_refusals = 0;         ///< requests answered resource_exhausted for memory
     uint64_t quota_refusals = 0;          ///< puts answered no_space for their namespace's quota
     uint64_t use_marks_raised = 0;        ///< contexts whose use mark a touch raised (Client::touch)
+    uint64_t removes_remembered = 0;      ///< contexts whose remove the node keeps refusing older copies of
     uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
     uint64_t budget_limit_bytes = 0;
     uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start
@@ -379,10 +387,22 @@ class Client {
   /// Deletes a context: every object written before the call. On a storage node, a
   /// write of it at a newer version (a put that crossed the remove on the way, from
   /// a writer whose clock is ahead) stays, with the context, as it would over an
-  /// older put; nodes from before 2026-12-06 and the Redis clients delete all.
-  /// Errors: not_found.
+  /// older put; nodes from before 2026-12-06 and the Redis clients delete all. A node
+  /// remembers the remove for a while (ServerConfig::remove_memory) and refuses the
+  /// older copies of the context that come later (already_exists), such as a put that
+  /// crossed the remove. Errors: not_found.
   virtual Status remove(const std::string& context, transport::Deadline deadline,
                         const transport::CancelToken& cancel = {}) = 0;
+  /// Deletes the writes of a context at or before write `version` (a clock as
+  /// next_write_version()'s): what remove() does at this process's clock now, for a
+  /// remove made elsewhere and carried on (a rebalance hands remembered removes to
+  /// nodes that join). A storage node remembers it (ServerConfig::remove_memory) and
+  /// refuses older copies of the context that come later. Errors: invalid_argument
+  /// (version 0, the context id), not_found (nothing deleted; remembered all the
+  /// same), unsupported (storage without write versions: Redis, nodes from before
+  /// 2026-12-06; the default here).
+  virtual Status remove_up_to(const std::string& context, uint64_t version, transport::Deadline deadline,
+                              const transport::CancelToken& cancel = {});
   /// Contexts of the namespace.
   virtual Result<std::vector<std::string>> list(transport::Deadline deadline,
                                                 const transport::CancelToken& cancel = {}) = 0;

@@ -37,6 +37,7 @@ class Server {
     d["budget_peak_bytes"] = c.budget_peak_bytes;
     d["quota_refusals"] = c.quota_refusals;
     d["use_marks_raised"] = c.use_marks_raised;
+    d["removes_remembered"] = c.removes_remembered;
     if (c.transport_peer_entries) d["transport_peer_entries"] = *c.transport_peer_entries;
     return d;
   }

@@ -123,7 +123,8 @@ void Rebalancer::report(const std::vector<std::string>& target, bool done, const
                             {"bytes_trimmed", t.bytes_trimmed},
                             {"objects_kept", t.objects_kept},
                             {"objects_handed_over", t.objects_handed_over},
-                            {"bytes_handed_over", t.bytes_handed_over}};
+                            {"bytes_handed_over", t.bytes_handed_over},
+                            {"removes_handed_on", t.removes_handed_on}};
   // A report that does not reach etcd is replaced by the next one.
   (void)registration_->publish("migration", j.dump(), Clock::now() + cfg_.etcd.request_timeout);
 }
@@ -221,9 +222,9 @@ void Rebalancer::run() {
     lock.unlock();
     report(target.nodes(), !retry, tally, secs);
     KVS_LOG_INFO("rebalance of node {} for {} members {} in {:.2f} s: {} objects ({} bytes) copied, {} already "
-                 "there, {} failed{}",
+                 "there, {} failed, {} removes handed on{}",
                  self_, target.size(), retry ? "incomplete" : "done", secs, tally.objects_copied, tally.bytes_copied,
-                 tally.objects_present, tally.objects_failed,
+                 tally.objects_present, tally.objects_failed, tally.removes_handed_on,
                  retry ? fmt::format("; retrying in {} s", std::chrono::duration<double>(retry_delay).count()) : "");
     lock.lock();
   }
@@ -246,6 +247,7 @@ bool Rebalancer::pass(const HashRing& before, const HashRing& after, Tally& tall
   // Connections to the new owners, per tenant; a node that does not answer is not
   // asked again in this pass (its objects count as failed and the pass is retried).
   PeerClients peers(self_, backend_, secrets_, stop_);
+  if (!hand_on_removes(peers, before, after, tally, gen)) return false;
   for (const auto& [ns, secret] : secrets_) {
     for (const auto& ctx : store_.list(ns)) {
       auto stats = store_.stat(ns, ctx);
@@ -304,6 +306,40 @@ bool Rebalancer::pass(const HashRing& before, const HashRing& after, Tally& tall
       send_use_mark(peers, ns, ctx, received);
     }
   }
+  return true;
+}
+
+bool Rebalancer::hand_on_removes(PeerClients& peers, const HashRing& before, const HashRing& after, Tally& tally,
+                                 uint64_t gen) {
+  std::vector<std::string> joined;
+  const auto& was = before.nodes();
+  for (const auto& n : after.nodes())
+    if (std::find(was.begin(), was.end(), n) == was.end()) joined.push_back(n);
+  if (joined.empty()) return true;
+  for (const auto& [ns, secret] : secrets_)
+    for (const auto& [ctx, version] : store_.removed(ns)) {
+      // The remove reached every member of `before`; the owners of the context's first
+      // chunk among them hand it on (R senders, not every member).
+      const auto senders = before.replicas(HashRing::chunk_key(ctx, 0), cfg_.replication);
+      if (std::find(senders.begin(), senders.end(), self_) == senders.end()) continue;
+      for (const auto& node : joined) {
+        const uint64_t id = delivery_id(ns, ctx, kRemoveDelivery, kRemoveDelivery, node);
+        if (delivered_.contains(id)) continue;
+        storage::Client* c = peers.get(ns, node);
+        const Status s = c ? c->remove_up_to(ctx, version, Clock::now() + cfg_.etcd.request_timeout, stop_)
+                           : Status(StatusCode::unavailable, "not connected");
+        // not_found: the node held none of it (and remembers the remove all the same);
+        // unsupported: a node from before versioned removes, which cannot be told.
+        if (s.ok() || s.code() == StatusCode::not_found || s.code() == StatusCode::unsupported) {
+          delivered_.insert(id);
+          tally.removes_handed_on += s.code() != StatusCode::unsupported;
+        } else {
+          KVS_LOG_DEBUG("rebalance: the remove of '{}' did not reach {}: {}", ctx, node, s.to_string());
+          ++tally.objects_failed;
+        }
+        if (!current(gen)) return false;
+      }
+    }
   return true;
 }
 

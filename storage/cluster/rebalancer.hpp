@@ -56,6 +56,7 @@ class Rebalancer {
     uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
     uint64_t objects_trimmed = 0, bytes_trimmed = 0, objects_kept = 0;
     uint64_t objects_handed_over = 0, bytes_handed_over = 0;
+    uint64_t removes_handed_on = 0;
   };
   enum class TrimResult {
     finished,  ///< every surplus copy dropped, or kept for a reason counted in objects_kept
@@ -87,6 +88,13 @@ class Rebalancer {
   // `to`, which lack it or hold an older write; those that took it join `received`.
   HandOver hand_over(PeerClients& peers, const storage::ObjectKey& key, uint64_t version, uint64_t bytes,
                      const std::vector<std::string>& to, uint64_t gen, Tally& tally, std::set<std::string>& received);
+  // The removes this node remembers go to the nodes that joined between `before` and
+  // `after` (one may come back with copies made before them): from the owners under
+  // `before` of each context's first chunk. Those not delivered count as failed (the
+  // pass is retried); false when a newer change (or stop) cut it short.
+  static constexpr uint32_t kRemoveDelivery = ~uint32_t(0);  // chunk and level of a remove's delivery id
+  bool hand_on_removes(PeerClients& peers, const HashRing& before, const HashRing& after, Tally& tally,
+                       uint64_t gen);
   // The use mark of `ctx` goes with objects sent to `to`, so an evictor there sees the
   // context as used when it was (a copy otherwise looks unused and goes first).
   void send_use_mark(PeerClients& peers, const std::string& ns, const std::string& ctx,

@@ -272,9 +272,21 @@ class ReplicatedClient final : public storage::Client {
   }
 
   Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
+    // One version for every node: each remembers the same remove.
+    return remove_up_to(context, storage::next_write_version(), deadline, cancel);
+  }
+
+  // Every member is asked, as a remove must reach every copy (past owners' too); each
+  // remembers it, whether it held the context or not.
+  Status remove_up_to(const std::string& context, uint64_t version, Deadline deadline,
+                      const CancelToken& cancel) override {
     KVS_RETURN_IF_ERROR(storage::validate_id(context, storage::kMaxContextBytes, "context id"));
+    if (version == 0) return make_status(StatusCode::invalid_argument, "remove_up_to: version 0 names no write");
     auto answers = ask_all<bool>(deadline, cancel, false, [&](storage::Client& c, Deadline d) -> Result<bool> {
-      KVS_RETURN_IF_ERROR(c.remove(context, d, cancel));
+      Status s = c.remove_up_to(context, version, d, cancel);
+      // A node from before versioned removes deletes all, as it did.
+      if (s.code() == StatusCode::unsupported) s = c.remove(context, d, cancel);
+      KVS_RETURN_IF_ERROR(s);
       return true;
     });
     KVS_RETURN_IF_ERROR(answers.status);

@@ -225,13 +225,19 @@ Status ChunkStore::commit(PendingPut&& pending, uint64_t checksum) {
     std::lock_guard lock(mu_);
     if (const Entry* e = entry_locked(k)) stored = e->version;
   }
+  const uint64_t removed = tombstones_.removed_up_to(k.ns, k.ctx);
   if (unversioned) {
-    p.version_ = stored + 1;
+    p.version_ = std::max(stored, removed) + 1;
     KVS_RETURN_IF_ERROR(p.tmp_.finish(k.name(), checksum, p.version_));
   }
   if (p.version_ <= stored)
     return make_status(StatusCode::already_exists, "object {} holds a newer write (version {} >= {})", k.name(),
                        stored, p.version_);
+  // A copy of a write the context's remove covered (one that crossed the remove, or
+  // a rebalance from a node that was away) would bring the removed context back.
+  if (p.version_ <= removed)
+    return make_status(StatusCode::already_exists, "context {}/{} was removed up to version {} (this write: {})",
+                       k.ns, k.ctx, removed, p.version_);
   const std::string ns_dir = dir_ + "/" + k.ns, ctx_dir = context_dir(k.ns, k.ctx);
   std::error_code ec;
   // A new directory's entry in its parent must be durable too.
@@ -432,6 +438,11 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
   KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
   KVS_RETURN_IF_ERROR(validate_id(ctx, kMaxContextBytes, "context id"));
   std::lock_guard stripe_lock(stripe(ns, ctx));
+  constexpr uint64_t kAll = std::numeric_limits<uint64_t>::max();
+  // A remove that names its version is remembered at it even where nothing is here:
+  // this node may be sent a copy of the context later. One that names none (a client
+  // from before them) covers what it finds.
+  if (max_version != kAll) tombstones_.record(ns, ctx, max_version);
   std::vector<ObjectKey> older;  // where a newer write stays: the objects to delete one by one
   {
     std::lock_guard lock(mu_);
@@ -440,13 +451,19 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
     auto c = n->second.find(ctx);
     if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
     bool newer = false;
+    uint64_t newest_deleted = 0;
     for (const auto& [chunk, levels] : c->second.chunks)
       for (uint32_t level = 0; level < levels.size(); ++level) {
         const Entry& e = levels[level];
         if (e.generation == 0) continue;
-        if (e.version > max_version) newer = true;
-        else older.push_back(ObjectKey{ns, ctx, chunk, level});
+        if (e.version > max_version) {
+          newer = true;
+        } else {
+          older.push_back(ObjectKey{ns, ctx, chunk, level});
+          newest_deleted = std::max(newest_deleted, e.version);
+        }
       }
+    if (max_version == kAll && newest_deleted > 0) tombstones_.record(ns, ctx, newest_deleted);
     if (!newer) {
       for (const auto& [chunk, levels] : c->second.chunks)
         for (const Entry& e : levels) {

@@ -34,6 +34,7 @@
 #include "storage/node/memory_budget.hpp"
 #include "storage/node/namespace_quota.hpp"
 #include "storage/node/object_file.hpp"
+#include "storage/node/tombstones.hpp"
 #include "storage/node/use_mark.hpp"
 #include "storage/protocol.hpp"
 #include "security/key_ring.hpp"
@@ -176,7 +177,8 @@ class ChunkStore {
   Result<PendingPut> begin_put(ObjectKey key, uint64_t length, uint64_t version = 0,
                                std::vector<ObjectPart> parts = {});
   /// Verifies the payload against `checksum`, makes it durable and visible. Errors:
-  /// already_exists (the stored version is as new or newer: nothing changed),
+  /// already_exists (the stored version is as new or newer, or a remove of the
+  /// context covered this version: nothing changed),
   /// corrupt_data (checksum or length), io_error, no_space.
   Status commit(PendingPut&& put, uint64_t checksum);
   /// begin_put + append + commit of a whole body.
@@ -208,10 +210,25 @@ class ChunkStore {
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx);
   /// Deletes a context's objects written at or before `max_version` (all of them by
   /// default); the context, and its use mark, go with its last object, while a newer
-  /// write stays with them (it wins over the remove, as over an older put). Errors:
-  /// not_found, io_error.
+  /// write stays with them (it wins over the remove, as over an older put). The
+  /// remove is remembered (tombstones.hpp): at `max_version`, or by default at the
+  /// newest write it deleted, and whether the context was here or not, so a copy at
+  /// or below it that comes later is refused. Errors: not_found (nothing was
+  /// deleted), io_error.
   Status remove(const std::string& ns, const std::string& ctx,
                 uint64_t max_version = std::numeric_limits<uint64_t>::max());
+  /// The version up to which a remembered remove covered `ctx` (0: none).
+  [[nodiscard]] uint64_t removed_up_to(const std::string& ns, const std::string& ctx) {
+    return tombstones_.removed_up_to(ns, ctx);
+  }
+  /// The remembered removes of `ns`: context and version (what a rebalance hands to
+  /// nodes that join).
+  [[nodiscard]] std::vector<std::pair<std::string, uint64_t>> removed(const std::string& ns) {
+    return tombstones_.list(ns);
+  }
+  /// How many removes are remembered, and for how long (Tombstones::Limits).
+  [[nodiscard]] size_t removes_remembered() { return tombstones_.size(); }
+  void set_tombstone_limits(Tombstones::Limits limits) { tombstones_.set_limits(limits); }
   /// Deletes one object if its write version is at most `max_version` (the version
   /// the caller found elsewhere: a newer write since then wins and stays). The
   /// context, and its use mark, go with its last object. Returns the payload bytes
@@ -275,6 +292,7 @@ class ChunkStore {
     uint64_t quarantined = 0, stale_temporaries = 0;
   } counters_;  // logged at open
   NamespaceQuota quota_;           // guarded by mu_
+  Tombstones tombstones_;          // recorded and checked under the context's stripe
   std::atomic<uint64_t> marks_raised_{0};
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)

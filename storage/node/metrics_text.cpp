@@ -42,6 +42,8 @@ std::string metrics_text(const Server::Counters& c, const std::vector<Server::Na
       {"quota_refusals_total", true, "Puts answered no_space for their namespace's quota.", c.quota_refusals},
       {"use_marks_raised_total", true, "Contexts whose use mark a touch raised (what eviction by use orders by).",
        c.use_marks_raised},
+      {"removes_remembered", false, "Removed contexts whose older copies the node refuses (docs/protocol.md, Removes).",
+       c.removes_remembered},
       {"budget_peak_bytes", false, "Most memory held from the budget at once.", c.budget_peak_bytes},
       {"budget_limit_bytes", false, "The memory budget.", c.budget_limit_bytes},
       {"objects_reencrypted_total", true, "Objects rewritten under the current at-rest key.", c.objects_reencrypted},

@@ -66,6 +66,7 @@ class ServerImpl final : public Server {
     }
     KVS_ASSIGN_OR_RETURN(s->store_, ChunkStore::open(cfg.directory, cfg.cache_bytes, s->budget_, keys));
     s->store_->set_quotas({cfg.default_namespace_quota_bytes, cfg.namespace_quota_bytes});
+    s->store_->set_tombstone_limits({cfg.remove_memory, size_t(cfg.max_removes_remembered)});
     if (keys) {
       KVS_LOG_INFO("encryption at rest: {} keys, new writes under key {}; {} objects under other keys or in clear",
                    keys->size(), keys->current_id(), s->store_->objects_under_old_keys());
@@ -143,6 +144,7 @@ class ServerImpl final : public Server {
     c.objects_under_old_keys = store_->objects_under_old_keys();
     c.quota_refusals = store_->quota_refusals();
     c.use_marks_raised = store_->marks_raised();
+    c.removes_remembered = store_->removes_remembered();
     c.transport_peer_entries = listener_->peer_entries();
     std::lock_guard lock(keys_mu_);
     c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;

@@ -115,6 +115,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--auth-timeout-ms", auth_ms, "time a connection has to authenticate")->capture_default_str();
   app.add_option("--idle-timeout-ms", idle_ms, "a silent client is disconnected after this")->capture_default_str();
+  uint64_t remove_memory_s = uint64_t(cfg.remove_memory.count());
+  app.add_option("--remove-memory-s", remove_memory_s,
+                 "how long a remove is remembered, so that older copies of the context are refused (0: not at all)")
+      ->capture_default_str();
+  app.add_option("--max-removes-remembered", cfg.max_removes_remembered,
+                 "removes remembered at most (the oldest are forgotten first)")
+      ->capture_default_str();
   auto& m = cfg.membership;
   uint64_t lease_s = uint64_t(m.etcd.lease_ttl.count()), rebalance_mb = m.bytes_per_second >> 20;
   app.add_option("--etcd", m.etcd.endpoints,
@@ -197,6 +204,7 @@ int main(int argc, char** argv) {
   cfg.memory_budget_bytes = budget_mb << 20;
   cfg.auth_timeout = std::chrono::milliseconds(auth_ms);
   cfg.idle_timeout = std::chrono::milliseconds(idle_ms);
+  cfg.remove_memory = std::chrono::seconds(remove_memory_s);
 
   if (!secrets_file.empty())
     if (auto err = read_json_map(secrets_file, "strings", cfg.secrets); !err.empty())

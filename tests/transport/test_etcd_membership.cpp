@@ -59,8 +59,12 @@ class EtcdCluster {
   // Starts a node (its copy rate bound in MiB/s, 0: none; `extra` flags after the
   // others); its address, "" on failure.
   std::string start_node(uint64_t rate_mb = 0, const std::vector<std::string>& extra = {}) {
+    return start_node_on((dir_ / fmt::format("n{}", nodes_.size())).string(), rate_mb, extra);
+  }
+  // The same on the store directory `store` (a node's that was stopped: it comes back
+  // with what it held, under a new address).
+  std::string start_node_on(const std::string& store, uint64_t rate_mb = 0, const std::vector<std::string>& extra = {}) {
     auto p = std::make_unique<kvstream::testing::NodeProcess>();
-    const std::string store = (dir_ / fmt::format("n{}", nodes_.size())).string();
     std::vector<std::string> args = {"--listen", "127.0.0.1:0", "--dir", store, "--secrets",
                                      (dir_ / "secrets.json").string(), "--etcd", etcd.url(), "--etcd-prefix",
                                      "/kvs-test/", "--replication", std::to_string(kReplication), "--lease-ttl-s", "2",
@@ -69,8 +73,10 @@ class EtcdCluster {
     if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
     const std::string a = p->address();
     nodes_.push_back(std::move(p));
+    stores_[a] = store;
     return a;
   }
+  std::string store_of(const std::string& address) const { return stores_.at(address); }
   // The pid of the node at `address` (0 if none).
   pid_t pid_of(const std::string& address) const {
     for (const auto& n : nodes_)
@@ -95,6 +101,7 @@ class EtcdCluster {
  private:
   kvstream::testing::TempDir dir_{"kvs-etcd-nodes"};
   std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes_;
+  std::map<std::string, std::string> stores_;  // address -> store directory
 };
 
 // Waits until the registered set is `members` and every one of them reports its
@@ -374,6 +381,47 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks));
   ::testing::Test::RecordProperty("crash_back_to_r_seconds", fmt::format("{:.2f}", secs));
   std::printf("crash: every chunk back to %u replicas %.2f s after the kill (lease TTL 2 s)\n", kReplication, secs);
+}
+
+// A node is killed holding copies of a context; while it is away (out of the
+// membership) a client removes the context from every member. The node comes back
+// on its old disk: the members hand it the remove, so it drops its copies instead of
+// serving them or handing them to their owners, and the context stays removed.
+TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
+  constexpr uint32_t kChunks = 48;
+  constexpr size_t kBytes = 4 * 1024;
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  std::vector<std::string> three;
+  for (int i = 0; i < 3; ++i) three.push_back(cl.start_node());
+  for (const auto& a : three) ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(30000ms)).empty());
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  for (uint32_t c = 0; c < kChunks; ++c)
+    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+  const std::string away = three[2];
+  const size_t held = holdings(away).size();
+  ASSERT_GT(held, 0u);
+  cl.kill(away);
+  const std::vector<std::string> two = {three[0], three[1]};
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), two, deadline_in(30000ms), /*trimmed=*/true).empty());
+  ASSERT_TRUE((*client)->remove(kCtx, deadline_in(5000ms)).ok());
+
+  const std::string back = cl.start_node_on(cl.store_of(away));
+  ASSERT_FALSE(back.empty());
+  std::vector<std::string> again = two;
+  again.push_back(back);
+  const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
+  ASSERT_FALSE(reports.empty()) << "the rebalance after the return did not finish";
+  uint64_t handed_on = 0;
+  for (const auto& r : reports) handed_on += r.removes_handed_on;
+  EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
+  for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
+  EXPECT_EQ((*client)->stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
+  EXPECT_EQ(read_all(**client, kChunks, kBytes), 0) << "a removed chunk was read";
+  std::printf("return: %zu copies on the node that came back, %llu removes handed to it\n", held,
+              static_cast<unsigned long long>(handed_on));
 }
 
 // Writes of a client whose member set is behind (its etcd watch cut off), made long

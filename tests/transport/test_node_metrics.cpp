@@ -114,10 +114,13 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   const ContextTouch t{"ctx", 0};
   ASSERT_TRUE((*a)->touch(std::span(&t, 1), 77, deadline_in(10s)).ok());
   ASSERT_TRUE((*a)->touch(std::span(&t, 1), 77, deadline_in(10s)).ok());
+  // A remove of a context the node does not hold is remembered all the same.
+  EXPECT_EQ((*a)->remove("gone", deadline_in(10s)).code(), StatusCode::not_found);
   const std::string text = "\n" + metrics_text((*server)->counters(), (*server)->namespace_usage());
   EXPECT_EQ(sample(text, "kvstream_node_quota_refusals_total"), 1);
   EXPECT_EQ(sample(text, "kvstream_node_use_marks_raised_total"), 1);
-  EXPECT_GE(sample(text, "kvstream_node_requests_total"), 2);
+  EXPECT_EQ(sample(text, "kvstream_node_removes_remembered"), 1);
+  EXPECT_GE(sample(text, "kvstream_node_requests_total"), 3);
   // Both puts' bodies (the refused one is read off the wire too) and the two touches'
   // (12 bytes each: a count, a depth, a length and "ctx").
   EXPECT_EQ(sample(text, "kvstream_node_bytes_in_total"), 12000 + 2 * 12);

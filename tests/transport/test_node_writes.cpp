@@ -100,8 +100,9 @@ TEST_P(NodeWrites, ConcurrentPutsOfOneObjectLeaveOneWholeVersion) {
   EXPECT_EQ(*after, seen.back()) << "the cache served a version the disk did not hold";
 }
 
-// A remove racing puts of the same context: every call succeeds or says not_found;
-// none reports an I/O error, and a get afterwards sees a whole put or nothing.
+// A remove racing puts of the same context: every remove succeeds or says not_found,
+// every put succeeds or lost to a remove made after its version; none reports an I/O
+// error, and a get afterwards sees a whole put or nothing.
 TEST_P(NodeWrites, RemoveRacingPutsNeverFailsWithIoError) {
   auto server = Server::start(config());
   ASSERT_TRUE(server.ok());
@@ -111,8 +112,10 @@ TEST_P(NodeWrites, RemoveRacingPutsNeverFailsWithIoError) {
   std::vector<Status> put_errors;
   std::thread writer([&] {
     for (int i = 0; i < 60; ++i) {
+      // A put whose version was drawn before a remove that committed first lost to
+      // that remove (already_exists), as to a newer write.
       Status s = a->put("churn", uint32_t(i % 3), 0, body, deadline_in(20s));
-      if (!s.ok()) put_errors.push_back(s);
+      if (!s.ok() && s.code() != StatusCode::already_exists) put_errors.push_back(s);
     }
     stop = true;
   });
@@ -191,6 +194,32 @@ TEST_P(NodeWrites, ARemoveLeavesTheWritesNewerThanItself) {
   auto names = c->list(deadline_in(10s));
   ASSERT_TRUE(names.ok());
   EXPECT_EQ(*names, std::vector<std::string>{"mixed"});
+}
+
+// A remove is remembered: a copy of the context written before it (a put that
+// crossed it, a rebalance from a node that was away) is refused and reads nothing,
+// and a write after it is kept. remove_up_to carries a remove made elsewhere at its
+// own version, to a node that never held the context too.
+TEST_P(NodeWrites, ACopyOlderThanARemoveIsRefused) {
+  const auto body = pattern(30000, 6);
+  const uint64_t v = next_write_version();
+  auto server = Server::start(config());
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto c = client((*server)->address());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->put_versioned("ctx", 0, 0, body, v, deadline_in(10s)).ok());
+  ASSERT_TRUE(c->remove_up_to("ctx", v + 100, deadline_in(10s)).ok());
+  EXPECT_EQ(c->put_versioned("ctx", 0, 0, body, v + 50, deadline_in(10s)).code(), StatusCode::already_exists);
+  EXPECT_EQ(fetch(*c, "ctx", 0, 0).status().code(), StatusCode::not_found);
+  EXPECT_EQ(c->stat("ctx", deadline_in(10s)).status().code(), StatusCode::not_found);
+  EXPECT_EQ(c->remove_up_to("elsewhere", v + 100, deadline_in(10s)).code(), StatusCode::not_found);
+  EXPECT_EQ(c->put_versioned("elsewhere", 0, 0, body, v + 99, deadline_in(10s)).code(), StatusCode::already_exists);
+  ASSERT_TRUE(c->put_versioned("elsewhere", 0, 0, body, v + 101, deadline_in(10s)).ok());
+  auto kept = fetch(*c, "elsewhere", 0, 0);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_EQ(*kept, body);
+  EXPECT_EQ((*server)->counters().removes_remembered, 2u);
+  EXPECT_EQ(c->remove_up_to("ctx", 0, deadline_in(10s)).code(), StatusCode::invalid_argument);
 }
 
 // Bodies larger than the node's whole memory budget stream through it both ways.
