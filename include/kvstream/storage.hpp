@@ -142,11 +142,12 @@ struct ServerConfig {
   /// A silent client is disconnected after this (kvstream's clients connect again on
   /// their next call).
   std::chrono::milliseconds idle_timeout{60000};
-  /// Removes the node remembers (in memory), so that a copy of a removed context made
-  /// before the remove (a node that was away hands it over when it comes back) is
-  /// refused, and a rebalance hands them to nodes that join (docs/protocol.md,
-  /// "Removes"): each for `remove_memory` after it was made, at most
-  /// `max_removes_remembered` of them (the oldest go first). 0 in either: none kept.
+  /// Removes the node remembers (in `<directory>/.removes`, synced before a remove is
+  /// acknowledged), so that a copy of a removed context made before the remove (a
+  /// node that was away hands it over when it comes back) is refused, and a rebalance
+  /// hands them to nodes that join (docs/protocol.md, "Removes"): each for
+  /// `remove_memory` after it was made, at most `max_removes_remembered` of them (the
+  /// oldest go first). 0 in either: none kept.
   std::chrono::seconds remove_memory{24 * 3600};
   uint64_t max_removes_remembered = 100000;
   /// Warnings a peer can cause at will (refused connections, failed logins) are

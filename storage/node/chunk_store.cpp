@@ -59,6 +59,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& director
   if (ec) return make_status(StatusCode::io_error, "cannot prepare '{}': {}", directory, ec.message());
   s->set_keys(std::move(keys));
   s->scan();
+  KVS_RETURN_IF_ERROR(s->tombstones_.persist_to(s->dir_ + "/" + kRemovesFile));
   budget.set_reclaimer([p = s.get()](uint64_t n) { p->reclaim(n); });
   if (s->counters_.stale_temporaries || s->counters_.quarantined)
     KVS_LOG_WARN("store '{}': removed {} temporary files of interrupted writes, moved {} damaged objects to {}",
@@ -439,10 +440,21 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
   KVS_RETURN_IF_ERROR(validate_id(ctx, kMaxContextBytes, "context id"));
   std::lock_guard stripe_lock(stripe(ns, ctx));
   constexpr uint64_t kAll = std::numeric_limits<uint64_t>::max();
-  // A remove that names its version is remembered at it even where nothing is here:
-  // this node may be sent a copy of the context later. One that names none (a client
-  // from before them) covers what it finds.
-  if (max_version != kAll) tombstones_.record(ns, ctx, max_version);
+  // Remembered first (a remove the node cannot remember is not done): one that names
+  // its version at it, even where nothing is here, as this node may be sent a copy
+  // of the context later; one that names none (a client from before them) at the
+  // newest write it finds.
+  uint64_t remembered = max_version;
+  if (max_version == kAll) {
+    std::lock_guard lock(mu_);
+    remembered = 0;
+    if (auto n = index_.find(ns); n != index_.end())
+      if (auto c = n->second.find(ctx); c != n->second.end())
+        for (const auto& [chunk, levels] : c->second.chunks)
+          for (const Entry& e : levels)
+            if (e.generation != 0) remembered = std::max(remembered, e.version);
+  }
+  if (remembered > 0) KVS_RETURN_IF_ERROR(tombstones_.record(ns, ctx, remembered));
   std::vector<ObjectKey> older;  // where a newer write stays: the objects to delete one by one
   {
     std::lock_guard lock(mu_);
@@ -451,19 +463,13 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
     auto c = n->second.find(ctx);
     if (c == n->second.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
     bool newer = false;
-    uint64_t newest_deleted = 0;
     for (const auto& [chunk, levels] : c->second.chunks)
       for (uint32_t level = 0; level < levels.size(); ++level) {
         const Entry& e = levels[level];
         if (e.generation == 0) continue;
-        if (e.version > max_version) {
-          newer = true;
-        } else {
-          older.push_back(ObjectKey{ns, ctx, chunk, level});
-          newest_deleted = std::max(newest_deleted, e.version);
-        }
+        if (e.version > max_version) newer = true;
+        else older.push_back(ObjectKey{ns, ctx, chunk, level});
       }
-    if (max_version == kAll && newest_deleted > 0) tombstones_.record(ns, ctx, newest_deleted);
     if (!newer) {
       for (const auto& [chunk, levels] : c->second.chunks)
         for (const Entry& e : levels) {

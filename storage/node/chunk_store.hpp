@@ -211,12 +211,14 @@ class ChunkStore {
   /// Deletes a context's objects written at or before `max_version` (all of them by
   /// default); the context, and its use mark, go with its last object, while a newer
   /// write stays with them (it wins over the remove, as over an older put). The
-  /// remove is remembered (tombstones.hpp): at `max_version`, or by default at the
-  /// newest write it deleted, and whether the context was here or not, so a copy at
-  /// or below it that comes later is refused. Errors: not_found (nothing was
-  /// deleted), io_error.
+  /// remove is remembered (tombstones.hpp, synced to the store's `.removes` file
+  /// first): at `max_version`, or by default at the newest write it deletes, and
+  /// whether the context was here or not, so a copy at or below it that comes later is
+  /// refused. Errors: not_found (nothing was deleted), io_error.
   Status remove(const std::string& ns, const std::string& ctx,
                 uint64_t max_version = std::numeric_limits<uint64_t>::max());
+  /// The file of remembered removes in the store's directory (tombstone_log.hpp).
+  static constexpr const char* kRemovesFile = ".removes";
   /// The version up to which a remembered remove covered `ctx` (0: none).
   [[nodiscard]] uint64_t removed_up_to(const std::string& ns, const std::string& ctx) {
     return tombstones_.removed_up_to(ns, ctx);

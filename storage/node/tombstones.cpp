@@ -1,30 +1,60 @@
 // The node's remembered removes (tombstones.hpp).
 #include "storage/node/tombstones.hpp"
 
+#include "core/log.hpp"
+
 namespace kvstream::storage {
+
+namespace {
+int64_t unix_ms(Tombstones::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
 
 Tombstones::Tombstones(Limits limits, Now now) : now_(std::move(now)), limits_(limits) {}
 
-void Tombstones::set_limits(Limits limits) {
+Status Tombstones::persist_to(const std::string& path) {
+  std::lock_guard log_lock(log_mu_);
+  std::vector<TombstoneRecord> records;
+  KVS_ASSIGN_OR_RETURN(TombstoneLog log, TombstoneLog::open(path, records));
   std::lock_guard lock(mu_);
-  limits_ = limits;
-  expire_locked();
+  for (auto& r : records)
+    put_locked({std::move(r.ns), std::move(r.ctx)}, r.version, Clock::time_point(std::chrono::milliseconds(r.unix_ms)));
+  log_.emplace(std::move(log));
+  if (!records.empty()) KVS_LOG_INFO("{} removes remembered from '{}'", entries_.size(), path);
+  return {};
 }
 
-void Tombstones::record(const std::string& ns, const std::string& ctx, uint64_t version) {
-  std::lock_guard lock(mu_);
-  if (limits_.max_entries == 0 || limits_.ttl.count() <= 0) return;
-  Key key{ns, ctx};
-  auto it = entries_.find(key);
-  if (it == entries_.end()) {
-    ages_.push_back(key);
-    it = entries_.emplace(std::move(key), Entry{version, now_(), std::prev(ages_.end())}).first;
-  } else {
-    it->second.version = std::max(it->second.version, version);
-    it->second.at = now_();
-    ages_.splice(ages_.end(), ages_, it->second.age);
+void Tombstones::set_limits(Limits limits) {
+  std::lock_guard log_lock(log_mu_);
+  std::vector<TombstoneRecord> snapshot;
+  {
+    std::lock_guard lock(mu_);
+    limits_ = limits;
+    expire_locked();
+    if (!compaction_due_locked()) return;
+    snapshot = records_locked();
   }
-  expire_locked();
+  (void)log_->rewrite(snapshot);  // logged; the longer file is read back alike
+}
+
+Status Tombstones::record(const std::string& ns, const std::string& ctx, uint64_t version) {
+  std::lock_guard log_lock(log_mu_);
+  TombstoneRecord rec;
+  std::vector<TombstoneRecord> snapshot;
+  bool compact = false;
+  {
+    std::lock_guard lock(mu_);
+    if (limits_.max_entries == 0 || limits_.ttl.count() <= 0) return {};
+    const auto now = now_();
+    const Entry& e = put_locked({ns, ctx}, version, now);
+    rec = {ns, ctx, e.version, unix_ms(now)};
+    expire_locked();
+    if (!log_) return {};
+    compact = compaction_due_locked();
+    if (compact) snapshot = records_locked();
+  }
+  return compact ? log_->rewrite(snapshot) : log_->append(rec);
 }
 
 uint64_t Tombstones::removed_up_to(const std::string& ns, const std::string& ctx) {
@@ -49,6 +79,19 @@ size_t Tombstones::size() {
   return entries_.size();
 }
 
+Tombstones::Entry& Tombstones::put_locked(Key key, uint64_t version, Clock::time_point at) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    ages_.push_back(key);
+    return entries_.emplace(std::move(key), Entry{version, at, std::prev(ages_.end())}).first->second;
+  }
+  Entry& e = it->second;
+  e.version = std::max(e.version, version);
+  e.at = std::max(e.at, at);
+  ages_.splice(ages_.end(), ages_, e.age);
+  return e;
+}
+
 void Tombstones::expire_locked() {
   const auto now = now_();
   while (!ages_.empty()) {
@@ -57,6 +100,20 @@ void Tombstones::expire_locked() {
     entries_.erase(it);
     ages_.pop_front();
   }
+}
+
+bool Tombstones::compaction_due_locked() const {
+  return log_ && log_->lines() > 2 * entries_.size() + 1024;
+}
+
+std::vector<TombstoneRecord> Tombstones::records_locked() const {
+  std::vector<TombstoneRecord> out;
+  out.reserve(entries_.size());
+  for (const Key& k : ages_) {
+    const Entry& e = entries_.at(k);
+    out.push_back({k.first, k.second, e.version, unix_ms(e.at)});
+  }
+  return out;
 }
 
 }  // namespace kvstream::storage

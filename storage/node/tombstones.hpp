@@ -6,9 +6,10 @@
 // copies instead of serving them or handing them to their owners (docs/protocol.md,
 // "Removes").
 //
-// Kept in memory only, bounded in count and age: a remove older than `ttl`, or pushed
-// out by `max_entries` newer ones, is forgotten, and a restarted node starts with
-// none (it learns again those its peers hand it when it joins). Thread-safe.
+// Bounded in count and age: a remove older than `ttl` (wall clock, so ages outlive a
+// restart), or pushed out by `max_entries` newer ones, is forgotten. With a file
+// (persist_to, the node's `<dir>/.removes`) each record is synced there before the
+// remove is acknowledged, and a restart reads them back. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -19,9 +20,11 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <optional>
 #include <vector>
 
-#include "kvstream/transport.hpp"
+#include "kvstream/status.hpp"
+#include "storage/node/tombstone_log.hpp"
 
 namespace kvstream::storage {
 
@@ -35,15 +38,21 @@ struct TombstoneLimits {
 class Tombstones {
  public:
   using Limits = TombstoneLimits;
-  using Now = std::function<transport::Clock::time_point()>;
+  using Clock = std::chrono::system_clock;
+  using Now = std::function<Clock::time_point()>;
 
   /// `now` is the clock of their ages (tests give a fake one).
-  explicit Tombstones(Limits limits = {}, Now now = [] { return transport::Clock::now(); });
+  explicit Tombstones(Limits limits = {}, Now now = [] { return Clock::now(); });
 
+  /// Keeps them in the file at `path` from now on: the records it holds are read
+  /// back as they were (the next set_limits ages them), and each record() is synced
+  /// there. Errors: io_error.
+  Status persist_to(const std::string& path);
   void set_limits(Limits limits);
   /// A remove of `ctx` in `ns` covered the writes up to `version`: the tombstone keeps
-  /// the highest version it was given and is as young as its last record.
-  void record(const std::string& ns, const std::string& ctx, uint64_t version);
+  /// the highest version it was given and is as young as its last record. Errors:
+  /// io_error (the file; remembered in memory all the same).
+  Status record(const std::string& ns, const std::string& ctx, uint64_t version);
   /// The version up to which `ctx` was removed; 0 when no remove of it is remembered.
   [[nodiscard]] uint64_t removed_up_to(const std::string& ns, const std::string& ctx);
   /// Every remembered remove in `ns`: context and version, by context.
@@ -55,12 +64,20 @@ class Tombstones {
   using Key = std::pair<std::string, std::string>;  // namespace, context
   struct Entry {
     uint64_t version = 0;
-    transport::Clock::time_point at;
+    Clock::time_point at;
     std::list<Key>::iterator age;  // its place in ages_
   };
+  // Records `version` at `at` (the newest version, the latest time) as the youngest.
+  Entry& put_locked(Key key, uint64_t version, Clock::time_point at);
   void expire_locked();
+  // Whether the file holds so many more lines than tombstones that it is rewritten,
+  // and what it is rewritten with (oldest first).
+  bool compaction_due_locked() const;
+  std::vector<TombstoneRecord> records_locked() const;
 
   Now now_;
+  std::mutex log_mu_;  // log_, and the order of its writes (taken before mu_)
+  std::optional<TombstoneLog> log_;
   std::mutex mu_;
   Limits limits_;
   std::map<Key, Entry> entries_;

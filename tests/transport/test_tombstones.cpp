@@ -3,7 +3,11 @@
 // rebalance that hands them to a node coming back runs in test_etcd_membership.cpp.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "storage/node/chunk_store.hpp"
+#include "storage/node/tombstone_log.hpp"
 #include "storage/node/tombstones.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
@@ -12,27 +16,27 @@ namespace kvstream::storage {
 namespace {
 
 using namespace std::chrono_literals;
-using transport::Clock;
 using transport::test_util::pattern;
+namespace fs = std::filesystem;
 
 TEST(Tombstones, ARemoveIsRememberedAtItsNewestVersionUntilItAgesOrIsPushedOut) {
-  Clock::time_point now{};
+  Tombstones::Clock::time_point now{};
   Tombstones t({10s, 3}, [&] { return now; });
-  t.record("a", "x", 50);
-  t.record("a", "x", 40);  // an older remove of it, arriving late
+  ASSERT_TRUE(t.record("a", "x", 50).ok());
+  ASSERT_TRUE(t.record("a", "x", 40).ok());  // an older remove of it, arriving late
   EXPECT_EQ(t.removed_up_to("a", "x"), 50u);
   EXPECT_EQ(t.removed_up_to("b", "x"), 0u) << "another namespace's context";
   now += 6s;
-  t.record("b", "x", 7);
-  t.record("a", "y", 9);
+  ASSERT_TRUE(t.record("b", "x", 7).ok());
+  ASSERT_TRUE(t.record("a", "y", 9).ok());
   EXPECT_EQ(t.list("a"), (std::vector<std::pair<std::string, uint64_t>>{{"x", 50}, {"y", 9}}));
   EXPECT_EQ(t.list("b"), (std::vector<std::pair<std::string, uint64_t>>{{"x", 7}}));
   now += 5s;  // 11 s after the first record of a/x, 5 s after the others
   EXPECT_EQ(t.removed_up_to("a", "x"), 0u) << "aged out";
   EXPECT_EQ(t.size(), 2u);
-  t.record("a", "y", 9);  // recorded again: young again
-  t.record("a", "z", 1);
-  t.record("a", "w", 2);  // the fourth: the oldest record (b/x) goes
+  ASSERT_TRUE(t.record("a", "y", 9).ok());  // recorded again: young again
+  ASSERT_TRUE(t.record("a", "z", 1).ok());
+  ASSERT_TRUE(t.record("a", "w", 2).ok());  // the fourth: the oldest record (b/x) goes
   EXPECT_EQ(t.size(), 3u);
   EXPECT_EQ(t.removed_up_to("b", "x"), 0u);
   EXPECT_EQ(t.removed_up_to("a", "y"), 9u);
@@ -41,7 +45,7 @@ TEST(Tombstones, ARemoveIsRememberedAtItsNewestVersionUntilItAgesOrIsPushedOut) 
   now += 2s;
   EXPECT_EQ(t.size(), 0u);
   t.set_limits({0s, 3});
-  t.record("a", "x", 5);
+  ASSERT_TRUE(t.record("a", "x", 5).ok());
   EXPECT_EQ(t.removed_up_to("a", "x"), 0u) << "remembering nothing";
 }
 
@@ -78,13 +82,85 @@ TEST(Tombstones, TheStoreRefusesCopiesTheRemoveCovered) {
   ASSERT_TRUE(st.put({"t", "old", 1, 0}, pattern(10, 8), 70).ok());
   ASSERT_TRUE(st.remove("t", "old").ok());
   EXPECT_EQ(st.removed_up_to("t", "old"), 70u);
-  EXPECT_EQ(st.removed(("t")), (std::vector<std::pair<std::string, uint64_t>>{{"ctx", 20}, {"never", 500}, {"old", 70}}));
+  EXPECT_EQ(st.removed("t"), (std::vector<std::pair<std::string, uint64_t>>{{"ctx", 20}, {"never", 500}, {"old", 70}}));
   // Dropping one surplus copy (the rebalance's trim) is no remove: nothing remembered.
   ASSERT_TRUE(st.put({"t", "copy", 0, 0}, pattern(10, 9), 80).ok());
   ASSERT_TRUE(st.remove_object({"t", "copy", 0, 0}, 80).ok());
   EXPECT_EQ(st.removed_up_to("t", "copy"), 0u);
   EXPECT_TRUE(st.put({"t", "copy", 0, 0}, pattern(10, 9), 80).ok());
   EXPECT_EQ(st.removes_remembered(), 3u);
+}
+
+// The file: a restart reads back what was recorded, with its age; a line cut short by
+// a crash is skipped, not taken for another remove; the file is rewritten once it
+// holds many more lines than removes remembered.
+TEST(Tombstones, ARestartRemembersWhatTheFileHolds) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  const std::string path = (dir.path() / ".removes").string();
+  Tombstones::Clock::time_point now{std::chrono::hours(1000)};
+  const auto clock = [&] { return now; };
+  {
+    Tombstones t({100s, 10}, clock);
+    ASSERT_TRUE(t.persist_to(path).ok());
+    ASSERT_TRUE(t.record("a", "x", 50).ok());
+    now += 60s;
+    ASSERT_TRUE(t.record("a", "y", 60).ok());
+    ASSERT_TRUE(t.record("b", "x", 70).ok());
+  }
+  std::ofstream(path, std::ios::app) << "a z 90 1";  // a torn append
+  {
+    Tombstones t({100s, 10}, clock);
+    ASSERT_TRUE(t.persist_to(path).ok());
+    t.set_limits({100s, 10});
+    EXPECT_EQ(t.list("a"), (std::vector<std::pair<std::string, uint64_t>>{{"x", 50}, {"y", 60}}));
+    EXPECT_EQ(t.removed_up_to("b", "x"), 70u);
+    now += 50s;  // a/x recorded 110 s ago, the others 50 s
+    EXPECT_EQ(t.removed_up_to("a", "x"), 0u) << "its age outlived the restart";
+    EXPECT_EQ(t.size(), 2u);
+  }
+  // Each line verifies; a changed digit does not.
+  TombstoneRecord r{"ns", "ctx.1", 12345, 678}, back;
+  std::string line = TombstoneLog::format(r);
+  ASSERT_TRUE(TombstoneLog::parse(line.substr(0, line.size() - 1), back));
+  EXPECT_EQ(back, r);
+  line[9] = '9';
+  EXPECT_FALSE(TombstoneLog::parse(line.substr(0, line.size() - 1), back));
+  EXPECT_FALSE(TombstoneLog::parse("ns ../x 1 2 0000000000000000", back));
+
+  // Many records of a few contexts: the file is rewritten to those alone.
+  Tombstones t({1000s, 10}, clock);
+  ASSERT_TRUE(t.persist_to(path).ok());
+  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(t.record("c", "ctx" + std::to_string(i % 4), uint64_t(i)).ok());
+  std::ifstream in(path);
+  const auto lines = std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  EXPECT_LT(lines, 1100) << "never rewritten";
+  Tombstones again({1000s, 10}, clock);
+  ASSERT_TRUE(again.persist_to(path).ok());
+  EXPECT_EQ(again.removed_up_to("c", "ctx3"), 2999u);
+  EXPECT_EQ(again.removed_up_to("b", "x"), 70u);
+}
+
+TEST(Tombstones, AReopenedStoreStillRefusesTheRemovedCopies) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  MemoryBudget budget(64 << 20);
+  const ObjectKey k{"t", "ctx", 0, 0};
+  {
+    auto st = ChunkStore::open(dir.path().string(), 1 << 20, budget);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    ASSERT_TRUE((*st)->put(k, pattern(100, 1), 10).ok());
+    ASSERT_TRUE((*st)->remove("t", "ctx", 20).ok());
+  }
+  {
+    auto st = ChunkStore::open(dir.path().string(), 1 << 20, budget);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    EXPECT_EQ((*st)->removed_up_to("t", "ctx"), 20u);
+    EXPECT_EQ((*st)->put(k, pattern(100, 2), 15).code(), StatusCode::already_exists);
+    EXPECT_EQ((*st)->list("t"), std::vector<std::string>{}) << "the file is no namespace";
+  }
+  // A store whose file cannot be written does not remove.
+  fs::remove(dir.path() / ChunkStore::kRemovesFile);
+  fs::create_directory(dir.path() / ChunkStore::kRemovesFile);
+  EXPECT_EQ(ChunkStore::open(dir.path().string(), 1 << 20, budget).status().code(), StatusCode::io_error);
 }
 
 }  // namespace
