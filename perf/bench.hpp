@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -42,6 +43,13 @@ struct ScratchDir {
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
 };
+
+/// The value at rank p (0..1) of `v`, nearest rank (0 when empty).
+inline double nearest_rank(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
+}
 
 /// Seconds since `t0` on the steady clock.
 inline double since(transport::Clock::time_point t0) {
@@ -189,6 +197,15 @@ struct ClientStallBenchOptions {
   std::string json;           ///< optional output
 };
 int run_client_stall_bench(const ClientStallBenchOptions& o);
+
+struct RemovesBenchOptions {
+  uint32_t contexts = 400;  ///< contexts put and removed per round
+  uint32_t rounds = 5;      ///< rounds of each kind, alternating
+  uint32_t chunk_kb = 4;    ///< one chunk per context, KiB
+  std::string dir;          ///< where the nodes' stores go ("": the system's temporary directory)
+  std::string json;         ///< optional output
+};
+int run_removes_bench(const RemovesBenchOptions& o);
 
 struct EvictionBenchOptions {
   std::string data;                  ///< tinyllama directory ("" = default)

@@ -76,12 +76,6 @@ struct Stall {
   uint64_t calls = 0, ok = 0;
 };
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
-}
-
 // Issues one get, timing the call itself.
 double timed_get(storage::Client& c, const transport::MemoryRegion& mr, size_t bytes, uint32_t chunk,
                  transport::Deadline deadline, Completions& done) {
@@ -176,23 +170,23 @@ int run_client_stall_bench(const ClientStallBenchOptions& o) {
   fmt::print("| scene | calls | in calls, median | in calls, max | slowest call | gets ok |\n|---|---|---|---|---|---|\n");
   fmt::print("| idle (a batch of {} gets per round, {} connections, node idle timeout {} ms) | {} | {:.0f} us per round "
              "| {:.0f} us per round | {:.0f} us | {} of {} |\n",
-             o.gets, o.connections, o.idle_ms, idle.calls, percentile(idle.per_round_us, 0.5),
-             percentile(idle.per_round_us, 1.0), idle.max_call_us, idle.ok, idle.calls);
+             o.gets, o.connections, o.idle_ms, idle.calls, nearest_rank(idle.per_round_us, 0.5),
+             nearest_rank(idle.per_round_us, 1.0), idle.max_call_us, idle.ok, idle.calls);
   double hung_total = 0;
   for (double us : hung.per_round_us) hung_total += us;
   fmt::print("| hung ({} ms silent, a get every {} ms, deadline {} ms) | {} | {:.0f} us per call | {:.0f} us in all "
              "| {:.0f} us | {} of {}; after the node is back, a get completes after {:.3f} s ({} tries) |\n",
-             o.hung_ms, o.gap_ms, o.deadline_ms, hung.calls, percentile(hung.per_round_us, 0.5), hung_total,
+             o.hung_ms, o.gap_ms, o.deadline_ms, hung.calls, nearest_rank(hung.per_round_us, 0.5), hung_total,
              hung.max_call_us, hung.ok, hung.calls, recovery_s, tries);
   if (!o.json.empty()) {
     nlohmann::json j;
     j["idle"] = {{"calls", idle.calls},
-                 {"round_us_median", percentile(idle.per_round_us, 0.5)},
-                 {"round_us_max", percentile(idle.per_round_us, 1.0)},
+                 {"round_us_median", nearest_rank(idle.per_round_us, 0.5)},
+                 {"round_us_max", nearest_rank(idle.per_round_us, 1.0)},
                  {"max_call_us", idle.max_call_us},
                  {"ok", idle.ok}};
     j["hung"] = {{"calls", hung.calls},
-                 {"call_us_median", percentile(hung.per_round_us, 0.5)},
+                 {"call_us_median", nearest_rank(hung.per_round_us, 0.5)},
                  {"in_calls_us", hung_total},
                  {"max_call_us", hung.max_call_us},
                  {"ok", hung.ok},

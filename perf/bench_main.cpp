@@ -160,7 +160,16 @@ int main(int argc, char** argv) {
   cs->add_option("--gap-ms", cso.gap_ms, "hung scene: between two gets, ms")->capture_default_str();
   cs->add_option("--deadline-ms", cso.deadline_ms, "hung scene: each get's deadline, ms")->capture_default_str();
   cs->add_option("--json", cso.json, "write the figures as JSON");
+  kvstream::bench::RemovesBenchOptions ro;
+  auto* rm = app.add_subcommand("removes", "what a storage node's remembered removes cost a remove, against a node "
+                                           "that remembers none (anchor), and the older copies each takes back");
+  rm->add_option("--contexts", ro.contexts, "contexts put and removed per round")->capture_default_str();
+  rm->add_option("--rounds", ro.rounds, "rounds of each kind, alternating")->capture_default_str();
+  rm->add_option("--chunk-kb", ro.chunk_kb, "bytes of each context's one chunk, KiB")->capture_default_str();
+  rm->add_option("--dir", ro.dir, "where the nodes' stores go (default: the system's temporary directory)");
+  rm->add_option("--json", ro.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (*rm) return kvstream::bench::run_removes_bench(ro);
   if (*cs) return kvstream::bench::run_client_stall_bench(cso);
   if (*ev) return kvstream::bench::run_eviction_bench(eo);
   if (*cc) return kvstream::bench::run_cluster_client_bench(cco);

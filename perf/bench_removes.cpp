@@ -1,0 +1,97 @@
+// kvstream-bench removes: what a remembered remove costs a storage node. A node in
+// this process over tcp; each round puts `contexts` contexts of one chunk and removes
+// them one after another from one client, timing each remove. Rounds alternate
+// between a node that remembers no removes (the anchor: ServerConfig::remove_memory
+// 0, the node before 2026-12-06's tombstones) and one that remembers them (the
+// default: each remove synced to the store's .removes file before it is answered).
+// Each round then puts every context again at a version the removes covered, as a
+// node that was away would hand its copies over: the anchor takes them back, the
+// default refuses them.
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "perf/bench.hpp"
+#include "storage/protocol.hpp"
+
+namespace kvstream::bench {
+
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Clock;
+using transport::deadline_in;
+
+struct Round {
+  std::vector<double> remove_us;
+  uint64_t copies_back = 0;  // older copies a node took after the removes
+};
+
+Result<Round> run_round(const RemovesBenchOptions& o, const std::filesystem::path& dir, bool remember) {
+  const std::string secret = "removes-bench-secret-0123456789";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  storage::ServerConfig sc;
+  sc.address = "127.0.0.1:0";
+  sc.directory = dir.string();
+  sc.secrets = {{"bench", secret}};
+  if (!remember) sc.remove_memory = std::chrono::seconds(0);
+  KVS_ASSIGN_OR_RETURN(auto server, storage::Server::start(sc));
+  storage::ClientConfig cc;
+  cc.address = server->address(), cc.name_space = "bench", cc.secret = secret;
+  KVS_ASSIGN_OR_RETURN(auto client, storage::Client::connect(cc, deadline_in(10s)));
+  const std::vector<std::byte> chunk(size_t(o.chunk_kb) << 10, std::byte{3});
+  const uint64_t version = storage::next_write_version();
+  for (uint32_t i = 0; i < o.contexts; ++i)
+    KVS_RETURN_IF_ERROR(client->put_versioned(fmt::format("ctx-{}", i), 0, 0, chunk, version, deadline_in(10s)));
+  Round r;
+  for (uint32_t i = 0; i < o.contexts; ++i) {
+    const auto t0 = Clock::now();
+    KVS_RETURN_IF_ERROR(client->remove(fmt::format("ctx-{}", i), deadline_in(10s)));
+    r.remove_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  for (uint32_t i = 0; i < o.contexts; ++i) {
+    const Status s = client->put_versioned(fmt::format("ctx-{}", i), 0, 0, chunk, version, deadline_in(10s));
+    if (s.ok()) ++r.copies_back;
+    else if (s.code() != StatusCode::already_exists) return s;
+  }
+  return r;
+}
+
+}  // namespace
+
+int run_removes_bench(const RemovesBenchOptions& o) {
+  const Fail fail{"removes"};
+  const ScratchDir scratch("kvstream-removes");
+  const std::filesystem::path base = o.dir.empty() ? scratch.path : std::filesystem::path(o.dir);
+  Round anchor, remembered;
+  for (uint32_t round = 0; round < o.rounds; ++round)
+    for (bool remember : {false, true}) {
+      auto r = run_round(o, base / fmt::format("store-{}-{}", round, remember), remember);
+      if (!r.ok()) return fail(r.status());
+      Round& into = remember ? remembered : anchor;
+      into.remove_us.insert(into.remove_us.end(), r->remove_us.begin(), r->remove_us.end());
+      into.copies_back += r->copies_back;
+      std::error_code ec;
+      std::filesystem::remove_all(base / fmt::format("store-{}-{}", round, remember), ec);
+    }
+  const uint64_t n = uint64_t(o.rounds) * o.contexts;
+  const double a50 = nearest_rank(anchor.remove_us, 0.5), r50 = nearest_rank(remembered.remove_us, 0.5);
+  const double a99 = nearest_rank(anchor.remove_us, 0.99), r99 = nearest_rank(remembered.remove_us, 0.99);
+  fmt::print("removes: {} rounds of {} contexts ({} KiB each), one client, tcp loopback, store under {}\n", o.rounds,
+             o.contexts, o.chunk_kb, base.string());
+  fmt::print("| node | remove, median | p99 | older copies taken back after the removes |\n|---|---|---|---|\n");
+  fmt::print("| remembers none (anchor) | {:.0f} us | {:.0f} us | {} of {} |\n", a50, a99, anchor.copies_back, n);
+  fmt::print("| remembers them (default) | {:.0f} us ({:.2f}x) | {:.0f} us ({:.2f}x) | {} of {} |\n", r50, r50 / a50,
+             r99, r99 / a99, remembered.copies_back, n);
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["anchor"] = {{"remove_us_median", a50}, {"remove_us_p99", a99}, {"copies_back", anchor.copies_back}};
+    j["remembered"] = {{"remove_us_median", r50}, {"remove_us_p99", r99}, {"copies_back", remembered.copies_back}};
+    j["removes"] = n;
+    std::ofstream(o.json) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace kvstream::bench
