@@ -202,6 +202,7 @@ struct RemovesBenchOptions {
   uint32_t contexts = 400;  ///< contexts put and removed per round
   uint32_t rounds = 5;      ///< rounds of each kind, alternating
   uint32_t chunk_kb = 4;    ///< one chunk per context, KiB
+  uint32_t hand_on = 2000;  ///< removes handed to a node that holds none of them, each way
   std::string dir;          ///< where the nodes' stores go ("": the system's temporary directory)
   std::string json;         ///< optional output
 };

@@ -166,6 +166,9 @@ int main(int argc, char** argv) {
   rm->add_option("--contexts", ro.contexts, "contexts put and removed per round")->capture_default_str();
   rm->add_option("--rounds", ro.rounds, "rounds of each kind, alternating")->capture_default_str();
   rm->add_option("--chunk-kb", ro.chunk_kb, "bytes of each context's one chunk, KiB")->capture_default_str();
+  rm->add_option("--hand-on", ro.hand_on, "removes handed to a node that holds none of them, one request each and "
+                                          "in batches")
+      ->capture_default_str();
   rm->add_option("--dir", ro.dir, "where the nodes' stores go (default: the system's temporary directory)");
   rm->add_option("--json", ro.json, "write the figures as JSON");
   CLI11_PARSE(app, argc, argv);

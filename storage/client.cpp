@@ -175,6 +175,31 @@ class ClientImpl final : public Client {
     return remove_at(context, version, deadline, cancel);
   }
 
+  // Batches of at most one segment's worth of removes, each its own request.
+  Status remove_many(std::span<const ContextRemove> removes, Deadline deadline, const CancelToken& cancel) override {
+    if (!(features_.load(std::memory_order_relaxed) & kFeatureRemoveBatch))
+      return Client::remove_many(removes, deadline, cancel);
+    for (const ContextRemove& r : removes) {
+      KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
+      if (r.version == 0) return make_status(StatusCode::invalid_argument, "remove_many: version 0 names no write");
+    }
+    size_t first = 0;
+    while (first < removes.size()) {
+      size_t bytes = 4, end = first;
+      while (end < removes.size() && bytes + remove_wire_bytes(removes[end]) <= kMaxRemoveBatchBytes)
+        bytes += remove_wire_bytes(removes[end++]);
+      auto body = encode_removes(removes.subspan(first, end - first));
+      KVS_ASSIGN_OR_RETURN(auto mr, register_memory(body.data(), body.size()));
+      (void)mr;
+      Request req;
+      req.op = Op::remove, req.flags = kRemoveBatch, req.total = body.size(), req.checksum = body_checksum(body);
+      KVS_ASSIGN_OR_RETURN(auto reply, call(req, body, deadline, cancel));
+      (void)reply;
+      first = end;
+    }
+    return {};
+  }
+
   Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
     Request req;
     req.op = Op::list;
@@ -477,6 +502,13 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, std:
 
 Status Client::remove_up_to(const std::string&, uint64_t, Deadline, const CancelToken&) {
   return Status(StatusCode::unsupported, "this storage client keeps no write versions");
+}
+
+Status Client::remove_many(std::span<const ContextRemove> removes, Deadline deadline, const CancelToken& cancel) {
+  for (const ContextRemove& r : removes)
+    if (Status s = remove_up_to(r.context, r.version, deadline, cancel); !s.ok() && s.code() != StatusCode::not_found)
+      return s;
+  return {};
 }
 
 Status Client::touch(std::span<const ContextTouch>, uint64_t, Deadline, const CancelToken&) {

@@ -22,8 +22,8 @@ bool resendable(const Request& req) {
     case Op::put:
     case Op::touch:
       return req.version != 0;  // without a version or stamp the node would apply it twice
-    case Op::remove:
-      return (req.flags & kRemoveUpTo) && req.version != 0;  // twice, it would remove a newer write
+    case Op::remove:  // twice, one without a version would remove a newer write
+      return (req.flags & kRemoveBatch) || ((req.flags & kRemoveUpTo) && req.version != 0);
     default:
       return false;
   }

@@ -216,6 +216,9 @@ class PacedClient final : public Client {
                       const CancelToken& cancel) override {
     return inner_->remove_up_to(context, version, deadline, cancel);
   }
+  Status remove_many(std::span<const ContextRemove> removes, Deadline deadline, const CancelToken& cancel) override {
+    return inner_->remove_many(removes, deadline, cancel);
+  }
   Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
     return inner_->list(deadline, cancel);
   }

@@ -165,6 +165,7 @@ std::vector<std::byte> encode(const Request& r) {
   if (r.op == Op::get) w.put(r.range_offset), w.put(r.range_length);
   if (r.op == Op::touch) w.put(r.total), w.put(r.checksum), w.put(r.version);
   if (r.op == Op::remove && (r.flags & kRemoveUpTo)) w.put(r.version);
+  if (r.op == Op::remove && (r.flags & kRemoveBatch)) w.put(r.total), w.put(r.checksum);
   if (has_context(r.op)) w.put_str8(r.context);
   if (r.op == Op::usage) w.put_str8(r.context), w.put_str8(r.after);
   if (r.op == Op::auth) {
@@ -187,7 +188,8 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (!op_valid(op) || Op(op) == Op::hello)
     return detail::unlogged_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
-  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) && !(r.op == Op::remove && r.flags == kRemoveUpTo))
+  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) &&
+      !(r.op == Op::remove && (r.flags == kRemoveUpTo || r.flags == kRemoveBatch)))
     return detail::unlogged_status(StatusCode::corrupt_data, "request flags {:#x} on op {}", r.flags, op);
   bool parts_ok = true;
   if (r.op == Op::put) {
@@ -197,6 +199,7 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (r.op == Op::get) r.range_offset = rd.get<uint64_t>(), r.range_length = rd.get<uint64_t>();
   if (r.op == Op::touch) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
   if (r.op == Op::remove && (r.flags & kRemoveUpTo)) r.version = rd.get<uint64_t>();
+  if (r.op == Op::remove && (r.flags & kRemoveBatch)) r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>();
   if (has_context(r.op) || r.op == Op::usage) {
     const uint8_t n = rd.get<uint8_t>();
     r.context = rd.get_str(n, kMaxContextBytes);
@@ -216,6 +219,11 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (r.op == Op::touch && (r.total == 0 || r.total > kMaxTouchBodyBytes))
     return detail::unlogged_status(StatusCode::corrupt_data, "touch with a body of {} bytes (1..{})", r.total,
                                    kMaxTouchBodyBytes);
+  if (r.op == Op::remove && (r.flags & kRemoveBatch) &&
+      (r.total == 0 || r.total > kMaxRemoveBatchBytes || !r.context.empty()))
+    return detail::unlogged_status(StatusCode::corrupt_data,
+                                   "batch of removes with a body of {} bytes (1..{}) and a context of {}", r.total,
+                                   kMaxRemoveBatchBytes, r.context.size());
   if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage))
     return detail::unlogged_status(StatusCode::corrupt_data, "usage page of {} entries (1..{})", r.chunk,
                                    kMaxUsagePage);
@@ -229,7 +237,8 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (r.level >= kMaxLevels) return make_status(StatusCode::out_of_range, "level {} (limit {})", r.level, kMaxLevels);
   if (r.chunk >= kMaxChunksPerContext)
     return make_status(StatusCode::out_of_range, "chunk {} (limit {})", r.chunk, kMaxChunksPerContext);
-  if (has_context(r.op)) KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
+  if (has_context(r.op) && !(r.op == Op::remove && (r.flags & kRemoveBatch)))
+    KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
   // A prefix or a name to list after need not be a whole id ("model." is a prefix of
   // every id of that model), but it holds only the ids' characters.
   if (r.op == Op::usage)
@@ -344,6 +353,31 @@ Result<std::vector<ContextTouch>> decode_touches(std::span<const std::byte> body
     KVS_RETURN_IF_ERROR(validate_id(t.context, kMaxContextBytes, "touched context id"));
   }
   if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed touch body");
+  return out;
+}
+
+std::vector<std::byte> encode_removes(std::span<const ContextRemove> removes) {
+  Writer w;
+  w.put(uint32_t(removes.size()));
+  for (const ContextRemove& r : removes) w.put(r.version), w.put_str8(r.context);
+  return std::move(w.out);
+}
+
+Result<std::vector<ContextRemove>> decode_removes(std::span<const std::byte> body) {
+  Reader rd(body);
+  const uint32_t n = rd.get<uint32_t>();
+  if (!rd.ok() || n == 0 || n > body.size() / 10)
+    return make_status(StatusCode::corrupt_data, "batch of removes: {} contexts", n);
+  std::vector<ContextRemove> out(n);
+  for (ContextRemove& r : out) {
+    r.version = rd.get<uint64_t>();
+    const uint8_t len = rd.get<uint8_t>();
+    r.context = rd.get_str(len, kMaxContextBytes);
+    if (!rd.ok()) break;
+    if (r.version == 0) return make_status(StatusCode::corrupt_data, "a remove of '{}' up to version 0", r.context);
+    KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "removed context id"));
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed batch of removes");
   return out;
 }
 

@@ -40,6 +40,8 @@ inline constexpr uint64_t kFeatureRemoveUpTo = 4;
 /// message into this one, which on libfabric may belong to another namespace) is
 /// refused, and the connection ends.
 inline constexpr uint64_t kFeatureIdWindow = 8;
+/// The node takes batches of removes (a remove with kRemoveBatch).
+inline constexpr uint64_t kFeatureRemoveBatch = 16;
 /// Request flags (the u16 after the op; clients from before flags send 0 there, and
 /// nodes from before them ignore it). Only a stat (kStatVersions, to a node that
 /// declares kFeatureVersions) or a remove (kRemoveUpTo, kFeatureRemoveUpTo) may
@@ -49,6 +51,13 @@ inline constexpr uint16_t kStatVersions = 1;
 /// the level, and the objects of the context written after it stay (a newer write
 /// wins over the remove, as over an older put; and the remove can be sent twice).
 inline constexpr uint16_t kRemoveUpTo = 2;
+/// On a remove, to a node that declares kFeatureRemoveBatch (alone, instead of
+/// kRemoveUpTo): the request names no context; a body follows (its total and checksum
+/// after the level) of removes, each a context and the version it is removed up to,
+/// each done as a remove with kRemoveUpTo (a context not stored included).
+inline constexpr uint16_t kRemoveBatch = 4;
+/// Bound on a batch of removes' body: one segment.
+inline constexpr uint64_t kMaxRemoveBatchBytes = uint64_t(1) << 20;
 /// Bound on a touch request's body: one segment.
 inline constexpr uint64_t kMaxTouchBodyBytes = uint64_t(1) << 20;
 /// Most entries one usage reply may carry, and the bytes a node fills one with (it
@@ -164,6 +173,13 @@ Result<std::vector<ObjectPart>> decode_parts(std::span<const std::byte> bytes);
 std::vector<std::byte> encode_touches(std::span<const ContextTouch> touches);
 /// Errors: corrupt_data (framing, counts), invalid_argument (a name that fails validate_id).
 Result<std::vector<ContextTouch>> decode_touches(std::span<const std::byte> body);
+/// Body of a batch of removes: u32 n, then per context u64 version (not 0), u8
+/// length, bytes.
+std::vector<std::byte> encode_removes(std::span<const ContextRemove> removes);
+/// Errors: corrupt_data (framing, counts, a version 0), invalid_argument (a context id).
+Result<std::vector<ContextRemove>> decode_removes(std::span<const std::byte> body);
+/// Bytes one entry of a batch of removes takes.
+inline size_t remove_wire_bytes(const ContextRemove& r) { return 8 + 1 + r.context.size(); }
 /// Bytes one entry of a touch body takes.
 inline size_t touch_wire_bytes(const ContextTouch& t) { return 4 + 1 + t.context.size(); }
 /// Body of a usage response: u32 n, then per context u8 length, bytes, u64 bytes,

@@ -86,6 +86,13 @@ struct ContextTouch {
   bool operator==(const ContextTouch&) const = default;
 };
 
+/// A remove of one context up to a write version (Client::remove_many).
+struct ContextRemove {
+  std::string context;
+  uint64_t version = 0;
+  bool operator==(const ContextRemove&) const = default;
+};
+
 /// One context as a usage listing shows it (Client::usage): what eviction needs, in
 /// one reply for many contexts instead of a stat and a read each.
 struct ContextUsage {
@@ -404,6 +411,13 @@ class Client {
   /// 2026-12-06; the default here).
   virtual Status remove_up_to(const std::string& context, uint64_t version, transport::Deadline deadline,
                               const transport::CancelToken& cancel = {});
+  /// Many remove_up_to at once (a rebalance hands on what a node remembers), a context
+  /// not stored included (not an error here). A storage node that declares them takes
+  /// them in batches of up to 1 MiB, remembered with one sync each; otherwise (and in
+  /// this default) one request each. Errors: those of remove_up_to but not_found; the
+  /// removes before the failing one are done.
+  virtual Status remove_many(std::span<const ContextRemove> removes, transport::Deadline deadline,
+                             const transport::CancelToken& cancel = {});
   /// Contexts of the namespace.
   virtual Result<std::vector<std::string>> list(transport::Deadline deadline,
                                                 const transport::CancelToken& cancel = {}) = 0;

@@ -316,30 +316,43 @@ bool Rebalancer::hand_on_removes(PeerClients& peers, const HashRing& before, con
   for (const auto& n : after.nodes())
     if (std::find(was.begin(), was.end(), n) == was.end()) joined.push_back(n);
   if (joined.empty()) return true;
-  for (const auto& [ns, secret] : secrets_)
-    for (const auto& [ctx, version] : store_.removed(ns)) {
-      // The remove reached every member of `before`; the owners of the context's first
-      // chunk among them hand it on (R senders, not every member).
+  // A node takes up to 1 MiB of removes per request, remembered with one sync; slices
+  // of this many keep a newer change from waiting on a long list.
+  constexpr size_t kSlice = 4096;
+  for (const auto& [ns, secret] : secrets_) {
+    // The remove reached every member of `before`; the owners of the context's first
+    // chunk among them hand it on (R senders, not every member).
+    std::vector<storage::ContextRemove> mine;
+    for (auto& [ctx, version] : store_.removed(ns)) {
       const auto senders = before.replicas(HashRing::chunk_key(ctx, 0), cfg_.replication);
-      if (std::find(senders.begin(), senders.end(), self_) == senders.end()) continue;
-      for (const auto& node : joined) {
-        const uint64_t id = delivery_id(ns, ctx, kRemoveDelivery, kRemoveDelivery, node);
-        if (delivered_.contains(id)) continue;
-        storage::Client* c = peers.get(ns, node);
-        const Status s = c ? c->remove_up_to(ctx, version, Clock::now() + cfg_.etcd.request_timeout, stop_)
-                           : Status(StatusCode::unavailable, "not connected");
-        // not_found: the node held none of it (and remembers the remove all the same);
+      if (std::find(senders.begin(), senders.end(), self_) != senders.end())
+        mine.push_back({std::move(ctx), version});
+    }
+    for (const auto& node : joined) {
+      std::vector<storage::ContextRemove> due;
+      std::vector<uint64_t> ids;
+      for (const auto& r : mine) {
+        const uint64_t id = delivery_id(ns, r.context, kRemoveDelivery, kRemoveDelivery, node);
+        if (!delivered_.contains(id)) due.push_back(r), ids.push_back(id);
+      }
+      storage::Client* c = due.empty() ? nullptr : peers.get(ns, node);
+      for (size_t first = 0; first < due.size(); first += kSlice) {
+        const size_t n = std::min(kSlice, due.size() - first);
         // unsupported: a node from before versioned removes, which cannot be told.
-        if (s.ok() || s.code() == StatusCode::not_found || s.code() == StatusCode::unsupported) {
-          delivered_.insert(id);
-          tally.removes_handed_on += s.code() != StatusCode::unsupported;
+        const Status s = c ? c->remove_many(std::span(due).subspan(first, n), Clock::now() + cfg_.etcd.request_timeout,
+                                            stop_)
+                           : Status(StatusCode::unavailable, "not connected");
+        if (s.ok() || s.code() == StatusCode::unsupported) {
+          delivered_.insert(ids.begin() + first, ids.begin() + first + n);
+          if (s.ok()) tally.removes_handed_on += n;
         } else {
-          KVS_LOG_DEBUG("rebalance: the remove of '{}' did not reach {}: {}", ctx, node, s.to_string());
-          ++tally.objects_failed;
+          KVS_LOG_DEBUG("rebalance: {} removes did not reach {}: {}", n, node, s.to_string());
+          tally.objects_failed += n;
         }
         if (!current(gen)) return false;
       }
     }
+  }
   return true;
 }
 

@@ -455,7 +455,28 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
             if (e.generation != 0) remembered = std::max(remembered, e.version);
   }
   if (remembered > 0) KVS_RETURN_IF_ERROR(tombstones_.record(ns, ctx, remembered));
+  return delete_up_to_locked(ns, ctx, max_version);
+}
+
+Status ChunkStore::remove_many(const std::string& ns, std::span<const ContextRemove> removes) {
+  KVS_RETURN_IF_ERROR(validate_id(ns, kMaxNamespaceBytes, "namespace"));
+  for (const ContextRemove& r : removes) {
+    KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
+    if (r.version == 0) return make_status(StatusCode::invalid_argument, "a remove of '{}' up to version 0", r.context);
+  }
+  // Remembered before anything goes: a commit the removes cover is refused from here.
+  KVS_RETURN_IF_ERROR(tombstones_.record_many(ns, removes));
+  for (const ContextRemove& r : removes) {
+    std::lock_guard stripe_lock(stripe(ns, r.context));
+    if (Status s = delete_up_to_locked(ns, r.context, r.version); !s.ok() && s.code() != StatusCode::not_found)
+      return s;
+  }
+  return {};
+}
+
+Status ChunkStore::delete_up_to_locked(const std::string& ns, const std::string& ctx, uint64_t max_version) {
   std::vector<ObjectKey> older;  // where a newer write stays: the objects to delete one by one
+  bool whole = false;            // no newer write: the context goes whole
   {
     std::lock_guard lock(mu_);
     auto n = index_.find(ns);
@@ -479,10 +500,13 @@ Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_
       n->second.erase(c);
       quota_.stored(ns, context_charge(), 0);
       cache_drop_prefix_locked(ns + "/" + ctx + "/");
-      older.clear();
+      whole = true;
     }
   }
-  if (older.empty()) return remove_context_dir(ns, ctx);
+  if (whole) return remove_context_dir(ns, ctx);
+  // Every write is newer than the remove: they stay, and so do their files (the
+  // directory went with them once, leaving the index naming files no longer there).
+  if (older.empty()) return {};
   // The files first (a crash between leaves an index rebuilt without them), then the
   // index; the directory's sync makes the unlinks durable.
   for (const ObjectKey& k : older) KVS_RETURN_IF_ERROR(unlink_object(k));

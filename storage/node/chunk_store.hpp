@@ -217,6 +217,10 @@ class ChunkStore {
   /// refused. Errors: not_found (nothing was deleted), io_error.
   Status remove(const std::string& ns, const std::string& ctx,
                 uint64_t max_version = std::numeric_limits<uint64_t>::max());
+  /// remove(ns, context, version) of each of `removes`, all remembered first with one
+  /// sync (a context not stored is no error here). Errors: invalid_argument (ids, a
+  /// version 0), io_error (the removes before the failing one are done).
+  Status remove_many(const std::string& ns, std::span<const ContextRemove> removes);
   /// The file of remembered removes in the store's directory (tombstone_log.hpp).
   static constexpr const char* kRemovesFile = ".removes";
   /// The version up to which a remembered remove covered `ctx` (0: none).
@@ -303,6 +307,9 @@ class ChunkStore {
 
   std::mutex& stripe(const std::string& ns, const std::string& ctx);
   std::string context_dir(const std::string& ns, const std::string& ctx) const;
+  // remove()'s deletion of the objects up to `max_version`. Requires the context's
+  // stripe. Errors: not_found, io_error.
+  Status delete_up_to_locked(const std::string& ns, const std::string& ctx, uint64_t max_version);
   // Deletes a context's directory (its objects and use mark) and syncs the namespace's.
   // Requires the context's stripe. Errors: io_error.
   Status remove_context_dir(const std::string& ns, const std::string& ctx);

@@ -256,7 +256,7 @@ class ServerImpl final : public Server {
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
-    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow;
+    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow | kFeatureRemoveBatch;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -365,7 +365,8 @@ class ServerImpl final : public Server {
       }
       ++requests_;
       auto req = decode_request(header);
-      const bool has_body = req.ok() && (req->op == Op::put || req->op == Op::touch);
+      const bool has_body = req.ok() && (req->op == Op::put || req->op == Op::touch ||
+                                         (req->op == Op::remove && (req->flags & kRemoveBatch)));
       const bool bad_body = req.ok() && (has_body ? *body_len != segment_bytes(req->total, 0) : *body_len != 0);
       // An id outside the connection's window is another connection's request (a
       // dead connection's message let in by the transport): not done here.
@@ -425,7 +426,11 @@ class ServerImpl final : public Server {
         break;
       }
       case Op::remove:
-        if (Status s = store_->remove(ns, req.context,
+        if (req.flags & kRemoveBatch) {
+          Status outcome;
+          KVS_RETURN_IF_ERROR(receive_removes(c, ns, req, cancel, outcome));
+          if (!outcome.ok()) fail(outcome);
+        } else if (Status s = store_->remove(ns, req.context,
                                       (req.flags & kRemoveUpTo) ? req.version : std::numeric_limits<uint64_t>::max());
             !s.ok())
           fail(s);
@@ -494,25 +499,47 @@ class ServerImpl final : public Server {
   Status receive_touch(Connection& c, const std::string& ns, const Request& req, const CancelToken& cancel,
                        Status& outcome) {
     SegmentPool::Segment seg;
-    if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
-    else outcome = s.status();
     std::span<std::byte> body;
-    KVS_RETURN_IF_ERROR(recv_segmented(
-        c, true, req.id, req.total, segment_bytes(req.total, 0),
-        [&](uint64_t, uint64_t len) { return outcome.ok() ? (body = seg.span(len)) : std::span<std::byte>(); },
-        [](std::span<std::byte>) {}, cfg_.idle_timeout, cancel));
-    bytes_in_ += req.total;
+    KVS_RETURN_IF_ERROR(receive_small_body(c, req, cancel, seg, body, outcome));
     if (!outcome.ok()) return {};
-    if (body_checksum(body) != req.checksum) {
-      outcome = make_status(StatusCode::corrupt_data, "touch body failed its checksum");
-      return {};
-    }
     auto touches = decode_touches(body);
     if (!touches.ok()) {
       outcome = touches.status();
       return {};
     }
     if (auto n = store_->touch(ns, *touches, req.version); !n.ok()) outcome = n.status();
+    return {};
+  }
+
+  // Receives a batch of removes' body and does them (ChunkStore::remove_many), as
+  // receive_touch does a touch.
+  Status receive_removes(Connection& c, const std::string& ns, const Request& req, const CancelToken& cancel,
+                         Status& outcome) {
+    SegmentPool::Segment seg;
+    std::span<std::byte> body;
+    KVS_RETURN_IF_ERROR(receive_small_body(c, req, cancel, seg, body, outcome));
+    if (!outcome.ok()) return {};
+    auto removes = decode_removes(body);
+    if (!removes.ok()) outcome = removes.status();
+    else outcome = store_->remove_many(ns, *removes);
+    return {};
+  }
+
+  // Receives the one-segment body of a touch or a batch of removes into `seg` (leased
+  // from the segment pool): `body`, its checksum verified, or the reason in `outcome`
+  // (the body is read off the wire all the same, so the connection stays in step).
+  // Returns an error only when the connection must end.
+  Status receive_small_body(Connection& c, const Request& req, const CancelToken& cancel, SegmentPool::Segment& seg,
+                            std::span<std::byte>& body, Status& outcome) {
+    if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
+    else outcome = s.status();
+    KVS_RETURN_IF_ERROR(recv_segmented(
+        c, true, req.id, req.total, segment_bytes(req.total, 0),
+        [&](uint64_t, uint64_t len) { return outcome.ok() ? (body = seg.span(len)) : std::span<std::byte>(); },
+        [](std::span<std::byte>) {}, cfg_.idle_timeout, cancel));
+    bytes_in_ += req.total;
+    if (outcome.ok() && body_checksum(body) != req.checksum)
+      outcome = make_status(StatusCode::corrupt_data, "request body failed its checksum");
     return {};
   }
 

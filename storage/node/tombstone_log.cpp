@@ -131,9 +131,11 @@ TombstoneLog::~TombstoneLog() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status TombstoneLog::append(const TombstoneRecord& r) {
-  if (const int e = write_all(fd_, format(r))) return io_failure("cannot append to", path_, e);
-  ++lines_;
+Status TombstoneLog::append(std::span<const TombstoneRecord> records) {
+  std::string lines;
+  for (const auto& r : records) lines += format(r);
+  if (const int e = write_all(fd_, lines)) return io_failure("cannot append to", path_, e);
+  lines_ += records.size();
   if (::fdatasync(fd_) != 0) return io_failure("cannot sync", path_, errno);
   return {};
 }

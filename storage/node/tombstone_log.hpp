@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,8 @@ class TombstoneLog {
   TombstoneLog& operator=(const TombstoneLog&) = delete;
   ~TombstoneLog();
 
-  /// Appends one record and syncs it. Errors: io_error.
-  Status append(const TombstoneRecord& r);
+  /// Appends records and syncs them (one write, one sync). Errors: io_error.
+  Status append(std::span<const TombstoneRecord> records);
   /// Replaces the file by one holding `records` alone (durably: synced, renamed, its
   /// directory synced). Errors: io_error (the old file and its appends stay).
   Status rewrite(const std::vector<TombstoneRecord>& records);

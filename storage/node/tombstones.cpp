@@ -39,22 +39,28 @@ void Tombstones::set_limits(Limits limits) {
 }
 
 Status Tombstones::record(const std::string& ns, const std::string& ctx, uint64_t version) {
+  const ContextRemove one{ctx, version};
+  return record_many(ns, std::span(&one, 1));
+}
+
+Status Tombstones::record_many(const std::string& ns, std::span<const ContextRemove> removes) {
   std::lock_guard log_lock(log_mu_);
-  TombstoneRecord rec;
-  std::vector<TombstoneRecord> snapshot;
+  std::vector<TombstoneRecord> records, snapshot;
   bool compact = false;
   {
     std::lock_guard lock(mu_);
     if (limits_.max_entries == 0 || limits_.ttl.count() <= 0) return {};
     const auto now = now_();
-    const Entry& e = put_locked({ns, ctx}, version, now);
-    rec = {ns, ctx, e.version, unix_ms(now)};
+    for (const ContextRemove& r : removes) {
+      const Entry& e = put_locked({ns, r.context}, r.version, now);
+      records.push_back({ns, r.context, e.version, unix_ms(now)});
+    }
     expire_locked();
     if (!log_) return {};
     compact = compaction_due_locked();
     if (compact) snapshot = records_locked();
   }
-  return compact ? log_->rewrite(snapshot) : log_->append(rec);
+  return compact ? log_->rewrite(snapshot) : log_->append(records);
 }
 
 uint64_t Tombstones::removed_up_to(const std::string& ns, const std::string& ctx) {

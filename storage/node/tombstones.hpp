@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kvstream/status.hpp"
+#include "kvstream/storage.hpp"
 #include "storage/node/tombstone_log.hpp"
 
 namespace kvstream::storage {
@@ -53,6 +54,9 @@ class Tombstones {
   /// the highest version it was given and is as young as its last record. Errors:
   /// io_error (the file; remembered in memory all the same).
   Status record(const std::string& ns, const std::string& ctx, uint64_t version);
+  /// record() of each of `removes` (contexts of `ns`), with one write and one sync of
+  /// the file.
+  Status record_many(const std::string& ns, std::span<const ContextRemove> removes);
   /// The version up to which `ctx` was removed; 0 when no remove of it is remembered.
   [[nodiscard]] uint64_t removed_up_to(const std::string& ns, const std::string& ctx);
   /// Every remembered remove in `ns`: context and version, by context.

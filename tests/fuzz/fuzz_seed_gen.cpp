@@ -145,8 +145,11 @@ int main(int argc, char** argv) {
       rq.flags = storage::kStatVersions;
       if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     }
-    if (op == Op::remove) {  // up to a version
+    if (op == Op::remove) {  // up to a version, and a batch of removes
       rq.flags = storage::kRemoveUpTo, rq.version = 1765000000000000;
+      if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
+      rq.flags = storage::kRemoveBatch, rq.version = 0, rq.context.clear();
+      rq.total = 300, rq.checksum = 0x1122334455667788ull;
       if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     }
     storage::Response rs;
@@ -168,6 +171,11 @@ int main(int argc, char** argv) {
     if (!write_file(wdir + "/stats_versions", 8, bytes(storage::encode_stats({a, b}, true)))) return 1;
   }
   if (!write_file(wdir + "/names", 3, bytes(storage::encode_names({"a", "story-1", "ctx.v2"})))) return 1;
+  {
+    // Selector 9 is a batch of removes' body (9 mod 6 = 3, 9 / 6 odd).
+    const std::vector<storage::ContextRemove> removes = {{"story-0", 1765000000000000}, {"story-1", 7}};
+    if (!write_file(wdir + "/removes", 9, bytes(storage::encode_removes(removes)))) return 1;
+  }
   {
     const std::vector<storage::ContextTouch> touches = {{"story-0", 0}, {"story-1", 1}, {"story-2", 2}};
     if (!write_file(wdir + "/touches", 4, bytes(storage::encode_touches(touches)))) return 1;

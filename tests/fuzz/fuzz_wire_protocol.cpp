@@ -1,5 +1,6 @@
 // libFuzzer target: the storage protocol's parsers on untrusted bytes: request and
-// response headers, stat, list, touch and usage bodies (the first input byte picks which).
+// response headers, stat, list, touch, usage and batch-of-removes bodies (the first
+// input byte picks which).
 // Invariants besides memory safety: a parser never returns `internal`; whatever it
 // accepts re-encodes to bytes it parses back to the same fields, every one compared
 // (a put's total, checksum, version and parts table, a get's range, a response's total,
@@ -65,16 +66,19 @@ bool same(const std::vector<ChunkStat>& a, const std::vector<ChunkStat>& b) {
 // body, a range lies within the largest object, fields of other ops are zero.
 void check_accepted(const Request& r) {
   if (Status s = validate_parts(r.parts, r.total); !s.ok()) fail("accepted a put whose parts table is invalid", s);
-  const bool has_body = r.op == Op::put || r.op == Op::touch;
+  const bool batch = r.op == Op::remove && r.flags == kRemoveBatch;
+  const bool has_body = r.op == Op::put || r.op == Op::touch || batch;
   const bool versioned_remove = r.op == Op::remove && r.flags == kRemoveUpTo;
   if (!has_body && (r.total != 0 || r.checksum != 0 || (r.version != 0 && !versioned_remove)))
     fail("put fields on another op");
   if (r.op != Op::put && !r.parts.empty()) fail("a parts table on another op");
   if (r.op == Op::touch && (r.total == 0 || r.total > kMaxTouchBodyBytes)) fail("accepted a touch body out of bounds");
+  if (batch && (r.total == 0 || r.total > kMaxRemoveBatchBytes || !r.context.empty() || r.version != 0))
+    fail("accepted a batch of removes out of bounds, or naming a context");
   if (r.op != Op::usage && !r.after.empty()) fail("a usage start on another op");
   if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage)) fail("accepted a usage page out of bounds");
   if (r.op != Op::get && (r.range_offset != 0 || r.range_length != 0)) fail("range fields on another op");
-  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) && !versioned_remove)
+  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) && !versioned_remove && !batch)
     fail("accepted a flag no node knows");
   if (r.range_length == 0 && r.range_offset != 0) fail("accepted a range of no length");
   if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
@@ -166,6 +170,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
+    case 3:
+      if ((data[0] / 6) & 1) {  // half of this case's inputs: a batch of removes' body
+        auto r = decode_removes(in);
+        no_internal(r, "decode_removes");
+        if (r.ok()) {
+          for (const ContextRemove& x : *r)
+            if (x.version == 0 || !validate_id(x.context, kMaxContextBytes, "id").ok()) fail("accepted a bad remove");
+          const auto bytes = encode_removes(*r);
+          auto again = decode_removes(bytes);
+          if (!again.ok() || *again != *r) fail("removes round trip", again.status());
+          if (encode_removes(*again) != bytes) fail("removes re-encode differently");
+        }
+        break;
+      }
+      [[fallthrough]];
     default: {
       auto r = decode_names(in);
       no_internal(r, "decode_names");

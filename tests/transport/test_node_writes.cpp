@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "kvstream/storage.hpp"
@@ -151,6 +152,105 @@ TEST(RemoveUpTo, TheVersionTravelsOnlyWithTheFlag) {
   Request s;
   s.op = Op::stat, s.context = "ctx", s.flags = kRemoveUpTo;
   EXPECT_EQ(decode_request(encode(s)).status().code(), StatusCode::corrupt_data) << "the remove flag on a stat";
+}
+
+// A remove older than every write of a context (its remover's clock behind, or a
+// remove handed on late) deletes nothing: the writes stay readable, across a restart.
+// It took the context's directory, and with it the files of those writes, while the
+// index still named them.
+TEST_P(NodeWrites, ARemoveOlderThanEveryWriteKeepsThem) {
+  const auto body = pattern(40000, 8);
+  const uint64_t v = next_write_version();
+  {
+    auto server = Server::start(config());
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    auto c = client((*server)->address());
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->put_versioned("ctx", 0, 0, body, v + 20, deadline_in(10s)).ok());
+    ASSERT_TRUE(c->put_versioned("ctx", 1, 0, body, v + 30, deadline_in(10s)).ok());
+    ASSERT_TRUE(c->remove_up_to("ctx", v + 10, deadline_in(10s)).ok());
+    for (uint32_t chunk : {0u, 1u}) {
+      auto got = fetch(*c, "ctx", chunk, 0);
+      ASSERT_TRUE(got.ok()) << chunk << ": " << got.status().to_string();
+      EXPECT_EQ(*got, body);
+    }
+  }
+  auto server = Server::start(config());
+  ASSERT_TRUE(server.ok());
+  auto c = client((*server)->address());
+  ASSERT_TRUE(c);
+  auto st = c->stat("ctx", deadline_in(10s));
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(st->size(), 2u);
+  auto got = fetch(*c, "ctx", 1, 0);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, body);
+}
+
+// A batch of removes: its flag alone on a remove, with a body and no context; the
+// body's entries each a context and a version, none 0, whole.
+TEST(RemoveUpTo, ABatchTravelsAsABodyOfRemoves) {
+  const std::vector<ContextRemove> removes = {{"a", 5}, {"ctx-b", 1ull << 60}};
+  const auto body = encode_removes(removes);
+  auto back = decode_removes(body);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, removes);
+  for (size_t cut = 0; cut < body.size(); ++cut) EXPECT_FALSE(decode_removes(std::span(body).first(cut)).ok()) << cut;
+  EXPECT_EQ(decode_removes(encode_removes(std::vector<ContextRemove>{{"a", 0}})).status().code(),
+            StatusCode::corrupt_data)
+      << "a remove of no write";
+  EXPECT_EQ(decode_removes(encode_removes(std::vector<ContextRemove>{{"../x", 3}})).status().code(),
+            StatusCode::invalid_argument);
+  Request r;
+  r.op = Op::remove, r.id = 3, r.flags = kRemoveBatch, r.total = body.size(), r.checksum = body_checksum(body);
+  auto req = decode_request(encode(r));
+  ASSERT_TRUE(req.ok()) << req.status().to_string();
+  EXPECT_EQ(req->flags, kRemoveBatch);
+  EXPECT_EQ(req->total, body.size());
+  EXPECT_EQ(req->checksum, r.checksum);
+  r.context = "ctx";
+  EXPECT_EQ(decode_request(encode(r)).status().code(), StatusCode::corrupt_data) << "a batch naming a context";
+  r.context.clear(), r.total = kMaxRemoveBatchBytes + 1;
+  EXPECT_EQ(decode_request(encode(r)).status().code(), StatusCode::corrupt_data) << "a body over one segment";
+  r.total = body.size(), r.flags = kRemoveBatch | kRemoveUpTo;
+  EXPECT_EQ(decode_request(encode(r)).status().code(), StatusCode::corrupt_data) << "both remove flags";
+  std::mt19937 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<std::byte> junk(rng() % 80);
+    for (auto& b : junk) b = std::byte(rng());
+    (void)decode_removes(junk);
+  }
+}
+
+// A batch of removes does each as remove_up_to: a context the batch covers goes,
+// one written after its remove's version stays, one never stored is remembered; all
+// with one request (and one sync of the node's file of removes).
+TEST_P(NodeWrites, ABatchOfRemovesIsEachARemove) {
+  const auto body = pattern(20000, 7);
+  const uint64_t v = next_write_version();
+  auto server = Server::start(config());
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto c = client((*server)->address());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->put_versioned("a", 0, 0, body, v, deadline_in(10s)).ok());
+  ASSERT_TRUE(c->put_versioned("b", 0, 0, body, v + 20, deadline_in(10s)).ok());
+  const uint64_t before = (*server)->counters().requests;
+  std::vector<ContextRemove> removes = {{"a", v + 10}, {"never", v + 10}, {"b", v + 10}};
+  ASSERT_TRUE(c->remove_many(removes, deadline_in(10s)).ok());
+  EXPECT_EQ((*server)->counters().requests, before + 1) << "one request for the batch";
+  EXPECT_EQ(fetch(*c, "a", 0, 0).status().code(), StatusCode::not_found);
+  auto kept = fetch(*c, "b", 0, 0);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_EQ(*kept, body);
+  EXPECT_EQ(c->put_versioned("never", 0, 0, body, v + 5, deadline_in(10s)).code(), StatusCode::already_exists);
+  EXPECT_EQ((*server)->counters().removes_remembered, 3u);
+  // Many more than one request holds (1 MiB of them): every one is done.
+  removes.clear();
+  for (int i = 0; i < 20000; ++i) removes.push_back({fmt::format("ctx-{:0>60}", i), v + 10});
+  ASSERT_TRUE(c->remove_many(removes, deadline_in(30s)).ok());
+  EXPECT_EQ((*server)->counters().removes_remembered, 20003u);
+  removes = {{"bad/id", v}};
+  EXPECT_EQ(c->remove_many(removes, deadline_in(10s)).code(), StatusCode::invalid_argument);
 }
 
 // A remove deletes the writes made before it; a write newer than the remove (here
