@@ -154,7 +154,7 @@ struct ServerConfig {
   /// node that was away hands it over when it comes back) is refused, and a rebalance
   /// hands them to nodes that join (docs/protocol.md, "Removes"): each for
   /// `remove_memory` after it was made, at most `max_removes_remembered` of them (the
-  /// oldest go first). 0 in either: none kept.
+  /// oldest of the namespace holding the most go first). 0 in either: none kept.
   std::chrono::seconds remove_memory{24 * 3600};
   uint64_t max_removes_remembered = 100000;
   /// Warnings a peer can cause at will (refused connections, failed logins) are

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
                  "how long a remove is remembered, so that older copies of the context are refused (0: not at all)")
       ->capture_default_str();
   app.add_option("--max-removes-remembered", cfg.max_removes_remembered,
-                 "removes remembered at most (the oldest are forgotten first)")
+                 "removes remembered at most (past it, the oldest of the namespace holding the most are forgotten)")
       ->capture_default_str();
   auto& m = cfg.membership;
   uint64_t lease_s = uint64_t(m.etcd.lease_ttl.count()), rebalance_mb = m.bytes_per_second >> 20;

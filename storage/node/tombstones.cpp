@@ -88,23 +88,42 @@ size_t Tombstones::size() {
 Tombstones::Entry& Tombstones::put_locked(Key key, uint64_t version, Clock::time_point at) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
-    ages_.push_back(key);
-    return entries_.emplace(std::move(key), Entry{version, at, std::prev(ages_.end())}).first->second;
+    auto& mine = by_ns_[key.first];
+    ages_.push_back(key), mine.push_back(key);
+    return entries_.emplace(std::move(key), Entry{version, at, std::prev(ages_.end()), std::prev(mine.end())})
+        .first->second;
   }
   Entry& e = it->second;
   e.version = std::max(e.version, version);
   e.at = std::max(e.at, at);
   ages_.splice(ages_.end(), ages_, e.age);
+  auto& mine = by_ns_[key.first];
+  mine.splice(mine.end(), mine, e.ns_age);
   return e;
+}
+
+void Tombstones::erase_locked(std::map<Key, Entry>::iterator it) {
+  ages_.erase(it->second.age);
+  const auto ns = by_ns_.find(it->first.first);
+  ns->second.erase(it->second.ns_age);
+  if (ns->second.empty()) by_ns_.erase(ns);
+  entries_.erase(it);
 }
 
 void Tombstones::expire_locked() {
   const auto now = now_();
   while (!ages_.empty()) {
     const auto it = entries_.find(ages_.front());
-    if (entries_.size() <= limits_.max_entries && it->second.at + limits_.ttl > now) break;
-    entries_.erase(it);
-    ages_.pop_front();
+    if (it->second.at + limits_.ttl > now) break;
+    erase_locked(it);
+  }
+  // Over the bound: the oldest of the namespace that holds the most (a few tenants:
+  // the scan is short, and runs only past the bound).
+  while (entries_.size() > limits_.max_entries) {
+    auto most = by_ns_.begin();
+    for (auto n = by_ns_.begin(); n != by_ns_.end(); ++n)
+      if (n->second.size() > most->second.size()) most = n;
+    erase_locked(entries_.find(most->second.front()));
   }
 }
 

@@ -7,7 +7,8 @@
 // "Removes").
 //
 // Bounded in count and age: a remove older than `ttl` (wall clock, so ages outlive a
-// restart), or pushed out by `max_entries` newer ones, is forgotten. With a file
+// restart), or pushed out past `max_entries` (the oldest of the namespace holding the
+// most first), is forgotten. With a file
 // (persist_to, the node's `<dir>/.removes`) each record is synced there before the
 // remove is acknowledged, and a restart reads them back. Thread-safe.
 #pragma once
@@ -32,7 +33,8 @@ namespace kvstream::storage {
 struct TombstoneLimits {
   /// How long a remove is remembered after it was last recorded (0: not at all).
   std::chrono::seconds ttl{24 * 3600};
-  /// How many are remembered at most; past it the oldest go first (0: none).
+  /// How many are remembered at most (0: none); past it the oldest of the namespace
+  /// that holds the most go first, so one tenant's many removes push out its own.
   size_t max_entries = 100000;
 };
 
@@ -69,8 +71,10 @@ class Tombstones {
   struct Entry {
     uint64_t version = 0;
     Clock::time_point at;
-    std::list<Key>::iterator age;  // its place in ages_
+    std::list<Key>::iterator age;     // its place in ages_
+    std::list<Key>::iterator ns_age;  // its place in its namespace's list in by_ns_
   };
+  void erase_locked(std::map<Key, Entry>::iterator it);
   // Records `version` at `at` (the newest version, the latest time) as the youngest.
   Entry& put_locked(Key key, uint64_t version, Clock::time_point at);
   void expire_locked();
@@ -86,6 +90,7 @@ class Tombstones {
   Limits limits_;
   std::map<Key, Entry> entries_;
   std::list<Key> ages_;  // oldest record first
+  std::map<std::string, std::list<Key>> by_ns_;  // the same, per namespace
 };
 
 }  // namespace kvstream::storage

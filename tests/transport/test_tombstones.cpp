@@ -35,13 +35,19 @@ TEST(Tombstones, ARemoveIsRememberedAtItsNewestVersionUntilItAgesOrIsPushedOut) 
   EXPECT_EQ(t.removed_up_to("a", "x"), 0u) << "aged out";
   EXPECT_EQ(t.size(), 2u);
   ASSERT_TRUE(t.record("a", "y", 9).ok());  // recorded again: young again
+  now += 1s;
   ASSERT_TRUE(t.record("a", "z", 1).ok());
-  ASSERT_TRUE(t.record("a", "w", 2).ok());  // the fourth: the oldest record (b/x) goes
+  ASSERT_TRUE(t.record("a", "w", 2).ok());  // the fourth: "a" holds the most, its oldest (a/y) goes
   EXPECT_EQ(t.size(), 3u);
-  EXPECT_EQ(t.removed_up_to("b", "x"), 0u);
-  EXPECT_EQ(t.removed_up_to("a", "y"), 9u);
+  EXPECT_EQ(t.removed_up_to("b", "x"), 7u) << "another tenant's, though older, stays";
+  EXPECT_EQ(t.removed_up_to("a", "y"), 0u);
+  EXPECT_EQ(t.list("a"), (std::vector<std::pair<std::string, uint64_t>>{{"w", 2}, {"z", 1}}));
+  ASSERT_TRUE(t.record("b", "v", 3).ok());  // now "a" still holds the most: a/z goes
+  EXPECT_EQ(t.removed_up_to("a", "z"), 0u);
+  EXPECT_EQ(t.removed_up_to("b", "x"), 7u);
   now += 9s;
-  EXPECT_EQ(t.removed_up_to("a", "y"), 9u) << "9 s after its last record";
+  EXPECT_EQ(t.removed_up_to("a", "w"), 2u) << "9 s after its last record";
+  EXPECT_EQ(t.removed_up_to("b", "x"), 0u) << "aged out";
   now += 2s;
   EXPECT_EQ(t.size(), 0u);
   t.set_limits({0s, 3});
