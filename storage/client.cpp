@@ -183,21 +183,9 @@ class ClientImpl final : public Client {
       KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "context id"));
       if (r.version == 0) return make_status(StatusCode::invalid_argument, "remove_many: version 0 names no write");
     }
-    size_t first = 0;
-    while (first < removes.size()) {
-      size_t bytes = 4, end = first;
-      while (end < removes.size() && bytes + remove_wire_bytes(removes[end]) <= kMaxRemoveBatchBytes)
-        bytes += remove_wire_bytes(removes[end++]);
-      auto body = encode_removes(removes.subspan(first, end - first));
-      KVS_ASSIGN_OR_RETURN(auto mr, register_memory(body.data(), body.size()));
-      (void)mr;
-      Request req;
-      req.op = Op::remove, req.flags = kRemoveBatch, req.total = body.size(), req.checksum = body_checksum(body);
-      KVS_ASSIGN_OR_RETURN(auto reply, call(req, body, deadline, cancel));
-      (void)reply;
-      first = end;
-    }
-    return {};
+    Request req;
+    req.op = Op::remove, req.flags = kRemoveBatch;
+    return send_batches(removes, remove_wire_bytes, kMaxRemoveBatchBytes, encode_removes, req, deadline, cancel);
   }
 
   Result<std::vector<std::string>> list(Deadline deadline, const CancelToken& cancel) override {
@@ -213,21 +201,9 @@ class ClientImpl final : public Client {
     for (const ContextTouch& t : contexts) KVS_RETURN_IF_ERROR(validate_id(t.context, kMaxContextBytes, "context id"));
     KVS_RETURN_IF_ERROR(need_usage_feature());
     if (stamp == 0) stamp = next_write_version();
-    size_t first = 0;
-    while (first < contexts.size()) {
-      size_t bytes = 4, end = first;
-      while (end < contexts.size() && bytes + touch_wire_bytes(contexts[end]) <= kMaxTouchBodyBytes)
-        bytes += touch_wire_bytes(contexts[end++]);
-      auto body = encode_touches(contexts.subspan(first, end - first));
-      KVS_ASSIGN_OR_RETURN(auto mr, register_memory(body.data(), body.size()));
-      (void)mr;
-      Request req;
-      req.op = Op::touch, req.total = body.size(), req.checksum = body_checksum(body), req.version = stamp;
-      KVS_ASSIGN_OR_RETURN(auto reply, call(req, body, deadline, cancel));
-      (void)reply;
-      first = end;
-    }
-    return {};
+    Request req;
+    req.op = Op::touch, req.version = stamp;
+    return send_batches(contexts, touch_wire_bytes, kMaxTouchBodyBytes, encode_touches, req, deadline, cancel);
   }
 
   Result<std::vector<ContextUsage>> usage(const std::string& prefix, Deadline deadline,
@@ -259,6 +235,27 @@ class ClientImpl final : public Client {
 
  private:
   static constexpr uint32_t kUsagePage = 4096;
+
+  // Sends `items` in requests like `head`, each with a body of as many as fit in
+  // `max_body` bytes (a u32 count, then `wire` bytes each, as `encode` writes them).
+  template <typename T, typename Encode>
+  Status send_batches(std::span<const T> items, size_t (*wire)(const T&), uint64_t max_body, Encode encode,
+                      const Request& head, Deadline deadline, const CancelToken& cancel) {
+    size_t first = 0;
+    while (first < items.size()) {
+      size_t bytes = 4, end = first;
+      while (end < items.size() && bytes + wire(items[end]) <= max_body) bytes += wire(items[end++]);
+      auto body = encode(items.subspan(first, end - first));
+      KVS_ASSIGN_OR_RETURN(auto mr, register_memory(body.data(), body.size()));
+      (void)mr;
+      Request req = head;
+      req.total = body.size(), req.checksum = body_checksum(body);
+      KVS_ASSIGN_OR_RETURN(auto reply, call(req, body, deadline, cancel));
+      (void)reply;
+      first = end;
+    }
+    return {};
+  }
 
   // A remove of the writes up to `version` (0: all, for a node from before versions).
   Status remove_at(const std::string& context, uint64_t version, Deadline deadline, const CancelToken& cancel) {
