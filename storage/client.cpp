@@ -437,11 +437,13 @@ class ClientImpl final : public Client {
     submit(std::move(req), body, std::move(p));
   }
 
-  // A put sent again that the node refused as not newer than the write it holds
-  // (`refused`): either its first try was done (the answer was lost with the
-  // connection) or another client's newer write got there first. The version the
-  // node holds tells which: the put succeeded where it is the put's own. A node
-  // that does not say its versions leaves the refusal standing.
+  // A put sent again that the node refused as not newer than the write it holds, or
+  // than a remove it remembers (`refused`): either its first try was done (the answer
+  // was lost with the connection), or another client's newer write got there first.
+  // The version the node holds tells which: the put succeeded where it is the put's
+  // own, and where the node holds none (a remove covered its version: the first try
+  // was done and then removed, or is ordered before that remove). A node that does
+  // not say its versions leaves the refusal standing.
   void confirm_write(const WriteId& w, Status refused, Deadline deadline, const CancelToken& cancel, Done done) {
     if (!(features_.load(std::memory_order_relaxed) & kFeatureVersions)) return done(std::move(refused), {});
     Request req;
@@ -449,12 +451,13 @@ class ClientImpl final : public Client {
     Pending p;
     p.op = Op::stat, p.deadline = deadline, p.cancel = cancel;
     p.done = [w, refused = std::move(refused), done = std::move(done)](Result<size_t> r, std::vector<std::byte>&& b) {
-      if (r.ok())
-        if (auto stats = decode_stats(b, true); stats.ok())
-          for (const ChunkStat& cs : *stats)
-            if (cs.chunk == w.chunk && w.level < cs.level_versions.size() && cs.level_versions[w.level] == w.version)
-              return done(size_t(0), {});
-      done(refused, {});
+      if (!r.ok()) return done(r.status().code() == StatusCode::not_found ? Result<size_t>(size_t(0)) : refused, {});
+      auto stats = decode_stats(b, true);
+      if (!stats.ok()) return done(refused, {});
+      for (const ChunkStat& cs : *stats)
+        if (cs.chunk == w.chunk && w.level < cs.level_versions.size() && cs.level_versions[w.level] != 0)
+          return done(cs.level_versions[w.level] == w.version ? Result<size_t>(size_t(0)) : refused, {});
+      done(size_t(0), {});  // none held: a remove covered it
     };
     submit(std::move(req), {}, std::move(p));
   }

@@ -264,7 +264,8 @@ using GetCallback = std::function<void(Result<size_t>)>;
 ///  - a read (get, range get, stat, list, usage);
 ///  - a put: the node keeps one write per version; where it refuses the resend as
 ///    not newer, the client reads the version it holds and answers ok when that is
-///    the put's own (the first try was done);
+///    the put's own (the first try was done), or when it holds none (a remove since
+///    covered the put: done, then removed, or ordered before that remove);
 ///  - a touch: marks keep the highest stamp;
 ///  - a remove: it deletes only the writes at or before its version, so sent twice
 ///    it removes no write made in between; one that finds the context gone the

@@ -333,6 +333,17 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
   uint64_t generation = 0;
   {
     std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+    {
+      std::lock_guard lock(mu_);
+      const Entry* e = entry_locked(k);
+      if (e && e->generation != 0 && e->generation <= fence_generation_) {
+        fenced_gets_.fetch_add(1, std::memory_order_relaxed);
+        return make_status(StatusCode::not_found,
+                           "object {} was stored before this node came back, and is not served until its cluster "
+                           "has handed it the removes made meanwhile",
+                           key);
+      }
+    }
     const std::string path = object_path(k);
     auto f = ObjectFile::open(path, key, keys().get());
     if (!f.ok()) {
@@ -418,7 +429,7 @@ void ChunkStore::report_corrupt(const ObjectKey& k, const ObjectFile& file) {
     cache_drop_locked(k.name());  // a newer version replaced it already
 }
 
-Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std::string& ctx) {
+Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std::string& ctx, bool hide_fenced) {
   std::lock_guard lock(mu_);
   auto n = index_.find(ns);
   if (n == index_.end()) return make_status(StatusCode::not_found, "no context '{}'", ctx);
@@ -427,12 +438,38 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
   std::vector<ChunkStat> out;
   for (const auto& [chunk, levels] : c->second.chunks) {
     ChunkStat s{chunk, {}, {}};
-    for (const Entry& e : levels)
+    size_t served = 0;  // levels up to the last one served
+    for (size_t l = 0; l < levels.size(); ++l) {
+      const Entry& e = levels[l];
+      if (hide_fenced && e.generation != 0 && e.generation <= fence_generation_) {
+        s.level_bytes.push_back(0), s.level_parts.emplace_back(), s.level_versions.push_back(0);
+        continue;
+      }
+      if (e.generation != 0) served = l + 1;
       s.level_bytes.push_back(e.size), s.level_parts.push_back(e.parts), s.level_versions.push_back(e.version);
+    }
+    if (hide_fenced) {  // as if the fenced levels were not there
+      if (served == 0) continue;
+      s.level_bytes.resize(served), s.level_parts.resize(served), s.level_versions.resize(served);
+    }
     trim_level_parts(s.level_parts);
     out.push_back(std::move(s));
   }
+  if (out.empty()) return make_status(StatusCode::not_found, "no context '{}'", ctx);  // all fenced
   return out;
+}
+
+void ChunkStore::fence_what_is_stored() {
+  std::lock_guard lock(mu_);
+  fence_generation_ = next_generation_ - 1;
+}
+
+void ChunkStore::lift_fence() {
+  std::lock_guard lock(mu_);
+  if (fence_generation_ == 0) return;
+  fence_generation_ = 0;
+  KVS_LOG_INFO("store '{}': serving the objects it held before it came back ({} gets refused until now)", dir_,
+               fenced_gets_.load(std::memory_order_relaxed));
 }
 
 Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_t max_version) {

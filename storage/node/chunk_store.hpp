@@ -206,8 +206,20 @@ class ChunkStore {
   void report_corrupt(const ObjectKey& key, const ObjectFile& file);
 
   /// Every chunk of a context: its level sizes and parts tables, from the index (which
-  /// each commit updates with the file it renamed into place). Errors: not_found.
-  Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx);
+  /// each commit updates with the file it renamed into place); with `hide_fenced`,
+  /// without the objects behind the fence (fence_what_is_stored). Errors: not_found.
+  Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx, bool hide_fenced = false);
+
+  /// Puts the objects stored now behind a fence: get() answers not_found for them and
+  /// a stat that hides fenced objects leaves them out, until lift_fence(). Later writes
+  /// are served. A node that comes back into a cluster serves nothing it held before
+  /// until its members have handed it the removes made while it was away (they report
+  /// their rebalance done), so a removed context is not read from its copy meanwhile.
+  /// read_stored() and read_all() see everything.
+  void fence_what_is_stored();
+  void lift_fence();
+  /// Gets answered not_found for the fence since the store opened.
+  [[nodiscard]] uint64_t fenced_gets() const { return fenced_gets_.load(std::memory_order_relaxed); }
   /// Deletes a context's objects written at or before `max_version` (all of them by
   /// default); the context, and its use mark, go with its last object, while a newer
   /// write stays with them (it wins over the remove, as over an older put). The
@@ -300,6 +312,9 @@ class ChunkStore {
   NamespaceQuota quota_;           // guarded by mu_
   Tombstones tombstones_;          // recorded and checked under the context's stripe
   std::atomic<uint64_t> marks_raised_{0};
+  // Entries of this generation or older are behind the fence (0: none; guarded by mu_).
+  uint64_t fence_generation_ = 0;
+  std::atomic<uint64_t> fenced_gets_{0};
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
   mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)

@@ -67,6 +67,11 @@ class ServerImpl final : public Server {
     KVS_ASSIGN_OR_RETURN(s->store_, ChunkStore::open(cfg.directory, cfg.cache_bytes, s->budget_, keys));
     s->store_->set_quotas({cfg.default_namespace_quota_bytes, cfg.namespace_quota_bytes});
     s->store_->set_tombstone_limits({cfg.remove_memory, size_t(cfg.max_removes_remembered)});
+    // In a cluster, what this node held before it (re)joined is not served until every
+    // member has rebalanced for a set with it, handing it the removes made meanwhile:
+    // the trim that waits for the same reports lifts the fence (docs/protocol.md,
+    // "Removes"). Set before the node serves anything.
+    if (!cfg.membership.etcd.endpoints.empty() && cfg.membership.trim_surplus) s->store_->fence_what_is_stored();
     if (keys) {
       KVS_LOG_INFO("encryption at rest: {} keys, new writes under key {}; {} objects under other keys or in clear",
                    keys->size(), keys->current_id(), s->store_->objects_under_old_keys());
@@ -420,7 +425,7 @@ class ServerImpl final : public Server {
       case Op::get:
         return send_get(c, ObjectKey{ns, req.context, req.chunk, req.level}, req, r, cancel);
       case Op::stat: {
-        auto s = store_->stat(ns, req.context);
+        auto s = store_->stat(ns, req.context, /*hide_fenced=*/true);
         if (s.ok()) small = encode_stats(*s, req.flags & kStatVersions);
         else fail(s.status());
         break;

@@ -385,8 +385,10 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
 
 // A node is killed holding copies of a context; while it is away (out of the
 // membership) a client removes the context from every member. The node comes back
-// on its old disk: the members hand it the remove, so it drops its copies instead of
-// serving them or handing them to their owners, and the context stays removed.
+// on its old disk: it serves nothing it held until the members have handed it the
+// remove, so it drops its copies instead of serving them or handing them to their
+// owners, and the context stays removed. Another context, not removed, is served by
+// it again once they have.
 TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   constexpr uint32_t kChunks = 48;
   constexpr size_t kBytes = 4 * 1024;
@@ -398,10 +400,14 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(30000ms)).empty());
   auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
-  for (uint32_t c = 0; c < kChunks; ++c)
+  const std::string kept = "ctx-kept";
+  for (uint32_t c = 0; c < kChunks; ++c) {
     ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+    ASSERT_TRUE((*client)->put(kept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+  }
   const std::string away = three[2];
-  const size_t held = holdings(away).size();
+  const auto held_chunks = holdings(away);
+  const size_t held = held_chunks.size();
   ASSERT_GT(held, 0u);
   cl.kill(away);
   const std::vector<std::string> two = {three[0], three[1]};
@@ -410,6 +416,8 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
 
   const std::string back = cl.start_node_on(cl.store_of(away));
   ASSERT_FALSE(back.empty());
+  // At once, before the members' passes (after their settle): none of its old copies.
+  for (const auto& [c, bytes] : held_chunks) EXPECT_TRUE(read_direct(back, c, kBytes).empty()) << "chunk " << c;
   std::vector<std::string> again = two;
   again.push_back(back);
   const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
@@ -420,6 +428,12 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
   EXPECT_EQ((*client)->stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
   EXPECT_EQ(read_all(**client, kChunks, kBytes), 0) << "a removed chunk was read";
+  // The context not removed: what the returning node holds of it is served again.
+  auto d = direct(back);
+  ASSERT_TRUE(d);
+  auto kept_there = d->stat(kept, deadline_in(5000ms));
+  ASSERT_TRUE(kept_there.ok()) << kept_there.status().to_string();
+  EXPECT_FALSE(kept_there->empty());
   std::printf("return: %zu copies on the node that came back, %llu removes handed to it\n", held,
               static_cast<unsigned long long>(handed_on));
 }

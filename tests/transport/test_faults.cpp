@@ -277,6 +277,28 @@ TEST_F(Faults, APutSentAgainTellsItsOwnWriteFromANewerOne) {
   }
 }
 
+// A put the node did, whose answer was lost, and which another client's remove then
+// deleted: sent again, the node refuses it (the remove covered its version), and it is
+// a success all the same (it was done, then removed; the checker found it reported
+// refused after a get had read it).
+TEST_F(Faults, APutSentAgainAfterARemoveCoveredItIsDone) {
+  auto c = connect_to(proxy_->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto direct = connect_to(server_->address());
+  ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+  const auto bytes = random_bytes(20000, 500);
+  proxy_->hold_replies(true);
+  auto put = std::async(std::launch::async, [&] { return (*c)->put("then-gone", 0, 0, bytes, deadline_in(30s)); });
+  ASSERT_TRUE(eventually([&] { return (*direct)->stat("then-gone", deadline_in(5s)).ok(); }));
+  ASSERT_TRUE((*direct)->remove("then-gone", deadline_in(10s)).ok());
+  proxy_->cut();
+  proxy_->hold_replies(false);
+  const Status s = put.get();
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ((*direct)->stat("then-gone", deadline_in(5s)).status().code(), StatusCode::not_found)
+      << "the resend must not bring the removed write back";
+}
+
 // Removes lost with their connection: one whose request never reached the node and
 // one the node did (its answer lost) are both sent again and answer ok; both
 // contexts are gone. (The second finds nothing the second time.)

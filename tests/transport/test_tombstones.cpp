@@ -169,5 +169,43 @@ TEST(Tombstones, AReopenedStoreStillRefusesTheRemovedCopies) {
   EXPECT_EQ(ChunkStore::open(dir.path().string(), 1 << 20, budget).status().code(), StatusCode::io_error);
 }
 
+// What a store held when it was fenced is not served (gets not_found, hidden from the
+// stat clients see) until the fence is lifted; writes after it are, and the node's own
+// reads (a rebalance's) see everything.
+TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  MemoryBudget budget(64 << 20);
+  auto opened = ChunkStore::open(dir.path().string(), 1 << 20, budget);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  ChunkStore& st = **opened;
+  const ObjectKey a0{"t", "ctx", 0, 0}, a1{"t", "ctx", 0, 1}, b0{"t", "ctx", 1, 0};
+  ASSERT_TRUE(st.put(a0, pattern(100, 1), 10).ok());
+  ASSERT_TRUE(st.put(a1, pattern(0, 2), 10).ok());  // an empty object is an object too
+  ASSERT_TRUE(st.put(b0, pattern(100, 3), 10).ok());
+  st.fence_what_is_stored();
+  EXPECT_EQ(st.get(a0).status().code(), StatusCode::not_found);
+  EXPECT_EQ(st.get(a1).status().code(), StatusCode::not_found);
+  EXPECT_EQ(st.stat("t", "ctx", /*hide_fenced=*/true).status().code(), StatusCode::not_found);
+  EXPECT_EQ(st.stat("t", "ctx")->size(), 2u) << "the node's own look sees all";
+  EXPECT_TRUE(st.read_stored(a0).ok());
+  EXPECT_EQ(st.fenced_gets(), 2u);
+  // A write after the fence is served; the rest of the context stays behind it.
+  ASSERT_TRUE(st.put(b0, pattern(100, 4), 20).ok());
+  auto got = st.get(b0);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  auto seen = st.stat("t", "ctx", true);
+  ASSERT_TRUE(seen.ok());
+  ASSERT_EQ(seen->size(), 1u);
+  EXPECT_EQ((*seen)[0].chunk, 1u);
+  EXPECT_EQ((*seen)[0].level_versions, std::vector<uint64_t>{20});
+  st.lift_fence();
+  EXPECT_TRUE(st.get(a0).ok());
+  EXPECT_TRUE(st.get(a1).ok());
+  seen = st.stat("t", "ctx", true);
+  ASSERT_TRUE(seen.ok());
+  ASSERT_EQ(seen->size(), 2u);
+  EXPECT_EQ((*seen)[0].level_bytes, (std::vector<uint64_t>{100, 0}));
+}
+
 }  // namespace
 }  // namespace kvstream::storage
