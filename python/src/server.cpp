@@ -38,6 +38,7 @@ class Server {
     d["quota_refusals"] = c.quota_refusals;
     d["use_marks_raised"] = c.use_marks_raised;
     d["removes_remembered"] = c.removes_remembered;
+    d["fenced_gets"] = c.fenced_gets;
     if (c.transport_peer_entries) d["transport_peer_entries"] = *c.transport_peer_entries;
     return d;
   }

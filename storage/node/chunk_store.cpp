@@ -102,7 +102,7 @@ void ChunkStore::scan() {
           continue;
         }
         set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version, obj->header().parts,
-                                  obj->header().key_id});
+                                  obj->header().key_id, /*from_start=*/true});
       }
       // The context's use mark, once it holds an object (a mark alone names nothing).
       if (auto n = index_.find(ns); n != index_.end())
@@ -336,7 +336,7 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
     {
       std::lock_guard lock(mu_);
       const Entry* e = entry_locked(k);
-      if (e && e->generation != 0 && e->generation <= fence_generation_) {
+      if (e && fenced_locked(*e)) {
         fenced_gets_.fetch_add(1, std::memory_order_relaxed);
         return make_status(StatusCode::not_found,
                            "object {} was stored before this node came back, and is not served until its cluster "
@@ -441,7 +441,7 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
     size_t served = 0;  // levels up to the last one served
     for (size_t l = 0; l < levels.size(); ++l) {
       const Entry& e = levels[l];
-      if (hide_fenced && e.generation != 0 && e.generation <= fence_generation_) {
+      if (hide_fenced && fenced_locked(e)) {
         s.level_bytes.push_back(0), s.level_parts.emplace_back(), s.level_versions.push_back(0);
         continue;
       }
@@ -461,13 +461,13 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
 
 void ChunkStore::fence_what_is_stored() {
   std::lock_guard lock(mu_);
-  fence_generation_ = next_generation_ - 1;
+  fenced_ = true;
 }
 
 void ChunkStore::lift_fence() {
   std::lock_guard lock(mu_);
-  if (fence_generation_ == 0) return;
-  fence_generation_ = 0;
+  if (!fenced_) return;
+  fenced_ = false;
   KVS_LOG_INFO("store '{}': serving the objects it held before it came back ({} gets refused until now)", dir_,
                fenced_gets_.load(std::memory_order_relaxed));
 }

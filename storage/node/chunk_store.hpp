@@ -210,9 +210,10 @@ class ChunkStore {
   /// without the objects behind the fence (fence_what_is_stored). Errors: not_found.
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx, bool hide_fenced = false);
 
-  /// Puts the objects stored now behind a fence: get() answers not_found for them and
-  /// a stat that hides fenced objects leaves them out, until lift_fence(). Later writes
-  /// are served. A node that comes back into a cluster serves nothing it held before
+  /// Puts the objects the store held when it opened behind a fence: get() answers
+  /// not_found for them and a stat that hides fenced objects leaves them out, until
+  /// lift_fence() (their rewrite under a new at-rest key keeps them there). Writes
+  /// since the open are served. A node that comes back into a cluster serves nothing it held before
   /// until its members have handed it the removes made while it was away (they report
   /// their rebalance done), so a removed context is not read from its copy meanwhile.
   /// read_stored() and read_all() see everything.
@@ -282,7 +283,10 @@ class ChunkStore {
     uint64_t version = 0;     // the write version in its header
     std::vector<ObjectPart> parts;  // the parts table in its header
     uint32_t key_id = 0;      // the master key it is sealed under (0: clear)
+    bool from_start = false;  // held when the store opened (a rewrite under a new key keeps it)
   };
+  // Whether `e` is behind the fence. Requires mu_.
+  [[nodiscard]] bool fenced_locked(const Entry& e) const { return fenced_ && e.generation != 0 && e.from_start; }
   [[nodiscard]] uint64_t disk_charge(const Entry& e) const {
     return disk_charge(e.size, e.parts.size(), e.key_id != 0);
   }
@@ -312,8 +316,8 @@ class ChunkStore {
   NamespaceQuota quota_;           // guarded by mu_
   Tombstones tombstones_;          // recorded and checked under the context's stripe
   std::atomic<uint64_t> marks_raised_{0};
-  // Entries of this generation or older are behind the fence (0: none; guarded by mu_).
-  uint64_t fence_generation_ = 0;
+  // The objects held when the store opened are behind the fence (guarded by mu_).
+  bool fenced_ = false;
   std::atomic<uint64_t> fenced_gets_{0};
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)

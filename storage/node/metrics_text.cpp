@@ -44,6 +44,10 @@ std::string metrics_text(const Server::Counters& c, const std::vector<Server::Na
        c.use_marks_raised},
       {"removes_remembered", false, "Removed contexts whose older copies the node refuses (docs/protocol.md, Removes).",
        c.removes_remembered},
+      {"fenced_gets_total", true,
+       "Gets of objects held from before the node rejoined its cluster, answered not_found until its members had "
+       "rebalanced (docs/protocol.md, Removes).",
+       c.fenced_gets},
       {"budget_peak_bytes", false, "Most memory held from the budget at once.", c.budget_peak_bytes},
       {"budget_limit_bytes", false, "The memory budget.", c.budget_limit_bytes},
       {"objects_reencrypted_total", true, "Objects rewritten under the current at-rest key.", c.objects_reencrypted},

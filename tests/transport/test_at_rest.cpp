@@ -480,6 +480,34 @@ TEST_F(AtRest, LargeObjectsStreamEncrypted) {
   EXPECT_LE(s->counters().budget_peak_bytes, uint64_t(4) << 20);
 }
 
+// An object held when the store opened, behind the fence of a node returning to its
+// cluster (docs/protocol.md, "Removes"), stays behind it when the pass rewrites it
+// under the new key: the same write.
+TEST_F(AtRest, AnObjectRewrittenUnderANewKeyStaysBehindTheFence) {
+  auto one = security::KeyRing::from_keys({{1, security::Key256{1}}});
+  auto both = security::KeyRing::from_keys({{1, security::Key256{1}}, {2, security::Key256{2}}});
+  ASSERT_TRUE(one.ok() && both.ok());
+  MemoryBudget budget(64 << 20);
+  const ObjectKey k{"tenant-a", "ctx", 0, 0};
+  {
+    auto store = ChunkStore::open(dir_.string(), 8 << 20, budget, *one);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    ASSERT_TRUE((*store)->put(k, pattern(5000, 1), 10).ok());
+  }
+  auto store = ChunkStore::open(dir_.string(), 8 << 20, budget, *both);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  (*store)->fence_what_is_stored();
+  auto r = (*store)->reencrypt({0, {}});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->reencrypted, 1u);
+  EXPECT_EQ((*store)->get(k).status().code(), StatusCode::not_found) << "the rewrite let it past the fence";
+  (*store)->lift_fence();
+  auto got = (*store)->read_all(k);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, pattern(5000, 1));
+  EXPECT_TRUE((*store)->get(k).ok());
+}
+
 // Writes racing a re-encryption pass (the store alone): every object ends with its
 // newest write, at its version; the pass never commits over a write it did not read.
 TEST_F(AtRest, WritesDuringReencryptionLoseNothingNewer) {

@@ -169,19 +169,23 @@ TEST(Tombstones, AReopenedStoreStillRefusesTheRemovedCopies) {
   EXPECT_EQ(ChunkStore::open(dir.path().string(), 1 << 20, budget).status().code(), StatusCode::io_error);
 }
 
-// What a store held when it was fenced is not served (gets not_found, hidden from the
-// stat clients see) until the fence is lifted; writes after it are, and the node's own
-// reads (a rebalance's) see everything.
+// What a store held when it opened is, once fenced, not served (gets not_found,
+// hidden from the stat clients see) until the fence is lifted; writes since the open
+// are, and the node's own reads (a rebalance's) see everything.
 TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   node_test_util::TempDir dir("kvstream-tombstones");
   MemoryBudget budget(64 << 20);
+  const ObjectKey a0{"t", "ctx", 0, 0}, a1{"t", "ctx", 0, 1}, b0{"t", "ctx", 1, 0};
+  {
+    auto first = ChunkStore::open(dir.path().string(), 1 << 20, budget);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    ASSERT_TRUE((*first)->put(a0, pattern(100, 1), 10).ok());
+    ASSERT_TRUE((*first)->put(a1, pattern(0, 2), 10).ok());  // an empty object is an object too
+    ASSERT_TRUE((*first)->put(b0, pattern(100, 3), 10).ok());
+  }
   auto opened = ChunkStore::open(dir.path().string(), 1 << 20, budget);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   ChunkStore& st = **opened;
-  const ObjectKey a0{"t", "ctx", 0, 0}, a1{"t", "ctx", 0, 1}, b0{"t", "ctx", 1, 0};
-  ASSERT_TRUE(st.put(a0, pattern(100, 1), 10).ok());
-  ASSERT_TRUE(st.put(a1, pattern(0, 2), 10).ok());  // an empty object is an object too
-  ASSERT_TRUE(st.put(b0, pattern(100, 3), 10).ok());
   st.fence_what_is_stored();
   EXPECT_EQ(st.get(a0).status().code(), StatusCode::not_found);
   EXPECT_EQ(st.get(a1).status().code(), StatusCode::not_found);
