@@ -124,6 +124,25 @@ std::vector<cluster::MigrationReport> wait_settled(const cluster::EtcdConfig& et
   return {};
 }
 
+// Starts `n` nodes (their copy rate bound in MiB/s, 0: none) and waits until they
+// report their rebalance for that set done (with `trimmed`, their surplus copies dealt
+// with too); their addresses, or empty after a test failure.
+std::vector<std::string> start_settled(EtcdCluster& cl, int n, uint64_t rate_mb = 0, bool trimmed = false) {
+  std::vector<std::string> nodes;
+  for (int i = 0; i < n; ++i) {
+    nodes.push_back(cl.start_node(rate_mb));
+    if (nodes.back().empty()) {
+      ADD_FAILURE() << "node " << i << " did not start";
+      return {};
+    }
+  }
+  if (wait_settled(cl.etcd.config(), nodes, deadline_in(30000ms), trimmed).empty()) {
+    ADD_FAILURE() << "the nodes did not settle";
+    return {};
+  }
+  return nodes;
+}
+
 // A client of one node alone (as a client with a stale member set writes); null when
 // it cannot connect (a test failure).
 std::unique_ptr<storage::Client> direct(const std::string& address) {
@@ -285,10 +304,8 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   constexpr size_t kBytes = 4 * 1024;
   EtcdCluster cl;
   ASSERT_TRUE(cl.etcd.started());
-  std::vector<std::string> three;
-  for (int i = 0; i < 3; ++i) three.push_back(cl.start_node(/*rate_mb=*/1));
-  for (const auto& a : three) ASSERT_FALSE(a.empty());
-  ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(30000ms)).empty());
+  const auto three = start_settled(cl, 3, /*rate_mb=*/1);
+  ASSERT_EQ(three.size(), 3u);
   auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   for (uint32_t c = 0; c < kChunks; ++c)
@@ -394,10 +411,8 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   constexpr size_t kBytes = 4 * 1024;
   EtcdCluster cl;
   ASSERT_TRUE(cl.etcd.started());
-  std::vector<std::string> three;
-  for (int i = 0; i < 3; ++i) three.push_back(cl.start_node());
-  for (const auto& a : three) ASSERT_FALSE(a.empty());
-  ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(30000ms)).empty());
+  const auto three = start_settled(cl, 3);
+  ASSERT_EQ(three.size(), 3u);
   auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   const std::string kept = "ctx-kept";
@@ -454,10 +469,8 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
 TEST_F(EtcdMembership, AWriteFromAClientBehindReachesItsOwners) {
   EtcdCluster cl;
   ASSERT_TRUE(cl.etcd.started());
-  std::vector<std::string> three;
-  for (int i = 0; i < 3; ++i) three.push_back(cl.start_node());
-  for (const auto& a : three) ASSERT_FALSE(a.empty());
-  ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(30000ms), true).empty());
+  const auto three = start_settled(cl, 3, 0, /*trimmed=*/true);
+  ASSERT_EQ(three.size(), 3u);
   const std::string a = three[0];
   std::vector<uint32_t> strays;
   std::optional<uint32_t> own;
