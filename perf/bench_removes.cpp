@@ -29,7 +29,13 @@ struct Round {
   uint64_t copies_back = 0;  // older copies a node took after the removes
 };
 
-Result<Round> run_round(const RemovesBenchOptions& o, const std::filesystem::path& dir, bool remember) {
+// A node on `dir` (emptied first) remembering removes for `memory` (0: none), at
+// most `most`, and a client of it.
+struct Node {
+  std::unique_ptr<storage::Server> server;
+  std::unique_ptr<storage::Client> client;
+};
+Result<Node> start_node(const std::filesystem::path& dir, std::chrono::seconds memory, uint64_t most) {
   const std::string secret = "removes-bench-secret-0123456789";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -37,11 +43,20 @@ Result<Round> run_round(const RemovesBenchOptions& o, const std::filesystem::pat
   sc.address = "127.0.0.1:0";
   sc.directory = dir.string();
   sc.secrets = {{"bench", secret}};
-  if (!remember) sc.remove_memory = std::chrono::seconds(0);
-  KVS_ASSIGN_OR_RETURN(auto server, storage::Server::start(sc));
+  sc.remove_memory = memory, sc.max_removes_remembered = most;
+  Node n;
+  KVS_ASSIGN_OR_RETURN(n.server, storage::Server::start(sc));
   storage::ClientConfig cc;
-  cc.address = server->address(), cc.name_space = "bench", cc.secret = secret;
-  KVS_ASSIGN_OR_RETURN(auto client, storage::Client::connect(cc, deadline_in(10s)));
+  cc.address = n.server->address(), cc.name_space = "bench", cc.secret = secret;
+  KVS_ASSIGN_OR_RETURN(n.client, storage::Client::connect(cc, deadline_in(10s)));
+  return n;
+}
+
+Result<Round> run_round(const RemovesBenchOptions& o, const std::filesystem::path& dir, bool remember) {
+  const storage::ServerConfig defaults;
+  KVS_ASSIGN_OR_RETURN(Node node, start_node(dir, remember ? defaults.remove_memory : std::chrono::seconds(0),
+                                             defaults.max_removes_remembered));
+  auto& client = node.client;
   const std::vector<std::byte> chunk(size_t(o.chunk_kb) << 10, std::byte{3});
   const uint64_t version = storage::next_write_version();
   for (uint32_t i = 0; i < o.contexts; ++i)
@@ -63,16 +78,8 @@ Result<Round> run_round(const RemovesBenchOptions& o, const std::filesystem::pat
 // Seconds to hand `n` removes of contexts the node does not hold to a remembering
 // node: one request each, then (other contexts) in batches.
 Result<std::pair<double, double>> hand_on(const RemovesBenchOptions& o, const std::filesystem::path& dir) {
-  const std::string secret = "removes-bench-secret-0123456789";
-  storage::ServerConfig sc;
-  sc.address = "127.0.0.1:0";
-  sc.directory = dir.string();
-  sc.secrets = {{"bench", secret}};
-  sc.max_removes_remembered = 4 * uint64_t(o.hand_on);
-  KVS_ASSIGN_OR_RETURN(auto server, storage::Server::start(sc));
-  storage::ClientConfig cc;
-  cc.address = server->address(), cc.name_space = "bench", cc.secret = secret;
-  KVS_ASSIGN_OR_RETURN(auto client, storage::Client::connect(cc, deadline_in(10s)));
+  KVS_ASSIGN_OR_RETURN(Node node, start_node(dir, storage::ServerConfig().remove_memory, 4 * uint64_t(o.hand_on)));
+  auto& [server, client] = node;
   const uint64_t version = storage::next_write_version();
   auto t0 = Clock::now();
   for (uint32_t i = 0; i < o.hand_on; ++i)

@@ -333,15 +333,19 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
   uint64_t generation = 0;
   {
     std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
+    // The stripe keeps commits out until the file is open, so the generation read
+    // here is the one the descriptor below opens.
     {
       std::lock_guard lock(mu_);
-      const Entry* e = entry_locked(k);
-      if (e && fenced_locked(*e)) {
-        fenced_gets_.fetch_add(1, std::memory_order_relaxed);
-        return make_status(StatusCode::not_found,
-                           "object {} was stored before this node came back, and is not served until its cluster "
-                           "has handed it the removes made meanwhile",
-                           key);
+      if (const Entry* e = entry_locked(k)) {
+        if (fenced_locked(*e)) {
+          fenced_gets_.fetch_add(1, std::memory_order_relaxed);
+          return make_status(StatusCode::not_found,
+                             "object {} was stored before this node came back, and is not served until its "
+                             "cluster has handed it the removes made meanwhile",
+                             key);
+        }
+        generation = e->generation;
       }
     }
     const std::string path = object_path(k);
@@ -354,8 +358,6 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
       return f.status();
     }
     r.file = std::move(f).value();
-    std::lock_guard lock(mu_);
-    if (const Entry* e = entry_locked(k)) generation = e->generation;
   }
   r.size = r.file.size(), r.checksum = r.file.header().checksum;
   if (cache_limit_ == 0 || r.size > cache_limit_ / kCacheShare) return r;
@@ -459,7 +461,7 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
   return out;
 }
 
-void ChunkStore::fence_what_is_stored() {
+void ChunkStore::fence_held_at_open() {
   std::lock_guard lock(mu_);
   fenced_ = true;
 }

@@ -207,7 +207,7 @@ class ChunkStore {
 
   /// Every chunk of a context: its level sizes and parts tables, from the index (which
   /// each commit updates with the file it renamed into place); with `hide_fenced`,
-  /// without the objects behind the fence (fence_what_is_stored). Errors: not_found.
+  /// without the objects behind the fence (fence_held_at_open). Errors: not_found.
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx, bool hide_fenced = false);
 
   /// Puts the objects the store held when it opened behind a fence: get() answers
@@ -217,7 +217,7 @@ class ChunkStore {
   /// until its members have handed it the removes made while it was away (they report
   /// their rebalance done), so a removed context is not read from its copy meanwhile.
   /// read_stored() and read_all() see everything.
-  void fence_what_is_stored();
+  void fence_held_at_open();
   void lift_fence();
   /// Gets answered not_found for the fence since the store opened.
   [[nodiscard]] uint64_t fenced_gets() const { return fenced_gets_.load(std::memory_order_relaxed); }

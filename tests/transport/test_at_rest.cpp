@@ -496,7 +496,7 @@ TEST_F(AtRest, AnObjectRewrittenUnderANewKeyStaysBehindTheFence) {
   }
   auto store = ChunkStore::open(dir_.string(), 8 << 20, budget, *both);
   ASSERT_TRUE(store.ok()) << store.status().to_string();
-  (*store)->fence_what_is_stored();
+  (*store)->fence_held_at_open();
   auto r = (*store)->reencrypt({0, {}});
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->reencrypted, 1u);

@@ -186,7 +186,7 @@ TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   auto opened = ChunkStore::open(dir.path().string(), 1 << 20, budget);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   ChunkStore& st = **opened;
-  st.fence_what_is_stored();
+  st.fence_held_at_open();
   EXPECT_EQ(st.get(a0).status().code(), StatusCode::not_found);
   EXPECT_EQ(st.get(a1).status().code(), StatusCode::not_found);
   EXPECT_EQ(st.stat("t", "ctx", /*hide_fenced=*/true).status().code(), StatusCode::not_found);
