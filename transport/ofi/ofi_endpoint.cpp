@@ -20,6 +20,7 @@
 #include <rdma/fi_tagged.h>
 
 #include "core/log.hpp"
+#include "transport/ofi/ofi_shm_names.hpp"
 
 namespace kvstream::transport::ofi {
 namespace {
@@ -72,6 +73,7 @@ Endpoint::~Endpoint() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (ep_ && core_->staged_reads && !park_if_reads_linger()) return;
   if (ep_) fi_close(&ep_->fid);
+  if (!shm_name_.empty()) remember_closed_shm_name(shm_name_);  // unmapped now: ofi_shm_names.hpp
   if (cq_) fi_close(&cq_->fid);
   if (av_) fi_close(&av_->fid);
   inflight_.clear();  // the endpoint is closed: nothing refers to these any more
@@ -108,6 +110,12 @@ Status Endpoint::init(fi_info* info) {
   if ((r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)))
     return make_status(StatusCode::unavailable, "libfabric: fi_ep_bind(cq): {}", fi_err(r));
   if ((r = fi_enable(ep_))) return make_status(StatusCode::unavailable, "libfabric: fi_enable: {}", fi_err(r));
+  if (core_->shm()) {
+    auto own = name();
+    if (!own.ok()) return own.status();
+    shm_name_.assign(reinterpret_cast<const char*>(own->data()), own->size());
+    shm_name_ = shm_name_.substr(0, shm_name_.find('\0'));
+  }
   return {};
 }
 
@@ -142,6 +150,14 @@ Result<std::string> Endpoint::address_key(const void* addr, size_t len) const {
 
 Result<PeerTable::Use> Endpoint::peer(const void* addr, size_t len) {
   KVS_ASSIGN_OR_RETURN(std::string key, address_key(addr, len));
+  // Before the table: an entry made while the name's endpoint was open maps its
+  // memory just as the provider's stale list does.
+  if (core_->shm() && shm_name_was_closed(key))
+    return make_status(StatusCode::unavailable,
+                       "libfabric: shm endpoint '{}' was closed in this process, and the provider keeps its "
+                       "unmapped memory under that name, so this process cannot reach an endpoint of that name "
+                       "again (listen on another port)",
+                       shm_list_name(key));
   std::lock_guard lock(av_mu_);
   if (auto use = peers_->find(key)) return std::move(*use);
   remove_unused_peers_locked();

@@ -93,7 +93,8 @@ class Endpoint {
   /// A use of the address vector's entry for the peer address `addr` (`len` bytes):
   /// inserted the first time, shared while anything uses it (ofi_peer_table.hpp).
   /// Unused entries are removed first, so a node's vector holds only the peers it
-  /// serves. Errors: unavailable (fi_av_insert failed).
+  /// serves. Errors: unavailable (fi_av_insert failed; an shm name this process
+  /// closed: ofi_shm_names.hpp).
   Result<PeerTable::Use> peer(const void* addr, size_t len);
   /// Removes from the address vector the entries nothing uses any more (the progress
   /// thread does it too, whenever some wait).
@@ -207,6 +208,7 @@ class Endpoint {
   std::shared_ptr<Core> core_;
   const bool shared_;
   fid_ep* ep_ = nullptr;
+  std::string shm_name_;  // the endpoint's own name where the provider is shm, remembered at close
   fid_av* av_ = nullptr;
   std::shared_ptr<PeerTable> peers_ = PeerTable::create();
   std::mutex av_mu_;  // held across each insert and removal, so that one address is never in the vector twice

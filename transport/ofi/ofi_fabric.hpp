@@ -73,6 +73,9 @@ struct Core {
   /// to port 0 learns its port from fi_getname; shm's are names ("fi_ns://...").
   bool sockaddr_names() const;
 
+  /// Whether the provider is shm (endpoint names it keeps per process: ofi_shm_names.hpp).
+  bool shm() const { return provider == "shm"; }
+
   /// The local descriptor of registered memory covering [p, p + n), or null
   /// (defined with the registrations, in ofi_rma.cpp).
   void* desc_for(const void* p, size_t n);

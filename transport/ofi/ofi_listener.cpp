@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "transport/common/address.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
+#include "transport/ofi/ofi_shm_names.hpp"
 
 namespace kvstream::transport::ofi {
 namespace {
@@ -150,6 +151,33 @@ Result<int> reserve_port(const std::string& host, uint16_t& port) {
   return fd;
 }
 
+/// reserve_port, passing over ports whose shm names this process closed
+/// (ofi_shm_names.hpp): those are held until a fresh one is found, so the kernel
+/// does not hand them out again meanwhile.
+Result<int> reserve_fresh_port(const Core& core, const std::string& host, uint16_t& port) {
+  std::vector<int> passed;
+  struct ClosePassed {
+    std::vector<int>& fds;
+    ~ClosePassed() {
+      for (int fd : fds) ::close(fd);
+    }
+  } close_passed{passed};
+  constexpr int kTries = 64;
+  for (int i = 0; i < kTries; ++i) {
+    uint16_t p = 0;
+    KVS_ASSIGN_OR_RETURN(int fd, reserve_port(host, p));
+    InfoPtr info;
+    if (!core.shm() || core.getinfo(host, p, FI_SOURCE, info) != 0 || !info.p->src_addr ||
+        !shm_name_was_closed(std::string_view(static_cast<const char*>(info.p->src_addr), info.p->src_addrlen))) {
+      port = p;
+      return fd;
+    }
+    passed.push_back(fd);
+  }
+  return make_status(StatusCode::resource_exhausted,
+                     "libfabric: {} ports on {} in a row name shm endpoints this process closed", kTries, host);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, const std::string& address) {
@@ -161,7 +189,7 @@ Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, c
   if (port == 0 && !sockaddr) {
     // Providers with name-based addresses (shm: "fi_ns://host:port") do not pick a
     // free port: reserve one from the kernel for as long as the listener lives.
-    KVS_ASSIGN_OR_RETURN(reserved, reserve_port(host, port));
+    KVS_ASSIGN_OR_RETURN(reserved, reserve_fresh_port(*core, host, port));
   }
   InfoPtr info;
   if (const int r = core->getinfo(host, port, FI_SOURCE, info); r) {
@@ -169,6 +197,12 @@ Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, c
     return make_status(StatusCode::unavailable, "libfabric: cannot listen on {} with {}: {}", address,
                        core->provider, fi_err(r));
   }
+  if (core->shm() && info.p->src_addr &&
+      shm_name_was_closed(std::string_view(static_cast<const char*>(info.p->src_addr), info.p->src_addrlen)))
+    KVS_LOG_WARN("libfabric: listening on {} under the name of an shm endpoint this process closed: other "
+                 "processes reach it, this one cannot (the provider keeps the closed one's unmapped memory "
+                 "under the name)",
+                 address);
   auto ep = Endpoint::open(core, info.p, /*shared=*/true);
   if (!ep.ok()) {
     if (reserved >= 0) ::close(reserved);
