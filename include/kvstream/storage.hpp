@@ -155,6 +155,9 @@ struct ServerConfig {
   /// hands them to nodes that join (docs/protocol.md, "Removes"): each for
   /// `remove_memory` after it was made, at most `max_removes_remembered` of them (the
   /// oldest of the namespace holding the most go first). 0 in either: none kept.
+  /// In a cluster, a node whose store was last a member longer than `remove_memory`
+  /// ago (`<directory>/.member`) drops the objects it held at start, as the members
+  /// may have forgotten removes of them (not with 0).
   std::chrono::seconds remove_memory{24 * 3600};
   uint64_t max_removes_remembered = 100000;
   /// Warnings a peer can cause at will (refused connections, failed logins) are

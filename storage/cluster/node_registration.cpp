@@ -9,9 +9,12 @@ using transport::Clock;
 using transport::Deadline;
 
 Result<std::unique_ptr<NodeRegistration>> NodeRegistration::start(EtcdClient etcd, std::string address,
-                                                                  Deadline deadline) {
-  auto r = std::unique_ptr<NodeRegistration>(new NodeRegistration(std::move(etcd), std::move(address)));
+                                                                  Deadline deadline,
+                                                                  std::function<void()> on_member) {
+  auto r = std::unique_ptr<NodeRegistration>(
+      new NodeRegistration(std::move(etcd), std::move(address), std::move(on_member)));
   KVS_RETURN_IF_ERROR(r->register_now(deadline));
+  if (r->on_member_) r->on_member_();
   KVS_LOG_INFO("etcd: node {} registered under lease {:x} (TTL {} s)", r->address_, r->lease_,
                r->etcd_.config().lease_ttl.count());
   r->thread_ = std::thread([p = r.get()] { p->renew(); });
@@ -76,6 +79,7 @@ void NodeRegistration::renew() {
     if (!s.ok() && !stop_.cancelled() && !lost)
       KVS_LOG_WARN("etcd: node {} could not renew its registration ({}); retrying", address_, s.to_string());
     lost = !s.ok();
+    if (s.ok() && on_member_) on_member_();
     lock.lock();
   }
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,9 +19,13 @@ namespace kvstream::cluster {
 
 class NodeRegistration {
  public:
-  /// Registers `address` by `deadline`. Errors: those of the etcd calls.
+  /// Registers `address` by `deadline`. `on_member`, if set, is called after the
+  /// registration (on the caller's thread) and after each renewal that finds the lease
+  /// alive (on the renewing thread): the node is a member then (the store's member
+  /// mark). Errors: those of the etcd calls.
   static Result<std::unique_ptr<NodeRegistration>> start(EtcdClient etcd, std::string address,
-                                                         transport::Deadline deadline);
+                                                         transport::Deadline deadline,
+                                                         std::function<void()> on_member = {});
   ~NodeRegistration();
 
   /// Puts <prefix><what>/<address> = value under the node's lease (and again after
@@ -28,12 +33,14 @@ class NodeRegistration {
   Status publish(const std::string& what, const std::string& value, transport::Deadline deadline);
 
  private:
-  NodeRegistration(EtcdClient etcd, std::string address) : etcd_(std::move(etcd)), address_(std::move(address)) {}
+  NodeRegistration(EtcdClient etcd, std::string address, std::function<void()> on_member)
+      : etcd_(std::move(etcd)), address_(std::move(address)), on_member_(std::move(on_member)) {}
   Status register_now(transport::Deadline deadline);
   void renew();
 
   EtcdClient etcd_;
   const std::string address_;
+  const std::function<void()> on_member_;
   transport::CancelToken stop_;
   std::mutex mu_;
   std::condition_variable cv_;

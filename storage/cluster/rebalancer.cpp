@@ -62,7 +62,12 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
   auto r = std::unique_ptr<Rebalancer>(
       new Rebalancer(config, std::move(self), store, budget, std::move(secrets), std::move(backend)));
   const auto deadline = Clock::now() + config.etcd.request_timeout * 2;
-  KVS_ASSIGN_OR_RETURN(r->registration_, NodeRegistration::start(etcd, r->self_, deadline));
+  // Each renewal marks the store as served by a member (member_mark.hpp): a node that
+  // comes back after longer than removes are remembered drops what it held.
+  KVS_ASSIGN_OR_RETURN(r->registration_,
+                       NodeRegistration::start(etcd, r->self_, deadline, [&store] {
+                         (void)store.note_member(std::chrono::system_clock::now());
+                       }));
   // Registered first, so the set read next includes this node.
   KVS_ASSIGN_OR_RETURN(r->watch_,
                        MembershipWatch::start(

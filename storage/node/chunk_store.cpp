@@ -60,6 +60,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::open(const std::string& director
   s->set_keys(std::move(keys));
   s->scan();
   KVS_RETURN_IF_ERROR(s->tombstones_.persist_to(s->dir_ + "/" + kRemovesFile));
+  s->member_at_open_ = read_member_mark(s->dir_);
   budget.set_reclaimer([p = s.get()](uint64_t n) { p->reclaim(n); });
   if (s->counters_.stale_temporaries || s->counters_.quarantined)
     KVS_LOG_WARN("store '{}': removed {} temporary files of interrupted writes, moved {} damaged objects to {}",
@@ -459,19 +460,6 @@ Result<std::vector<ChunkStat>> ChunkStore::stat(const std::string& ns, const std
   }
   if (out.empty()) return make_status(StatusCode::not_found, "no context '{}'", ctx);  // all fenced
   return out;
-}
-
-void ChunkStore::fence_held_at_open() {
-  std::lock_guard lock(mu_);
-  fenced_ = true;
-}
-
-void ChunkStore::lift_fence() {
-  std::lock_guard lock(mu_);
-  if (!fenced_) return;
-  fenced_ = false;
-  KVS_LOG_INFO("store '{}': serving the objects it held before it came back ({} gets refused until now)", dir_,
-               fenced_gets_.load(std::memory_order_relaxed));
 }
 
 Status ChunkStore::remove(const std::string& ns, const std::string& ctx, uint64_t max_version) {

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -31,6 +33,7 @@
 
 #include "kvstream/storage.hpp"
 #include "storage/node/dir_lock.hpp"
+#include "storage/node/member_mark.hpp"
 #include "storage/node/memory_budget.hpp"
 #include "storage/node/namespace_quota.hpp"
 #include "storage/node/object_file.hpp"
@@ -221,6 +224,24 @@ class ChunkStore {
   void lift_fence();
   /// Gets answered not_found for the fence since the store opened.
   [[nodiscard]] uint64_t fenced_gets() const { return fenced_gets_.load(std::memory_order_relaxed); }
+  /// When the store was last served by a member of a cluster, as its mark said at
+  /// open (member_mark.hpp); nullopt where it had none.
+  [[nodiscard]] std::optional<std::chrono::system_clock::time_point> member_at_open() const { return member_at_open_; }
+  /// Records `now` as a time the node was a member (its lease renewed), in the mark;
+  /// written at most once per kMemberMarkEvery (less where removes are remembered for
+  /// less: set_tombstone_limits). Errors: io_error.
+  Status note_member(std::chrono::system_clock::time_point now);
+  static constexpr std::chrono::seconds kMemberMarkEvery{60};
+  /// Deletes every object the store held when it opened and holds unchanged (a write
+  /// since, of the same object, stays): for a node back in its cluster after longer
+  /// than removes are remembered (member_mark.hpp). Returns how many went. Errors:
+  /// io_error (those before the failing one are gone).
+  Result<uint64_t> drop_held_at_open();
+  /// A node starting in a cluster: where its mark says it was last a member longer
+  /// than `remove_memory` before `now` (and that is not 0), drop_held_at_open(), as
+  /// the members may have forgotten removes made meanwhile; else fence_held_at_open().
+  /// Returns how many objects went. Errors: those of drop_held_at_open.
+  Result<uint64_t> come_back(std::chrono::seconds remove_memory, std::chrono::system_clock::time_point now);
   /// Deletes a context's objects written at or before `max_version` (all of them by
   /// default); the context, and its use mark, go with its last object, while a newer
   /// write stays with them (it wins over the remove, as over an older put). The
@@ -247,7 +268,9 @@ class ChunkStore {
   }
   /// How many removes are remembered, and for how long (Tombstones::Limits).
   [[nodiscard]] size_t removes_remembered() { return tombstones_.size(); }
-  void set_tombstone_limits(Tombstones::Limits limits) { tombstones_.set_limits(limits); }
+  /// Also sets how often the member mark is written: an eighth of the memory, at
+  /// most kMemberMarkEvery, at least every second.
+  void set_tombstone_limits(Tombstones::Limits limits);
   /// Deletes one object if its write version is at most `max_version` (the version
   /// the caller found elsewhere: a newer write since then wins and stays). The
   /// context, and its use mark, go with its last object. Returns the payload bytes
@@ -319,6 +342,10 @@ class ChunkStore {
   // The objects held when the store opened are behind the fence (guarded by mu_).
   bool fenced_ = false;
   std::atomic<uint64_t> fenced_gets_{0};
+  std::optional<std::chrono::system_clock::time_point> member_at_open_;
+  std::mutex member_mu_;  // the mark's writes (a leaf)
+  std::optional<std::chrono::system_clock::time_point> member_written_;  // guarded by member_mu_
+  std::chrono::seconds member_mark_every_{kMemberMarkEvery};              // guarded by member_mu_
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
   mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)

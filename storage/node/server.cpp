@@ -71,7 +71,9 @@ class ServerImpl final : public Server {
     // member has rebalanced for a set with it, handing it the removes made meanwhile:
     // the trim that waits for the same reports lifts the fence (docs/protocol.md,
     // "Removes"). Set before the node serves anything.
-    if (!cfg.membership.etcd.endpoints.empty() && cfg.membership.trim_surplus) s->store_->fence_held_at_open();
+    if (!cfg.membership.etcd.endpoints.empty() && cfg.membership.trim_surplus) {
+      KVS_RETURN_IF_ERROR(s->store_->come_back(cfg.remove_memory, std::chrono::system_clock::now()).status());
+    }
     if (keys) {
       KVS_LOG_INFO("encryption at rest: {} keys, new writes under key {}; {} objects under other keys or in clear",
                    keys->size(), keys->current_id(), s->store_->objects_under_old_keys());

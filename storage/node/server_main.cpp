@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   app.add_option("--idle-timeout-ms", idle_ms, "a silent client is disconnected after this")->capture_default_str();
   uint64_t remove_memory_s = uint64_t(cfg.remove_memory.count());
   app.add_option("--remove-memory-s", remove_memory_s,
-                 "how long a remove is remembered, so that older copies of the context are refused (0: not at all)")
+                 "how long a remove is remembered, so that older copies of the context are refused; in a cluster a "
+                 "node last a member longer ago drops what it held at start (0: not at all)")
       ->capture_default_str();
   app.add_option("--max-removes-remembered", cfg.max_removes_remembered,
                  "removes remembered at most (past it, the oldest of the namespace holding the most are forgotten)")

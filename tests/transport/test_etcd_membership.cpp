@@ -127,10 +127,11 @@ std::vector<cluster::MigrationReport> wait_settled(const cluster::EtcdConfig& et
 // Starts `n` nodes (their copy rate bound in MiB/s, 0: none) and waits until they
 // report their rebalance for that set done (with `trimmed`, their surplus copies dealt
 // with too); their addresses, or empty after a test failure.
-std::vector<std::string> start_settled(EtcdCluster& cl, int n, uint64_t rate_mb = 0, bool trimmed = false) {
+std::vector<std::string> start_settled(EtcdCluster& cl, int n, uint64_t rate_mb = 0, bool trimmed = false,
+                                       const std::vector<std::string>& extra = {}) {
   std::vector<std::string> nodes;
   for (int i = 0; i < n; ++i) {
-    nodes.push_back(cl.start_node(rate_mb));
+    nodes.push_back(cl.start_node(rate_mb, extra));
     if (nodes.back().empty()) {
       ADD_FAILURE() << "node " << i << " did not start";
       return {};
@@ -177,13 +178,13 @@ std::map<uint32_t, uint64_t> holdings(const std::string& address) {
 }
 
 // Every chunk reads back whole and equal through `client`; the count that did.
-int read_all(storage::Client& client, uint32_t chunks, size_t bytes) {
+int read_all(storage::Client& client, uint32_t chunks, size_t bytes, const std::string& ctx = kCtx) {
   std::vector<std::byte> buf(bytes);
   auto region = client.register_memory(buf.data(), buf.size());
   if (!region.ok()) return -1;
   int good = 0;
   for (uint32_t c = 0; c < chunks; ++c) {
-    auto r = client.get(kCtx, c, 0, *region, 0, buf.size(), deadline_in(5000ms));
+    auto r = client.get(ctx, c, 0, *region, 0, buf.size(), deadline_in(5000ms));
     if (r.ok() && *r == bytes && buf == payload(c, bytes)) ++good;
   }
   return good;
@@ -458,6 +459,55 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   EXPECT_FALSE(kept_there->empty());
   std::printf("return: %zu copies on the node that came back, %llu removes handed to it\n", held,
               static_cast<unsigned long long>(handed_on));
+}
+
+// The same, but the node comes back after longer than the members remember removes
+// (4 s here, 24 h by default): none can hand it the remove any more. Its member mark,
+// renewed with its lease, says it was away that long, so it drops everything it held
+// at start instead of serving its copies of the removed context and handing them to
+// their owners. The context not removed is read whole from its other copies.
+TEST_F(EtcdMembership, ANodeAwayLongerThanRemovesAreRememberedComesBackEmpty) {
+  constexpr uint32_t kChunks = 24;
+  constexpr size_t kBytes = 4 * 1024;
+  const std::vector<std::string> memory = {"--remove-memory-s", "4"};
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3, 0, false, memory);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+    ASSERT_TRUE((*client)->put(kept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
+  }
+  const std::string away = three[2];
+  ASSERT_FALSE(holdings(away).empty());
+  cl.kill(away);
+  const std::vector<std::string> two = {three[0], three[1]};
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), two, deadline_in(30000ms), /*trimmed=*/true).empty());
+  Status removed;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if ((removed = (*client)->remove(kCtx, deadline_in(5000ms))).ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(removed.ok()) << removed.to_string();
+  // Until the members have forgotten the remove (their memory, and a second).
+  std::this_thread::sleep_for(5s);
+
+  const std::string back = cl.start_node_on(cl.store_of(away), 0, memory);
+  ASSERT_FALSE(back.empty());
+  std::vector<std::string> again = two;
+  again.push_back(back);
+  const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
+  ASSERT_FALSE(reports.empty()) << "the rebalance after the return did not finish";
+  uint64_t handed_on = 0;
+  for (const auto& r : reports) handed_on += r.removes_handed_on;
+  EXPECT_EQ(handed_on, 0u) << "the members still remembered the remove";
+  for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
+  EXPECT_EQ((*client)->stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
+  EXPECT_EQ(read_all(**client, kChunks, kBytes), 0) << "a removed chunk was read";
+  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
 }
 
 // Writes of a client whose member set is behind (its etcd watch cut off), made long

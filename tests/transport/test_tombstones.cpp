@@ -211,5 +211,76 @@ TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   EXPECT_EQ((*seen)[0].level_bytes, (std::vector<uint64_t>{100, 0}));
 }
 
+// A node back in its cluster after longer than removes are remembered (member_mark.hpp):
+// what it held at start goes, a write since stays; back sooner, it is fenced only. The
+// mark is written at most once a minute, and one that does not verify is none.
+TEST(Tombstones, ANodeBackAfterLongerThanRemovesAreRememberedDropsWhatItHeld) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  MemoryBudget budget(64 << 20);
+  const std::string path = dir.path().string();
+  const ObjectKey a0{"t", "ctx", 0, 0}, a1{"t", "ctx", 1, 0}, b0{"t", "other", 0, 0};
+  const auto t0 = std::chrono::system_clock::time_point(std::chrono::seconds(1'800'000'000));
+  {
+    auto first = ChunkStore::open(path, 1 << 20, budget);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    EXPECT_FALSE((*first)->member_at_open()) << "a new store has no mark";
+    for (const auto& k : {a0, a1, b0}) ASSERT_TRUE((*first)->put(k, pattern(100, uint8_t(k.chunk + 1)), 10).ok());
+    ASSERT_TRUE((*first)->note_member(t0).ok());
+    ASSERT_TRUE((*first)->note_member(t0 + 30s).ok());  // within the minute: not written
+  }
+  EXPECT_EQ(read_member_mark(path), t0);
+  const std::chrono::seconds day = 24h;
+  {
+    auto again = ChunkStore::open(path, 1 << 20, budget);
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ((*again)->member_at_open(), t0);
+    auto dropped = (*again)->come_back(day, t0 + 23h);
+    ASSERT_TRUE(dropped.ok()) << dropped.status().to_string();
+    EXPECT_EQ(*dropped, 0u) << "away less than a day: fenced only";
+    EXPECT_EQ((*again)->get(a0).status().code(), StatusCode::not_found);
+    EXPECT_TRUE((*again)->read_stored(a0).ok());
+    dropped = (*again)->come_back(0s, t0 + 1000h);
+    ASSERT_TRUE(dropped.ok());
+    EXPECT_EQ(*dropped, 0u) << "a node remembering no removes drops nothing for them";
+    ASSERT_TRUE((*again)->note_member(t0 + 61s).ok());
+  }
+  EXPECT_EQ(read_member_mark(path), t0 + 61s);
+  {
+    auto back = ChunkStore::open(path, 1 << 20, budget);
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    ChunkStore& st = **back;
+    ASSERT_TRUE(st.put(a0, pattern(100, 9), 20).ok());  // a write since the open
+    auto dropped = st.come_back(day, t0 + 61s + day + 1s);
+    ASSERT_TRUE(dropped.ok()) << dropped.status().to_string();
+    EXPECT_EQ(*dropped, 2u) << "a1 and b0, held at start";
+    EXPECT_EQ(st.get(a1).status().code(), StatusCode::not_found);
+    EXPECT_EQ(st.read_stored(b0).status().code(), StatusCode::not_found);
+    ASSERT_TRUE(st.get(a0).ok());
+    auto stored = st.read_stored(a0);
+    ASSERT_TRUE(stored.ok()) << stored.status().to_string();
+    EXPECT_EQ(stored->bytes, pattern(100, 9));
+    EXPECT_EQ(stored->version, 20u);
+    EXPECT_EQ(st.list("t"), std::vector<std::string>{"ctx"});
+    EXPECT_FALSE(fs::exists(dir.path() / "t" / "other")) << "the emptied context's directory";
+    EXPECT_EQ(st.removes_remembered(), 0u) << "a drop is no remove";
+  }
+  {
+    auto reopened = ChunkStore::open(path, 1 << 20, budget);
+    ASSERT_TRUE(reopened.ok());
+    EXPECT_TRUE((*reopened)->read_stored(a0).ok());
+    EXPECT_EQ((*reopened)->read_stored(a1).status().code(), StatusCode::not_found);
+    EXPECT_EQ((*reopened)->stat("t", "ctx")->size(), 1u);
+  }
+  // A mark that does not verify is none: nothing is dropped for it.
+  std::ofstream(dir.path() / kMemberMarkFile, std::ios::trunc) << "not a mark, but 24 bytes";
+  EXPECT_FALSE(read_member_mark(path));
+  auto last = ChunkStore::open(path, 1 << 20, budget);
+  ASSERT_TRUE(last.ok());
+  EXPECT_FALSE((*last)->member_at_open());
+  auto dropped = (*last)->come_back(day, t0 + 1000h);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(*dropped, 0u);
+}
+
 }  // namespace
 }  // namespace kvstream::storage

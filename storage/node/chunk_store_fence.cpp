@@ -1,0 +1,101 @@
+// ChunkStore and the objects it held when it opened: the fence that keeps them from
+// readers until a node back in its cluster has been handed the removes made while it
+// was away, and the drop of them all when it was away longer than removes are
+// remembered (member_mark.hpp).
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "core/log.hpp"
+#include "storage/node/chunk_store.hpp"
+
+namespace kvstream::storage {
+
+void ChunkStore::fence_held_at_open() {
+  std::lock_guard lock(mu_);
+  fenced_ = true;
+}
+
+void ChunkStore::lift_fence() {
+  std::lock_guard lock(mu_);
+  if (!fenced_) return;
+  fenced_ = false;
+  KVS_LOG_INFO("store '{}': serving the objects it held before it came back ({} gets refused until now)", dir_,
+               fenced_gets_.load(std::memory_order_relaxed));
+}
+
+void ChunkStore::set_tombstone_limits(Tombstones::Limits limits) {
+  tombstones_.set_limits(limits);
+  std::lock_guard lock(member_mu_);
+  member_mark_every_ = std::clamp<std::chrono::seconds>(limits.ttl / 8, std::chrono::seconds(1), kMemberMarkEvery);
+}
+
+Status ChunkStore::note_member(std::chrono::system_clock::time_point now) {
+  std::lock_guard lock(member_mu_);
+  // Once a minute is close enough beside a memory of removes counted in hours, and
+  // keeps a sync off every lease renewal.
+  if (member_written_ && now >= *member_written_ && now - *member_written_ < member_mark_every_) return {};
+  KVS_RETURN_IF_ERROR(write_member_mark(dir_, now));
+  member_written_ = now;
+  return {};
+}
+
+Result<uint64_t> ChunkStore::drop_held_at_open() {
+  std::map<std::pair<std::string, std::string>, std::vector<std::pair<uint32_t, uint32_t>>> held;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [ns, contexts] : index_)
+      for (const auto& [ctx, c] : contexts)
+        for (const auto& [chunk, levels] : c.chunks)
+          for (uint32_t level = 0; level < levels.size(); ++level)
+            if (levels[level].generation != 0 && levels[level].from_start) held[{ns, ctx}].emplace_back(chunk, level);
+  }
+  uint64_t dropped = 0;
+  for (const auto& [id, objects] : held) {
+    const auto& [ns, ctx] = id;
+    // The context's stripe: no commit replaces one of these objects between the look
+    // below and its unlink (one that did before is a write since the open, and stays).
+    std::lock_guard stripe_lock(stripe(ns, ctx));
+    std::vector<ObjectKey> going;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [chunk, level] : objects) {
+        ObjectKey k{ns, ctx, chunk, level};
+        if (const Entry* e = entry_locked(k); e && e->generation != 0 && e->from_start) going.push_back(std::move(k));
+      }
+    }
+    // The files first, as a remove: a crash between leaves an index rebuilt without them.
+    for (const ObjectKey& k : going) KVS_RETURN_IF_ERROR(unlink_object(k));
+    bool context_gone = false;
+    {
+      std::lock_guard lock(mu_);
+      for (const ObjectKey& k : going) {
+        set_entry_locked(k, {});  // the quota's count, and the chunk and context once empty
+        cache_drop_locked(k.name());
+      }
+      const auto n = index_.find(ns);
+      context_gone = n == index_.end() || !n->second.contains(ctx);
+    }
+    dropped += going.size();
+    if (!going.empty())
+      KVS_RETURN_IF_ERROR(context_gone ? remove_context_dir(ns, ctx) : fsync_directory(context_dir(ns, ctx)));
+  }
+  return dropped;
+}
+
+Result<uint64_t> ChunkStore::come_back(std::chrono::seconds remove_memory, std::chrono::system_clock::time_point now) {
+  const bool away_too_long = remove_memory.count() > 0 && member_at_open_ && now > *member_at_open_ &&
+                             now - *member_at_open_ > remove_memory;
+  if (!away_too_long) {
+    fence_held_at_open();
+    return uint64_t(0);
+  }
+  const auto away = std::chrono::duration_cast<std::chrono::seconds>(now - *member_at_open_);
+  KVS_ASSIGN_OR_RETURN(uint64_t dropped, drop_held_at_open());
+  KVS_LOG_WARN("store '{}': last a cluster member {} s ago, longer than removes are remembered ({} s): dropped "
+               "the {} objects it held, as the members may have forgotten removes of them",
+               dir_, away.count(), remove_memory.count(), dropped);
+  return dropped;
+}
+
+}  // namespace kvstream::storage
