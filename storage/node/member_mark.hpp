@@ -10,7 +10,7 @@
 // than its tombstones live must be rebuilt, not rejoined); a store without a mark (new,
 // or only ever run alone) keeps its objects.
 //
-// 24 bytes: magic, zero, seconds since the epoch, xxh3-64 of the 16 bytes before it.
+// One mark record (mark_record.hpp): its u64 the seconds since the epoch.
 // Written to a temporary name, synced and renamed over the mark, so a crash leaves the
 // old mark or the new one; a file that does not verify reads as none (and is logged).
 #pragma once

@@ -401,6 +401,28 @@ TEST_F(EtcdMembership, JoinAndCrashRebalanceToRReplicasLosingNothing) {
   std::printf("crash: every chunk back to %u replicas %.2f s after the kill (lease TTL 2 s)\n", kReplication, secs);
 }
 
+// kCtx and `kept` written (chunks 0 to `chunks` - 1) through `client`; then three[2]
+// killed holding `held` (what it held of kCtx), the other two settled without it, and
+// kCtx removed through `client` (tried again while its watch may still name the killed
+// node: every member must take a remove). Fatal failures end the calling test.
+void remove_while_away(EtcdCluster& cl, storage::Client& client, const std::vector<std::string>& three,
+                       const std::string& kept, uint32_t chunks, size_t bytes, std::map<uint32_t, uint64_t>& held) {
+  for (uint32_t c = 0; c < chunks; ++c) {
+    ASSERT_TRUE(client.put(kCtx, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
+    ASSERT_TRUE(client.put(kept, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
+  }
+  held = holdings(three[2]);
+  ASSERT_FALSE(held.empty());
+  cl.kill(three[2]);
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), {three[0], three[1]}, deadline_in(30000ms), /*trimmed=*/true).empty());
+  Status removed;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if ((removed = client.remove(kCtx, deadline_in(5000ms))).ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(removed.ok()) << removed.to_string();
+}
+
 // A node is killed holding copies of a context; while it is away (out of the
 // membership) a client removes the context from every member. The node comes back
 // on its old disk: it serves nothing it held until the members have handed it the
@@ -417,25 +439,12 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   const std::string kept = "ctx-kept";
-  for (uint32_t c = 0; c < kChunks; ++c) {
-    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
-    ASSERT_TRUE((*client)->put(kept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
-  }
   const std::string away = three[2];
-  const auto held_chunks = holdings(away);
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  if (HasFatalFailure()) return;
   const size_t held = held_chunks.size();
-  ASSERT_GT(held, 0u);
-  cl.kill(away);
   const std::vector<std::string> two = {three[0], three[1]};
-  ASSERT_FALSE(wait_settled(cl.etcd.config(), two, deadline_in(30000ms), /*trimmed=*/true).empty());
-  // Every member must take a remove: tried again while the client's watch may still
-  // name the killed node.
-  Status removed;
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    if ((removed = (*client)->remove(kCtx, deadline_in(5000ms))).ok()) break;
-    std::this_thread::sleep_for(100ms);
-  }
-  ASSERT_TRUE(removed.ok()) << removed.to_string();
 
   const std::string back = cl.start_node_on(cl.store_of(away));
   ASSERT_FALSE(back.empty());
@@ -477,21 +486,11 @@ TEST_F(EtcdMembership, ANodeAwayLongerThanRemovesAreRememberedComesBackEmpty) {
   auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   const std::string kept = "ctx-kept";
-  for (uint32_t c = 0; c < kChunks; ++c) {
-    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
-    ASSERT_TRUE((*client)->put(kept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok()) << c;
-  }
   const std::string away = three[2];
-  ASSERT_FALSE(holdings(away).empty());
-  cl.kill(away);
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  if (HasFatalFailure()) return;
   const std::vector<std::string> two = {three[0], three[1]};
-  ASSERT_FALSE(wait_settled(cl.etcd.config(), two, deadline_in(30000ms), /*trimmed=*/true).empty());
-  Status removed;
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    if ((removed = (*client)->remove(kCtx, deadline_in(5000ms))).ok()) break;
-    std::this_thread::sleep_for(100ms);
-  }
-  ASSERT_TRUE(removed.ok()) << removed.to_string();
   // Until the members have forgotten the remove (their memory, and a second).
   std::this_thread::sleep_for(5s);
 
