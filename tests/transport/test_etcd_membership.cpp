@@ -423,6 +423,19 @@ void remove_while_away(EtcdCluster& cl, storage::Client& client, const std::vect
   ASSERT_TRUE(removed.ok()) << removed.to_string();
 }
 
+// After the killed node's return as one of `again`: they settle (trimmed), and none
+// holds or serves kCtx; `handed_on` is the removes their passes handed on. Fatal
+// failures end the calling test.
+void settled_with_kctx_removed(EtcdCluster& cl, storage::Client& client, const std::vector<std::string>& again,
+                               uint32_t chunks, size_t bytes, uint64_t& handed_on) {
+  const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
+  ASSERT_FALSE(reports.empty()) << "the rebalance after the return did not finish";
+  for (const auto& r : reports) handed_on += r.removes_handed_on;
+  for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
+  EXPECT_EQ(client.stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
+  EXPECT_EQ(read_all(client, chunks, bytes), 0) << "a removed chunk was read";
+}
+
 // A node is killed holding copies of a context; while it is away (out of the
 // membership) a client removes the context from every member. The node comes back
 // on its old disk: it serves nothing it held until the members have handed it the
@@ -450,16 +463,10 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   ASSERT_FALSE(back.empty());
   // At once, before the members' passes (after their settle): none of its old copies.
   for (const auto& [c, bytes] : held_chunks) EXPECT_TRUE(read_direct(back, c, kBytes).empty()) << "chunk " << c;
-  std::vector<std::string> again = two;
-  again.push_back(back);
-  const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
-  ASSERT_FALSE(reports.empty()) << "the rebalance after the return did not finish";
   uint64_t handed_on = 0;
-  for (const auto& r : reports) handed_on += r.removes_handed_on;
+  settled_with_kctx_removed(cl, **client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
   EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
-  for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
-  EXPECT_EQ((*client)->stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
-  EXPECT_EQ(read_all(**client, kChunks, kBytes), 0) << "a removed chunk was read";
   // The context not removed: what the returning node holds of it is served again.
   auto d = direct(back);
   ASSERT_TRUE(d);
@@ -496,16 +503,10 @@ TEST_F(EtcdMembership, ANodeAwayLongerThanRemovesAreRememberedComesBackEmpty) {
 
   const std::string back = cl.start_node_on(cl.store_of(away), 0, memory);
   ASSERT_FALSE(back.empty());
-  std::vector<std::string> again = two;
-  again.push_back(back);
-  const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
-  ASSERT_FALSE(reports.empty()) << "the rebalance after the return did not finish";
   uint64_t handed_on = 0;
-  for (const auto& r : reports) handed_on += r.removes_handed_on;
+  settled_with_kctx_removed(cl, **client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(handed_on, 0u) << "the members still remembered the remove";
-  for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
-  EXPECT_EQ((*client)->stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
-  EXPECT_EQ(read_all(**client, kChunks, kBytes), 0) << "a removed chunk was read";
   EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
 }
 
