@@ -18,6 +18,7 @@
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
 #include "tests/transport/ofi_raw_peer.hpp"
+#include "transport/ofi/ofi_shm_local.hpp"
 #endif
 
 namespace kvstream::test_ofi {
@@ -410,7 +411,7 @@ TEST_P(LibfabricProvider, QueuedSendsProgressWhileTheSenderReceives) {
 // pair costs about ten times as much (the plain build's run is the one that counts).
 // Under ASan it also crashed about 1 run in 40 (SIGSEGV in libfabric's shm address
 // insert) when two of its fresh listeners drew the same port: the provider kept the
-// closed one's unmapped memory under the name (ofi_shm_names.hpp; 0 in 100 since).
+// closed one's unmapped memory under the name (ofi_shm_local.hpp; 0 in 100 since).
 TEST_P(LibfabricProvider, EveryMessageArrivesOnFreshConnections) {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
   constexpr int kShare = 4;
@@ -795,7 +796,7 @@ TEST(libfabric, CudaMemoryIsAClearErrorWithoutHmem) {
 }
 
 // libfabric's shm keeps the name and memory of every endpoint a process opened in a
-// process-wide list and leaves them there when the endpoint closes (ofi_shm_names.hpp).
+// process-wide list and leaves them there when the endpoint closes (ofi_shm_local.hpp).
 // A listener opened again on a port an earlier listener of this process had took the
 // earlier one's name; an insert of that name used the earlier endpoint's unmapped
 // memory, or whatever was mapped there since: here a listener opened in between, so
@@ -837,6 +838,44 @@ TEST(libfabric, AnShmNameThisProcessClosedIsRefusedNotReachedThroughOldMemory) {
   EXPECT_EQ(got, hello);
 }
 
+#if KVSTREAM_HAVE_LIBFABRIC
+// A peer in this process whose shm endpoint closes while another endpoint here still
+// has it in its address vector (ofi_shm_local.hpp): a client sending while the node in
+// its process goes, and a node sending while its client goes. Each send wrote into the
+// closed endpoint's unmapped memory: SIGSEGV in the first round. The closing endpoint
+// is parked instead until the last endpoint holding it lets go, then closed.
+TEST(libfabric, AnShmPeerInThisProcessThatGoesIsNoCrash) {
+  if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+  if (!create_backend(ofi_config("shm")).ok()) GTEST_SKIP() << "provider shm not available";
+  const std::vector<std::byte> h = fill(32, 1);
+  // Sends on `c` until one fails (the peer gone: its bye, its full queue) or 20 s.
+  const auto send_until_it_fails = [&](Connection& c, std::atomic<int>& sent) {
+    for (const auto until = Clock::now() + 20s; Clock::now() < until; ++sent)
+      if (!c.send(h, {}, deadline_in(200ms), {}).ok()) return true;
+    return false;
+  };
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    auto p = make_ofi_pair("shm");
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    const bool node_goes = round % 2 == 0;
+    Connection& sender = node_goes ? *p->client : *p->server;
+    std::atomic<int> sent{0};
+    auto failed = std::async(std::launch::async, [&] { return send_until_it_fails(sender, sent); });
+    while (sent.load() < 10 * (round + 1)) std::this_thread::yield();  // sends under way
+    if (node_goes) {
+      p->server.reset(), p->listener.reset(), p->server_backend.reset();
+    } else {
+      p->client.reset(), p->client_backend.reset();
+    }
+    EXPECT_TRUE(failed.get()) << "sends to a peer that went kept succeeding";
+    p->server.reset(), p->client.reset(), p->listener.reset();
+    p->server_backend.reset(), p->client_backend.reset();
+    EXPECT_EQ(ofi::shm_endpoints_parked(), 0u) << "a parked endpoint outlived every endpoint holding it";
+  }
+}
+#endif
+
 TEST(libfabric, UnknownProviderIsUnavailable) {
   if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
   auto b = create_backend(ofi_config("no_such_provider"));
@@ -847,3 +886,4 @@ TEST(libfabric, UnknownProviderIsUnavailable) {
 }  // namespace
 
 }  // namespace kvstream::test_ofi
+

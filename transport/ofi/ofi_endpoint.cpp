@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -20,7 +21,7 @@
 #include <rdma/fi_tagged.h>
 
 #include "core/log.hpp"
-#include "transport/ofi/ofi_shm_names.hpp"
+#include "transport/ofi/ofi_shm_local.hpp"
 
 namespace kvstream::transport::ofi {
 namespace {
@@ -72,11 +73,17 @@ Endpoint::~Endpoint() {
   if (progress_.joinable()) progress_.join();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (ep_ && core_->staged_reads && !park_if_reads_linger()) return;
+  if (!shm_name_.empty()) {
+    // Closed now, or parked while other endpoints of this process hold it (its region
+    // stays mapped for their sends: ofi_shm_local.hpp); its own holds end either way.
+    shm_endpoint_closing(shm_name_, {std::exchange(ep_, nullptr), std::exchange(cq_, nullptr),
+                                     std::exchange(av_, nullptr), core_});
+    for (const auto& [addr, name] : shm_holds_) shm_release(name);
+  }
   if (ep_) fi_close(&ep_->fid);
-  if (!shm_name_.empty()) remember_closed_shm_name(shm_name_);  // unmapped now: ofi_shm_names.hpp
   if (cq_) fi_close(&cq_->fid);
   if (av_) fi_close(&av_->fid);
-  inflight_.clear();  // the endpoint is closed: nothing refers to these any more
+  inflight_.clear();  // the endpoint is closed (or parked, never read again): nothing refers to these any more
 }
 
 Status Endpoint::init(fi_info* info) {
@@ -115,6 +122,7 @@ Status Endpoint::init(fi_info* info) {
     if (!own.ok()) return own.status();
     shm_name_.assign(reinterpret_cast<const char*>(own->data()), own->size());
     shm_name_ = shm_name_.substr(0, shm_name_.find('\0'));
+    shm_endpoint_opened(shm_name_);
   }
   return {};
 }
@@ -164,6 +172,7 @@ Result<PeerTable::Use> Endpoint::peer(const void* addr, size_t len) {
   fi_addr_t fa = FI_ADDR_UNSPEC;
   const int r = locked([&] { return fi_av_insert(av_, key.c_str(), 1, &fa, 0, nullptr); });
   if (r != 1) return make_status(StatusCode::unavailable, "libfabric: fi_av_insert failed: {}", fi_err(r));
+  if (core_->shm() && shm_hold(key)) shm_holds_[fa] = key;  // a peer in this process
   return peers_->add(std::move(key), fa);
 }
 
@@ -173,9 +182,16 @@ void Endpoint::remove_unused_peers() {
 }
 
 void Endpoint::remove_unused_peers_locked() {
-  for (fi_addr_t a : peers_->take_unused())
-    if (const int r = locked([&] { return fi_av_remove(av_, &a, 1, 0); }); r)
+  for (fi_addr_t a : peers_->take_unused()) {
+    if (const int r = locked([&] { return fi_av_remove(av_, &a, 1, 0); }); r) {
       KVS_LOG_DEBUG("libfabric: fi_av_remove of a peer no connection uses: {}", fi_err(r));
+      continue;  // still in the vector: a hold of a peer in this process stays until the close
+    }
+    if (auto h = shm_holds_.find(a); h != shm_holds_.end()) {
+      shm_release(h->second);
+      shm_holds_.erase(h);
+    }
+  }
 }
 
 size_t Endpoint::peer_count() {

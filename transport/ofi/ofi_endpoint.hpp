@@ -94,7 +94,7 @@ class Endpoint {
   /// inserted the first time, shared while anything uses it (ofi_peer_table.hpp).
   /// Unused entries are removed first, so a node's vector holds only the peers it
   /// serves. Errors: unavailable (fi_av_insert failed; an shm name this process
-  /// closed: ofi_shm_names.hpp).
+  /// closed: ofi_shm_local.hpp).
   Result<PeerTable::Use> peer(const void* addr, size_t len);
   /// Removes from the address vector the entries nothing uses any more (the progress
   /// thread does it too, whenever some wait).
@@ -212,6 +212,7 @@ class Endpoint {
   fid_av* av_ = nullptr;
   std::shared_ptr<PeerTable> peers_ = PeerTable::create();
   std::mutex av_mu_;  // held across each insert and removal, so that one address is never in the vector twice
+  std::unordered_map<fi_addr_t, std::string> shm_holds_;  // entries naming shm endpoints of this process (av_mu_)
   fid_cq* cq_ = nullptr;
   std::mutex mu_;
   std::mutex fi_mu_;  // held for each fi_* call on ep_, av_ and cq_ (see the class comment)

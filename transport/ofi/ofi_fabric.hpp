@@ -73,7 +73,7 @@ struct Core {
   /// to port 0 learns its port from fi_getname; shm's are names ("fi_ns://...").
   bool sockaddr_names() const;
 
-  /// Whether the provider is shm (endpoint names it keeps per process: ofi_shm_names.hpp).
+  /// Whether the provider is shm (endpoint names it keeps per process: ofi_shm_local.hpp).
   bool shm() const { return provider == "shm"; }
 
   /// The local descriptor of registered memory covering [p, p + n), or null

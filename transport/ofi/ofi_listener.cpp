@@ -18,7 +18,7 @@
 #include "core/log.hpp"
 #include "transport/common/address.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
-#include "transport/ofi/ofi_shm_names.hpp"
+#include "transport/ofi/ofi_shm_local.hpp"
 
 namespace kvstream::transport::ofi {
 namespace {
@@ -152,7 +152,7 @@ Result<int> reserve_port(const std::string& host, uint16_t& port) {
 }
 
 /// reserve_port, passing over ports whose shm names this process closed
-/// (ofi_shm_names.hpp): those are held until a fresh one is found, so the kernel
+/// (ofi_shm_local.hpp): those are held until a fresh one is found, so the kernel
 /// does not hand them out again meanwhile.
 Result<int> reserve_fresh_port(const Core& core, const std::string& host, uint16_t& port) {
   std::vector<int> passed;
