@@ -333,52 +333,63 @@ Result<std::vector<ChunkStat>> decode_stats(std::span<const std::byte> body, boo
   return out;
 }
 
-std::vector<std::byte> encode_touches(std::span<const ContextTouch> touches) {
+namespace {
+
+// The bodies that list contexts, each after a number of its own (a touch's depths, a
+// batch of removes' versions): u32 n, then per context the number, u8 length, bytes.
+template <typename T, typename N>
+std::vector<std::byte> encode_context_list(std::span<const T> items, N T::*number) {
   Writer w;
-  w.put(uint32_t(touches.size()));
-  for (const ContextTouch& t : touches) w.put(t.depth), w.put_str8(t.context);
+  w.put(uint32_t(items.size()));
+  for (const T& item : items) w.put(item.*number), w.put_str8(item.context);
   return std::move(w.out);
+}
+
+// `what` names the body in errors, `id_what` its context ids; `check` looks at each
+// entry before its id is validated.
+template <typename T, typename N, typename Check>
+Result<std::vector<T>> decode_context_list(std::span<const std::byte> body, N T::*number, std::string_view what,
+                                           std::string_view id_what, Check check) {
+  Reader rd(body);
+  const uint32_t n = rd.get<uint32_t>();
+  // Each entry takes at least its number, a length and one byte.
+  if (!rd.ok() || n == 0 || n > body.size() / (sizeof(N) + 2))
+    return make_status(StatusCode::corrupt_data, "{}: {} contexts", what, n);
+  std::vector<T> out(n);
+  for (T& item : out) {
+    item.*number = rd.get<N>();
+    const uint8_t len = rd.get<uint8_t>();
+    item.context = rd.get_str(len, kMaxContextBytes);
+    if (!rd.ok()) break;
+    KVS_RETURN_IF_ERROR(check(item));
+    KVS_RETURN_IF_ERROR(validate_id(item.context, kMaxContextBytes, id_what));
+  }
+  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed {}", what);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_touches(std::span<const ContextTouch> touches) {
+  return encode_context_list(touches, &ContextTouch::depth);
 }
 
 Result<std::vector<ContextTouch>> decode_touches(std::span<const std::byte> body) {
-  Reader rd(body);
-  const uint32_t n = rd.get<uint32_t>();
-  if (!rd.ok() || n == 0 || n > body.size() / 6) return make_status(StatusCode::corrupt_data, "touch body: {} contexts", n);
-  std::vector<ContextTouch> out(n);
-  for (ContextTouch& t : out) {
-    t.depth = rd.get<uint32_t>();
-    const uint8_t len = rd.get<uint8_t>();
-    t.context = rd.get_str(len, kMaxContextBytes);
-    if (!rd.ok()) break;
-    KVS_RETURN_IF_ERROR(validate_id(t.context, kMaxContextBytes, "touched context id"));
-  }
-  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed touch body");
-  return out;
+  return decode_context_list(body, &ContextTouch::depth, "touch body", "touched context id",
+                             [](const ContextTouch&) { return Status{}; });
 }
 
 std::vector<std::byte> encode_removes(std::span<const ContextRemove> removes) {
-  Writer w;
-  w.put(uint32_t(removes.size()));
-  for (const ContextRemove& r : removes) w.put(r.version), w.put_str8(r.context);
-  return std::move(w.out);
+  return encode_context_list(removes, &ContextRemove::version);
 }
 
 Result<std::vector<ContextRemove>> decode_removes(std::span<const std::byte> body) {
-  Reader rd(body);
-  const uint32_t n = rd.get<uint32_t>();
-  if (!rd.ok() || n == 0 || n > body.size() / 10)
-    return make_status(StatusCode::corrupt_data, "batch of removes: {} contexts", n);
-  std::vector<ContextRemove> out(n);
-  for (ContextRemove& r : out) {
-    r.version = rd.get<uint64_t>();
-    const uint8_t len = rd.get<uint8_t>();
-    r.context = rd.get_str(len, kMaxContextBytes);
-    if (!rd.ok()) break;
-    if (r.version == 0) return make_status(StatusCode::corrupt_data, "a remove of '{}' up to version 0", r.context);
-    KVS_RETURN_IF_ERROR(validate_id(r.context, kMaxContextBytes, "removed context id"));
-  }
-  if (!rd.done()) return make_status(StatusCode::corrupt_data, "malformed batch of removes");
-  return out;
+  return decode_context_list(body, &ContextRemove::version, "batch of removes", "removed context id",
+                             [](const ContextRemove& r) {
+                               return r.version != 0 ? Status{}
+                                                     : make_status(StatusCode::corrupt_data,
+                                                                   "a remove of '{}' up to version 0", r.context);
+                             });
 }
 
 std::vector<std::byte> encode_usage(const std::vector<ContextUsage>& usage) {

@@ -533,18 +533,27 @@ Status ChunkStore::delete_up_to_locked(const std::string& ns, const std::string&
   if (whole) return remove_context_dir(ns, ctx);
   // Every write is newer than the remove: they stay, and so do their files (the
   // directory went with them once, leaving the index naming files no longer there).
-  if (older.empty()) return {};
+  return delete_objects_locked(ns, ctx, older);
+}
+
+Status ChunkStore::delete_objects_locked(const std::string& ns, const std::string& ctx,
+                                         std::span<const ObjectKey> keys) {
+  if (keys.empty()) return {};
   // The files first (a crash between leaves an index rebuilt without them), then the
   // index; the directory's sync makes the unlinks durable.
-  for (const ObjectKey& k : older) KVS_RETURN_IF_ERROR(unlink_object(k));
+  for (const ObjectKey& k : keys) KVS_RETURN_IF_ERROR(unlink_object(k));
+  bool context_gone = false;
   {
     std::lock_guard lock(mu_);
-    for (const ObjectKey& k : older) {
-      set_entry_locked(k, {});
+    for (const ObjectKey& k : keys) {
+      set_entry_locked(k, {});  // the quota's count, and the chunk and context once empty
       cache_drop_locked(k.name());
     }
+    const auto n = index_.find(ns);
+    context_gone = n == index_.end() || !n->second.contains(ctx);
   }
-  return fsync_directory(context_dir(ns, ctx));
+  // Its last objects: the directory (and the use mark in it) goes, as a remove's.
+  return context_gone ? remove_context_dir(ns, ctx) : fsync_directory(context_dir(ns, ctx));
 }
 
 Status ChunkStore::unlink_object(const ObjectKey& k) {
@@ -581,19 +590,7 @@ Result<uint64_t> ChunkStore::remove_object(const ObjectKey& k, uint64_t max_vers
                          e->version, max_version);
     size = e->size;
   }
-  // The file first: a crash after it leaves an index rebuilt without the object; the
-  // other order could leave a file the index forgot.
-  KVS_RETURN_IF_ERROR(unlink_object(k));
-  bool context_gone = false;
-  {
-    std::lock_guard lock(mu_);
-    set_entry_locked(k, {});  // the quota's count, and the chunk and context once empty
-    cache_drop_locked(k.name());
-    const auto n = index_.find(k.ns);
-    context_gone = n == index_.end() || !n->second.contains(k.ctx);
-  }
-  // Its last object: the directory (and the use mark in it) goes, as a remove's.
-  KVS_RETURN_IF_ERROR(context_gone ? remove_context_dir(k.ns, k.ctx) : fsync_directory(context_dir(k.ns, k.ctx)));
+  KVS_RETURN_IF_ERROR(delete_objects_locked(k.ns, k.ctx, std::span(&k, 1)));
   return size;
 }
 

@@ -356,6 +356,10 @@ class ChunkStore {
   // remove()'s deletion of the objects up to `max_version`. Requires the context's
   // stripe. Errors: not_found, io_error.
   Status delete_up_to_locked(const std::string& ns, const std::string& ctx, uint64_t max_version);
+  // Deletes `keys` (objects of one context), files then index; the context's
+  // directory goes with its last object, else it is synced. Requires the context's
+  // stripe. Errors: io_error.
+  Status delete_objects_locked(const std::string& ns, const std::string& ctx, std::span<const ObjectKey> keys);
   // Deletes a context's directory (its objects and use mark) and syncs the namespace's.
   // Requires the context's stripe. Errors: io_error.
   Status remove_context_dir(const std::string& ns, const std::string& ctx);

@@ -64,21 +64,8 @@ Result<uint64_t> ChunkStore::drop_held_at_open() {
         if (const Entry* e = entry_locked(k); e && e->generation != 0 && e->from_start) going.push_back(std::move(k));
       }
     }
-    // The files first, as a remove: a crash between leaves an index rebuilt without them.
-    for (const ObjectKey& k : going) KVS_RETURN_IF_ERROR(unlink_object(k));
-    bool context_gone = false;
-    {
-      std::lock_guard lock(mu_);
-      for (const ObjectKey& k : going) {
-        set_entry_locked(k, {});  // the quota's count, and the chunk and context once empty
-        cache_drop_locked(k.name());
-      }
-      const auto n = index_.find(ns);
-      context_gone = n == index_.end() || !n->second.contains(ctx);
-    }
+    KVS_RETURN_IF_ERROR(delete_objects_locked(ns, ctx, going));
     dropped += going.size();
-    if (!going.empty())
-      KVS_RETURN_IF_ERROR(context_gone ? remove_context_dir(ns, ctx) : fsync_directory(context_dir(ns, ctx)));
   }
   return dropped;
 }

@@ -4,22 +4,16 @@
 #include <cerrno>
 #include <cstring>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "core/log.hpp"
 #include "storage/node/mark_record.hpp"
+#include "storage/node/object_file.hpp"
 
 namespace kvstream::storage {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d53564b;  // "KVSM"; the record's u64 is the time in seconds
-
-Status write_error(const std::string& path, std::string_view what, int err) {
-  KVS_LOG_WARN("cannot write the member mark '{}': {} ({})", path, what, std::strerror(err));
-  return make_status(StatusCode::io_error, "cannot write the member mark '{}': {}: {}", path, what,
-                     std::strerror(err));
-}
 
 }  // namespace
 
@@ -35,24 +29,11 @@ std::optional<std::chrono::system_clock::time_point> read_member_mark(const std:
 
 Status write_member_mark(const std::string& dir, std::chrono::system_clock::time_point at) {
   const std::string path = dir + "/" + kMemberMarkFile;
-  const std::string tmp = path + ".new";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return write_error(path, "open", errno);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(at.time_since_epoch()).count();
   const auto b = encode_mark_record(kMagic, {0, uint64_t(seconds)});
-  const ssize_t n = ::pwrite(fd, b.data(), b.size(), 0);
-  const int werr = n < 0 ? errno : EIO;
-  if (n != ssize_t(b.size()) || ::fdatasync(fd) != 0) {
-    const int err = n == ssize_t(b.size()) ? errno : werr;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return write_error(path, "write", err);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return write_error(path, "rename", err);
+  if (const int e = replace_file(path, std::string_view(reinterpret_cast<const char*>(b.data()), b.size()))) {
+    KVS_LOG_WARN("cannot write the member mark '{}': {}", path, std::strerror(e));
+    return make_status(StatusCode::io_error, "cannot write the member mark '{}': {}", path, std::strerror(e));
   }
   return {};
 }

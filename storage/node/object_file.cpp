@@ -444,6 +444,23 @@ Status TempObject::rename_to(const std::string& final_path) {
   return {};
 }
 
+int replace_file(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  int e = 0;
+  for (size_t done = 0; done < bytes.size() && e == 0;) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n >= 0) done += size_t(n);
+    else if (errno != EINTR) e = errno;
+  }
+  if (e == 0 && ::fsync(fd) != 0) e = errno;
+  ::close(fd);
+  if (e == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) e = errno;
+  if (e != 0) ::unlink(tmp.c_str());
+  return e;
+}
+
 Status fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {

@@ -174,4 +174,10 @@ class TempObject {
 /// fsync of a directory, so a rename or unlink in it is durable. Errors: io_error.
 Status fsync_directory(const std::string& dir);
 
+/// Writes `bytes` to `<path>.tmp`, syncs it and renames it over `path`, so a crash
+/// leaves the old file or the new one (the store's small files: its remembered
+/// removes, its member mark). Returns 0, or the errno of the step that failed (the
+/// temporary file removed); the directory is not synced.
+int replace_file(const std::string& path, std::string_view bytes);
+
 }  // namespace kvstream::storage

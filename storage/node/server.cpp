@@ -436,7 +436,10 @@ class ServerImpl final : public Server {
       case Op::remove:
         if (req.flags & kRemoveBatch) {
           Status outcome;
-          KVS_RETURN_IF_ERROR(receive_removes(c, ns, req, cancel, outcome));
+          KVS_RETURN_IF_ERROR(receive_small_body(c, req, cancel, outcome, [&](std::span<const std::byte> body) {
+            auto removes = decode_removes(body);
+            return removes.ok() ? store_->remove_many(ns, *removes) : removes.status();
+          }));
           if (!outcome.ok()) fail(outcome);
         } else if (Status s = store_->remove(ns, req.context,
                                       (req.flags & kRemoveUpTo) ? req.version : std::numeric_limits<uint64_t>::max());
@@ -448,7 +451,10 @@ class ServerImpl final : public Server {
         break;
       case Op::touch: {
         Status outcome;
-        KVS_RETURN_IF_ERROR(receive_touch(c, ns, req, cancel, outcome));
+        KVS_RETURN_IF_ERROR(receive_small_body(c, req, cancel, outcome, [&](std::span<const std::byte> body) {
+          auto touches = decode_touches(body);
+          return touches.ok() ? store_->touch(ns, *touches, req.version).status() : touches.status();
+        }));
         if (!outcome.ok()) fail(outcome);
         break;
       }
@@ -500,47 +506,18 @@ class ServerImpl final : public Server {
     return {};
   }
 
-  // Receives a touch's body (one segment, bounded by decode_request) and raises the
-  // marks it names. As a put's, the body is always read off the wire, so a refused
-  // touch (budget, a malformed list) is answered with its reason. Returns an error
-  // only when the connection must end.
-  Status receive_touch(Connection& c, const std::string& ns, const Request& req, const CancelToken& cancel,
-                       Status& outcome) {
+  // Receives the one-segment body of a touch or a batch of removes (bounded by
+  // decode_request) and hands it, its checksum verified, to `apply` (which decodes and
+  // does it); the reason it was refused (budget, checksum, a malformed list) goes to
+  // `outcome`. As a put's, the body is always read off the wire, so the connection
+  // stays in step. Returns an error only when the connection must end.
+  template <typename Apply>
+  Status receive_small_body(Connection& c, const Request& req, const CancelToken& cancel, Status& outcome,
+                            Apply apply) {
     SegmentPool::Segment seg;
-    std::span<std::byte> body;
-    KVS_RETURN_IF_ERROR(receive_small_body(c, req, cancel, seg, body, outcome));
-    if (!outcome.ok()) return {};
-    auto touches = decode_touches(body);
-    if (!touches.ok()) {
-      outcome = touches.status();
-      return {};
-    }
-    if (auto n = store_->touch(ns, *touches, req.version); !n.ok()) outcome = n.status();
-    return {};
-  }
-
-  // Receives a batch of removes' body and does them (ChunkStore::remove_many), as
-  // receive_touch does a touch.
-  Status receive_removes(Connection& c, const std::string& ns, const Request& req, const CancelToken& cancel,
-                         Status& outcome) {
-    SegmentPool::Segment seg;
-    std::span<std::byte> body;
-    KVS_RETURN_IF_ERROR(receive_small_body(c, req, cancel, seg, body, outcome));
-    if (!outcome.ok()) return {};
-    auto removes = decode_removes(body);
-    if (!removes.ok()) outcome = removes.status();
-    else outcome = store_->remove_many(ns, *removes);
-    return {};
-  }
-
-  // Receives the one-segment body of a touch or a batch of removes into `seg` (leased
-  // from the segment pool): `body`, its checksum verified, or the reason in `outcome`
-  // (the body is read off the wire all the same, so the connection stays in step).
-  // Returns an error only when the connection must end.
-  Status receive_small_body(Connection& c, const Request& req, const CancelToken& cancel, SegmentPool::Segment& seg,
-                            std::span<std::byte>& body, Status& outcome) {
     if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
     else outcome = s.status();
+    std::span<std::byte> body;
     KVS_RETURN_IF_ERROR(recv_segmented(
         c, true, req.id, req.total, segment_bytes(req.total, 0),
         [&](uint64_t, uint64_t len) { return outcome.ok() ? (body = seg.span(len)) : std::span<std::byte>(); },
@@ -548,6 +525,7 @@ class ServerImpl final : public Server {
     bytes_in_ += req.total;
     if (outcome.ok() && body_checksum(body) != req.checksum)
       outcome = make_status(StatusCode::corrupt_data, "request body failed its checksum");
+    if (outcome.ok()) outcome = apply(std::span<const std::byte>(body));
     return {};
   }
 

@@ -141,19 +141,9 @@ Status TombstoneLog::append(std::span<const TombstoneRecord> records) {
 }
 
 Status TombstoneLog::rewrite(const std::vector<TombstoneRecord>& records) {
-  const std::string tmp = path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_failure("cannot create", tmp, errno);
   std::string all;
   for (const auto& r : records) all += format(r);
-  int e = write_all(fd, all);
-  if (e == 0 && ::fsync(fd) != 0) e = errno;
-  ::close(fd);
-  if (e == 0 && std::rename(tmp.c_str(), path_.c_str()) != 0) e = errno;
-  if (e != 0) {
-    ::unlink(tmp.c_str());
-    return io_failure("cannot rewrite", path_, e);
-  }
+  if (const int e = replace_file(path_, all)) return io_failure("cannot rewrite", path_, e);
   // The new file is in place: appends go to it from here on, whatever the sync says.
   const int nfd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (nfd < 0) return io_failure("cannot open", path_, errno);
