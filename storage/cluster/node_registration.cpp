@@ -9,12 +9,10 @@ using transport::Clock;
 using transport::Deadline;
 
 Result<std::unique_ptr<NodeRegistration>> NodeRegistration::start(EtcdClient etcd, std::string address,
-                                                                  Deadline deadline,
-                                                                  std::function<void()> on_member) {
-  auto r = std::unique_ptr<NodeRegistration>(
-      new NodeRegistration(std::move(etcd), std::move(address), std::move(on_member)));
+                                                                  Deadline deadline, Hooks hooks) {
+  auto r = std::unique_ptr<NodeRegistration>(new NodeRegistration(std::move(etcd), std::move(address), std::move(hooks)));
   KVS_RETURN_IF_ERROR(r->register_now(deadline));
-  if (r->on_member_) r->on_member_();
+  if (r->hooks_.on_member) r->hooks_.on_member();
   KVS_LOG_INFO("etcd: node {} registered under lease {:x} (TTL {} s)", r->address_, r->lease_,
                r->etcd_.config().lease_ttl.count());
   r->thread_ = std::thread([p = r.get()] { p->renew(); });
@@ -61,6 +59,9 @@ Status NodeRegistration::publish(const std::string& what, const std::string& val
 void NodeRegistration::renew() {
   const auto period = std::chrono::duration_cast<Clock::duration>(etcd_.config().lease_ttl) / 3;
   bool lost = false;  // logged once per outage
+  // When the lease was last found alive: the others count the node a member until a
+  // TTL after it.
+  Clock::time_point member_at = Clock::now();
   std::unique_lock lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, lost ? Clock::duration(std::chrono::milliseconds(500)) : period);
@@ -73,13 +74,19 @@ void NodeRegistration::renew() {
     if (ttl.ok() && *ttl <= 0) {
       // The lease ran out while etcd was out of reach: the others have dropped this
       // node. Register again (they add it back, and rebalance).
-      KVS_LOG_WARN("etcd: the lease of node {} expired; registering again", address_);
+      const auto away = Clock::now() - member_at;
+      KVS_LOG_WARN("etcd: the lease of node {} expired (last renewed {:.1f} s ago); registering again", address_,
+                   std::chrono::duration<double>(away).count());
+      if (hooks_.before_rejoin) hooks_.before_rejoin(away);
       s = register_now(d);
     }
     if (!s.ok() && !stop_.cancelled() && !lost)
       KVS_LOG_WARN("etcd: node {} could not renew its registration ({}); retrying", address_, s.to_string());
     lost = !s.ok();
-    if (s.ok() && on_member_) on_member_();
+    if (s.ok()) {
+      member_at = Clock::now();
+      if (hooks_.on_member) hooks_.on_member();
+    }
     lock.lock();
   }
 }

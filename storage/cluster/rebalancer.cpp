@@ -63,11 +63,13 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
       new Rebalancer(config, std::move(self), store, budget, std::move(secrets), std::move(backend)));
   const auto deadline = Clock::now() + config.etcd.request_timeout * 2;
   // Each renewal marks the store as served by a member (member_mark.hpp): a node that
-  // comes back after longer than removes are remembered drops what it held.
-  KVS_ASSIGN_OR_RETURN(r->registration_,
-                       NodeRegistration::start(etcd, r->self_, deadline, [&store] {
-                         (void)store.note_member(std::chrono::system_clock::now());
-                       }));
+  // comes back after longer than removes are remembered drops what it held. A node
+  // the others dropped while it ran fences (or drops) what it holds before it is a
+  // member again, as at a restart.
+  NodeRegistration::Hooks hooks;
+  hooks.on_member = [&store] { (void)store.note_member(std::chrono::system_clock::now()); };
+  if (config.trim_surplus) hooks.before_rejoin = [p = r.get()](Clock::duration away) { p->before_rejoin(away); };
+  KVS_ASSIGN_OR_RETURN(r->registration_, NodeRegistration::start(etcd, r->self_, deadline, std::move(hooks)));
   // Registered first, so the set read next includes this node.
   KVS_ASSIGN_OR_RETURN(r->watch_,
                        MembershipWatch::start(
@@ -96,7 +98,29 @@ Rebalancer::~Rebalancer() {
 void Rebalancer::on_change(const std::vector<std::string>& members) {
   HashRing ring = ring_of(members, cfg_.virtual_nodes);  // outside the lock: 1024 points a node
   std::lock_guard lock(mu_);
+  for (const auto& n : target_.nodes())
+    if (std::find(members.begin(), members.end(), n) == members.end()) left_since_pass_.insert(n);
   target_ = std::move(ring);
+  ++generation_;
+  changed_at_ = Clock::now();
+  cv_.notify_all();
+}
+
+void Rebalancer::before_rejoin(Clock::duration away) {
+  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(away);
+  auto dropped = store_.rejoin(secs);
+  if (!dropped.ok())
+    KVS_LOG_WARN("rebalance: node {} could not drop what it held before its cluster dropped it ({}); it stays "
+                 "fenced",
+                 self_, dropped.status().to_string());
+  else
+    KVS_LOG_INFO("rebalance: node {} rejoins after {} s out of its cluster: what it holds {} until its members "
+                 "have handed it their removes",
+                 self_, secs.count(), *dropped > 0 ? fmt::format("went ({} objects)", *dropped) : "is fenced");
+  // A pass and a trim follow even where the watch saw no change (the set before and
+  // after is the same): the trim lifts the fence once every member reports a set
+  // with this node done.
+  std::lock_guard lock(mu_);
   ++generation_;
   changed_at_ = Clock::now();
   cv_.notify_all();
@@ -202,12 +226,13 @@ void Rebalancer::run() {
     if (stopping_) break;
     const uint64_t gen = generation_;
     const HashRing target = target_;
+    const std::set<std::string> bounced = left_since_pass_;
     const auto changed_at = changed_at_;
     pace_start_ = Clock::now(), paced_bytes_ = 0;
     lock.unlock();
     Tally tally;
     report(target.nodes(), false, tally, seconds_since(changed_at));
-    const bool complete = pass(settled, target, tally, gen);
+    const bool complete = pass(settled, target, bounced, tally, gen);
     const double secs = seconds_since(changed_at);
     lock.lock();
     if (!complete) {  // a newer change (or stop): the next pass starts from `settled` again
@@ -218,6 +243,10 @@ void Rebalancer::run() {
     tried_generation = gen;
     if (!retry) {
       settled = target, settled_generation = gen;
+      // Handed their removes. (A change since, which may have dropped one again, keeps
+      // them all for the next pass.)
+      if (generation_ == gen)
+        for (const auto& n : bounced) left_since_pass_.erase(n);
       trim_due = cfg_.trim_surplus, last = tally, last_seconds = secs, scope.reset();
       // The first look at the others' reports comes soon: their passes for the same
       // change tend to end together. Later looks back off from there.
@@ -246,13 +275,14 @@ bool Rebalancer::pace(uint64_t bytes, uint64_t gen) {
   return !stopping_ && generation_ == gen;
 }
 
-bool Rebalancer::pass(const HashRing& before, const HashRing& after, Tally& tally, uint64_t gen) {
+bool Rebalancer::pass(const HashRing& before, const HashRing& after, const std::set<std::string>& bounced,
+                      Tally& tally, uint64_t gen) {
   if (gen != delivered_gen_) delivered_.clear(), delivered_gen_ = gen;
   const std::set<std::string> members(after.nodes().begin(), after.nodes().end());
   // Connections to the new owners, per tenant; a node that does not answer is not
   // asked again in this pass (its objects count as failed and the pass is retried).
   PeerClients peers(self_, backend_, secrets_, stop_);
-  if (!hand_on_removes(peers, before, after, tally, gen)) return false;
+  if (!hand_on_removes(peers, before, after, bounced, tally, gen)) return false;
   for (const auto& [ns, secret] : secrets_) {
     for (const auto& ctx : store_.list(ns)) {
       auto stats = store_.stat(ns, ctx);
@@ -314,22 +344,28 @@ bool Rebalancer::pass(const HashRing& before, const HashRing& after, Tally& tall
   return true;
 }
 
-bool Rebalancer::hand_on_removes(PeerClients& peers, const HashRing& before, const HashRing& after, Tally& tally,
-                                 uint64_t gen) {
+bool Rebalancer::hand_on_removes(PeerClients& peers, const HashRing& before, const HashRing& after,
+                                 const std::set<std::string>& bounced, Tally& tally, uint64_t gen) {
   std::vector<std::string> joined;
   const auto& was = before.nodes();
   for (const auto& n : after.nodes())
-    if (std::find(was.begin(), was.end(), n) == was.end()) joined.push_back(n);
+    if (n != self_ && (std::find(was.begin(), was.end(), n) == was.end() || bounced.contains(n))) joined.push_back(n);
   if (joined.empty()) return true;
+  // The senders are among the nodes that stayed: a bounced node may hold none of the
+  // removes made while it was out.
+  std::vector<std::string> stayed;
+  for (const auto& n : was)
+    if (!bounced.contains(n)) stayed.push_back(n);
+  const HashRing senders_ring = stayed.size() == was.size() ? before : ring_of(stayed, cfg_.virtual_nodes);
   // A node takes up to 1 MiB of removes per request, remembered with one sync; slices
   // of this many keep a newer change from waiting on a long list.
   constexpr size_t kSlice = 4096;
   for (const auto& [ns, secret] : secrets_) {
-    // The remove reached every member of `before`; the owners of the context's first
-    // chunk among them hand it on (R senders, not every member).
+    // The remove reached every member of `before` that stayed; the owners of the
+    // context's first chunk among them hand it on (R senders, not every member).
     std::vector<storage::ContextRemove> mine;
     for (auto& [ctx, version] : store_.removed(ns)) {
-      const auto senders = before.replicas(HashRing::chunk_key(ctx, 0), cfg_.replication);
+      const auto senders = senders_ring.replicas(HashRing::chunk_key(ctx, 0), cfg_.replication);
       if (std::find(senders.begin(), senders.end(), self_) != senders.end())
         mine.push_back({std::move(ctx), version});
     }

@@ -74,7 +74,9 @@ class Rebalancer {
   void run();
   // One pass from the member set of `settled` to that of `target` (their rings) for
   // change `gen`; false when a newer change (or stop) cut it short.
-  bool pass(const HashRing& settled, const HashRing& target, Tally& tally, uint64_t gen);
+  // `bounced`: nodes that left a member set seen since `settled` (they join again).
+  bool pass(const HashRing& settled, const HashRing& target, const std::set<std::string>& bounced, Tally& tally,
+            uint64_t gen);
   void report(const std::vector<std::string>& target, bool done, const Tally& tally, double seconds,
               bool trimmed = false);
   // Drops the copies this node holds of chunks it does not own under the member set
@@ -89,16 +91,21 @@ class Rebalancer {
   HandOver hand_over(PeerClients& peers, const storage::ObjectKey& key, uint64_t version, uint64_t bytes,
                      const std::vector<std::string>& to, uint64_t gen, Tally& tally, std::set<std::string>& received);
   // The removes this node remembers go to the nodes that joined between `before` and
-  // `after` (one may come back with copies made before them): from the owners under
-  // `before` of each context's first chunk. Those not delivered count as failed (the
-  // pass is retried); false when a newer change (or stop) cut it short.
+  // `after` (one may come back with copies made before them), and to those of
+  // `bounced` in `after` (dropped and back between two passes: a client may have sent
+  // a remove to the others meanwhile): from the owners of each context's first chunk
+  // under `before` without `bounced`. Those not delivered count as failed (the pass
+  // is retried); false when a newer change (or stop) cut it short.
   static constexpr uint32_t kRemoveDelivery = ~uint32_t(0);  // chunk and level of a remove's delivery id
-  bool hand_on_removes(PeerClients& peers, const HashRing& before, const HashRing& after, Tally& tally,
-                       uint64_t gen);
+  bool hand_on_removes(PeerClients& peers, const HashRing& before, const HashRing& after,
+                       const std::set<std::string>& bounced, Tally& tally, uint64_t gen);
   // The use mark of `ctx` goes with objects sent to `to`, so an evictor there sees the
   // context as used when it was (a copy otherwise looks unused and goes first).
   void send_use_mark(PeerClients& peers, const std::string& ns, const std::string& ctx,
                      const std::set<std::string>& to);
+  // Before the node registers again after its lease ran out (NodeRegistration::Hooks):
+  // the store fences, or drops, what it holds, and a pass and a trim follow.
+  void before_rejoin(transport::Clock::duration away);
   // Whether change `gen` is still the newest and the node is not stopping.
   bool current(uint64_t gen);
   // Waits out the rate bound after `bytes` more; false when stopping or when a change
@@ -125,6 +132,9 @@ class Rebalancer {
   std::set<std::pair<std::string, std::string>> strays_;
   bool strays_overflow_ = false;
   uint64_t generation_ = 0;          // bumped at each change
+  // Members of a set seen since the last finished pass that a later set lacked: those
+  // back in the newest set missed the removes made while they were out.
+  std::set<std::string> left_since_pass_;
   transport::Clock::time_point changed_at_{};
   // The rate bound's account of the current pass.
   transport::Clock::time_point pace_start_{};

@@ -53,8 +53,10 @@ Rebalancer::TrimResult Rebalancer::trim(const HashRing& ring, uint64_t gen, Tall
     if (r.done && std::set<std::string>(r.members.begin(), r.members.end()) == want) finished.insert(r.node);
   if (finished != want) return current(gen) ? TrimResult::again : TrimResult::cut;
   // Every member has rebalanced for a set with this node in it, and so handed it the
-  // removes it remembers: what this node held before it joined can be served.
-  store_.lift_fence();
+  // removes it remembers: what this node held before it joined can be served. (A set
+  // without it says nothing of that: a node its cluster dropped while it ran may see
+  // that set after it fenced, before it is a member again.)
+  if (want.contains(self_)) store_.lift_fence();
 
   PeerClients peers(self_, backend_, secrets_, stop_);
   // Counted afresh by each look at every context; what was dropped stays counted.

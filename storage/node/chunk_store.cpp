@@ -103,7 +103,7 @@ void ChunkStore::scan() {
           continue;
         }
         set_entry_locked(k, Entry{obj->size(), next_generation_++, obj->header().version, obj->header().parts,
-                                  obj->header().key_id, /*from_start=*/true});
+                                  obj->header().key_id, /*held_at_fence=*/true});
       }
       // The context's use mark, once it holds an object (a mark alone names nothing).
       if (auto n = index_.find(ns); n != index_.end())
@@ -385,9 +385,9 @@ Result<ObjectRead> ChunkStore::get(const ObjectKey& k) {
   {
     std::lock_guard lock(mu_);
     // Only the version the index still names goes into the cache: a commit since the
-    // open made this one stale.
+    // open made this one stale. Nor one fenced since (ChunkStore::rejoin).
     const Entry* e = entry_locked(k);
-    if (e && generation != 0 && e->generation == generation) cache_put_locked(key, blob);
+    if (e && generation != 0 && e->generation == generation && !fenced_locked(*e)) cache_put_locked(key, blob);
   }
   r.bytes = std::move(blob);
   r.file = ObjectFile();

@@ -210,16 +210,16 @@ class ChunkStore {
 
   /// Every chunk of a context: its level sizes and parts tables, from the index (which
   /// each commit updates with the file it renamed into place); with `hide_fenced`,
-  /// without the objects behind the fence (fence_held_at_open). Errors: not_found.
+  /// without the objects behind the fence (fence_held_at_open, rejoin). Errors: not_found.
   Result<std::vector<ChunkStat>> stat(const std::string& ns, const std::string& ctx, bool hide_fenced = false);
 
-  /// Puts the objects the store held when it opened behind a fence: get() answers
-  /// not_found for them and a stat that hides fenced objects leaves them out, until
-  /// lift_fence() (their rewrite under a new at-rest key keeps them there). Writes
-  /// since the open are served. A node that comes back into a cluster serves nothing it held before
-  /// until its members have handed it the removes made while it was away (they report
-  /// their rebalance done), so a removed context is not read from its copy meanwhile.
-  /// read_stored() and read_all() see everything.
+  /// Puts the objects the store held when it opened (or when rejoin() last ran) behind
+  /// a fence: get() answers not_found for them and a stat that hides fenced objects
+  /// leaves them out, until lift_fence() (their rewrite under a new at-rest key keeps
+  /// them there). Writes since are served. A node that comes back into a cluster serves
+  /// nothing it held before until its members have handed it the removes made while it
+  /// was away (they report their rebalance done), so a removed context is not read from
+  /// its copy meanwhile. read_stored() and read_all() see everything.
   void fence_held_at_open();
   void lift_fence();
   /// Gets answered not_found for the fence since the store opened.
@@ -232,16 +232,24 @@ class ChunkStore {
   /// less: set_tombstone_limits). Errors: io_error.
   Status note_member(std::chrono::system_clock::time_point now);
   static constexpr std::chrono::seconds kMemberMarkEvery{60};
-  /// Deletes every object the store held when it opened and holds unchanged (a write
-  /// since, of the same object, stays): for a node back in its cluster after longer
-  /// than removes are remembered (member_mark.hpp). Returns how many went. Errors:
-  /// io_error (those before the failing one are gone).
-  Result<uint64_t> drop_held_at_open();
+  /// Deletes every object the store held when the fence last went up (its open, or
+  /// rejoin()) and holds unchanged (a write since, of the same object, stays): for a
+  /// node back in its cluster after longer than removes are remembered
+  /// (member_mark.hpp). Returns how many went. Errors: io_error (those before the
+  /// failing one are gone).
+  Result<uint64_t> drop_held();
   /// A node starting in a cluster: where its mark says it was last a member longer
-  /// than `remove_memory` before `now` (and that is not 0), drop_held_at_open(), as
-  /// the members may have forgotten removes made meanwhile; else fence_held_at_open().
-  /// Returns how many objects went. Errors: those of drop_held_at_open.
+  /// than `remove_memory` before `now` (and that is not 0), drop_held(), as the members
+  /// may have forgotten removes made meanwhile; else fence_held_at_open(). Returns how
+  /// many objects went. Errors: those of drop_held.
   Result<uint64_t> come_back(std::chrono::seconds remove_memory, std::chrono::system_clock::time_point now);
+  /// The same for a running node about to register again after its cluster dropped it
+  /// (its lease ran out: cut off from etcd, or stalled), `away` after it was last known
+  /// a member: every object it holds now counts as held, and goes where `away` is
+  /// longer than the removes are remembered (set_tombstone_limits; not 0), else waits
+  /// behind the fence. Call it before the node is a member again. Errors: those of
+  /// drop_held (the objects are fenced all the same).
+  Result<uint64_t> rejoin(std::chrono::seconds away);
   /// Deletes a context's objects written at or before `max_version` (all of them by
   /// default); the context, and its use mark, go with its last object, while a newer
   /// write stays with them (it wins over the remove, as over an older put). The
@@ -306,10 +314,16 @@ class ChunkStore {
     uint64_t version = 0;     // the write version in its header
     std::vector<ObjectPart> parts;  // the parts table in its header
     uint32_t key_id = 0;      // the master key it is sealed under (0: clear)
-    bool from_start = false;  // held when the store opened (a rewrite under a new key keeps it)
+    // Held when the fence last went up: the store's open, or rejoin() (a rewrite under
+    // a new key keeps it).
+    bool held_at_fence = false;
   };
+  // Puts the objects held at the fence behind it, then drops them where `away` (since
+  // the node was last a member, as `since` says) is longer than `remove_memory` (not 0).
+  Result<uint64_t> fence_or_drop(std::chrono::seconds remove_memory, std::optional<std::chrono::seconds> away,
+                                 std::string_view since);
   // Whether `e` is behind the fence. Requires mu_.
-  [[nodiscard]] bool fenced_locked(const Entry& e) const { return fenced_ && e.generation != 0 && e.from_start; }
+  [[nodiscard]] bool fenced_locked(const Entry& e) const { return fenced_ && e.generation != 0 && e.held_at_fence; }
   [[nodiscard]] uint64_t disk_charge(const Entry& e) const {
     return disk_charge(e.size, e.parts.size(), e.key_id != 0);
   }
@@ -346,6 +360,7 @@ class ChunkStore {
   std::mutex member_mu_;  // the mark's writes (a leaf)
   std::optional<std::chrono::system_clock::time_point> member_written_;  // guarded by member_mu_
   std::chrono::seconds member_mark_every_{kMemberMarkEvery};              // guarded by member_mu_
+  std::chrono::seconds remove_memory_{TombstoneLimits{}.ttl};              // guarded by member_mu_
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
   mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)

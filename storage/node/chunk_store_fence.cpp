@@ -1,7 +1,7 @@
-// ChunkStore and the objects it held when it opened: the fence that keeps them from
-// readers until a node back in its cluster has been handed the removes made while it
-// was away, and the drop of them all when it was away longer than removes are
-// remembered (member_mark.hpp).
+// ChunkStore and the objects it held when it opened, or when it was about to rejoin its
+// cluster: the fence that keeps them from readers until a node back in its cluster has
+// been handed the removes made while it was away, and the drop of them all when it was
+// away longer than removes are remembered (member_mark.hpp).
 #include <algorithm>
 #include <map>
 #include <utility>
@@ -27,6 +27,7 @@ void ChunkStore::lift_fence() {
 void ChunkStore::set_tombstone_limits(Tombstones::Limits limits) {
   tombstones_.set_limits(limits);
   std::lock_guard lock(member_mu_);
+  remove_memory_ = limits.ttl;
   member_mark_every_ = std::clamp<std::chrono::seconds>(limits.ttl / 8, std::chrono::seconds(1), kMemberMarkEvery);
 }
 
@@ -40,7 +41,7 @@ Status ChunkStore::note_member(std::chrono::system_clock::time_point now) {
   return {};
 }
 
-Result<uint64_t> ChunkStore::drop_held_at_open() {
+Result<uint64_t> ChunkStore::drop_held() {
   std::map<std::pair<std::string, std::string>, std::vector<std::pair<uint32_t, uint32_t>>> held;
   {
     std::lock_guard lock(mu_);
@@ -48,7 +49,7 @@ Result<uint64_t> ChunkStore::drop_held_at_open() {
       for (const auto& [ctx, c] : contexts)
         for (const auto& [chunk, levels] : c.chunks)
           for (uint32_t level = 0; level < levels.size(); ++level)
-            if (levels[level].generation != 0 && levels[level].from_start) held[{ns, ctx}].emplace_back(chunk, level);
+            if (levels[level].generation != 0 && levels[level].held_at_fence) held[{ns, ctx}].emplace_back(chunk, level);
   }
   uint64_t dropped = 0;
   for (const auto& [id, objects] : held) {
@@ -61,7 +62,7 @@ Result<uint64_t> ChunkStore::drop_held_at_open() {
       std::lock_guard lock(mu_);
       for (const auto& [chunk, level] : objects) {
         ObjectKey k{ns, ctx, chunk, level};
-        if (const Entry* e = entry_locked(k); e && e->generation != 0 && e->from_start) going.push_back(std::move(k));
+        if (const Entry* e = entry_locked(k); e && e->generation != 0 && e->held_at_fence) going.push_back(std::move(k));
       }
     }
     KVS_RETURN_IF_ERROR(delete_objects_locked(ns, ctx, going));
@@ -70,19 +71,45 @@ Result<uint64_t> ChunkStore::drop_held_at_open() {
   return dropped;
 }
 
-Result<uint64_t> ChunkStore::come_back(std::chrono::seconds remove_memory, std::chrono::system_clock::time_point now) {
-  const bool away_too_long = remove_memory.count() > 0 && member_at_open_ && now > *member_at_open_ &&
-                             now - *member_at_open_ > remove_memory;
-  if (!away_too_long) {
-    fence_held_at_open();
-    return uint64_t(0);
-  }
-  const auto away = std::chrono::duration_cast<std::chrono::seconds>(now - *member_at_open_);
-  KVS_ASSIGN_OR_RETURN(uint64_t dropped, drop_held_at_open());
-  KVS_LOG_WARN("store '{}': last a cluster member {} s ago, longer than removes are remembered ({} s): dropped "
-               "the {} objects it held, as the members may have forgotten removes of them",
-               dir_, away.count(), remove_memory.count(), dropped);
+Result<uint64_t> ChunkStore::fence_or_drop(std::chrono::seconds remove_memory, std::optional<std::chrono::seconds> away,
+                                          std::string_view since) {
+  // The fence goes up first: a drop that fails part way leaves the rest unserved.
+  fence_held_at_open();
+  if (remove_memory.count() <= 0 || !away || *away <= remove_memory) return uint64_t(0);
+  KVS_ASSIGN_OR_RETURN(uint64_t dropped, drop_held());
+  KVS_LOG_WARN("store '{}': last a cluster member {} s ago ({}), longer than removes are remembered ({} s): "
+               "dropped the {} objects it held, as the members may have forgotten removes of them",
+               dir_, away->count(), since, remove_memory.count(), dropped);
   return dropped;
+}
+
+Result<uint64_t> ChunkStore::come_back(std::chrono::seconds remove_memory, std::chrono::system_clock::time_point now) {
+  std::optional<std::chrono::seconds> away;
+  if (member_at_open_ && now > *member_at_open_)
+    away = std::chrono::duration_cast<std::chrono::seconds>(now - *member_at_open_);
+  return fence_or_drop(remove_memory, away, "its member mark at start");
+}
+
+Result<uint64_t> ChunkStore::rejoin(std::chrono::seconds away) {
+  std::vector<Bytes> uncached;  // released after the lock
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [ns, contexts] : index_)
+      for (auto& [ctx, c] : contexts)
+        for (auto& [chunk, levels] : c.chunks)
+          for (Entry& e : levels) e.held_at_fence = e.generation != 0;
+    fenced_ = true;  // with the marks: no get caches a held object between the two
+    // A get answers from the cache before it looks at the index: what is held goes
+    // from there (fenced objects are not cached again until the fence lifts).
+    for (auto& [key, bytes] : lru_) uncached.push_back(std::move(bytes));
+    lru_.clear(), cache_.clear(), cache_used_ = 0;
+  }
+  std::chrono::seconds remove_memory;
+  {
+    std::lock_guard lock(member_mu_);
+    remove_memory = remove_memory_;
+  }
+  return fence_or_drop(remove_memory, away, "dropped by its cluster while it ran");
 }
 
 }  // namespace kvstream::storage

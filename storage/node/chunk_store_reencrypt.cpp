@@ -142,7 +142,7 @@ Status ChunkStore::reencrypt_one(const ObjectKey& k, uint64_t generation, const 
     return s;
   }
   std::lock_guard stripe_lock(stripe(k.ns, k.ctx));
-  bool from_start = false;
+  bool held_at_fence = false;
   {
     std::lock_guard lock(mu_);
     const Entry* e = entry_locked(k);
@@ -150,14 +150,14 @@ Status ChunkStore::reencrypt_one(const ObjectKey& k, uint64_t generation, const 
       ++report.replaced;
       return {};
     }
-    from_start = e->from_start;  // the same write: behind the fence if it was
+    held_at_fence = e->held_at_fence;  // the same write: behind the fence if it was
   }
   KVS_RETURN_IF_ERROR(tmp.rename_to(path));
   {
     // The plaintext is the same, so a cached copy stays valid.
     std::lock_guard lock(mu_);
     if (committed) committed->fetch_add(1, std::memory_order_relaxed);
-    set_entry_locked(k, Entry{h.length, next_generation_++, h.version, h.parts, tmp.key_id(), from_start});
+    set_entry_locked(k, Entry{h.length, next_generation_++, h.version, h.parts, tmp.key_id(), held_at_fence});
   }
   ++report.reencrypted;
   report.bytes += h.length;

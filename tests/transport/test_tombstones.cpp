@@ -282,5 +282,57 @@ TEST(Tombstones, ANodeBackAfterLongerThanRemovesAreRememberedDropsWhatItHeld) {
   EXPECT_EQ(*dropped, 0u);
 }
 
+// A running node its cluster dropped (its lease ran out) is about to register again:
+// everything it holds then waits behind the fence, as at a restart, and goes where it
+// was out longer than removes are remembered; a write after either is served, and a
+// store remembering no removes drops nothing for them.
+TEST(Tombstones, ANodeItsClusterDroppedWhileItRanFencesOrDropsWhatItHolds) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  MemoryBudget budget(64 << 20);
+  const std::string path = dir.path().string();
+  const ObjectKey a0{"t", "ctx", 0, 0}, b0{"t", "ctx", 1, 0}, c0{"t", "new", 0, 0}, d0{"t", "new", 1, 0},
+      e0{"t", "last", 0, 0};
+  {
+    auto opened = ChunkStore::open(path, 1 << 20, budget);
+    ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+    ChunkStore& st = **opened;
+    st.set_tombstone_limits({60s, 100});
+    ASSERT_TRUE(st.put(a0, pattern(100, 1), 10).ok());
+    ASSERT_TRUE(st.put(b0, pattern(100, 2), 10).ok());
+    ASSERT_TRUE(st.get(a0).ok()) << "a write of the running store is served";
+
+    auto dropped = st.rejoin(59s);
+    ASSERT_TRUE(dropped.ok()) << dropped.status().to_string();
+    EXPECT_EQ(*dropped, 0u) << "out less than removes are remembered: fenced only";
+    EXPECT_EQ(st.get(a0).status().code(), StatusCode::not_found);
+    EXPECT_EQ(st.stat("t", "ctx", /*hide_fenced=*/true).status().code(), StatusCode::not_found);
+    EXPECT_TRUE(st.read_stored(b0).ok()) << "the node's own reads see it";
+    ASSERT_TRUE(st.put(c0, pattern(100, 3), 20).ok());
+    EXPECT_TRUE(st.get(c0).ok()) << "a write after the rejoin";
+    st.lift_fence();
+    EXPECT_TRUE(st.get(a0).ok());
+    EXPECT_TRUE(st.get(b0).ok());
+
+    ASSERT_TRUE(st.put(d0, pattern(100, 4), 20).ok());
+    ASSERT_TRUE(st.put(b0, pattern(100, 5), 30).ok());  // rewritten since the first rejoin
+    dropped = st.rejoin(61s);
+    ASSERT_TRUE(dropped.ok()) << dropped.status().to_string();
+    EXPECT_EQ(*dropped, 4u) << "a0, b0, c0 and d0: all it held, old and new";
+    for (const auto& k : {a0, b0, c0, d0}) EXPECT_EQ(st.read_stored(k).status().code(), StatusCode::not_found);
+    ASSERT_TRUE(st.put(e0, pattern(100, 6), 40).ok());
+    EXPECT_TRUE(st.get(e0).ok()) << "a write after the drop";
+    EXPECT_EQ(st.removes_remembered(), 0u) << "a drop is no remove";
+
+    st.set_tombstone_limits({0s, 100});
+    dropped = st.rejoin(1000h);
+    ASSERT_TRUE(dropped.ok());
+    EXPECT_EQ(*dropped, 0u) << "a node remembering no removes drops nothing for them";
+    EXPECT_EQ(st.get(e0).status().code(), StatusCode::not_found) << "fenced";
+  }
+  auto reopened = ChunkStore::open(path, 1 << 20, budget);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->list("t"), std::vector<std::string>{"last"});
+}
+
 }  // namespace
 }  // namespace kvstream::storage
