@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,13 @@ struct MigrationReport {
   /// Removes this node remembered and handed to nodes that joined (so one that comes
   /// back with copies made before a remove drops them; ServerConfig::remove_memory).
   uint64_t removes_handed_on = 0;
+  /// Per namespace, the time (ms since the Unix epoch) after which every remove this
+  /// node was sent is remembered: `ServerConfig::remove_memory` ago, or later where
+  /// removes were pushed out past `max_removes_remembered`. A node back from an
+  /// absence that began before it drops what it held of that namespace's contexts
+  /// that no other member holds (a context removed meanwhile) instead of serving them.
+  /// Absent: the node remembers no removes (or is from before this).
+  std::map<std::string, int64_t> removes_complete_since_ms;
 };
 
 /// The members registered now (sorted). Errors: unavailable (no endpoint answered),

@@ -157,7 +157,11 @@ struct ServerConfig {
   /// oldest of the namespace holding the most go first). 0 in either: none kept.
   /// In a cluster, a node whose store was last a member longer than `remove_memory`
   /// ago (`<directory>/.member`) drops the objects it held at start, as the members
-  /// may have forgotten removes of them (not with 0).
+  /// may have forgotten removes of them (not with 0); so does a node whose lease ran
+  /// out while it ran, before it registers again. One back after a member forgot a
+  /// remove made since (pushed out past `max_removes_remembered`, or a member's shorter
+  /// `remove_memory`) drops those of its contexts no other member holds before it
+  /// serves them.
   std::chrono::seconds remove_memory{24 * 3600};
   uint64_t max_removes_remembered = 100000;
   /// Warnings a peer can cause at will (refused connections, failed logins) are

@@ -409,6 +409,7 @@ Result<std::vector<MigrationReport>> migration_reports(const EtcdConfig& config,
       r.objects_handed_over = j.value("objects_handed_over", uint64_t(0));
       r.bytes_handed_over = j.value("bytes_handed_over", uint64_t(0));
       r.removes_handed_on = j.value("removes_handed_on", uint64_t(0));
+      r.removes_complete_since_ms = j.value("removes_complete_since_ms", std::map<std::string, int64_t>());
     } catch (const json::exception& e) {
       return make_status(StatusCode::corrupt_data, "etcd: migration report '{}': {}", kv.key, e.what());
     }

@@ -107,7 +107,7 @@ void Rebalancer::on_change(const std::vector<std::string>& members) {
 }
 
 void Rebalancer::before_rejoin(Clock::duration away) {
-  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(away);
+  const auto secs = std::chrono::ceil<std::chrono::seconds>(away);  // longer, not shorter
   auto dropped = store_.rejoin(secs);
   if (!dropped.ok())
     KVS_LOG_WARN("rebalance: node {} could not drop what it held before its cluster dropped it ({}); it stays "
@@ -153,9 +153,32 @@ void Rebalancer::report(const std::vector<std::string>& target, bool done, const
                             {"objects_kept", t.objects_kept},
                             {"objects_handed_over", t.objects_handed_over},
                             {"bytes_handed_over", t.bytes_handed_over},
-                            {"removes_handed_on", t.removes_handed_on}};
+                            {"removes_handed_on", t.removes_handed_on},
+                            {"removes_complete_since_ms", removes_horizons()}};
   // A report that does not reach etcd is replaced by the next one.
   (void)registration_->publish("migration", j.dump(), Clock::now() + cfg_.etcd.request_timeout);
+}
+
+std::map<std::string, int64_t> Rebalancer::removes_horizons() {
+  std::map<std::string, int64_t> out;
+  for (const auto& [ns, secret] : secrets_)
+    if (const auto since = store_.removes_complete_since(ns))
+      out[ns] = std::chrono::duration_cast<std::chrono::milliseconds>(since->time_since_epoch()).count();
+  return out;
+}
+
+std::map<std::string, std::chrono::system_clock::time_point> Rebalancer::removes_horizons(
+    const std::vector<MigrationReport>& reports) const {
+  std::map<std::string, std::chrono::system_clock::time_point> out;
+  for (const MigrationReport& r : reports) {
+    if (r.node == self_) continue;
+    for (const auto& [ns, ms] : r.removes_complete_since_ms) {
+      const auto at = std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+      auto [it, fresh] = out.emplace(ns, at);
+      if (!fresh) it->second = std::max(it->second, at);
+    }
+  }
+  return out;
 }
 
 void Rebalancer::run() {

@@ -103,6 +103,20 @@ class Rebalancer {
   // context as used when it was (a copy otherwise looks unused and goes first).
   void send_use_mark(PeerClients& peers, const std::string& ns, const std::string& ctx,
                      const std::set<std::string>& to);
+  // Per namespace, when this node's memory of removes begins (ms since the epoch;
+  // ChunkStore::removes_complete_since), for its reports.
+  std::map<std::string, int64_t> removes_horizons();
+  // Per namespace, the latest time before which one of the others whose `reports`
+  // these are may have forgotten a remove (their removes_complete_since_ms).
+  std::map<std::string, std::chrono::system_clock::time_point> removes_horizons(
+      const std::vector<MigrationReport>& reports) const;
+  // Lifts the store's fence: every member of `members` (their `reports`) has handed
+  // this node its removes. Where one may have forgotten a remove of a namespace since
+  // this node was last a member (ChunkStore::forgotten_namespaces), each context of it
+  // held behind the fence that no other member holds goes first (a removed one; a live
+  // one is held by its other owners, and stays). False when a member did not answer
+  // (the fence stays, for the next trim).
+  bool settle_fence(const HashRing& members, const std::vector<MigrationReport>& reports);
   // Before the node registers again after its lease ran out (NodeRegistration::Hooks):
   // the store fences, or drops, what it holds, and a pass and a trim follow.
   void before_rejoin(transport::Clock::duration away);

@@ -41,6 +41,45 @@ bool Rebalancer::current(uint64_t gen) {
   return !stopping_ && generation_ == gen;
 }
 
+bool Rebalancer::settle_fence(const HashRing& members, const std::vector<MigrationReport>& reports) {
+  const auto late = store_.forgotten_namespaces(removes_horizons(reports));
+  uint64_t dropped = 0, kept = 0;
+  if (!late.empty()) {
+    PeerClients peers(self_, backend_, secrets_, stop_);
+    for (const auto& ns : late) {
+      std::set<std::string> gone;
+      for (const auto& ctx : store_.held_contexts(ns)) {
+        bool elsewhere = false, unsure = false;
+        for (const auto& node : members.nodes()) {
+          if (node == self_) continue;
+          storage::Client* c = secrets_.contains(ns) ? peers.get(ns, node) : nullptr;
+          auto r = c ? c->stat(ctx, Clock::now() + cfg_.etcd.request_timeout, stop_)
+                     : Result<std::vector<storage::ChunkStat>>(Status(StatusCode::unavailable, "unreachable"));
+          if (r.ok() && !r->empty()) {
+            elsewhere = true;
+            break;
+          }
+          if (!r.ok() && r.status().code() != StatusCode::not_found) unsure = true;
+        }
+        // No secret for the namespace: its peers cannot be asked, and it goes.
+        if (unsure && secrets_.contains(ns)) return false;
+        if (elsewhere) ++kept;
+        else gone.insert(ctx);
+      }
+      auto went = store_.drop_held(
+          [&](const std::string& space, const std::string& ctx) { return space == ns && gone.contains(ctx); });
+      if (!went.ok()) return false;
+      dropped += *went;
+    }
+    KVS_LOG_WARN("rebalance: node {}: a member may have forgotten removes made since it was last a member (of {} "
+                 "namespaces): dropped the {} objects it held of contexts no other member holds; {} contexts the "
+                 "others hold stay",
+                 self_, late.size(), dropped, kept);
+  }
+  store_.lift_fence();
+  return true;
+}
+
 Rebalancer::TrimResult Rebalancer::trim(const HashRing& ring, uint64_t gen, Tally& tally,
                                         const std::set<std::pair<std::string, std::string>>* only) {
   // Until every member has copied for this set, an owner may lack a chunk only because
@@ -49,14 +88,19 @@ Rebalancer::TrimResult Rebalancer::trim(const HashRing& ring, uint64_t gen, Tall
   auto reports = migration_reports(cfg_.etcd, Clock::now() + cfg_.etcd.request_timeout, stop_);
   if (!reports.ok()) return current(gen) ? TrimResult::again : TrimResult::cut;
   std::set<std::string> finished;
-  for (const MigrationReport& r : *reports)
-    if (r.done && std::set<std::string>(r.members.begin(), r.members.end()) == want) finished.insert(r.node);
+  std::vector<MigrationReport> theirs;
+  for (MigrationReport& r : *reports)
+    if (r.done && std::set<std::string>(r.members.begin(), r.members.end()) == want) {
+      finished.insert(r.node);
+      theirs.push_back(std::move(r));
+    }
   if (finished != want) return current(gen) ? TrimResult::again : TrimResult::cut;
   // Every member has rebalanced for a set with this node in it, and so handed it the
-  // removes it remembers: what this node held before it joined can be served. (A set
-  // without it says nothing of that: a node its cluster dropped while it ran may see
-  // that set after it fenced, before it is a member again.)
-  if (want.contains(self_)) store_.lift_fence();
+  // removes it remembers: what this node held before it joined can be served, but for
+  // what a member may have forgotten since it was away. (A set without it says nothing
+  // of that: a node its cluster dropped while it ran may see that set after it fenced,
+  // before it is a member again.)
+  if (want.contains(self_) && !settle_fence(ring, theirs)) return current(gen) ? TrimResult::again : TrimResult::cut;
 
   PeerClients peers(self_, backend_, secrets_, stop_);
   // Counted afresh by each look at every context; what was dropped stays counted.

@@ -222,6 +222,20 @@ class ChunkStore {
   /// its copy meanwhile. read_stored() and read_all() see everything.
   void fence_held_at_open();
   void lift_fence();
+  /// The namespaces of the objects behind the fence whose removes a member may have
+  /// forgotten since this node was last a member (come_back: its mark; rejoin: its
+  /// last renewal): those whose horizon in `horizons` (per namespace, the latest time
+  /// before which some member may have forgotten a remove: Tombstones::complete_since,
+  /// from their reports) is later. None when nothing is fenced or that time is unknown.
+  [[nodiscard]] std::vector<std::string> forgotten_namespaces(
+      const std::map<std::string, std::chrono::system_clock::time_point>& horizons) const;
+  /// The contexts of `ns` with objects behind the fence.
+  [[nodiscard]] std::vector<std::string> held_contexts(const std::string& ns) const;
+  /// Every remove of `ns` recorded after this time is remembered here (what a
+  /// rebalance report says of this node; Tombstones::complete_since).
+  [[nodiscard]] std::optional<std::chrono::system_clock::time_point> removes_complete_since(const std::string& ns) {
+    return tombstones_.complete_since(ns);
+  }
   /// Gets answered not_found for the fence since the store opened.
   [[nodiscard]] uint64_t fenced_gets() const { return fenced_gets_.load(std::memory_order_relaxed); }
   /// When the store was last served by a member of a cluster, as its mark said at
@@ -235,9 +249,9 @@ class ChunkStore {
   /// Deletes every object the store held when the fence last went up (its open, or
   /// rejoin()) and holds unchanged (a write since, of the same object, stays): for a
   /// node back in its cluster after longer than removes are remembered
-  /// (member_mark.hpp). Returns how many went. Errors: io_error (those before the
-  /// failing one are gone).
-  Result<uint64_t> drop_held();
+  /// (member_mark.hpp); with `which`, only the contexts it picks. Returns how many
+  /// went. Errors: io_error (those before the failing one are gone).
+  Result<uint64_t> drop_held(const std::function<bool(const std::string& ns, const std::string& ctx)>& which = {});
   /// A node starting in a cluster: where its mark says it was last a member longer
   /// than `remove_memory` before `now` (and that is not 0), drop_held(), as the members
   /// may have forgotten removes made meanwhile; else fence_held_at_open(). Returns how
@@ -355,6 +369,9 @@ class ChunkStore {
   std::atomic<uint64_t> marks_raised_{0};
   // The objects held when the store opened are behind the fence (guarded by mu_).
   bool fenced_ = false;
+  // When the node was last known a member before the fence went up (nullopt: not
+  // known; guarded by mu_).
+  std::optional<std::chrono::system_clock::time_point> away_since_;
   std::atomic<uint64_t> fenced_gets_{0};
   std::optional<std::chrono::system_clock::time_point> member_at_open_;
   std::mutex member_mu_;  // the mark's writes (a leaf)

@@ -41,15 +41,43 @@ Status ChunkStore::note_member(std::chrono::system_clock::time_point now) {
   return {};
 }
 
-Result<uint64_t> ChunkStore::drop_held() {
+std::vector<std::string> ChunkStore::forgotten_namespaces(
+    const std::map<std::string, std::chrono::system_clock::time_point>& horizons) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  if (!fenced_ || !away_since_) return out;
+  for (const auto& [ns, horizon] : horizons)
+    if (horizon > *away_since_ && index_.contains(ns)) out.push_back(ns);
+  return out;
+}
+
+std::vector<std::string> ChunkStore::held_contexts(const std::string& ns) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  const auto n = index_.find(ns);
+  if (n == index_.end()) return out;
+  for (const auto& [ctx, c] : n->second) {
+    const bool held = std::any_of(c.chunks.begin(), c.chunks.end(), [](const auto& chunk) {
+      return std::any_of(chunk.second.begin(), chunk.second.end(),
+                         [](const Entry& e) { return e.generation != 0 && e.held_at_fence; });
+    });
+    if (held) out.push_back(ctx);
+  }
+  return out;
+}
+
+Result<uint64_t> ChunkStore::drop_held(const std::function<bool(const std::string& ns, const std::string& ctx)>& which) {
   std::map<std::pair<std::string, std::string>, std::vector<std::pair<uint32_t, uint32_t>>> held;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [ns, contexts] : index_)
-      for (const auto& [ctx, c] : contexts)
+    for (const auto& [ns, contexts] : index_) {
+      for (const auto& [ctx, c] : contexts) {
+        if (which && !which(ns, ctx)) continue;
         for (const auto& [chunk, levels] : c.chunks)
           for (uint32_t level = 0; level < levels.size(); ++level)
             if (levels[level].generation != 0 && levels[level].held_at_fence) held[{ns, ctx}].emplace_back(chunk, level);
+      }
+    }
   }
   uint64_t dropped = 0;
   for (const auto& [id, objects] : held) {
@@ -84,6 +112,10 @@ Result<uint64_t> ChunkStore::fence_or_drop(std::chrono::seconds remove_memory, s
 }
 
 Result<uint64_t> ChunkStore::come_back(std::chrono::seconds remove_memory, std::chrono::system_clock::time_point now) {
+  {
+    std::lock_guard lock(mu_);
+    away_since_ = member_at_open_;
+  }
   std::optional<std::chrono::seconds> away;
   if (member_at_open_ && now > *member_at_open_)
     away = std::chrono::duration_cast<std::chrono::seconds>(now - *member_at_open_);
@@ -99,6 +131,7 @@ Result<uint64_t> ChunkStore::rejoin(std::chrono::seconds away) {
         for (auto& [chunk, levels] : c.chunks)
           for (Entry& e : levels) e.held_at_fence = e.generation != 0;
     fenced_ = true;  // with the marks: no get caches a held object between the two
+    away_since_ = std::chrono::system_clock::now() - away;
     // A get answers from the cache before it looks at the index: what is held goes
     // from there (fenced objects are not cached again until the fence lifts).
     for (auto& [key, bytes] : lru_) uncached.push_back(std::move(bytes));

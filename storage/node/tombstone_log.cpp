@@ -82,8 +82,8 @@ bool TombstoneLog::parse(const std::string& line, TombstoneRecord& out) {
   TombstoneRecord r;
   std::string rest;
   if (!(in >> r.ns >> r.ctx >> r.version >> r.unix_ms) || (in >> rest)) return false;
-  if (!validate_id(r.ns, kMaxNamespaceBytes, "namespace").ok() || !validate_id(r.ctx, kMaxContextBytes, "context").ok())
-    return false;
+  if (!validate_id(r.ns, kMaxNamespaceBytes, "namespace").ok()) return false;
+  if (r.horizon() ? r.version != 0 : !validate_id(r.ctx, kMaxContextBytes, "context").ok()) return false;
   out = std::move(r);
   return true;
 }

@@ -3,6 +3,9 @@
 //
 //   <namespace> <context> <version> <unix ms> <xxh3-64 of what precedes, 16 hex>
 //
+// or, where removes of a namespace were pushed out past the bound (its *horizon*: one
+// of them recorded up to then may be forgotten), the same with context `*` and
+// version 0 (kForgotten; a file of older code skips such lines as not verifying),
 // appended and synced before the remove is acknowledged, and rewritten whole (a
 // temporary file renamed over it) when it holds many more lines than removes
 // remembered. Ids are [A-Za-z0-9._-], so a space separates fields. A line that does not
@@ -19,9 +22,12 @@
 namespace kvstream::storage {
 
 struct TombstoneRecord {
+  /// The context of a namespace's horizon record (never a context id).
+  static constexpr const char* kForgotten = "*";
   std::string ns, ctx;
   uint64_t version = 0;
   int64_t unix_ms = 0;  ///< when it was recorded (wall clock: ages outlive the process)
+  [[nodiscard]] bool horizon() const { return ctx == kForgotten; }
   bool operator==(const TombstoneRecord&) const = default;
 };
 

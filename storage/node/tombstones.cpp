@@ -18,8 +18,15 @@ Status Tombstones::persist_to(const std::string& path) {
   std::vector<TombstoneRecord> records;
   KVS_ASSIGN_OR_RETURN(TombstoneLog log, TombstoneLog::open(path, records));
   std::lock_guard lock(mu_);
-  for (auto& r : records)
-    put_locked({std::move(r.ns), std::move(r.ctx)}, r.version, Clock::time_point(std::chrono::milliseconds(r.unix_ms)));
+  for (auto& r : records) {
+    const auto at = Clock::time_point(std::chrono::milliseconds(r.unix_ms));
+    if (r.horizon()) {
+      auto& f = forgotten_[r.ns];
+      f = std::max(f, at);
+    } else {
+      put_locked({std::move(r.ns), std::move(r.ctx)}, r.version, at);
+    }
+  }
   log_.emplace(std::move(log));
   if (!records.empty()) KVS_LOG_INFO("{} removes remembered from '{}'", entries_.size(), path);
   return {};
@@ -85,6 +92,15 @@ size_t Tombstones::size() {
   return entries_.size();
 }
 
+std::optional<Tombstones::Clock::time_point> Tombstones::complete_since(const std::string& ns) {
+  std::lock_guard lock(mu_);
+  if (limits_.max_entries == 0 || limits_.ttl.count() <= 0) return std::nullopt;
+  expire_locked();
+  const auto since = now_() - limits_.ttl;
+  const auto f = forgotten_.find(ns);
+  return f == forgotten_.end() ? since : std::max(since, f->second);
+}
+
 Tombstones::Entry& Tombstones::put_locked(Key key, uint64_t version, Clock::time_point at) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
@@ -123,8 +139,13 @@ void Tombstones::expire_locked() {
     auto most = by_ns_.begin();
     for (auto n = by_ns_.begin(); n != by_ns_.end(); ++n)
       if (n->second.size() > most->second.size()) most = n;
-    erase_locked(entries_.find(most->second.front()));
+    const auto it = entries_.find(most->second.front());
+    auto& f = forgotten_[it->first.first];
+    f = std::max(f, it->second.at);
+    erase_locked(it);
   }
+  // A horizon older than ttl says no more than the age bound does.
+  std::erase_if(forgotten_, [&](const auto& f) { return f.second + limits_.ttl <= now; });
 }
 
 bool Tombstones::compaction_due_locked() const {
@@ -133,7 +154,8 @@ bool Tombstones::compaction_due_locked() const {
 
 std::vector<TombstoneRecord> Tombstones::records_locked() const {
   std::vector<TombstoneRecord> out;
-  out.reserve(entries_.size());
+  out.reserve(forgotten_.size() + entries_.size());
+  for (const auto& [ns, at] : forgotten_) out.push_back({ns, TombstoneRecord::kForgotten, 0, unix_ms(at)});
   for (const Key& k : ages_) {
     const Entry& e = entries_.at(k);
     out.push_back({k.first, k.second, e.version, unix_ms(e.at)});

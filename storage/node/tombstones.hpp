@@ -8,7 +8,7 @@
 //
 // Bounded in count and age: a remove older than `ttl` (wall clock, so ages outlive a
 // restart), or pushed out past `max_entries` (the oldest of the namespace holding the
-// most first), is forgotten. With a file
+// most first), is forgotten; the newest pushed out is remembered (complete_since). With a file
 // (persist_to, the node's `<dir>/.removes`) each record is synced there before the
 // remove is acknowledged, and a restart reads them back. Thread-safe.
 #pragma once
@@ -65,6 +65,11 @@ class Tombstones {
   [[nodiscard]] std::vector<std::pair<std::string, uint64_t>> list(const std::string& ns);
   /// How many are remembered (the expired ones dropped first).
   [[nodiscard]] size_t size();
+  /// Every remove of `ns` recorded after this time is remembered: `ttl` ago, or later
+  /// where removes of `ns` were pushed out past the bound (the newest of those; kept
+  /// in the file). A node away since before it may hold a context removed meanwhile
+  /// that no member can hand it. nullopt where none are remembered (a limit of 0).
+  [[nodiscard]] std::optional<Clock::time_point> complete_since(const std::string& ns);
 
  private:
   using Key = std::pair<std::string, std::string>;  // namespace, context
@@ -91,6 +96,9 @@ class Tombstones {
   std::map<Key, Entry> entries_;
   std::list<Key> ages_;  // oldest record first
   std::map<std::string, std::list<Key>> by_ns_;  // the same, per namespace
+  // Per namespace, the newest record pushed out past max_entries (its horizon), while
+  // younger than ttl.
+  std::map<std::string, Clock::time_point> forgotten_;
 };
 
 }  // namespace kvstream::storage

@@ -1,6 +1,6 @@
 // The removes a node remembers (storage/node/tombstones.hpp): by age and count, on a
 // fake clock; the node's store refuses copies a remembered remove covered. The
-// rebalance that hands them to a node coming back runs in test_etcd_membership.cpp.
+// rebalance that hands them to a node coming back runs in test_etcd_removes.cpp.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -332,6 +332,103 @@ TEST(Tombstones, ANodeItsClusterDroppedWhileItRanFencesOrDropsWhatItHolds) {
   auto reopened = ChunkStore::open(path, 1 << 20, budget);
   ASSERT_TRUE(reopened.ok());
   EXPECT_EQ((*reopened)->list("t"), std::vector<std::string>{"last"});
+}
+
+// Where removes of a namespace were pushed out past the bound, the newest of them is
+// its horizon: every remove recorded after it (and younger than ttl) is remembered.
+// The horizon outlives a restart (in the file once rewritten, derived again from its
+// lines before), and goes once older than ttl.
+TEST(Tombstones, TheNewestRemovePushedOutIsRememberedAsTheNamespacesHorizon) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  const std::string path = (dir.path() / ".removes").string();
+  const Tombstones::Clock::time_point t0{std::chrono::hours(1000)};
+  Tombstones::Clock::time_point now = t0;
+  const auto clock = [&] { return now; };
+  {
+    Tombstones t({100s, 2}, clock);
+    ASSERT_TRUE(t.persist_to(path).ok());
+    EXPECT_EQ(t.complete_since("a"), t0 - 100s) << "nothing pushed out: ttl ago";
+    ASSERT_TRUE(t.record("a", "x", 1).ok());
+    now += 1s;
+    ASSERT_TRUE(t.record("a", "y", 1).ok());
+    now += 1s;
+    ASSERT_TRUE(t.record("b", "z", 1).ok());  // "a" holds the most: a/x (t0) goes
+    EXPECT_EQ(t.complete_since("a"), t0);
+    EXPECT_EQ(t.complete_since("b"), now - 100s) << "another namespace's";
+  }
+  {
+    // Read back (no rewrite yet): the lines are there, and the bound pushes a/x out
+    // again.
+    Tombstones t({}, clock);
+    ASSERT_TRUE(t.persist_to(path).ok());
+    t.set_limits({100s, 2});
+    EXPECT_EQ(t.complete_since("a"), t0);
+    // Enough more removes of "b" that the file is rewritten: two lines of removes,
+    // and one per horizon.
+    for (int i = 0; i < 1100; ++i) {
+      now += 10ms;
+      ASSERT_TRUE(t.record("b", fmt::format("c{}", i), 1).ok());
+    }
+    EXPECT_EQ(t.complete_since("a"), t0) << "b holds the most: its own go";
+    EXPECT_EQ(t.complete_since("b"), now - 10ms) << "the newest of b's pushed out";
+  }
+  std::ifstream in(path);
+  size_t lines = 0, horizons = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    TombstoneRecord r;
+    ASSERT_TRUE(TombstoneLog::parse(line, r)) << line;
+    horizons += r.horizon();
+  }
+  EXPECT_LT(lines, 1100u) << "rewritten";
+  EXPECT_EQ(horizons, 2u);
+  {
+    // A larger bound pushes nothing out: the horizon of "a" is the file's line (and
+    // the removes of "b" appended since the rewrite are remembered again).
+    Tombstones t({}, clock);
+    ASSERT_TRUE(t.persist_to(path).ok());
+    EXPECT_EQ(t.complete_since("a"), t0);
+    EXPECT_EQ(t.removed_up_to("a", "y"), 1u);
+    EXPECT_EQ(t.removed_up_to("a", "*"), 0u) << "a horizon is no remove";
+    now = t0 + 150s;  // the horizon of "a" is older than ttl now
+    t.set_limits({100s, 2});
+    EXPECT_EQ(t.complete_since("a"), now - 100s);
+    t.set_limits({0s, 2});
+    EXPECT_FALSE(t.complete_since("a")) << "remembering none: no claim";
+  }
+}
+
+// A node back whose members may have forgotten removes made while it was away (a
+// horizon later than its last membership): the namespaces that concerns, the contexts
+// of them it holds behind the fence, and the drop of the ones picked; the others, and
+// writes since, stay and are served once the fence lifts.
+TEST(Tombstones, ANodeFindsWhatItHoldsOfNamespacesWhoseRemovesAMemberMayHaveForgotten) {
+  node_test_util::TempDir dir("kvstream-tombstones");
+  MemoryBudget budget(64 << 20);
+  const ObjectKey a0{"t", "ctx", 0, 0}, a1{"t", "ctx", 1, 0}, b0{"t", "live", 0, 0}, u0{"u", "ctx", 0, 0},
+      since{"t", "new", 0, 0};
+  auto opened = ChunkStore::open(dir.path().string(), 1 << 20, budget);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  ChunkStore& st = **opened;
+  for (const auto& k : {a0, a1, b0, u0}) ASSERT_TRUE(st.put(k, pattern(100, uint8_t(k.chunk + 1)), 10).ok());
+  const auto now = std::chrono::system_clock::now();
+  EXPECT_TRUE(st.forgotten_namespaces({{"t", now}}).empty()) << "nothing behind a fence";
+  ASSERT_TRUE(st.rejoin(60s).ok());  // last a member a minute ago
+  ASSERT_TRUE(st.put(since, pattern(100, 7), 20).ok());
+  EXPECT_TRUE(st.forgotten_namespaces({{"t", now - 120s}, {"u", now - 61s}}).empty()) << "horizons before it left";
+  EXPECT_EQ(st.forgotten_namespaces({{"t", now - 30s}, {"u", now - 120s}, {"v", now}}), std::vector<std::string>{"t"})
+      << "v: nothing of it held";
+  EXPECT_EQ(st.held_contexts("t"), (std::vector<std::string>{"ctx", "live"})) << "not t/new, written since";
+  auto dropped = st.drop_held([](const std::string& ns, const std::string& ctx) { return ns == "t" && ctx == "ctx"; });
+  ASSERT_TRUE(dropped.ok()) << dropped.status().to_string();
+  EXPECT_EQ(*dropped, 2u);
+  EXPECT_EQ(st.read_stored(a0).status().code(), StatusCode::not_found);
+  EXPECT_EQ(st.read_stored(a1).status().code(), StatusCode::not_found);
+  EXPECT_EQ(st.held_contexts("t"), std::vector<std::string>{"live"});
+  st.lift_fence();
+  EXPECT_TRUE(st.get(b0).ok());
+  EXPECT_TRUE(st.get(u0).ok());
+  EXPECT_TRUE(st.get(since).ok());
+  EXPECT_TRUE(st.forgotten_namespaces({{"t", now}}).empty()) << "the fence lifted";
 }
 
 }  // namespace

@@ -1,0 +1,309 @@
+// Removes across a node's absence from its etcd cluster (docs/protocol.md, "Removes"):
+// a node killed, or stalled past its lease while its process runs on, misses a remove;
+// when it comes back, what it held waits behind its fence until the members have
+// handed it their removes, goes when it was away longer than they remember removes,
+// and is looked up where a member forgot a remove made since. The cluster is the one
+// of test_etcd_membership.cpp (etcd_cluster.hpp).
+#include <gtest/gtest.h>
+
+#include "tests/transport/etcd_cluster.hpp"
+
+namespace kvstream::test_etcd_removes {
+
+using namespace kvstream::test_etcd;
+
+namespace {
+
+// kCtx and `kept` written (chunks 0 to `chunks` - 1) through `client`; then three[2]
+// killed holding `held` (what it held of kCtx; with `paused`, stopped where it is), the
+// other two settled without it, and kCtx removed through `client` (tried again while its
+// watch may still name the node gone: every member must take a remove). Fatal failures
+// end the calling test.
+void remove_while_away(EtcdCluster& cl, storage::Client& client, const std::vector<std::string>& three,
+                       const std::string& kept, uint32_t chunks, size_t bytes, std::map<uint32_t, uint64_t>& held,
+                       bool paused = false) {
+  for (uint32_t c = 0; c < chunks; ++c) {
+    ASSERT_TRUE(client.put(kCtx, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
+    ASSERT_TRUE(client.put(kept, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
+  }
+  held = holdings(three[2]);
+  ASSERT_FALSE(held.empty());
+  // A node that goes on has its cache too: read once, each chunk is in it.
+  if (paused)
+    for (const auto& [c, b] : held) ASSERT_FALSE(read_direct(three[2], c, bytes).empty()) << c;
+  if (paused) cl.pause(three[2]);
+  else cl.kill(three[2]);
+  ASSERT_FALSE(wait_settled(cl.etcd.config(), {three[0], three[1]}, deadline_in(30000ms), /*trimmed=*/true).empty());
+  Status removed;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if ((removed = client.remove(kCtx, deadline_in(5000ms))).ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(removed.ok()) << removed.to_string();
+}
+
+// After the killed node's return as one of `again`: they settle (trimmed), and none
+// holds or serves kCtx; `handed_on` is the removes their passes handed on. Fatal
+// failures end the calling test.
+void settled_with_kctx_removed(EtcdCluster& cl, storage::Client& client, const std::vector<std::string>& again,
+                               uint32_t chunks, size_t bytes, uint64_t& handed_on) {
+  const auto reports = wait_settled(cl.etcd.config(), again, deadline_in(30000ms), /*trimmed=*/true);
+  ASSERT_FALSE(reports.empty()) << "the rebalance after the return did not finish";
+  for (const auto& r : reports) handed_on += r.removes_handed_on;
+  for (const auto& a : again) EXPECT_TRUE(holdings(a).empty()) << a << " holds a removed context";
+  EXPECT_EQ(client.stat(kCtx, deadline_in(5000ms)).status().code(), StatusCode::not_found);
+  EXPECT_EQ(read_all(client, chunks, bytes), 0) << "a removed chunk was read";
+}
+
+// A node is killed holding copies of a context; while it is away (out of the
+// membership) a client removes the context from every member. The node comes back
+// on its old disk: it serves nothing it held until the members have handed it the
+// remove, so it drops its copies instead of serving them or handing them to their
+// owners, and the context stays removed. Another context, not removed, is served by
+// it again once they have.
+TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
+  constexpr uint32_t kChunks = 48;
+  constexpr size_t kBytes = 4 * 1024;
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  const std::string away = three[2];
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  if (HasFatalFailure()) return;
+  const size_t held = held_chunks.size();
+  const std::vector<std::string> two = {three[0], three[1]};
+
+  const std::string back = cl.start_node_on(cl.store_of(away));
+  ASSERT_FALSE(back.empty());
+  // At once, before the members' passes (after their settle): none of its old copies.
+  for (const auto& [c, bytes] : held_chunks) EXPECT_TRUE(read_direct(back, c, kBytes).empty()) << "chunk " << c;
+  uint64_t handed_on = 0;
+  settled_with_kctx_removed(cl, **client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
+  EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
+  // The context not removed: what the returning node holds of it is served again.
+  auto d = direct(back);
+  ASSERT_TRUE(d);
+  auto kept_there = d->stat(kept, deadline_in(5000ms));
+  ASSERT_TRUE(kept_there.ok()) << kept_there.status().to_string();
+  EXPECT_FALSE(kept_there->empty());
+  std::printf("return: %zu copies on the node that came back, %llu removes handed to it\n", held,
+              static_cast<unsigned long long>(handed_on));
+}
+
+// The same, but the node comes back after longer than the members remember removes
+// (4 s here, 24 h by default): none can hand it the remove any more. Its member mark,
+// renewed with its lease, says it was away that long, so it drops everything it held
+// at start instead of serving its copies of the removed context and handing them to
+// their owners. The context not removed is read whole from its other copies.
+TEST_F(EtcdMembership, ANodeAwayLongerThanRemovesAreRememberedComesBackEmpty) {
+  constexpr uint32_t kChunks = 24;
+  constexpr size_t kBytes = 4 * 1024;
+  const std::vector<std::string> memory = {"--remove-memory-s", "4"};
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3, 0, false, memory);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  const std::string away = three[2];
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  if (HasFatalFailure()) return;
+  const std::vector<std::string> two = {three[0], three[1]};
+  // Until the members have forgotten the remove (their memory, and a second).
+  std::this_thread::sleep_for(5s);
+
+  const std::string back = cl.start_node_on(cl.store_of(away), 0, memory);
+  ASSERT_FALSE(back.empty());
+  uint64_t handed_on = 0;
+  settled_with_kctx_removed(cl, **client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(handed_on, 0u) << "the members still remembered the remove";
+  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
+}
+
+// Whether `node` is registered again by `deadline`.
+bool registered(const cluster::EtcdConfig& etcd, const std::string& node, Deadline deadline) {
+  while (Clock::now() < deadline) {
+    auto now = cluster::current_members(etcd, deadline_in(2000ms));
+    if (now.ok() && std::find(now->begin(), now->end(), node) != now->end()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+// A node its cluster drops while it runs (stalled past its lease here, SIGSTOP; cut off
+// from etcd alike) misses the removes made meanwhile. When it goes on, it registers
+// again; what it held waits behind its fence until the members have handed it their
+// removes, as at a restart, so the removed context is neither read from it nor handed
+// back to its owners.
+TEST_F(EtcdMembership, ANodeItsClusterDroppedWhileItRanServesNothingItHeldUntilHandedTheRemoves) {
+  constexpr uint32_t kChunks = 48;
+  constexpr size_t kBytes = 4 * 1024;
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  const std::string away = three[2];
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks, /*paused=*/true);
+  if (HasFatalFailure()) return;
+  cl.resume(away);
+  ASSERT_TRUE(registered(cl.etcd.config(), away, deadline_in(20000ms))) << "the node did not register again";
+  // At once, before the members' passes (after their settle): none of its old copies.
+  int served = 0;
+  for (const auto& [c, bytes] : held_chunks) served += !read_direct(away, c, kBytes).empty();
+  EXPECT_EQ(served, 0) << "of " << held_chunks.size() << " chunks of the removed context it held";
+  uint64_t handed_on = 0;
+  settled_with_kctx_removed(cl, **client, three, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
+  EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
+  auto d = direct(away);
+  ASSERT_TRUE(d);
+  auto kept_there = d->stat(kept, deadline_in(5000ms));
+  ASSERT_TRUE(kept_there.ok()) << kept_there.status().to_string();
+  EXPECT_FALSE(kept_there->empty()) << "the context not removed is served by it again";
+  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks));
+  std::printf("rejoin: %zu copies on the node its cluster dropped, %d served at its return, %llu removes handed "
+              "to it\n",
+              held_chunks.size(), served, static_cast<unsigned long long>(handed_on));
+}
+
+// The same, out longer than the members remember removes (4 s here): none can hand it
+// the remove any more, so it drops everything it held before it registers again.
+TEST_F(EtcdMembership, ANodeItsClusterDroppedLongerThanRemovesAreRememberedDropsWhatItHeld) {
+  constexpr uint32_t kChunks = 24;
+  constexpr size_t kBytes = 4 * 1024;
+  const std::vector<std::string> memory = {"--remove-memory-s", "4"};
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3, 0, false, memory);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  const std::string away = three[2];
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks, /*paused=*/true);
+  if (HasFatalFailure()) return;
+  std::this_thread::sleep_for(5s);  // until the members have forgotten the remove
+  cl.resume(away);
+  uint64_t handed_on = 0;
+  settled_with_kctx_removed(cl, **client, three, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(handed_on, 0u) << "the members still remembered the remove";
+  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
+}
+
+// A node is killed holding copies of a context; while it is away the context is
+// removed, and more removes push that one out of the members' memory (they remember
+// two here), so none hands it to the node when it comes back. Their reports say since
+// when they remember every remove: later than the node was last a member (its mark),
+// so before its fence lifts it asks the members about each context it held: the one
+// no other member holds (the removed one) goes, rather than be served or handed back;
+// the other context stays, on every one of its owners.
+TEST_F(EtcdMembership, ANodeBackAfterItsRemovesWerePushedOutOfTheMembersMemoryDropsWhatItHeld) {
+  constexpr uint32_t kChunks = 24;
+  constexpr size_t kBytes = 4 * 1024;
+  const std::vector<std::string> bound = {"--max-removes-remembered", "2"};
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3, 0, false, bound);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  std::map<uint32_t, uint64_t> held_chunks;
+  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  if (HasFatalFailure()) return;
+  for (const std::string ctx : {"ctx-later-1", "ctx-later-2"}) {
+    const Status s = (*client)->remove(ctx, deadline_in(5000ms));
+    ASSERT_TRUE(s.ok() || s.code() == StatusCode::not_found) << s.to_string();
+  }
+  const std::vector<std::string> two = {three[0], three[1]};
+  const std::string back = cl.start_node_on(cl.store_of(three[2]), 0, bound);
+  ASSERT_FALSE(back.empty());
+  const std::vector<std::string> again = {two[0], two[1], back};
+  uint64_t handed_on = 0;
+  settled_with_kctx_removed(cl, **client, again, kChunks, kBytes, handed_on);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
+  // Every chunk of it on each of its owners again, the returning node among them.
+  std::map<std::string, std::map<uint32_t, uint64_t>> on;
+  for (const auto& n : again) on[n] = holdings_of(n, kept);
+  int placed = 0;
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    std::vector<std::string> members = again;
+    std::sort(members.begin(), members.end());
+    for (const auto& o : owners(members, c, kept)) placed += on[o].count(c) > 0;
+  }
+  EXPECT_EQ(placed, int(kChunks * kReplication));
+  EXPECT_FALSE(on[back].empty());
+}
+
+// A node dropped and back before the members' next pass (its lease ran out and it
+// registered again within their settle, so their pass sees the same set before and
+// after) still missed what a client with the set without it removed meanwhile (made
+// here on the two others alone, as such a client would): the members hand those
+// removes to it all the same, and it does not serve the context again.
+TEST_F(EtcdMembership, ANodeDroppedAndBackBetweenTwoPassesIsHandedTheRemovesItMissed) {
+  constexpr uint32_t kChunks = 24;
+  constexpr size_t kBytes = 4 * 1024;
+  EtcdCluster cl;
+  ASSERT_TRUE(cl.etcd.started());
+  const auto three = start_settled(cl, 3, 0, /*trimmed=*/true);
+  ASSERT_EQ(three.size(), 3u);
+  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string kept = "ctx-kept";
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
+    ASSERT_TRUE((*client)->put(kept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
+  }
+  const std::string away = three[2];
+  ASSERT_FALSE(holdings(away).empty());
+  cl.pause(away);
+  for (const auto& n : {three[0], three[1]}) {
+    auto d = direct(n);
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(d->remove(kCtx, deadline_in(5000ms)).ok()) << n;
+  }
+  // Let it go on as soon as etcd has dropped it: it registers again at once.
+  bool dropped = false;
+  for (auto until = deadline_in(20000ms); !dropped && Clock::now() < until; std::this_thread::sleep_for(10ms)) {
+    auto now = cluster::current_members(cl.etcd.config(), deadline_in(2000ms));
+    dropped = now.ok() && std::find(now->begin(), now->end(), away) == now->end();
+  }
+  cl.resume(away);
+  ASSERT_TRUE(dropped) << "etcd did not drop the stopped node";
+  // The members' reports for the three from before the bounce stand until their pass
+  // after it replaces them: wait for the pass that hands the remove on.
+  uint64_t handed_on = 0;
+  for (auto until = deadline_in(20000ms); handed_on == 0 && Clock::now() < until;) {
+    const auto reports = wait_settled(cl.etcd.config(), three, deadline_in(5000ms), /*trimmed=*/true);
+    for (const auto& r : reports) handed_on += r.removes_handed_on;
+    if (handed_on == 0) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that bounced";
+  // Once its fence has lifted (it serves the context not removed), it holds none of
+  // the removed one.
+  bool serving = false;
+  for (auto until = deadline_in(20000ms); !serving && Clock::now() < until; std::this_thread::sleep_for(100ms))
+    serving = !holdings_of(away, kept).empty();
+  ASSERT_TRUE(serving) << "the node that bounced never served what it held again";
+  uint64_t again = 0;
+  settled_with_kctx_removed(cl, **client, three, kChunks, kBytes, again);
+}
+
+}  // namespace
+}  // namespace kvstream::test_etcd_removes
