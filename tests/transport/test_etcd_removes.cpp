@@ -14,26 +14,45 @@ using namespace kvstream::test_etcd;
 
 namespace {
 
-// kCtx and `kept` written (chunks 0 to `chunks` - 1) through `client`; then three[2]
-// killed holding `held` (what it held of kCtx; with `paused`, stopped where it is), the
-// other two settled without it, and kCtx removed through `client` (tried again while its
-// watch may still name the node gone: every member must take a remove). Fatal failures
-// end the calling test.
-void remove_while_away(EtcdCluster& cl, storage::Client& client, const std::vector<std::string>& three,
-                       const std::string& kept, uint32_t chunks, size_t bytes, std::map<uint32_t, uint64_t>& held,
+const std::string kKept = "ctx-kept";
+
+// Three nodes settled (each started with `extra`) and a client of them, kCtx and kKept
+// written (chunks 0 to `chunks` - 1) through it; then three[2] (`away`) killed holding
+// `held` (what it held of kCtx; with `paused`, stopped where it is), the other two
+// settled without it, and kCtx removed through the client (tried again while its watch
+// may still name the node gone: every member must take a remove).
+struct Away {
+  EtcdCluster cl;
+  std::vector<std::string> three;
+  std::string away;
+  std::unique_ptr<storage::Client> client;
+  std::map<uint32_t, uint64_t> held;
+};
+
+// Sets `a` up. Fatal failures end the calling test.
+void remove_while_away(Away& a, uint32_t chunks, size_t bytes, const std::vector<std::string>& extra = {},
                        bool paused = false) {
+  ASSERT_TRUE(a.cl.etcd.started());
+  a.three = start_settled(a.cl, 3, 0, false, extra);
+  ASSERT_EQ(a.three.size(), 3u);
+  a.away = a.three[2];
+  auto connected = cluster::connect(a.cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(connected.ok()) << connected.status().to_string();
+  a.client = std::move(connected).value();
+  storage::Client& client = *a.client;
   for (uint32_t c = 0; c < chunks; ++c) {
     ASSERT_TRUE(client.put(kCtx, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
-    ASSERT_TRUE(client.put(kept, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
+    ASSERT_TRUE(client.put(kKept, c, 0, payload(c, bytes), deadline_in(5000ms)).ok()) << c;
   }
-  held = holdings(three[2]);
-  ASSERT_FALSE(held.empty());
+  a.held = holdings(a.away);
+  ASSERT_FALSE(a.held.empty());
   // A node that goes on has its cache too: read once, each chunk is in it.
   if (paused)
-    for (const auto& [c, b] : held) ASSERT_FALSE(read_direct(three[2], c, bytes).empty()) << c;
-  if (paused) cl.pause(three[2]);
-  else cl.kill(three[2]);
-  ASSERT_FALSE(wait_settled(cl.etcd.config(), {three[0], three[1]}, deadline_in(30000ms), /*trimmed=*/true).empty());
+    for (const auto& [c, b] : a.held) ASSERT_FALSE(read_direct(a.away, c, bytes).empty()) << c;
+  if (paused) a.cl.pause(a.away);
+  else a.cl.kill(a.away);
+  ASSERT_FALSE(
+      wait_settled(a.cl.etcd.config(), {a.three[0], a.three[1]}, deadline_in(30000ms), /*trimmed=*/true).empty());
   Status removed;
   for (int attempt = 0; attempt < 50; ++attempt) {
     if ((removed = client.remove(kCtx, deadline_in(5000ms))).ok()) break;
@@ -64,17 +83,10 @@ void settled_with_kctx_removed(EtcdCluster& cl, storage::Client& client, const s
 TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   constexpr uint32_t kChunks = 48;
   constexpr size_t kBytes = 4 * 1024;
-  EtcdCluster cl;
-  ASSERT_TRUE(cl.etcd.started());
-  const auto three = start_settled(cl, 3);
-  ASSERT_EQ(three.size(), 3u);
-  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  const std::string kept = "ctx-kept";
-  const std::string away = three[2];
-  std::map<uint32_t, uint64_t> held_chunks;
-  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  Away a;
+  remove_while_away(a, kChunks, kBytes);
   if (HasFatalFailure()) return;
+  auto& [cl, three, away, client, held_chunks] = a;
   const size_t held = held_chunks.size();
   const std::vector<std::string> two = {three[0], three[1]};
 
@@ -83,13 +95,13 @@ TEST_F(EtcdMembership, ARemoveMadeWhileANodeWasAwayStaysMadeWhenItComesBack) {
   // At once, before the members' passes (after their settle): none of its old copies.
   for (const auto& [c, bytes] : held_chunks) EXPECT_TRUE(read_direct(back, c, kBytes).empty()) << "chunk " << c;
   uint64_t handed_on = 0;
-  settled_with_kctx_removed(cl, **client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
+  settled_with_kctx_removed(cl, *client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
   if (HasFatalFailure()) return;
   EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
   // The context not removed: what the returning node holds of it is served again.
   auto d = direct(back);
   ASSERT_TRUE(d);
-  auto kept_there = d->stat(kept, deadline_in(5000ms));
+  auto kept_there = d->stat(kKept, deadline_in(5000ms));
   ASSERT_TRUE(kept_there.ok()) << kept_there.status().to_string();
   EXPECT_FALSE(kept_there->empty());
   std::printf("return: %zu copies on the node that came back, %llu removes handed to it\n", held,
@@ -105,17 +117,10 @@ TEST_F(EtcdMembership, ANodeAwayLongerThanRemovesAreRememberedComesBackEmpty) {
   constexpr uint32_t kChunks = 24;
   constexpr size_t kBytes = 4 * 1024;
   const std::vector<std::string> memory = {"--remove-memory-s", "4"};
-  EtcdCluster cl;
-  ASSERT_TRUE(cl.etcd.started());
-  const auto three = start_settled(cl, 3, 0, false, memory);
-  ASSERT_EQ(three.size(), 3u);
-  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  const std::string kept = "ctx-kept";
-  const std::string away = three[2];
-  std::map<uint32_t, uint64_t> held_chunks;
-  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  Away a;
+  remove_while_away(a, kChunks, kBytes, memory);
   if (HasFatalFailure()) return;
+  auto& [cl, three, away, client, held_chunks] = a;
   const std::vector<std::string> two = {three[0], three[1]};
   // Until the members have forgotten the remove (their memory, and a second).
   std::this_thread::sleep_for(5s);
@@ -123,10 +128,10 @@ TEST_F(EtcdMembership, ANodeAwayLongerThanRemovesAreRememberedComesBackEmpty) {
   const std::string back = cl.start_node_on(cl.store_of(away), 0, memory);
   ASSERT_FALSE(back.empty());
   uint64_t handed_on = 0;
-  settled_with_kctx_removed(cl, **client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
+  settled_with_kctx_removed(cl, *client, {two[0], two[1], back}, kChunks, kBytes, handed_on);
   if (HasFatalFailure()) return;
   EXPECT_EQ(handed_on, 0u) << "the members still remembered the remove";
-  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
+  EXPECT_EQ(read_all(*client, kChunks, kBytes, kKept), int(kChunks)) << "the context not removed";
 }
 
 // Whether `node` is registered again by `deadline`.
@@ -147,17 +152,10 @@ bool registered(const cluster::EtcdConfig& etcd, const std::string& node, Deadli
 TEST_F(EtcdMembership, ANodeItsClusterDroppedWhileItRanServesNothingItHeldUntilHandedTheRemoves) {
   constexpr uint32_t kChunks = 48;
   constexpr size_t kBytes = 4 * 1024;
-  EtcdCluster cl;
-  ASSERT_TRUE(cl.etcd.started());
-  const auto three = start_settled(cl, 3);
-  ASSERT_EQ(three.size(), 3u);
-  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  const std::string kept = "ctx-kept";
-  const std::string away = three[2];
-  std::map<uint32_t, uint64_t> held_chunks;
-  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks, /*paused=*/true);
+  Away a;
+  remove_while_away(a, kChunks, kBytes, {}, /*paused=*/true);
   if (HasFatalFailure()) return;
+  auto& [cl, three, away, client, held_chunks] = a;
   cl.resume(away);
   ASSERT_TRUE(registered(cl.etcd.config(), away, deadline_in(20000ms))) << "the node did not register again";
   // At once, before the members' passes (after their settle): none of its old copies.
@@ -165,15 +163,15 @@ TEST_F(EtcdMembership, ANodeItsClusterDroppedWhileItRanServesNothingItHeldUntilH
   for (const auto& [c, bytes] : held_chunks) served += !read_direct(away, c, kBytes).empty();
   EXPECT_EQ(served, 0) << "of " << held_chunks.size() << " chunks of the removed context it held";
   uint64_t handed_on = 0;
-  settled_with_kctx_removed(cl, **client, three, kChunks, kBytes, handed_on);
+  settled_with_kctx_removed(cl, *client, three, kChunks, kBytes, handed_on);
   if (HasFatalFailure()) return;
   EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
   auto d = direct(away);
   ASSERT_TRUE(d);
-  auto kept_there = d->stat(kept, deadline_in(5000ms));
+  auto kept_there = d->stat(kKept, deadline_in(5000ms));
   ASSERT_TRUE(kept_there.ok()) << kept_there.status().to_string();
   EXPECT_FALSE(kept_there->empty()) << "the context not removed is served by it again";
-  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks));
+  EXPECT_EQ(read_all(*client, kChunks, kBytes, kKept), int(kChunks));
   std::printf("rejoin: %zu copies on the node its cluster dropped, %d served at its return, %llu removes handed "
               "to it\n",
               held_chunks.size(), served, static_cast<unsigned long long>(handed_on));
@@ -185,24 +183,17 @@ TEST_F(EtcdMembership, ANodeItsClusterDroppedLongerThanRemovesAreRememberedDrops
   constexpr uint32_t kChunks = 24;
   constexpr size_t kBytes = 4 * 1024;
   const std::vector<std::string> memory = {"--remove-memory-s", "4"};
-  EtcdCluster cl;
-  ASSERT_TRUE(cl.etcd.started());
-  const auto three = start_settled(cl, 3, 0, false, memory);
-  ASSERT_EQ(three.size(), 3u);
-  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  const std::string kept = "ctx-kept";
-  const std::string away = three[2];
-  std::map<uint32_t, uint64_t> held_chunks;
-  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks, /*paused=*/true);
+  Away a;
+  remove_while_away(a, kChunks, kBytes, memory, /*paused=*/true);
   if (HasFatalFailure()) return;
+  auto& [cl, three, away, client, held_chunks] = a;
   std::this_thread::sleep_for(5s);  // until the members have forgotten the remove
   cl.resume(away);
   uint64_t handed_on = 0;
-  settled_with_kctx_removed(cl, **client, three, kChunks, kBytes, handed_on);
+  settled_with_kctx_removed(cl, *client, three, kChunks, kBytes, handed_on);
   if (HasFatalFailure()) return;
   EXPECT_EQ(handed_on, 0u) << "the members still remembered the remove";
-  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
+  EXPECT_EQ(read_all(*client, kChunks, kBytes, kKept), int(kChunks)) << "the context not removed";
 }
 
 // A node is killed holding copies of a context; while it is away the context is
@@ -216,18 +207,12 @@ TEST_F(EtcdMembership, ANodeBackAfterItsRemovesWerePushedOutOfTheMembersMemoryDr
   constexpr uint32_t kChunks = 24;
   constexpr size_t kBytes = 4 * 1024;
   const std::vector<std::string> bound = {"--max-removes-remembered", "2"};
-  EtcdCluster cl;
-  ASSERT_TRUE(cl.etcd.started());
-  const auto three = start_settled(cl, 3, 0, false, bound);
-  ASSERT_EQ(three.size(), 3u);
-  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  const std::string kept = "ctx-kept";
-  std::map<uint32_t, uint64_t> held_chunks;
-  remove_while_away(cl, **client, three, kept, kChunks, kBytes, held_chunks);
+  Away a;
+  remove_while_away(a, kChunks, kBytes, bound);
   if (HasFatalFailure()) return;
+  auto& [cl, three, away, client, held_chunks] = a;
   for (const std::string ctx : {"ctx-later-1", "ctx-later-2"}) {
-    const Status s = (*client)->remove(ctx, deadline_in(5000ms));
+    const Status s = client->remove(ctx, deadline_in(5000ms));
     ASSERT_TRUE(s.ok() || s.code() == StatusCode::not_found) << s.to_string();
   }
   const std::vector<std::string> two = {three[0], three[1]};
@@ -235,17 +220,17 @@ TEST_F(EtcdMembership, ANodeBackAfterItsRemovesWerePushedOutOfTheMembersMemoryDr
   ASSERT_FALSE(back.empty());
   const std::vector<std::string> again = {two[0], two[1], back};
   uint64_t handed_on = 0;
-  settled_with_kctx_removed(cl, **client, again, kChunks, kBytes, handed_on);
+  settled_with_kctx_removed(cl, *client, again, kChunks, kBytes, handed_on);
   if (HasFatalFailure()) return;
-  EXPECT_EQ(read_all(**client, kChunks, kBytes, kept), int(kChunks)) << "the context not removed";
+  EXPECT_EQ(read_all(*client, kChunks, kBytes, kKept), int(kChunks)) << "the context not removed";
   // Every chunk of it on each of its owners again, the returning node among them.
   std::map<std::string, std::map<uint32_t, uint64_t>> on;
-  for (const auto& n : again) on[n] = holdings_of(n, kept);
+  for (const auto& n : again) on[n] = holdings_of(n, kKept);
   int placed = 0;
   for (uint32_t c = 0; c < kChunks; ++c) {
     std::vector<std::string> members = again;
     std::sort(members.begin(), members.end());
-    for (const auto& o : owners(members, c, kept)) placed += on[o].count(c) > 0;
+    for (const auto& o : owners(members, c, kKept)) placed += on[o].count(c) > 0;
   }
   EXPECT_EQ(placed, int(kChunks * kReplication));
   EXPECT_FALSE(on[back].empty());
@@ -263,12 +248,12 @@ TEST_F(EtcdMembership, ANodeDroppedAndBackBetweenTwoPassesIsHandedTheRemovesItMi
   ASSERT_TRUE(cl.etcd.started());
   const auto three = start_settled(cl, 3, 0, /*trimmed=*/true);
   ASSERT_EQ(three.size(), 3u);
-  auto client = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  const std::string kept = "ctx-kept";
+  auto connected = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(connected.ok()) << connected.status().to_string();
+  const auto client = std::move(connected).value();
   for (uint32_t c = 0; c < kChunks; ++c) {
-    ASSERT_TRUE((*client)->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
-    ASSERT_TRUE((*client)->put(kept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
+    ASSERT_TRUE(client->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
+    ASSERT_TRUE(client->put(kKept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
   }
   const std::string away = three[2];
   ASSERT_FALSE(holdings(away).empty());
@@ -299,10 +284,10 @@ TEST_F(EtcdMembership, ANodeDroppedAndBackBetweenTwoPassesIsHandedTheRemovesItMi
   // the removed one.
   bool serving = false;
   for (auto until = deadline_in(20000ms); !serving && Clock::now() < until; std::this_thread::sleep_for(100ms))
-    serving = !holdings_of(away, kept).empty();
+    serving = !holdings_of(away, kKept).empty();
   ASSERT_TRUE(serving) << "the node that bounced never served what it held again";
   uint64_t again = 0;
-  settled_with_kctx_removed(cl, **client, three, kChunks, kBytes, again);
+  settled_with_kctx_removed(cl, *client, three, kChunks, kBytes, again);
 }
 
 }  // namespace
