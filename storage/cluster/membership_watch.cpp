@@ -1,6 +1,8 @@
 // The member set from etcd, kept current by a watch (membership_watch.hpp).
 #include "storage/cluster/membership_watch.hpp"
 
+#include <set>
+
 #include "core/log.hpp"
 
 namespace kvstream::cluster {
@@ -19,6 +21,25 @@ std::vector<std::string> addresses(const std::map<std::string, std::string>& by_
 }
 
 }  // namespace
+
+std::vector<std::map<std::string, std::string>> member_steps(std::map<std::string, std::string> by_key,
+                                                             const std::vector<EtcdEvent>& events) {
+  std::vector<std::map<std::string, std::string>> steps;
+  std::set<std::string> gone;  // keys deleted since the last step
+  for (const auto& e : events) {
+    if (e.deleted) {
+      if (by_key.erase(e.kv.key) > 0) gone.insert(e.kv.key);
+      continue;
+    }
+    if (gone.contains(e.kv.key)) {  // back: the set without it is a step of its own
+      steps.push_back(by_key);
+      gone.clear();
+    }
+    by_key[e.kv.key] = e.kv.value;
+  }
+  steps.push_back(std::move(by_key));
+  return steps;
+}
 
 Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd, OnChange on_change,
                                                                 transport::Deadline deadline,
@@ -69,18 +90,12 @@ void MembershipWatch::run() {
       from = revision_ + 1;
     }
     Status s = etcd_.watch_prefix(prefix, from, stop_, [&](const std::vector<EtcdEvent>& events, int64_t rev) {
-      std::map<std::string, std::string> next;
+      std::map<std::string, std::string> now;
       {
         std::lock_guard lock(mu_);
-        next = by_key_;
+        now = by_key_;
       }
-      for (const auto& e : events) {
-        if (e.deleted)
-          next.erase(e.kv.key);
-        else
-          next[e.kv.key] = e.kv.value;
-      }
-      reset(std::move(next), rev);
+      for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), rev);
       logged = false;
     });
     if (stop_.cancelled()) break;

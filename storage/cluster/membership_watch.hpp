@@ -1,6 +1,7 @@
 // Follows the storage nodes registered in etcd (<prefix>nodes/): reads the set once,
 // then watches it from the next revision on its own thread, and reports every change
-// of the set. After a broken watch (etcd restarted, compaction) it reads the set again
+// of the set (a node that left and came back within one watch response too:
+// member_steps). After a broken watch (etcd restarted, compaction) it reads the set again
 // and resumes, every 500 ms until etcd answers; the set it last saw stays in force
 // meanwhile.
 #pragma once
@@ -16,6 +17,15 @@
 #include "storage/cluster/etcd_client.hpp"
 
 namespace kvstream::cluster {
+
+/// The sets (etcd key -> node address) one watch response's `events` lead `by_key`
+/// through that a follower must see: the last, and before it the set just before
+/// each put of a key the same response deleted. A node whose lease ran out and that
+/// registered again at once comes as a delete and a put together; reported as the
+/// end state alone, it would look like no change, and the removes made while it was
+/// out would not be handed to it (Rebalancer::hand_on_removes).
+std::vector<std::map<std::string, std::string>> member_steps(std::map<std::string, std::string> by_key,
+                                                             const std::vector<EtcdEvent>& events);
 
 class MembershipWatch {
  public:

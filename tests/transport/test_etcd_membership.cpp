@@ -10,6 +10,7 @@
 #include <set>
 
 #include "tests/support/hang_guard.hpp"
+#include "storage/cluster/membership_watch.hpp"
 #include "tests/transport/etcd_cluster.hpp"
 
 namespace kvstream::test_etcd_membership {
@@ -313,6 +314,32 @@ TEST(EtcdClient, RejectsBadConfigAndReportsADeadEndpoint) {
   cc.etcd = cfg;
   cc.nodes = {"127.0.0.1:7471"};
   EXPECT_EQ(cluster::connect(cc, deadline_in(1000ms)).status().code(), StatusCode::invalid_argument);  // both
+}
+
+// One watch response with a node's key deleted and put back (its lease ran out and it
+// registered again at once) reports the set without it first; other changes keep
+// coming as the end state alone.
+TEST(MembershipWatch, ANodeDeletedAndPutBackInOneResponseIsSeenLeaving) {
+  using Set = std::map<std::string, std::string>;
+  const auto event = [](bool deleted, const std::string& k, const std::string& v) {
+    cluster::EtcdEvent e;
+    e.deleted = deleted, e.kv.key = k, e.kv.value = v;
+    return e;
+  };
+  const auto del = [&](const std::string& k) { return event(true, k, ""); };
+  const auto put = [&](const std::string& k, const std::string& v) { return event(false, k, v); };
+  const Set ab = {{"n/a", "a"}, {"n/b", "b"}};
+  EXPECT_EQ(cluster::member_steps(ab, {}), std::vector<Set>{ab});
+  EXPECT_EQ(cluster::member_steps(ab, {put("n/c", "c"), del("n/a")}),
+            (std::vector<Set>{{{"n/b", "b"}, {"n/c", "c"}}}))
+      << "a join and a leave: the end state";
+  EXPECT_EQ(cluster::member_steps(ab, {del("n/b"), put("n/b", "b")}), (std::vector<Set>{{{"n/a", "a"}}, ab}));
+  EXPECT_EQ(cluster::member_steps(ab, {del("n/a"), del("n/b"), put("n/a", "a"), put("n/b", "b")}),
+            (std::vector<Set>{{}, ab}))
+      << "both out in one step";
+  EXPECT_EQ(cluster::member_steps(ab, {put("n/c", "c"), del("n/c")}), std::vector<Set>{ab})
+      << "a node that came and went: never a member";
+  EXPECT_EQ(cluster::member_steps(ab, {put("n/a", "a")}), std::vector<Set>{ab}) << "a put again alone (a restart in place)";
 }
 
 TEST(EtcdClient, PrefixEndIncrementsTheLastByte) {
