@@ -1,7 +1,9 @@
 // ChunkStore and the objects it held when it opened, or when it was about to rejoin its
 // cluster: the fence that keeps them from readers until a node back in its cluster has
-// been handed the removes made while it was away, and the drop of them all when it was
-// away longer than removes are remembered (member_mark.hpp).
+// been handed the removes made while it was away, the drop of them all when it was
+// away longer than removes are remembered (member_mark.hpp), and what the rebalancer
+// looks at where a member may have forgotten a remove made meanwhile (the namespaces,
+// their held contexts, the drop of those it picks).
 #include <algorithm>
 #include <map>
 #include <utility>
