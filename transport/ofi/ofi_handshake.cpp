@@ -133,13 +133,19 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
     return ep.post_send(hello, hello->buf.get(), sizeof(Hello), hdesc, server, make_tag(MsgType::hello, 0), until, cancel);
   };
   // A provider that cannot reach the listener answers the post with EAGAIN until the
-  // deadline; the first try is bounded so that a listener that is gone shows early.
-  const Deadline first = listener ? std::min(deadline, Clock::now() + kListenerCheckAfter) : deadline;
-  auto st = post(first);
-  if (st.code() == StatusCode::timed_out && first < deadline && !cancel.cancelled()) {
+  // deadline; the tries are bounded so that a listener that is gone shows early. The
+  // check is made again after each (up to once a second): one that could not tell (a
+  // loaded host slow to answer its connect) or a listener gone since is no verdict
+  // for the whole deadline.
+  auto step = std::chrono::duration_cast<Clock::duration>(kListenerCheckAfter);
+  Deadline until = listener ? std::min(deadline, Clock::now() + step) : deadline;
+  auto st = post(until);
+  while (st.code() == StatusCode::timed_out && until < deadline && !cancel.cancelled()) {
     if (Status gone = (*listener)(deadline); !gone.ok())
       return fail(make_status(StatusCode::unavailable, "libfabric: connect to {}: {}", address, gone.message()));
-    st = post(deadline);
+    step = std::min<Clock::duration>(step * 2, std::chrono::seconds(1));
+    until = std::min(deadline, Clock::now() + step);
+    st = post(until);
   }
   if (!st.ok()) return fail(st.with_context(what));
   st = ep.wait([&] { return ack->done.load() || (hello->done.load() && hello->err); }, deadline, &cancel, what);
