@@ -101,6 +101,10 @@ void Rebalancer::on_change(const std::vector<std::string>& members) {
   for (const auto& n : target_.nodes())
     if (std::find(members.begin(), members.end(), n) == members.end()) left_since_pass_.insert(n);
   target_ = std::move(ring);
+  changed_locked();
+}
+
+void Rebalancer::changed_locked() {
   ++generation_;
   changed_at_ = Clock::now();
   cv_.notify_all();
@@ -121,9 +125,7 @@ void Rebalancer::before_rejoin(Clock::duration away) {
   // after is the same): the trim lifts the fence once every member reports a set
   // with this node done.
   std::lock_guard lock(mu_);
-  ++generation_;
-  changed_at_ = Clock::now();
-  cv_.notify_all();
+  changed_locked();
 }
 
 void Rebalancer::on_write(const storage::ObjectKey& key) {
@@ -154,12 +156,12 @@ void Rebalancer::report(const std::vector<std::string>& target, bool done, const
                             {"objects_handed_over", t.objects_handed_over},
                             {"bytes_handed_over", t.bytes_handed_over},
                             {"removes_handed_on", t.removes_handed_on},
-                            {"removes_complete_since_ms", removes_horizons()}};
+                            {"removes_complete_since_ms", removes_complete_since()}};
   // A report that does not reach etcd is replaced by the next one.
   (void)registration_->publish("migration", j.dump(), Clock::now() + cfg_.etcd.request_timeout);
 }
 
-std::map<std::string, int64_t> Rebalancer::removes_horizons() {
+std::map<std::string, int64_t> Rebalancer::removes_complete_since() {
   std::map<std::string, int64_t> out;
   for (const auto& [ns, secret] : secrets_)
     if (const auto since = store_.removes_complete_since(ns))
@@ -167,7 +169,7 @@ std::map<std::string, int64_t> Rebalancer::removes_horizons() {
   return out;
 }
 
-std::map<std::string, std::chrono::system_clock::time_point> Rebalancer::removes_horizons(
+std::map<std::string, std::chrono::system_clock::time_point> Rebalancer::horizons_of(
     const std::vector<MigrationReport>& reports) const {
   std::map<std::string, std::chrono::system_clock::time_point> out;
   for (const MigrationReport& r : reports) {
@@ -379,7 +381,9 @@ bool Rebalancer::hand_on_removes(PeerClients& peers, const HashRing& before, con
   std::vector<std::string> stayed;
   for (const auto& n : was)
     if (!bounced.contains(n)) stayed.push_back(n);
-  const HashRing senders_ring = stayed.size() == was.size() ? before : ring_of(stayed, cfg_.virtual_nodes);
+  std::optional<HashRing> without_bounced;  // built only where some node bounced
+  if (stayed.size() != was.size()) without_bounced = ring_of(stayed, cfg_.virtual_nodes);
+  const HashRing& senders_ring = without_bounced ? *without_bounced : before;
   // A node takes up to 1 MiB of removes per request, remembered with one sync; slices
   // of this many keep a newer change from waiting on a long list.
   constexpr size_t kSlice = 4096;

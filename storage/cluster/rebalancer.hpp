@@ -71,6 +71,8 @@ class Rebalancer {
     cut,        ///< a newer change (or stop)
   };
   void on_change(const std::vector<std::string>& members);
+  // A change for the worker: a new generation, a pass after `settle`. Requires mu_.
+  void changed_locked();
   void run();
   // One pass from the member set of `settled` to that of `target` (their rings) for
   // change `gen`; false when a newer change (or stop) cut it short.
@@ -105,10 +107,10 @@ class Rebalancer {
                      const std::set<std::string>& to);
   // Per namespace, when this node's memory of removes begins (ms since the epoch;
   // ChunkStore::removes_complete_since), for its reports.
-  std::map<std::string, int64_t> removes_horizons();
+  std::map<std::string, int64_t> removes_complete_since();
   // Per namespace, the latest time before which one of the others whose `reports`
   // these are may have forgotten a remove (their removes_complete_since_ms).
-  std::map<std::string, std::chrono::system_clock::time_point> removes_horizons(
+  std::map<std::string, std::chrono::system_clock::time_point> horizons_of(
       const std::vector<MigrationReport>& reports) const;
   // Lifts the store's fence: every member of `members` (their `reports`) has handed
   // this node its removes. Where one may have forgotten a remove of a namespace since

@@ -42,40 +42,47 @@ bool Rebalancer::current(uint64_t gen) {
 }
 
 bool Rebalancer::settle_fence(const HashRing& members, const std::vector<MigrationReport>& reports) {
-  const auto late = store_.forgotten_namespaces(removes_horizons(reports));
-  uint64_t dropped = 0, kept = 0;
-  if (!late.empty()) {
-    PeerClients peers(self_, backend_, secrets_, stop_);
-    for (const auto& ns : late) {
-      std::set<std::string> gone;
-      for (const auto& ctx : store_.held_contexts(ns)) {
-        bool elsewhere = false, unsure = false;
-        for (const auto& node : members.nodes()) {
-          if (node == self_) continue;
-          storage::Client* c = secrets_.contains(ns) ? peers.get(ns, node) : nullptr;
-          auto r = c ? c->stat(ctx, Clock::now() + cfg_.etcd.request_timeout, stop_)
-                     : Result<std::vector<storage::ChunkStat>>(Status(StatusCode::unavailable, "unreachable"));
-          if (r.ok() && !r->empty()) {
-            elsewhere = true;
-            break;
-          }
-          if (!r.ok() && r.status().code() != StatusCode::not_found) unsure = true;
-        }
-        // No secret for the namespace: its peers cannot be asked, and it goes.
-        if (unsure && secrets_.contains(ns)) return false;
-        if (elsewhere) ++kept;
-        else gone.insert(ctx);
-      }
-      auto went = store_.drop_held(
-          [&](const std::string& space, const std::string& ctx) { return space == ns && gone.contains(ctx); });
-      if (!went.ok()) return false;
-      dropped += *went;
-    }
-    KVS_LOG_WARN("rebalance: node {}: a member may have forgotten removes made since it was last a member (of {} "
-                 "namespaces): dropped the {} objects it held of contexts no other member holds; {} contexts the "
-                 "others hold stay",
-                 self_, late.size(), dropped, kept);
+  const auto late = store_.forgotten_namespaces(horizons_of(reports));
+  if (late.empty()) {
+    store_.lift_fence();
+    return true;
   }
+  enum class Held { elsewhere, nowhere, unsure };
+  PeerClients peers(self_, backend_, secrets_, stop_);
+  // Whether another member holds any of `ctx` (a member that cannot be asked leaves
+  // it unsure).
+  const auto held = [&](const std::string& ns, const std::string& ctx) {
+    Held verdict = Held::nowhere;
+    for (const auto& node : members.nodes()) {
+      if (node == self_) continue;
+      storage::Client* c = peers.get(ns, node);
+      auto r = c ? c->stat(ctx, Clock::now() + cfg_.etcd.request_timeout, stop_)
+                 : Result<std::vector<storage::ChunkStat>>(Status(StatusCode::unavailable, "unreachable"));
+      if (r.ok() && !r->empty()) return Held::elsewhere;
+      if (!r.ok() && r.status().code() != StatusCode::not_found) verdict = Held::unsure;
+    }
+    return verdict;
+  };
+  uint64_t dropped = 0, kept = 0;
+  for (const auto& ns : late) {
+    // No secret for the namespace: its peers cannot be asked, and what it holds goes.
+    const bool askable = secrets_.contains(ns);
+    std::set<std::string> gone;
+    for (const auto& ctx : store_.held_contexts(ns)) {
+      const Held h = askable ? held(ns, ctx) : Held::nowhere;
+      if (h == Held::unsure) return false;
+      if (h == Held::elsewhere) ++kept;
+      else gone.insert(ctx);
+    }
+    auto went = store_.drop_held(
+        [&](const std::string& space, const std::string& ctx) { return space == ns && gone.contains(ctx); });
+    if (!went.ok()) return false;
+    dropped += *went;
+  }
+  KVS_LOG_WARN("rebalance: node {}: a member may have forgotten removes made since it was last a member (of {} "
+               "namespaces): dropped the {} objects it held of contexts no other member holds; {} contexts the "
+               "others hold stay",
+               self_, late.size(), dropped, kept);
   store_.lift_fence();
   return true;
 }

@@ -377,7 +377,6 @@ class ChunkStore {
   std::mutex member_mu_;  // the mark's writes (a leaf)
   std::optional<std::chrono::system_clock::time_point> member_written_;  // guarded by member_mu_
   std::chrono::seconds member_mark_every_{kMemberMarkEvery};              // guarded by member_mu_
-  std::chrono::seconds remove_memory_{TombstoneLimits{}.ttl};              // guarded by member_mu_
   uint32_t current_key_id_ = 0;    // keys_'s current id, 0 without keys (guarded by mu_)
   uint64_t under_old_keys_ = 0;    // entries whose key_id is not current_key_id_ (guarded by mu_)
   mutable std::mutex keys_mu_;     // keys_ (a leaf: taken under a stripe or mu_, nothing under it)

@@ -29,7 +29,6 @@ void ChunkStore::lift_fence() {
 void ChunkStore::set_tombstone_limits(Tombstones::Limits limits) {
   tombstones_.set_limits(limits);
   std::lock_guard lock(member_mu_);
-  remove_memory_ = limits.ttl;
   member_mark_every_ = std::clamp<std::chrono::seconds>(limits.ttl / 8, std::chrono::seconds(1), kMemberMarkEvery);
 }
 
@@ -139,12 +138,7 @@ Result<uint64_t> ChunkStore::rejoin(std::chrono::seconds away) {
     for (auto& [key, bytes] : lru_) uncached.push_back(std::move(bytes));
     lru_.clear(), cache_.clear(), cache_used_ = 0;
   }
-  std::chrono::seconds remove_memory;
-  {
-    std::lock_guard lock(member_mu_);
-    remove_memory = remove_memory_;
-  }
-  return fence_or_drop(remove_memory, away, "dropped by its cluster while it ran");
+  return fence_or_drop(tombstones_.limits().ttl, away, "dropped by its cluster while it ran");
 }
 
 }  // namespace kvstream::storage

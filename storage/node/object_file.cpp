@@ -444,16 +444,20 @@ Status TempObject::rename_to(const std::string& final_path) {
   return {};
 }
 
+int write_all(int fd, std::string_view bytes) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n >= 0) done += size_t(n);
+    else if (errno != EINTR) return errno;
+  }
+  return 0;
+}
+
 int replace_file(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno;
-  int e = 0;
-  for (size_t done = 0; done < bytes.size() && e == 0;) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n >= 0) done += size_t(n);
-    else if (errno != EINTR) e = errno;
-  }
+  int e = write_all(fd, bytes);
   if (e == 0 && ::fsync(fd) != 0) e = errno;
   ::close(fd);
   if (e == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) e = errno;

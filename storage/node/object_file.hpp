@@ -174,6 +174,10 @@ class TempObject {
 /// fsync of a directory, so a rename or unlink in it is durable. Errors: io_error.
 Status fsync_directory(const std::string& dir);
 
+/// Writes all of `bytes` at `fd`'s position (again after a short write or EINTR).
+/// Returns 0, or the errno of the write that failed.
+int write_all(int fd, std::string_view bytes);
+
 /// Writes `bytes` to `<path>.tmp`, syncs it and renames it over `path`, so a crash
 /// leaves the old file or the new one (the store's small files: its remembered
 /// removes, its member mark). Returns 0, or the errno of the step that failed (the

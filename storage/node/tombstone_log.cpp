@@ -25,20 +25,6 @@ Status io_failure(const std::string& what, const std::string& path, int err) {
   return make_status(StatusCode::io_error, "{} the node's remembered removes: {}", what, std::strerror(err));
 }
 
-// Writes all of `s` to `fd`. Returns 0 or errno.
-int write_all(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + done, s.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    done += size_t(n);
-  }
-  return 0;
-}
-
 // The file's bytes; none when it does not exist. Returns io_error otherwise.
 Status read_whole(const std::string& path, std::string& out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -20,12 +20,8 @@ Status Tombstones::persist_to(const std::string& path) {
   std::lock_guard lock(mu_);
   for (auto& r : records) {
     const auto at = Clock::time_point(std::chrono::milliseconds(r.unix_ms));
-    if (r.horizon()) {
-      auto& f = forgotten_[r.ns];
-      f = std::max(f, at);
-    } else {
-      put_locked({std::move(r.ns), std::move(r.ctx)}, r.version, at);
-    }
+    if (r.horizon()) forget_locked(r.ns, at);
+    else put_locked({std::move(r.ns), std::move(r.ctx)}, r.version, at);
   }
   log_.emplace(std::move(log));
   if (!records.empty()) KVS_LOG_INFO("{} removes remembered from '{}'", entries_.size(), path);
@@ -140,12 +136,16 @@ void Tombstones::expire_locked() {
     for (auto n = by_ns_.begin(); n != by_ns_.end(); ++n)
       if (n->second.size() > most->second.size()) most = n;
     const auto it = entries_.find(most->second.front());
-    auto& f = forgotten_[it->first.first];
-    f = std::max(f, it->second.at);
+    forget_locked(it->first.first, it->second.at);
     erase_locked(it);
   }
   // A horizon older than ttl says no more than the age bound does.
   std::erase_if(forgotten_, [&](const auto& f) { return f.second + limits_.ttl <= now; });
+}
+
+void Tombstones::forget_locked(const std::string& ns, Clock::time_point at) {
+  auto& horizon = forgotten_[ns];
+  horizon = std::max(horizon, at);
 }
 
 bool Tombstones::compaction_due_locked() const {

@@ -52,6 +52,10 @@ class Tombstones {
   /// there. Errors: io_error.
   Status persist_to(const std::string& path);
   void set_limits(Limits limits);
+  [[nodiscard]] Limits limits() {
+    std::lock_guard lock(mu_);
+    return limits_;
+  }
   /// A remove of `ctx` in `ns` covered the writes up to `version`: the tombstone keeps
   /// the highest version it was given and is as young as its last record. Errors:
   /// io_error (the file; remembered in memory all the same).
@@ -83,6 +87,9 @@ class Tombstones {
   // Records `version` at `at` (the newest version, the latest time) as the youngest.
   Entry& put_locked(Key key, uint64_t version, Clock::time_point at);
   void expire_locked();
+  // A remove of `ns` recorded at `at` is forgotten: the namespace's horizon is at
+  // least `at`.
+  void forget_locked(const std::string& ns, Clock::time_point at);
   // Whether the file holds so many more lines than tombstones that it is rewritten,
   // and what it is rewritten with (oldest first).
   bool compaction_due_locked() const;

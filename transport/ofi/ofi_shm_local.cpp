@@ -3,6 +3,7 @@
 
 #include <rdma/fi_endpoint.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -18,15 +19,13 @@ constexpr std::string_view kByProcess = "fi_shm://";
 
 struct Local {
   size_t holds = 0;
-  bool open = true;                         // false: parked
-  std::optional<ShmEndpointObjects> parked;
+  std::optional<ShmEndpointObjects> parked;  // set: closed by its owner, held open for others
 };
 
 struct Registry {
   std::mutex mu;
   std::unordered_set<std::string> closed;        // names chosen by address, closed
   std::unordered_map<std::string, Local> local;  // live and parked endpoints, by list name
-  size_t parked = 0;
 };
 
 Registry& registry() {
@@ -67,7 +66,7 @@ bool shm_hold(std::string_view name) {
   auto& r = registry();
   std::lock_guard lock(r.mu);
   auto it = r.local.find(shm_list_name(name));
-  if (it == r.local.end() || !it->second.open) return false;
+  if (it == r.local.end() || it->second.parked) return false;
   ++it->second.holds;
   return true;
 }
@@ -80,10 +79,9 @@ void shm_release(std::string_view name) {
     std::lock_guard lock(r.mu);
     auto it = r.local.find(key);
     if (it == r.local.end() || it->second.holds == 0) return;
-    if (--it->second.holds > 0 || it->second.open) return;
+    if (--it->second.holds > 0 || !it->second.parked) return;
     to_close = std::move(it->second.parked);
     r.local.erase(it);
-    --r.parked;
   }
   if (to_close) close_objects(key, std::move(*to_close));  // outside the lock: the close may release more
 }
@@ -96,9 +94,7 @@ void shm_endpoint_closing(std::string_view name, ShmEndpointObjects objects) {
     if (name.starts_with(kByAddress)) r.closed.insert(key);
     auto it = r.local.find(key);
     if (it != r.local.end() && it->second.holds > 0) {
-      it->second.open = false;
       it->second.parked = std::move(objects);
-      ++r.parked;
       KVS_LOG_DEBUG("libfabric: shm endpoint {} parked: {} holds in this process", key, it->second.holds);
       return;
     }
@@ -110,7 +106,7 @@ void shm_endpoint_closing(std::string_view name, ShmEndpointObjects objects) {
 size_t shm_endpoints_parked() {
   auto& r = registry();
   std::lock_guard lock(r.mu);
-  return r.parked;
+  return size_t(std::count_if(r.local.begin(), r.local.end(), [](const auto& l) { return l.second.parked.has_value(); }));
 }
 
 }  // namespace kvstream::transport::ofi
