@@ -65,7 +65,9 @@ struct RebalanceConfig {
   /// lacks (or holds an older write of) is sent to it first. Runs after each finished
   /// pass and once at start (the node may have been away while its chunks moved).
   /// false: keep them (space for R+1 copies of the chunks that moved; a write that
-  /// reached only old owners stays there, read only while a rebalance runs).
+  /// reached only old owners stays there, read only while a rebalance runs). Either
+  /// way a node that (re)joins serves what it held only once the members have handed
+  /// it the removes made while it was out (docs/protocol.md, "Removes").
   bool trim_surplus = true;
   /// After a pass that left objects uncopied (an owner unreachable or out of space),
   /// the next pass waits retry_first, and each further one twice as long, up to
@@ -80,6 +82,12 @@ struct RebalanceConfig {
 struct MigrationReport {
   std::string node;                  ///< the reporting node
   std::vector<std::string> members;  ///< the membership the rebalance placed chunks for (sorted)
+  /// The etcd revision of the newest registration among `members` (a node's key in
+  /// <prefix>nodes/, put anew when it starts or registers again after its lease ran
+  /// out). A report for the same addresses with a smaller figure was made before that
+  /// node's return, and its removes were not handed to it then. 0: not said (a node
+  /// from before this).
+  int64_t members_revision = 0;
   bool done = false;                 ///< every chunk this node had to copy was copied
   uint64_t objects_copied = 0;       ///< objects (levels of chunks) this node sent to new owners
   uint64_t bytes_copied = 0;

@@ -395,6 +395,7 @@ Result<std::vector<MigrationReport>> migration_reports(const EtcdConfig& config,
     try {  // a field of the wrong type throws inside nlohmann::json
       r.node = j.value("node", std::string());
       r.members = j.value("members", std::vector<std::string>());
+      r.members_revision = j.value("members_revision", int64_t(0));
       r.done = j.value("done", false);
       r.objects_copied = j.value("objects_copied", uint64_t(0));
       r.bytes_copied = j.value("bytes_copied", uint64_t(0));

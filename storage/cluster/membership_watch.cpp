@@ -12,30 +12,57 @@ using transport::Clock;
 
 namespace {
 
-std::vector<std::string> addresses(const std::map<std::string, std::string>& by_key) {
-  std::vector<std::string> out;
-  for (const auto& [k, v] : by_key) out.push_back(v);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+// The events that lead `before` to `after` (a fresh read after the watch broke): a
+// node registered again meanwhile is a put of a key that is there.
+std::vector<EtcdEvent> changes(const Registrations& before, const Registrations& after) {
+  std::vector<EtcdEvent> out;
+  for (const auto& [key, reg] : before)
+    if (!after.contains(key)) out.push_back({.deleted = true, .kv = {.key = key}});
+  for (const auto& [key, reg] : after) {
+    const auto it = before.find(key);
+    if (it == before.end() || it->second != reg)
+      out.push_back({.kv = {.key = key, .value = reg.address, .mod_revision = reg.revision}});
+  }
   return out;
 }
 
 }  // namespace
 
-std::vector<std::map<std::string, std::string>> member_steps(std::map<std::string, std::string> by_key,
-                                                             const std::vector<EtcdEvent>& events) {
-  std::vector<std::map<std::string, std::string>> steps;
+int64_t MemberSet::newest() const {
+  int64_t n = 0;
+  for (const auto& [address, revision] : registered) n = std::max(n, revision);
+  return n;
+}
+
+MemberSet member_set(const Registrations& by_key) {
+  MemberSet set;
+  for (const auto& [key, reg] : by_key) {
+    auto [it, fresh] = set.registered.emplace(reg.address, reg.revision);
+    if (!fresh) it->second = std::max(it->second, reg.revision);
+  }
+  for (const auto& [address, revision] : set.registered) set.nodes.push_back(address);  // sorted: a map's order
+  return set;
+}
+
+std::vector<Registrations> member_steps(Registrations by_key, const std::vector<EtcdEvent>& events) {
+  std::vector<Registrations> steps;
   std::set<std::string> gone;  // keys deleted since the last step
   for (const auto& e : events) {
     if (e.deleted) {
       if (by_key.erase(e.kv.key) > 0) gone.insert(e.kv.key);
       continue;
     }
-    if (gone.contains(e.kv.key)) {  // back: the set without it is a step of its own
+    const Registration reg{e.kv.value, e.kv.mod_revision};
+    if (const auto it = by_key.find(e.kv.key); it != by_key.end()) {
+      if (it->second == reg) continue;
+      by_key.erase(it);  // registered again without a delete between: out, then in
+      steps.push_back(by_key);
+      gone.clear();
+    } else if (gone.contains(e.kv.key)) {  // back: the set without it is a step of its own
       steps.push_back(by_key);
       gone.clear();
     }
-    by_key[e.kv.key] = e.kv.value;
+    by_key[e.kv.key] = reg;
   }
   steps.push_back(std::move(by_key));
   return steps;
@@ -47,7 +74,7 @@ Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd,
   const std::string prefix = etcd.config().prefix + "nodes/";
   KVS_ASSIGN_OR_RETURN(auto range, etcd.range_prefix(prefix, deadline, cancel));
   auto w = std::unique_ptr<MembershipWatch>(new MembershipWatch(std::move(etcd), std::move(on_change)));
-  for (auto& kv : range.kvs) w->by_key_[kv.key] = kv.value;
+  for (auto& kv : range.kvs) w->by_key_[kv.key] = {kv.value, kv.mod_revision};
   w->revision_ = range.revision;
   w->thread_ = std::thread([p = w.get()] { p->run(); });
   return w;
@@ -58,9 +85,9 @@ MembershipWatch::~MembershipWatch() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::vector<std::string> MembershipWatch::members() const {
+MemberSet MembershipWatch::members() const {
   std::lock_guard lock(mu_);
-  return addresses(by_key_);
+  return member_set(by_key_);
 }
 
 int64_t MembershipWatch::revision() const {
@@ -68,16 +95,16 @@ int64_t MembershipWatch::revision() const {
   return revision_;
 }
 
-void MembershipWatch::reset(std::map<std::string, std::string> by_key, int64_t revision) {
-  std::vector<std::string> before, after;
+void MembershipWatch::reset(Registrations by_key, int64_t revision) {
+  MemberSet before, after;
   {
     std::lock_guard lock(mu_);
-    before = addresses(by_key_);
+    before = member_set(by_key_);
     by_key_ = std::move(by_key);
     revision_ = revision;
-    after = addresses(by_key_);
+    after = member_set(by_key_);
   }
-  if (before != after) on_change_(after, revision);
+  if (before != after) on_change_(after);
 }
 
 void MembershipWatch::run() {
@@ -90,7 +117,7 @@ void MembershipWatch::run() {
       from = revision_ + 1;
     }
     Status s = etcd_.watch_prefix(prefix, from, stop_, [&](const std::vector<EtcdEvent>& events, int64_t rev) {
-      std::map<std::string, std::string> now;
+      Registrations now;
       {
         std::lock_guard lock(mu_);
         now = by_key_;
@@ -107,9 +134,15 @@ void MembershipWatch::run() {
     for (int i = 0; i < 10 && !stop_.cancelled(); ++i) std::this_thread::sleep_for(50ms);
     auto range = etcd_.range_prefix(prefix, Clock::now() + etcd_.config().request_timeout, stop_);
     if (!range.ok()) continue;
-    std::map<std::string, std::string> fresh;
-    for (auto& kv : range->kvs) fresh[kv.key] = kv.value;
-    reset(std::move(fresh), range->revision);
+    Registrations fresh, now;
+    for (auto& kv : range->kvs) fresh[kv.key] = {kv.value, kv.mod_revision};
+    {
+      std::lock_guard lock(mu_);
+      now = by_key_;
+    }
+    // A node that registered again while the watch was down shows as out, then in.
+    const auto events = changes(now, fresh);
+    for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), range->revision);
   }
 }
 

@@ -1,7 +1,7 @@
 // Follows the storage nodes registered in etcd (<prefix>nodes/): reads the set once,
 // then watches it from the next revision on its own thread, and reports every change
-// of the set (a node that left and came back within one watch response too:
-// member_steps). After a broken watch (etcd restarted, compaction) it reads the set again
+// of the set (a node that left and came back within one watch response, or that
+// registered again, too: member_steps). After a broken watch (etcd restarted, compaction) it reads the set again
 // and resumes, every 500 ms until etcd answers; the set it last saw stays in force
 // meanwhile.
 #pragma once
@@ -18,20 +18,43 @@
 
 namespace kvstream::cluster {
 
-/// The sets (etcd key -> node address) one watch response's `events` lead `by_key`
-/// through that a follower must see: the last, and before it the set just before
-/// each put of a key the same response deleted. A node whose lease ran out and that
-/// registered again at once comes as a delete and a put together; reported as the
-/// end state alone, it would look like no change, and the removes made while it was
+/// A node's entry as the watch sees it: its address, and the etcd revision it
+/// registered at (its key's mod_revision). A node that registers again (its lease ran
+/// out, or it restarted) has a new one: the same address is then another incarnation,
+/// which missed the removes made while it was out.
+struct Registration {
+  std::string address;
+  int64_t revision = 0;
+  bool operator==(const Registration&) const = default;
+};
+using Registrations = std::map<std::string, Registration>;  // etcd key -> entry
+
+/// A member set: the nodes' addresses (sorted) and when each registered.
+struct MemberSet {
+  std::vector<std::string> nodes;
+  std::map<std::string, int64_t> registered;  // address -> revision of its registration
+  /// The newest registration among them (0 for none). A rebalance report carries it:
+  /// a report for the same addresses with a smaller figure is from before one of them
+  /// registered again.
+  [[nodiscard]] int64_t newest() const;
+  bool operator==(const MemberSet&) const = default;
+};
+MemberSet member_set(const Registrations& by_key);
+
+/// The sets one watch response's `events` lead `by_key` through that a follower must
+/// see: the last, and before it the set without each node that registered again in
+/// it (a put of a key the same response deleted, or that was there already). A node
+/// whose lease ran out and that registered again at once comes as a delete and a put
+/// together, a node restarted within its lease as a put alone; reported as the end
+/// state alone, either would look like no change, and the removes made while it was
 /// out would not be handed to it (Rebalancer::hand_on_removes).
-std::vector<std::map<std::string, std::string>> member_steps(std::map<std::string, std::string> by_key,
-                                                             const std::vector<EtcdEvent>& events);
+std::vector<Registrations> member_steps(Registrations by_key, const std::vector<EtcdEvent>& events);
 
 class MembershipWatch {
  public:
-  /// Called on the watch's thread with the new member set (sorted addresses) and the
-  /// etcd revision it was read at; never with the lock of this object held.
-  using OnChange = std::function<void(const std::vector<std::string>& members, int64_t revision)>;
+  /// Called on the watch's thread with the new member set; never with the lock of this
+  /// object held.
+  using OnChange = std::function<void(const MemberSet& members)>;
 
   /// Reads the set by `deadline` (returned by members() at once; `on_change` is not
   /// called for it) and starts watching. Errors: those of the first read.
@@ -41,20 +64,20 @@ class MembershipWatch {
   /// Stops the watch (within about a second: libcurl's progress interval).
   ~MembershipWatch();
 
-  [[nodiscard]] std::vector<std::string> members() const;
+  [[nodiscard]] MemberSet members() const;
   [[nodiscard]] int64_t revision() const;
 
  private:
   MembershipWatch(EtcdClient etcd, OnChange on_change) : etcd_(std::move(etcd)), on_change_(std::move(on_change)) {}
   void run();
-  // Replaces the whole set (a fresh read); reports it when it differs.
-  void reset(std::map<std::string, std::string> by_key, int64_t revision);
+  // Replaces the whole set; reports it when it differs.
+  void reset(Registrations by_key, int64_t revision);
 
   EtcdClient etcd_;
   OnChange on_change_;
   transport::CancelToken stop_;
   mutable std::mutex mu_;
-  std::map<std::string, std::string> by_key_;  // etcd key -> node address
+  Registrations by_key_;
   int64_t revision_ = 0;
   std::thread thread_;
 };

@@ -68,16 +68,15 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
   // member again, as at a restart.
   NodeRegistration::Hooks hooks;
   hooks.on_member = [&store] { (void)store.note_member(std::chrono::system_clock::now()); };
-  if (config.trim_surplus) hooks.before_rejoin = [p = r.get()](Clock::duration away) { p->before_rejoin(away); };
+  hooks.before_rejoin = [p = r.get()](Clock::duration away) { p->before_rejoin(away); };
   KVS_ASSIGN_OR_RETURN(r->registration_, NodeRegistration::start(etcd, r->self_, deadline, std::move(hooks)));
   // Registered first, so the set read next includes this node.
-  KVS_ASSIGN_OR_RETURN(r->watch_,
-                       MembershipWatch::start(
-                           std::move(etcd), [p = r.get()](const std::vector<std::string>& m, int64_t) { p->on_change(m); },
-                           deadline));
+  KVS_ASSIGN_OR_RETURN(r->watch_, MembershipWatch::start(
+                                       std::move(etcd), [p = r.get()](const MemberSet& m) { p->on_change(m); }, deadline));
+  Members first = r->members_of(r->watch_->members());
   {
     std::lock_guard lock(r->mu_);  // on_write may run already (the node serves)
-    r->target_ = ring_of(r->watch_->members(), r->cfg_.virtual_nodes);
+    r->target_ = std::move(first);
   }
   r->worker_ = std::thread([p = r.get()] { p->run(); });
   return r;
@@ -95,12 +94,18 @@ Rebalancer::~Rebalancer() {
   registration_.reset();  // leaves the membership now
 }
 
-void Rebalancer::on_change(const std::vector<std::string>& members) {
-  HashRing ring = ring_of(members, cfg_.virtual_nodes);  // outside the lock: 1024 points a node
+Rebalancer::Members Rebalancer::members_of(const MemberSet& set) const {
+  return {ring_of(set.nodes, cfg_.virtual_nodes), set.registered, set.newest()};
+}
+
+void Rebalancer::on_change(const MemberSet& members) {
+  Members next = members_of(members);  // outside the lock: 1024 points a node
   std::lock_guard lock(mu_);
-  for (const auto& n : target_.nodes())
-    if (std::find(members.begin(), members.end(), n) == members.end()) left_since_pass_.insert(n);
-  target_ = std::move(ring);
+  // Out of the set, or in it under a new registration: either way it missed removes.
+  for (const auto& [n, revision] : target_.registered)
+    if (const auto it = members.registered.find(n); it == members.registered.end() || it->second != revision)
+      left_since_pass_.insert(n);
+  target_ = std::move(next);
   changed_locked();
 }
 
@@ -132,17 +137,17 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
   if (!cfg_.trim_surplus) return;
   const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
   std::lock_guard lock(mu_);
-  if (target_.size() == 0) return;  // not started yet
-  const auto owners = target_.replicas(chunk_key, cfg_.replication);
+  if (target_.ring.size() == 0) return;  // not started yet
+  const auto owners = target_.ring.replicas(chunk_key, cfg_.replication);
   if (std::find(owners.begin(), owners.end(), self_) != owners.end()) return;
   if (strays_.size() >= kMaxStrays) strays_overflow_ = true;
   else if (strays_.emplace(key.ns, key.ctx).second && strays_.size() == 1) cv_.notify_all();
 }
 
-void Rebalancer::report(const std::vector<std::string>& target, bool done, const Tally& t, double seconds,
-                        bool trimmed) {
+void Rebalancer::report(const Members& target, bool done, const Tally& t, double seconds, bool trimmed) {
   const nlohmann::json j = {{"node", self_},
-                            {"members", target},
+                            {"members", target.ring.nodes()},
+                            {"members_revision", target.newest},
                             {"done", done},
                             {"objects_copied", t.objects_copied},
                             {"bytes_copied", t.bytes_copied},
@@ -186,17 +191,18 @@ std::map<std::string, std::chrono::system_clock::time_point> Rebalancer::horizon
 void Rebalancer::run() {
   std::unique_lock lock(mu_);
   // The set this node has rebalanced for: at start, the one it joined.
-  HashRing settled = target_;
+  Members settled = target_;
   uint64_t settled_generation = generation_;
   lock.unlock();
-  report(settled.nodes(), true, {}, 0);
+  report(settled, true, {}, 0);
   lock.lock();
   bool retry = false;  // the last pass left objects uncopied
   // Copies of chunks this node does not own under `settled` wait to be dropped: after
   // each finished pass, and at start (the node may have been away while the cluster
   // gave its chunks to others). `last` and `last_seconds` are that pass's figures,
-  // which the trim's report repeats.
-  bool trim_due = cfg_.trim_surplus;
+  // which the trim's report repeats. (Without the surplus trim, the trim lifts the
+  // store's fence alone.)
+  bool trim_due = true;
   // The contexts the due trim looks at: every one (nullopt), or those clients with an
   // older member set wrote to since (on_write).
   std::optional<std::set<std::pair<std::string, std::string>>> scope;
@@ -235,11 +241,11 @@ void Rebalancer::run() {
       const auto started = Clock::now();
       lock.unlock();
       const TrimResult t = trim(settled, gen, last, scope ? &*scope : nullptr);
-      if (t == TrimResult::finished) {
-        report(settled.nodes(), true, last, last_seconds, true);
+      if (t == TrimResult::finished && cfg_.trim_surplus) {
+        report(settled, true, last, last_seconds, true);
         KVS_LOG_INFO("rebalance of node {} for {} members: {} copies of chunks it no longer owns dropped ({} bytes) "
                      "in {:.2f} s, {} of them sent first to owners that lacked them ({} bytes), {} kept",
-                     self_, settled.size(), last.objects_trimmed, last.bytes_trimmed, seconds_since(started),
+                     self_, settled.ring.size(), last.objects_trimmed, last.bytes_trimmed, seconds_since(started),
                      last.objects_handed_over, last.bytes_handed_over, last.objects_kept);
       }
       lock.lock();
@@ -250,14 +256,14 @@ void Rebalancer::run() {
     cv_.wait_for(lock, cfg_.settle, [&] { return stopping_; });
     if (stopping_) break;
     const uint64_t gen = generation_;
-    const HashRing target = target_;
+    const Members target = target_;
     const std::set<std::string> bounced = left_since_pass_;
     const auto changed_at = changed_at_;
     pace_start_ = Clock::now(), paced_bytes_ = 0;
     lock.unlock();
     Tally tally;
-    report(target.nodes(), false, tally, seconds_since(changed_at));
-    const bool complete = pass(settled, target, bounced, tally, gen);
+    report(target, false, tally, seconds_since(changed_at));
+    const bool complete = pass(settled.ring, target.ring, bounced, tally, gen);
     const double secs = seconds_since(changed_at);
     lock.lock();
     if (!complete) {  // a newer change (or stop): the next pass starts from `settled` again
@@ -272,17 +278,17 @@ void Rebalancer::run() {
       // them all for the next pass.)
       if (generation_ == gen)
         for (const auto& n : bounced) left_since_pass_.erase(n);
-      trim_due = cfg_.trim_surplus, last = tally, last_seconds = secs, scope.reset();
+      trim_due = true, last = tally, last_seconds = secs, scope.reset();
       // The first look at the others' reports comes soon: their passes for the same
       // change tend to end together. Later looks back off from there.
       retry_delay = std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(cfg_.settle, 50ms),
                                                         cfg_.retry_first);
     }
     lock.unlock();
-    report(target.nodes(), !retry, tally, secs);
+    report(target, !retry, tally, secs);
     KVS_LOG_INFO("rebalance of node {} for {} members {} in {:.2f} s: {} objects ({} bytes) copied, {} already "
                  "there, {} failed, {} removes handed on{}",
-                 self_, target.size(), retry ? "incomplete" : "done", secs, tally.objects_copied, tally.bytes_copied,
+                 self_, target.ring.size(), retry ? "incomplete" : "done", secs, tally.objects_copied, tally.bytes_copied,
                  tally.objects_present, tally.objects_failed, tally.removes_handed_on,
                  retry ? fmt::format("; retrying in {} s", std::chrono::duration<double>(retry_delay).count()) : "");
     lock.lock();

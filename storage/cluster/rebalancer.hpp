@@ -50,7 +50,7 @@ class Rebalancer {
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
              std::map<std::string, std::string> secrets, transport::BackendConfig backend)
       : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), budget_(budget), secrets_(std::move(secrets)),
-        backend_(std::move(backend)), target_(cfg_.virtual_nodes) {}
+        backend_(std::move(backend)), target_{HashRing(cfg_.virtual_nodes), {}, 0} {}
 
   struct Tally {
     uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
@@ -70,7 +70,15 @@ class Rebalancer {
     again,      ///< an owner did not answer, no memory, or a write landed here since
     cut,        ///< a newer change (or stop)
   };
-  void on_change(const std::vector<std::string>& members);
+  // A member set as the passes use it: its ring (nodes() are the members) and when
+  // each registered (MemberSet).
+  struct Members {
+    HashRing ring;
+    std::map<std::string, int64_t> registered;
+    int64_t newest = 0;  // MemberSet::newest, which the reports carry
+  };
+  Members members_of(const MemberSet& set) const;
+  void on_change(const MemberSet& members);
   // A change for the worker: a new generation, a pass after `settle`. Requires mu_.
   void changed_locked();
   void run();
@@ -79,14 +87,14 @@ class Rebalancer {
   // `bounced`: nodes that left a member set seen since `settled` (they join again).
   bool pass(const HashRing& settled, const HashRing& target, const std::set<std::string>& bounced, Tally& tally,
             uint64_t gen);
-  void report(const std::vector<std::string>& target, bool done, const Tally& tally, double seconds,
-              bool trimmed = false);
-  // Drops the copies this node holds of chunks it does not own under the member set
-  // of `members` (its ring), once every member reports its copies for that set done
-  // and each owner holds the same write or a newer one
-  // (storage/cluster/surplus_copies.hpp); counts into `tally`. `only`: the
-  // (namespace, context) pairs to look at; null: every context.
-  TrimResult trim(const HashRing& members, uint64_t gen, Tally& tally,
+  void report(const Members& target, bool done, const Tally& tally, double seconds, bool trimmed = false);
+  // Drops the copies this node holds of chunks it does not own under `members`, once
+  // every member reports its copies for that set done and each owner holds the same
+  // write or a newer one (storage/cluster/surplus_copies.hpp); counts into `tally`.
+  // Lifts the store's fence first (settle_fence), once every other member's report
+  // is for a set with this node's registration in it. `only`: the (namespace,
+  // context) pairs to look at; null: every context.
+  TrimResult trim(const Members& members, uint64_t gen, Tally& tally,
                   const std::set<std::pair<std::string, std::string>>* only = nullptr);
   // Sends this node's copy of `key` (write `version`, `bytes` long) to the owners in
   // `to`, which lack it or hold an older write; those that took it join `received`.
@@ -139,9 +147,9 @@ class Rebalancer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  // The newest member set, as its ring (nodes() are the members, in etcd's order):
-  // built once per change, and copied by the passes, the trims and on_write.
-  HashRing target_;
+  // The newest member set (its ring built once per change), copied by the passes and
+  // the trims; on_write reads its ring.
+  Members target_;
   // Contexts written here by clients with an older member set (on_write), waiting for
   // a scoped trim; past kMaxStrays of them, the next trim looks at every context.
   static constexpr size_t kMaxStrays = 4096;

@@ -88,9 +88,9 @@ class ReplicatedClient final : public storage::Client {
         // The members now; later changes arrive on the watch's thread.
         KVS_ASSIGN_OR_RETURN(c->watch_, MembershipWatch::start(
                                             std::move(*etcd),
-                                            [p = c.get()](const std::vector<std::string>& m, int64_t) { p->apply(m); },
+                                            [p = c.get()](const MemberSet& m) { p->apply(m.nodes); },
                                             deadline, cancel));
-        cfg.nodes = c->watch_->members();
+        cfg.nodes = c->watch_->members().nodes;
         if (cfg.nodes.empty())
           return make_status(StatusCode::unavailable,
                              "cluster: no storage node is registered in etcd under '{}nodes/'", cfg.etcd.prefix);

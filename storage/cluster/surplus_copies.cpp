@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
 #include "storage/cluster/peer_clients.hpp"
@@ -87,8 +89,9 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
   return true;
 }
 
-Rebalancer::TrimResult Rebalancer::trim(const HashRing& ring, uint64_t gen, Tally& tally,
+Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Tally& tally,
                                         const std::set<std::pair<std::string, std::string>>* only) {
+  const HashRing& ring = members.ring;
   // Until every member has copied for this set, an owner may lack a chunk only because
   // its sender has not reached it yet: try again later rather than keep the copy.
   const std::set<std::string> want(ring.nodes().begin(), ring.nodes().end());
@@ -102,12 +105,31 @@ Rebalancer::TrimResult Rebalancer::trim(const HashRing& ring, uint64_t gen, Tall
       theirs.push_back(std::move(r));
     }
   if (finished != want) return current(gen) ? TrimResult::again : TrimResult::cut;
-  // Every member has rebalanced for a set with this node in it, and so handed it the
-  // removes it remembers: what this node held before it joined can be served, but for
-  // what a member may have forgotten since it was away. (A set without it says nothing
-  // of that: a node its cluster dropped while it ran may see that set after it fenced,
-  // before it is a member again.)
-  if (want.contains(self_) && !settle_fence(ring, theirs)) return current(gen) ? TrimResult::again : TrimResult::cut;
+  if (want.contains(self_)) {
+    // A member's report for the same addresses from before this node registered (its
+    // start, or again after its lease ran out) says nothing of the removes made while
+    // it was out: that member's pass for the return, which hands them on, has not
+    // reported yet (it is busy, or its watch is behind). A report that does not say
+    // (a node from before registrations were reported) is taken as it was before.
+    const auto mine = members.registered.find(self_);
+    std::vector<std::string> behind;
+    for (const MigrationReport& r : theirs)
+      if (r.node != self_ && r.members_revision != 0 && mine != members.registered.end() &&
+          r.members_revision < mine->second)
+        behind.push_back(r.node);
+    if (!behind.empty()) {
+      KVS_LOG_DEBUG("rebalance: node {} waits for the reports of {} for its registration at revision {}", self_,
+                    fmt::join(behind, ", "), mine->second);
+      return current(gen) ? TrimResult::again : TrimResult::cut;
+    }
+    // Every member has rebalanced for a set with this node in it, and so handed it
+    // the removes it remembers: what this node held before it joined can be served,
+    // but for what a member may have forgotten since it was away. (A set without it
+    // says nothing of that: a node its cluster dropped while it ran may see that set
+    // after it fenced, before it is a member again.)
+    if (!settle_fence(ring, theirs)) return current(gen) ? TrimResult::again : TrimResult::cut;
+  }
+  if (!cfg_.trim_surplus) return TrimResult::finished;  // the surplus copies stay
 
   PeerClients peers(self_, backend_, secrets_, stop_);
   // Counted afresh by each look at every context; what was dropped stays counted.

@@ -71,7 +71,7 @@ class ServerImpl final : public Server {
     // member has rebalanced for a set with it, handing it the removes made meanwhile:
     // the trim that waits for the same reports lifts the fence (docs/protocol.md,
     // "Removes"). Set before the node serves anything.
-    if (!cfg.membership.etcd.endpoints.empty() && cfg.membership.trim_surplus) {
+    if (!cfg.membership.etcd.endpoints.empty()) {
       KVS_RETURN_IF_ERROR(s->store_->come_back(cfg.remove_memory, std::chrono::system_clock::now()).status());
     }
     if (keys) {

@@ -135,6 +135,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rebalance-mb-per-s", rebalance_mb, "bound on this node's copy rate after a change (0: none)")
       ->capture_default_str();
+  uint64_t settle_ms = uint64_t(m.settle.count());
+  app.add_option("--rebalance-settle-ms", settle_ms,
+                 "membership changes this close together are rebalanced in one pass (the pass starts this long after "
+                 "the first)")
+      ->capture_default_str();
   bool keep_surplus = !m.trim_surplus;
   app.add_flag("--keep-surplus-copies", keep_surplus,
                "after a rebalance keep the copies of chunks this node no longer owns (default: dropped once every "
@@ -172,6 +177,7 @@ int main(int argc, char** argv) {
   m.etcd.lease_ttl = std::chrono::seconds(lease_s);
   m.bytes_per_second = rebalance_mb << 20;
   m.trim_surplus = !keep_surplus;
+  m.settle = std::chrono::milliseconds(settle_ms);
   for (const auto& s : sets)
     if (auto st = shared->set(s); !st.ok())
       return fmt::print(stderr, "kvstream-server: --set {}: {}\n", s, st.to_string()), 1;

@@ -317,29 +317,38 @@ TEST(EtcdClient, RejectsBadConfigAndReportsADeadEndpoint) {
 }
 
 // One watch response with a node's key deleted and put back (its lease ran out and it
-// registered again at once) reports the set without it first; other changes keep
-// coming as the end state alone.
-TEST(MembershipWatch, ANodeDeletedAndPutBackInOneResponseIsSeenLeaving) {
-  using Set = std::map<std::string, std::string>;
-  const auto event = [](bool deleted, const std::string& k, const std::string& v) {
+// registered again at once), or put again alone (it restarted within its lease),
+// reports the set without it first; other changes keep coming as the end state alone.
+TEST(MembershipWatch, ANodeThatRegisteredAgainInOneResponseIsSeenLeaving) {
+  using Set = cluster::Registrations;
+  const auto event = [](bool deleted, const std::string& k, const std::string& v, int64_t rev) {
     cluster::EtcdEvent e;
-    e.deleted = deleted, e.kv.key = k, e.kv.value = v;
+    e.deleted = deleted, e.kv.key = k, e.kv.value = v, e.kv.mod_revision = rev;
     return e;
   };
-  const auto del = [&](const std::string& k) { return event(true, k, ""); };
-  const auto put = [&](const std::string& k, const std::string& v) { return event(false, k, v); };
-  const Set ab = {{"n/a", "a"}, {"n/b", "b"}};
+  const auto del = [&](const std::string& k) { return event(true, k, "", 0); };
+  const auto put = [&](const std::string& k, int64_t rev) { return event(false, "n/" + k, k, rev); };
+  const Set ab = {{"n/a", {"a", 1}}, {"n/b", {"b", 2}}};
   EXPECT_EQ(cluster::member_steps(ab, {}), std::vector<Set>{ab});
-  EXPECT_EQ(cluster::member_steps(ab, {put("n/c", "c"), del("n/a")}),
-            (std::vector<Set>{{{"n/b", "b"}, {"n/c", "c"}}}))
+  EXPECT_EQ(cluster::member_steps(ab, {put("c", 3), del("n/a")}), (std::vector<Set>{{{"n/b", {"b", 2}}, {"n/c", {"c", 3}}}}))
       << "a join and a leave: the end state";
-  EXPECT_EQ(cluster::member_steps(ab, {del("n/b"), put("n/b", "b")}), (std::vector<Set>{{{"n/a", "a"}}, ab}));
-  EXPECT_EQ(cluster::member_steps(ab, {del("n/a"), del("n/b"), put("n/a", "a"), put("n/b", "b")}),
-            (std::vector<Set>{{}, ab}))
+  const Set ab4 = {{"n/a", {"a", 1}}, {"n/b", {"b", 4}}};
+  EXPECT_EQ(cluster::member_steps(ab, {del("n/b"), put("b", 4)}), (std::vector<Set>{{{"n/a", {"a", 1}}}, ab4}));
+  EXPECT_EQ(cluster::member_steps(ab, {del("n/a"), del("n/b"), put("a", 5), put("b", 6)}),
+            (std::vector<Set>{{}, {{"n/a", {"a", 5}}, {"n/b", {"b", 6}}}}))
       << "both out in one step";
-  EXPECT_EQ(cluster::member_steps(ab, {put("n/c", "c"), del("n/c")}), std::vector<Set>{ab})
+  EXPECT_EQ(cluster::member_steps(ab, {put("c", 3), del("n/c")}), std::vector<Set>{ab})
       << "a node that came and went: never a member";
-  EXPECT_EQ(cluster::member_steps(ab, {put("n/a", "a")}), std::vector<Set>{ab}) << "a put again alone (a restart in place)";
+  EXPECT_EQ(cluster::member_steps(ab, {put("b", 4)}), (std::vector<Set>{{{"n/a", {"a", 1}}}, ab4}))
+      << "a put again alone (a restart in place): a new registration";
+  EXPECT_EQ(cluster::member_steps(ab, {put("b", 2)}), std::vector<Set>{ab}) << "the same registration again: no change";
+  // The member set says when each registered; its newest registration is what the
+  // rebalance reports carry.
+  const cluster::MemberSet set = cluster::member_set(ab4);
+  EXPECT_EQ(set.nodes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(set.registered.at("b"), 4);
+  EXPECT_EQ(set.newest(), 4);
+  EXPECT_EQ(cluster::member_set({}).newest(), 0);
 }
 
 TEST(EtcdClient, PrefixEndIncrementsTheLastByte) {
