@@ -75,6 +75,14 @@ void settled_with_kctx_removed(EtcdCluster& cl, storage::Client& client, const s
   EXPECT_EQ(read_all(client, chunks, bytes), 0) << "a removed chunk was read";
 }
 
+// Whether `node` serves kKept again (its fence lifted: what it held is served) within
+// 30 s.
+bool serves_kept_again(const std::string& node) {
+  for (auto until = deadline_in(30000ms); Clock::now() < until; std::this_thread::sleep_for(100ms))
+    if (!holdings_of(node, kKept).empty()) return true;
+  return false;
+}
+
 // A node is killed holding copies of a context; while it is away (out of the
 // membership) a client removes the context from every member. The node comes back
 // on its old disk: it serves nothing it held until the members have handed it the
@@ -130,10 +138,7 @@ TEST_F(EtcdMembership, ANodeKeepingSurplusCopiesServesNothingItHeldUntilHandedTh
   uint64_t handed_on = 0;
   for (const auto& r : reports) handed_on += r.removes_handed_on;
   EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that came back";
-  bool serving = false;
-  for (auto until = deadline_in(30000ms); !serving && Clock::now() < until; std::this_thread::sleep_for(100ms))
-    serving = !holdings_of(back, kKept).empty();
-  ASSERT_TRUE(serving) << "the node that came back never served what it held again";
+  ASSERT_TRUE(serves_kept_again(back)) << "the node that came back never served what it held again";
   EXPECT_TRUE(holdings(back).empty()) << "it holds the removed context";
   EXPECT_EQ(read_all(*client, kChunks, kBytes), 0) << "a removed chunk was read";
   EXPECT_EQ(read_all(*client, kChunks, kBytes, kKept), int(kChunks)) << "the context not removed";
@@ -267,6 +272,38 @@ TEST_F(EtcdMembership, ANodeBackAfterItsRemovesWerePushedOutOfTheMembersMemoryDr
   EXPECT_FALSE(on[back].empty());
 }
 
+// Through a client of the settled `three`, kCtx and kKept written (chunks 0 to
+// `chunks` - 1); then three[2] stopped (SIGSTOP) holding `held` of kCtx, kCtx removed
+// on the two others alone (as a client with the set without it would), and the node
+// let go on as soon as etcd has dropped it: it registers again at once. Fatal failures
+// end the calling test.
+void bounce_while_removed(EtcdCluster& cl, const std::vector<std::string>& three, uint32_t chunks, size_t bytes,
+                          std::unique_ptr<storage::Client>& client, std::map<uint32_t, uint64_t>& held) {
+  auto connected = cluster::connect(cl.client_config(), deadline_in(5000ms));
+  ASSERT_TRUE(connected.ok()) << connected.status().to_string();
+  client = std::move(connected).value();
+  for (uint32_t c = 0; c < chunks; ++c) {
+    ASSERT_TRUE(client->put(kCtx, c, 0, payload(c, bytes), deadline_in(5000ms)).ok());
+    ASSERT_TRUE(client->put(kKept, c, 0, payload(c, bytes), deadline_in(5000ms)).ok());
+  }
+  const std::string away = three[2];
+  held = holdings(away);
+  ASSERT_FALSE(held.empty());
+  cl.pause(away);
+  for (const auto& n : {three[0], three[1]}) {
+    auto d = direct(n);
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(d->remove(kCtx, deadline_in(5000ms)).ok()) << n;
+  }
+  bool dropped = false;
+  for (auto until = deadline_in(20000ms); !dropped && Clock::now() < until; std::this_thread::sleep_for(10ms)) {
+    auto now = cluster::current_members(cl.etcd.config(), deadline_in(2000ms));
+    dropped = now.ok() && std::find(now->begin(), now->end(), away) == now->end();
+  }
+  cl.resume(away);
+  ASSERT_TRUE(dropped) << "etcd did not drop the stopped node";
+}
+
 // A node dropped and back before the members' next pass (its lease ran out and it
 // registered again within their settle, so their pass sees the same set before and
 // after) still missed what a client with the set without it removed meanwhile (made
@@ -279,29 +316,11 @@ TEST_F(EtcdMembership, ANodeDroppedAndBackBetweenTwoPassesIsHandedTheRemovesItMi
   ASSERT_TRUE(cl.etcd.started());
   const auto three = start_settled(cl, 3, 0, /*trimmed=*/true);
   ASSERT_EQ(three.size(), 3u);
-  auto connected = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(connected.ok()) << connected.status().to_string();
-  const auto client = std::move(connected).value();
-  for (uint32_t c = 0; c < kChunks; ++c) {
-    ASSERT_TRUE(client->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
-    ASSERT_TRUE(client->put(kKept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
-  }
+  std::unique_ptr<storage::Client> client;
+  std::map<uint32_t, uint64_t> held;
+  bounce_while_removed(cl, three, kChunks, kBytes, client, held);
+  if (HasFatalFailure()) return;
   const std::string away = three[2];
-  ASSERT_FALSE(holdings(away).empty());
-  cl.pause(away);
-  for (const auto& n : {three[0], three[1]}) {
-    auto d = direct(n);
-    ASSERT_TRUE(d);
-    ASSERT_TRUE(d->remove(kCtx, deadline_in(5000ms)).ok()) << n;
-  }
-  // Let it go on as soon as etcd has dropped it: it registers again at once.
-  bool dropped = false;
-  for (auto until = deadline_in(20000ms); !dropped && Clock::now() < until; std::this_thread::sleep_for(10ms)) {
-    auto now = cluster::current_members(cl.etcd.config(), deadline_in(2000ms));
-    dropped = now.ok() && std::find(now->begin(), now->end(), away) == now->end();
-  }
-  cl.resume(away);
-  ASSERT_TRUE(dropped) << "etcd did not drop the stopped node";
   // The members' reports for the three from before the bounce stand until their pass
   // after it replaces them: wait for the pass that hands the remove on.
   uint64_t handed_on = 0;
@@ -313,10 +332,7 @@ TEST_F(EtcdMembership, ANodeDroppedAndBackBetweenTwoPassesIsHandedTheRemovesItMi
   EXPECT_GE(handed_on, 1u) << "no member handed the remove to the node that bounced";
   // Once its fence has lifted (it serves the context not removed), it holds none of
   // the removed one.
-  bool serving = false;
-  for (auto until = deadline_in(20000ms); !serving && Clock::now() < until; std::this_thread::sleep_for(100ms))
-    serving = !holdings_of(away, kKept).empty();
-  ASSERT_TRUE(serving) << "the node that bounced never served what it held again";
+  ASSERT_TRUE(serves_kept_again(away)) << "the node that bounced never served what it held again";
   uint64_t again = 0;
   settled_with_kctx_removed(cl, *client, three, kChunks, kBytes, again);
 }
@@ -335,29 +351,11 @@ TEST_F(EtcdMembership, ANodeBackBeforeTheMembersPassesServesNothingItHeldOnTheir
   const std::vector<std::string> three = {cl.start_node(0, slow), cl.start_node(0, slow), cl.start_node()};
   for (const auto& n : three) ASSERT_FALSE(n.empty());
   ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(60000ms), /*trimmed=*/true).empty());
-  auto connected = cluster::connect(cl.client_config(), deadline_in(5000ms));
-  ASSERT_TRUE(connected.ok()) << connected.status().to_string();
-  const auto client = std::move(connected).value();
-  for (uint32_t c = 0; c < kChunks; ++c) {
-    ASSERT_TRUE(client->put(kCtx, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
-    ASSERT_TRUE(client->put(kKept, c, 0, payload(c, kBytes), deadline_in(5000ms)).ok());
-  }
+  std::unique_ptr<storage::Client> client;
+  std::map<uint32_t, uint64_t> held;
+  bounce_while_removed(cl, three, kChunks, kBytes, client, held);
+  if (HasFatalFailure()) return;
   const std::string away = three[2];
-  const auto held = holdings(away);
-  ASSERT_FALSE(held.empty());
-  cl.pause(away);
-  for (const auto& n : {three[0], three[1]}) {
-    auto d = direct(n);
-    ASSERT_TRUE(d);
-    ASSERT_TRUE(d->remove(kCtx, deadline_in(5000ms)).ok()) << n;
-  }
-  bool dropped = false;
-  for (auto until = deadline_in(20000ms); !dropped && Clock::now() < until; std::this_thread::sleep_for(10ms)) {
-    auto now = cluster::current_members(cl.etcd.config(), deadline_in(2000ms));
-    dropped = now.ok() && std::find(now->begin(), now->end(), away) == now->end();
-  }
-  cl.resume(away);
-  ASSERT_TRUE(dropped) << "etcd did not drop the stopped node";
   ASSERT_TRUE(registered(cl.etcd.config(), away, deadline_in(20000ms))) << "the node did not register again";
   // From its return until a member's pass has handed it the remove, the most of the
   // removed context's chunks it served at one look.
@@ -374,10 +372,7 @@ TEST_F(EtcdMembership, ANodeBackBeforeTheMembersPassesServesNothingItHeldOnTheir
   }
   ASSERT_GE(handed_on, 1u) << "no member handed the remove to the node that bounced";
   EXPECT_EQ(served, 0) << "of " << held.size() << " chunks of the removed context it held";
-  bool serving = false;
-  for (auto until = deadline_in(30000ms); !serving && Clock::now() < until; std::this_thread::sleep_for(100ms))
-    serving = !holdings_of(away, kKept).empty();
-  ASSERT_TRUE(serving) << "the node that bounced never served what it held again";
+  ASSERT_TRUE(serves_kept_again(away)) << "the node that bounced never served what it held again";
   uint64_t again = 0;
   settled_with_kctx_removed(cl, *client, three, kChunks, kBytes, again);
   std::printf("late passes: %zu copies on the node that bounced, %d served before the members handed it the "
