@@ -217,7 +217,17 @@ void Rebalancer::run() {
   uint64_t tried_generation = settled_generation;
   while (!stopping_) {
     if (retry || trim_due) {
-      cv_.wait_for(lock, retry_delay, [&] { return stopping_ || generation_ != tried_generation; });
+      // While the store is fenced (what it held is not served: the node's own
+      // unavailability) the due trim looks at the members' reports every kFencePoll,
+      // not after a growing delay: a look is one etcd read.
+      auto delay = retry_delay;
+      if (trim_due && !retry) {
+        lock.unlock();
+        const bool fenced = store_.fenced();
+        lock.lock();
+        if (fenced) delay = std::min(delay, std::chrono::milliseconds(kFencePoll));
+      }
+      cv_.wait_for(lock, delay, [&] { return stopping_ || generation_ != tried_generation; });
       retry_delay = generation_ != tried_generation ? cfg_.retry_first : std::min(retry_delay * 2, cfg_.retry_max);
     } else {
       retry_delay = cfg_.retry_first;

@@ -153,6 +153,8 @@ class Rebalancer {
   // Contexts written here by clients with an older member set (on_write), waiting for
   // a scoped trim; past kMaxStrays of them, the next trim looks at every context.
   static constexpr size_t kMaxStrays = 4096;
+  // How often a fenced node's due trim looks at the members' reports.
+  static constexpr std::chrono::milliseconds kFencePoll{200};
   std::set<std::pair<std::string, std::string>> strays_;
   bool strays_overflow_ = false;
   uint64_t generation_ = 0;          // bumped at each change

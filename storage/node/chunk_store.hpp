@@ -222,6 +222,8 @@ class ChunkStore {
   /// its copy meanwhile. read_stored() and read_all() see everything.
   void fence_held_at_open();
   void lift_fence();
+  /// Whether objects held when the fence went up are behind it now.
+  [[nodiscard]] bool fenced() const;
   /// The namespaces of the objects behind the fence whose removes a member may have
   /// forgotten since this node was last a member (come_back: its mark; rejoin: its
   /// last renewal): those whose horizon in `horizons` (per namespace, the latest time

@@ -26,6 +26,11 @@ void ChunkStore::lift_fence() {
                fenced_gets_.load(std::memory_order_relaxed));
 }
 
+bool ChunkStore::fenced() const {
+  std::lock_guard lock(mu_);
+  return fenced_;
+}
+
 void ChunkStore::set_tombstone_limits(Tombstones::Limits limits) {
   tombstones_.set_limits(limits);
   std::lock_guard lock(member_mu_);
