@@ -1,9 +1,9 @@
 // Follows the storage nodes registered in etcd (<prefix>nodes/): reads the set once,
 // then watches it from the next revision on its own thread, and reports every change
 // of the set (a node that left and came back within one watch response, or that
-// registered again, too: member_steps). After a broken watch (etcd restarted, compaction) it reads the set again
-// and resumes, every 500 ms until etcd answers; the set it last saw stays in force
-// meanwhile.
+// registered again, too: member_steps). After a broken watch (etcd restarted,
+// compaction) it reads the set again and resumes, every 500 ms until etcd answers; the
+// set it last saw stays in force meanwhile.
 #pragma once
 
 #include <functional>

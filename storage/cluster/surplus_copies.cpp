@@ -91,6 +91,7 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
 
 Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Tally& tally,
                                         const std::set<std::pair<std::string, std::string>>* only) {
+  if (!cfg_.trim_surplus && !store_.fenced()) return TrimResult::finished;  // nothing to lift, nothing to drop
   const HashRing& ring = members.ring;
   // Until every member has copied for this set, an owner may lack a chunk only because
   // its sender has not reached it yet: try again later rather than keep the copy.
