@@ -218,6 +218,7 @@ class Server {
     uint64_t use_marks_raised = 0;        ///< contexts whose use mark a touch raised (Client::touch)
     uint64_t removes_remembered = 0;      ///< contexts whose remove the node keeps refusing older copies of
     uint64_t fenced_gets = 0;             ///< gets of objects held from before the node rejoined, answered not_found
+    uint64_t fenced = 0;                  ///< 1 while those objects are not served (the node's fence is up)
     uint64_t budget_peak_bytes = 0;       ///< most memory held from the budget at once
     uint64_t budget_limit_bytes = 0;
     uint64_t objects_reencrypted = 0;     ///< rewritten under the current at-rest key since start

@@ -140,6 +140,12 @@ Result<long> post(const std::string& url, const std::string& body, std::chrono::
   Easy e;
   if (!e.h) return make_status(StatusCode::resource_exhausted, "etcd: curl_easy_init failed");
   e.headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  // etcd's require-leader metadata (gRPC's "hasleader", through the gateway's
+  // Grpc-Metadata- headers): a member cut off from its cluster's majority answers
+  // "no leader" at once (the call tries the next endpoint) and cancels a watch after a
+  // few election timeouts. Without it a watch there stays open and silent while the
+  // others change the member set, and its follower never sees the change.
+  e.headers = curl_slist_append(e.headers, "Grpc-Metadata-hasleader: true");
   curl_easy_setopt(e.h, CURLOPT_URL, url.c_str());
   curl_easy_setopt(e.h, CURLOPT_HTTPHEADER, e.headers);
   curl_easy_setopt(e.h, CURLOPT_POSTFIELDS, body.c_str());

@@ -8,8 +8,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -127,6 +129,12 @@ class Rebalancer {
   // one is held by its other owners, and stays). False when a member did not answer
   // (the fence stays, for the next trim).
   bool settle_fence(const HashRing& members, const std::vector<MigrationReport>& reports);
+  // A fenced node's trim waits on the members `whom` (`why`): said at warn once the
+  // fence has been up for kFenceWaitWarn, and again each kFenceWaitWarn (a member whose
+  // pass cannot finish, or whose watch is stuck, keeps the node from serving what it
+  // held).
+  void fence_waits(const std::vector<std::string>& whom, std::string_view why);
+  static constexpr std::chrono::seconds kFenceWaitWarn{30};
   // Before the node registers again after its lease ran out (NodeRegistration::Hooks):
   // the store fences, or drops, what it holds, and a pass and a trim follow.
   void before_rejoin(transport::Clock::duration away);
@@ -170,6 +178,10 @@ class Rebalancer {
   // retry pass sends only what is still missing.
   uint64_t delivered_gen_ = 0;
   std::unordered_set<uint64_t> delivered_;
+  // The worker's alone: since when a fenced node's trims have waited on members, and
+  // when that was last said (fence_waits).
+  std::optional<transport::Clock::time_point> fence_wait_since_;
+  transport::Clock::time_point fence_warned_at_{};
 
   std::unique_ptr<NodeRegistration> registration_;
   std::unique_ptr<MembershipWatch> watch_;

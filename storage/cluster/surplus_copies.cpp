@@ -43,6 +43,19 @@ bool Rebalancer::current(uint64_t gen) {
   return !stopping_ && generation_ == gen;
 }
 
+void Rebalancer::fence_waits(const std::vector<std::string>& whom, std::string_view why) {
+  if (!store_.fenced()) return;
+  const auto now = Clock::now();
+  if (!fence_wait_since_) {
+    fence_wait_since_ = now, fence_warned_at_ = now;
+    return;
+  }
+  if (now - fence_warned_at_ < kFenceWaitWarn) return;
+  fence_warned_at_ = now;
+  KVS_LOG_WARN("rebalance: node {} has served nothing it held for {:.0f} s: it waits on {} ({})", self_,
+               std::chrono::duration<double>(now - *fence_wait_since_).count(), fmt::join(whom, ", "), why);
+}
+
 bool Rebalancer::settle_fence(const HashRing& members, const std::vector<MigrationReport>& reports) {
   const auto late = store_.forgotten_namespaces(horizons_of(reports));
   if (late.empty()) {
@@ -105,7 +118,13 @@ Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Ta
       finished.insert(r.node);
       theirs.push_back(std::move(r));
     }
-  if (finished != want) return current(gen) ? TrimResult::again : TrimResult::cut;
+  if (finished != want) {
+    std::vector<std::string> missing;
+    for (const auto& n : want)
+      if (!finished.contains(n)) missing.push_back(n);
+    fence_waits(missing, "no report of a finished pass for this member set");
+    return current(gen) ? TrimResult::again : TrimResult::cut;
+  }
   if (want.contains(self_)) {
     // A member's report for the same addresses from before this node registered (its
     // start, or again after its lease ran out) says nothing of the removes made while
@@ -119,8 +138,7 @@ Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Ta
           r.members_revision < mine->second)
         behind.push_back(r.node);
     if (!behind.empty()) {
-      KVS_LOG_DEBUG("rebalance: node {} waits for the reports of {} for its registration at revision {}", self_,
-                    fmt::join(behind, ", "), mine->second);
+      fence_waits(behind, fmt::format("their reports are from before its registration at revision {}", mine->second));
       return current(gen) ? TrimResult::again : TrimResult::cut;
     }
     // Every member has rebalanced for a set with this node in it, and so handed it
@@ -129,6 +147,7 @@ Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Ta
     // says nothing of that: a node its cluster dropped while it ran may see that set
     // after it fenced, before it is a member again.)
     if (!settle_fence(ring, theirs)) return current(gen) ? TrimResult::again : TrimResult::cut;
+    fence_wait_since_.reset();
   }
   if (!cfg_.trim_surplus) return TrimResult::finished;  // the surplus copies stay
 

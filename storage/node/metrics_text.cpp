@@ -48,6 +48,10 @@ std::string metrics_text(const Server::Counters& c, const std::vector<Server::Na
        "Gets of objects held from before the node rejoined its cluster, answered not_found until its members had "
        "rebalanced (docs/protocol.md, Removes).",
        c.fenced_gets},
+      {"fenced", false,
+       "1 while the objects the node held before it (re)joined its cluster are not served: its members have not "
+       "all reported their passes for its return (docs/protocol.md, Removes).",
+       c.fenced},
       {"budget_peak_bytes", false, "Most memory held from the budget at once.", c.budget_peak_bytes},
       {"budget_limit_bytes", false, "The memory budget.", c.budget_limit_bytes},
       {"objects_reencrypted_total", true, "Objects rewritten under the current at-rest key.", c.objects_reencrypted},

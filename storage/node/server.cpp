@@ -153,6 +153,7 @@ class ServerImpl final : public Server {
     c.use_marks_raised = store_->marks_raised();
     c.removes_remembered = store_->removes_remembered();
     c.fenced_gets = store_->fenced_gets();
+    c.fenced = store_->fenced() ? 1 : 0;
     c.transport_peer_entries = listener_->peer_entries();
     std::lock_guard lock(keys_mu_);
     c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;

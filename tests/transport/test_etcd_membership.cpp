@@ -6,12 +6,15 @@
 // Removes across a node's absence are in test_etcd_removes.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <optional>
+#include <thread>
 #include <set>
 
 #include "tests/support/hang_guard.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "tests/transport/etcd_cluster.hpp"
+#include "tests/transport/etcd_members.hpp"
 
 namespace kvstream::test_etcd_membership {
 
@@ -349,6 +352,40 @@ TEST(MembershipWatch, ANodeThatRegisteredAgainInOneResponseIsSeenLeaving) {
   EXPECT_EQ(set.registered.at("b"), 4);
   EXPECT_EQ(set.newest(), 4);
   EXPECT_EQ(cluster::member_set({}).newest(), 0);
+}
+
+// A watch on an etcd member cut off from its cluster's majority (here the other two
+// members stopped; a partition alike) ends instead of staying open and silent: the
+// client asks etcd to require a leader, and the member cancels the watch once it has
+// none. The follower (MembershipWatch) then reads the set again from the endpoints,
+// where one that lost its leader answers "no leader" at once and the next is tried.
+// Before, the watch stayed open until its caller gave up, while a majority elsewhere
+// could change the member set unseen.
+TEST(EtcdClient, AWatchOnAMemberWithoutALeaderEndsInsteadOfStayingSilent) {
+  if (EtcdServer::program().empty()) GTEST_SKIP() << "etcd is not installed (Debian package etcd-server)";
+  test_util::EtcdMembers etcd("kvs-etcd3", 3);
+  ASSERT_TRUE(etcd.started());
+  auto c = cluster::EtcdClient::create(etcd.config({2}));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  CancelToken stop;
+  std::atomic<bool> ended{false};
+  Status st;
+  std::thread watcher([&] {
+    st = c->watch_prefix("/kvs-test/nodes/", 1, stop, [](const std::vector<cluster::EtcdEvent>&, int64_t) {});
+    ended = true;
+  });
+  etcd.kill(0);
+  etcd.kill(1);
+  for (auto until = deadline_in(20000ms); !ended && Clock::now() < until;) std::this_thread::sleep_for(20ms);
+  const bool by_itself = ended;
+  stop.cancel();  // the watch of a client that does not require a leader ends only here
+  watcher.join();
+  EXPECT_TRUE(by_itself) << "the watch on a member without a leader stayed open for 20 s";
+  EXPECT_EQ(st.code(), StatusCode::unavailable) << st.to_string();
+  // A call there is refused at once: no leader.
+  auto r = c->range_prefix("/kvs-test/nodes/", deadline_in(5000ms), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
 }
 
 TEST(EtcdClient, PrefixEndIncrementsTheLastByte) {

@@ -121,6 +121,7 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   EXPECT_EQ(sample(text, "kvstream_node_use_marks_raised_total"), 1);
   EXPECT_EQ(sample(text, "kvstream_node_removes_remembered"), 1);
   EXPECT_EQ(sample(text, "kvstream_node_fenced_gets_total"), 0) << "a node outside a cluster fences nothing";
+  EXPECT_EQ(sample(text, "kvstream_node_fenced"), 0) << "a node outside a cluster fences nothing";
   EXPECT_GE(sample(text, "kvstream_node_requests_total"), 3);
   // Both puts' bodies (the refused one is read off the wire too) and the two touches'
   // (12 bytes each: a count, a depth, a length and "ctx").

@@ -186,7 +186,9 @@ TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   auto opened = ChunkStore::open(dir.path().string(), 1 << 20, budget);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   ChunkStore& st = **opened;
+  EXPECT_FALSE(st.fenced());
   st.fence_held_at_open();
+  EXPECT_TRUE(st.fenced());
   EXPECT_EQ(st.get(a0).status().code(), StatusCode::not_found);
   EXPECT_EQ(st.get(a1).status().code(), StatusCode::not_found);
   EXPECT_EQ(st.stat("t", "ctx", /*hide_fenced=*/true).status().code(), StatusCode::not_found);
@@ -203,6 +205,7 @@ TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   EXPECT_EQ((*seen)[0].chunk, 1u);
   EXPECT_EQ((*seen)[0].level_versions, std::vector<uint64_t>{20});
   st.lift_fence();
+  EXPECT_FALSE(st.fenced());
   EXPECT_TRUE(st.get(a0).ok());
   EXPECT_TRUE(st.get(a1).ok());
   seen = st.stat("t", "ctx", true);
