@@ -82,7 +82,10 @@ demo: build
 # pipeline and transport tests already run under TSan.
 SAN_COMMON := -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DKVSTREAM_WITH_CUDA=OFF \
   -DKVSTREAM_BUILD_PERF=OFF -DKVSTREAM_UNITY_BUILD=ON
-ASAN_CONFIG := $(SAN_COMMON) \
+# The test and command-line sources (glue around the libraries, CMakeLists.txt's
+# kvstream_glue_code) are built without UBSan: the libraries keep every check, and the
+# ASan tree builds in about 150 CPU-s less.
+ASAN_CONFIG := $(SAN_COMMON) -DKVSTREAM_GLUE_CODE_FLAGS=-fno-sanitize=undefined \
   -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined"
 TSAN_CONFIG := $(SAN_COMMON) -DKVSTREAM_TEST_TIMEOUT_SCALE=4 -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" \
