@@ -95,14 +95,14 @@ Rebalancer::~Rebalancer() {
 }
 
 Rebalancer::Members Rebalancer::members_of(const MemberSet& set) const {
-  return {ring_of(set.nodes, cfg_.virtual_nodes), set.registered, set.newest()};
+  return {set, ring_of(set.nodes, cfg_.virtual_nodes)};
 }
 
 void Rebalancer::on_change(const MemberSet& members) {
   Members next = members_of(members);  // outside the lock: 1024 points a node
   std::lock_guard lock(mu_);
   // Out of the set, or in it under a new registration: either way it missed removes.
-  for (const auto& [n, revision] : target_.registered)
+  for (const auto& [n, revision] : target_.set.registered)
     if (const auto it = members.registered.find(n); it == members.registered.end() || it->second != revision)
       left_since_pass_.insert(n);
   target_ = std::move(next);
@@ -146,8 +146,8 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
 
 void Rebalancer::report(const Members& target, bool done, const Tally& t, double seconds, bool trimmed) {
   const nlohmann::json j = {{"node", self_},
-                            {"members", target.ring.nodes()},
-                            {"members_revision", target.newest},
+                            {"members", target.set.nodes},
+                            {"members_revision", target.set.newest()},
                             {"done", done},
                             {"objects_copied", t.objects_copied},
                             {"bytes_copied", t.bytes_copied},
@@ -225,7 +225,7 @@ void Rebalancer::run() {
         lock.unlock();
         const bool fenced = store_.fenced();
         lock.lock();
-        if (fenced) delay = std::min(delay, std::chrono::milliseconds(kFencePoll));
+        if (fenced) delay = std::min(delay, kFencePoll);
       }
       cv_.wait_for(lock, delay, [&] { return stopping_ || generation_ != tried_generation; });
       retry_delay = generation_ != tried_generation ? cfg_.retry_first : std::min(retry_delay * 2, cfg_.retry_max);

@@ -52,7 +52,7 @@ class Rebalancer {
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
              std::map<std::string, std::string> secrets, transport::BackendConfig backend)
       : cfg_(std::move(cfg)), self_(std::move(self)), store_(store), budget_(budget), secrets_(std::move(secrets)),
-        backend_(std::move(backend)), target_{HashRing(cfg_.virtual_nodes), {}, 0} {}
+        backend_(std::move(backend)), target_{{}, HashRing(cfg_.virtual_nodes)} {}
 
   struct Tally {
     uint64_t objects_copied = 0, bytes_copied = 0, objects_present = 0, objects_failed = 0;
@@ -72,12 +72,11 @@ class Rebalancer {
     again,      ///< an owner did not answer, no memory, or a write landed here since
     cut,        ///< a newer change (or stop)
   };
-  // A member set as the passes use it: its ring (nodes() are the members) and when
-  // each registered (MemberSet).
+  // A member set as the passes use it: the set (its nodes and when each registered)
+  // and its ring, built once per change.
   struct Members {
+    MemberSet set;
     HashRing ring;
-    std::map<std::string, int64_t> registered;
-    int64_t newest = 0;  // MemberSet::newest, which the reports carry
   };
   Members members_of(const MemberSet& set) const;
   void on_change(const MemberSet& members);

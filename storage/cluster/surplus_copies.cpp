@@ -131,14 +131,13 @@ Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Ta
     // it was out: that member's pass for the return, which hands them on, has not
     // reported yet (it is busy, or its watch is behind). A report that does not say
     // (a node from before registrations were reported) is taken as it was before.
-    const auto mine = members.registered.find(self_);
+    const auto it = members.set.registered.find(self_);
+    const int64_t mine = it == members.set.registered.end() ? 0 : it->second;
     std::vector<std::string> behind;
     for (const MigrationReport& r : theirs)
-      if (r.node != self_ && r.members_revision != 0 && mine != members.registered.end() &&
-          r.members_revision < mine->second)
-        behind.push_back(r.node);
+      if (r.node != self_ && r.members_revision != 0 && r.members_revision < mine) behind.push_back(r.node);
     if (!behind.empty()) {
-      fence_waits(behind, fmt::format("their reports are from before its registration at revision {}", mine->second));
+      fence_waits(behind, fmt::format("their reports are from before its registration at revision {}", mine));
       return current(gen) ? TrimResult::again : TrimResult::cut;
     }
     // Every member has rebalanced for a set with this node in it, and so handed it

@@ -85,19 +85,10 @@ class EtcdMembers {
 
   void spawn(size_t i) {
     const std::string name = fmt::format("m{}", i);
-    const std::string peer = fmt::format("http://127.0.0.1:{}", members_[i].peer_port), client = url(i);
-    const std::vector<std::string> args = {EtcdServer::program(),
-                                           "--name", name,
-                                           "--data-dir", (dir_ / (name + ".data")).string(),
-                                           "--listen-client-urls", client,
-                                           "--advertise-client-urls", client,
-                                           "--listen-peer-urls", peer,
-                                           "--initial-advertise-peer-urls", peer,
-                                           "--initial-cluster", initial_,
-                                           "--initial-cluster-state", "new",
-                                           "--heartbeat-interval", "100",
-                                           "--election-timeout", "500",
-                                           "--logger", "zap", "--log-outputs", (dir_ / (name + ".log")).string()};
+    auto args = etcd_member_args(EtcdServer::program(), name, dir_.path(), members_[i].client_port,
+                                 members_[i].peer_port, initial_);
+    for (const char* extra : {"--initial-cluster-state", "new", "--heartbeat-interval", "100", "--election-timeout", "500"})
+      args.emplace_back(extra);
     members_[i].pid = kvstream::testing::spawn_service(args, dir_ / (name + ".out"));
   }
 };

@@ -21,6 +21,25 @@
 
 namespace kvstream::transport::test_util {
 
+/// The command line of etcd member `name` on loopback `client_port` and `peer_port`,
+/// with its data and log under `dir`, in a new cluster of `initial_cluster`
+/// ("name=peer URL,...").
+inline std::vector<std::string> etcd_member_args(const std::string& program, const std::string& name,
+                                                 const std::filesystem::path& dir, uint16_t client_port,
+                                                 uint16_t peer_port, const std::string& initial_cluster) {
+  const std::string peer = fmt::format("http://127.0.0.1:{}", peer_port);
+  const std::string client = fmt::format("http://127.0.0.1:{}", client_port);
+  return {program,
+          "--name", name,
+          "--data-dir", (dir / (name + ".data")).string(),
+          "--listen-client-urls", client,
+          "--advertise-client-urls", client,
+          "--listen-peer-urls", peer,
+          "--initial-advertise-peer-urls", peer,
+          "--initial-cluster", initial_cluster,
+          "--logger", "zap", "--log-outputs", (dir / (name + ".log")).string()};
+}
+
 class EtcdServer {
  public:
   static std::string program() {
@@ -78,16 +97,8 @@ class EtcdServer {
     spawn();
   }
   void spawn() {
-    const std::string peer = fmt::format("http://127.0.0.1:{}", peer_port_), client = url();
-    const std::vector<std::string> args = {program(),
-                                           "--name", "t",
-                                           "--data-dir", (dir_ / "data").string(),
-                                           "--listen-client-urls", client,
-                                           "--advertise-client-urls", client,
-                                           "--listen-peer-urls", peer,
-                                           "--initial-advertise-peer-urls", peer,
-                                           "--initial-cluster", "t=" + peer,
-                                           "--logger", "zap", "--log-outputs", (dir_ / "etcd.log").string()};
+    const auto args = etcd_member_args(program(), "t", dir_.path(), port_, peer_port_,
+                                       fmt::format("t=http://127.0.0.1:{}", peer_port_));
     const pid_t pid = kvstream::testing::spawn_service(args, dir_ / "etcd.out");
     if (pid < 0) return;
     // Ready when it answers a read (a new member elects itself within about a second).

@@ -315,18 +315,9 @@ TEST_P(OfiLiveness, AConnectWhereNothingListensFailsUnavailable) {
   if (GetParam() == "shm") GTEST_SKIP() << "shm names its endpoints, not TCP listeners: such a connect waits out its deadline";
   // The port stays bound, not listening, so no other test's listener takes it
   // meanwhile (a connect there is refused all the same).
-  const int held = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(held, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET, a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(held, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::getsockname(held, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const uint16_t port = ntohs(a.sin_port);
-  struct Close {
-    int fd;
-    ~Close() { ::close(fd); }
-  } closed{held};
+  const test_util::BoundPort held;
+  const uint16_t port = held.port();
+  ASSERT_NE(port, 0);
   auto b = create_backend(probing(GetParam(), 4000ms));
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   auto c = (*b)->connect(fmt::format("127.0.0.1:{}", port), deadline_in(30s), {});
