@@ -51,6 +51,9 @@ class ClientImpl final : public Client {
     }
     return std::unique_ptr<Client>(std::move(c));
   }
+  /// owner_hint.hpp
+  [[nodiscard]] int64_t members_hint() const { return members_hint_->load(std::memory_order_relaxed); }
+
   // The waiting requests go first (failed, the reconnection stopped), then the
   // channels, under the lock, so that a request a lost connection hands back
   // meanwhile (replay, on that channel's receiver) finds no channel and a closed
@@ -269,6 +272,7 @@ class ClientImpl final : public Client {
   }
   std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
   ClientConfig cfg_;
+  MembersHint members_hint_ = std::make_shared<std::atomic<int64_t>>(0);  // owner_hint.hpp
   std::mutex channels_mu_;  // channels_, retired_
   std::vector<std::shared_ptr<Channel>> channels_;
   std::vector<std::shared_ptr<Channel>> retired_;  // lost, until their receivers return
@@ -332,7 +336,8 @@ class ClientImpl final : public Client {
     const uint64_t first_id = (hello.features & kFeatureIdWindow) ? first_request_id(hello.nonce) : 0;
     return std::make_shared<Channel>(
         std::move(conn), backend_.get(),
-        [this](Request req, Pending p, const Status& why) { replay(std::move(req), std::move(p), why); }, first_id);
+        [this](Request req, Pending p, const Status& why) { replay(std::move(req), std::move(p), why); }, first_id,
+        members_hint_);
   }
 
   // A live channel, round robin; null when none is alive. Errors: cancelled
@@ -488,6 +493,11 @@ class ClientImpl final : public Client {
 };
 
 }  // namespace
+
+int64_t members_revision_hint(const Client& client) {
+  const auto* node = dynamic_cast<const ClientImpl*>(&client);
+  return node ? node->members_hint() : 0;
+}
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,
                                                 const CancelToken& cancel) {

@@ -1,6 +1,8 @@
 // One connection of the storage node's client (client_channel.hpp).
 #include "storage/client_channel.hpp"
 
+#include <limits>
+
 #include "core/log.hpp"
 #include "transport/common/random_fill.hpp"
 
@@ -30,8 +32,8 @@ bool resendable(const Request& req) {
 }
 
 Channel::Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay,
-                 uint64_t first_id)
-    : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)), next_id_(first_id) {
+                 uint64_t first_id, MembersHint hint)
+    : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)), hint_(std::move(hint)), next_id_(first_id) {
   if (next_id_ == 0) {
     if (!transport::random_fill(&next_id_, sizeof next_id_))  // no entropy: from the clock
       next_id_ = uint64_t(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
@@ -257,6 +259,12 @@ Status Channel::land(const Response& r, size_t len) {
                        int(r.op));
   const auto body_deadline = deadline_in(30s);
   if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity, range);
+  // A node's not_found to a get names, in the checksum's place, its member set's
+  // revision where the chunk is not its own under it (0 otherwise, and from nodes
+  // before this); bounded like any etcd revision.
+  if (op == Op::get && r.code == StatusCode::not_found && hint_ && r.checksum != 0 &&
+      r.checksum <= uint64_t(std::numeric_limits<int64_t>::max()))
+    raise_members_hint(*hint_, int64_t(r.checksum));
   if (abandoned || r.code != StatusCode::ok) {
     KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
     complete(r.id, r.code == StatusCode::ok ? Status{} : make_status(r.code, "{}", r.message), {});

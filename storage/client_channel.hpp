@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "storage/owner_hint.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::storage::client_detail {
@@ -56,7 +57,10 @@ class Channel {
  public:
   /// Request ids count up from `first_id` (first_request_id, for a node that takes
   /// only its window of them), or from a random start where it is 0.
-  Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay, uint64_t first_id = 0);
+  /// `hint` (may be null) is raised by the member-set revisions the node names in its
+  /// not_found answers to gets (owner_hint.hpp).
+  Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay, uint64_t first_id = 0,
+          MembersHint hint = nullptr);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -73,6 +77,7 @@ class Channel {
   std::unique_ptr<transport::Connection> conn_;
   transport::Backend* backend_;
   Replay replay_;
+  MembersHint hint_;
   transport::CancelToken stop_;
   std::thread receiver_;
   std::mutex send_mu_, mu_;

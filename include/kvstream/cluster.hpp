@@ -78,6 +78,9 @@ struct ClusterConfig {
   /// and leave. After a change, a chunk is read from its new owners and then from
   /// its owners under the last ClusterView::kPastPlacements (3) member sets, which
   /// hold it until the nodes' rebalance has copied it (include/kvstream/membership.hpp).
+  /// A get that found its chunk nowhere, where a node it asked said it does not own
+  /// the chunk under a newer member set than the client's (its watch behind), reads
+  /// the set from etcd at once and asks the owners under it (docs/protocol.md, "Owners").
   EtcdConfig etcd;
   uint32_t replication = 2;                ///< R: distinct nodes holding each chunk (capped at the node count)
   /// Replicas that must acknowledge a put: 0 = all R (default). A put that reaches
@@ -112,7 +115,8 @@ struct ClusterConfig {
 ///    bytes in flight and asked for / throughput EWMA; unmeasured nodes first, then
 ///    ring order) and, when that replica fails (dead, refused, corrupt, stalled past
 ///    its share of the remaining time), from the next one, into the same buffer,
-///    until the deadline. not_found is final only when every live replica says so.
+///    until the deadline. not_found is final only when every live replica says so
+///    (and, with etcd, no node it asked knows a newer member set: ClusterConfig::etcd).
 ///    get_range_async the same, ranking replicas by the range's length and asking
 ///    each for the range.
 ///  * stat and list ask every node in parallel and merge; they succeed while fewer

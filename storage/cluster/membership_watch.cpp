@@ -75,7 +75,7 @@ Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd,
   KVS_ASSIGN_OR_RETURN(auto range, etcd.range_prefix(prefix, deadline, cancel));
   auto w = std::unique_ptr<MembershipWatch>(new MembershipWatch(std::move(etcd), std::move(on_change)));
   for (auto& kv : range.kvs) w->by_key_[kv.key] = {kv.value, kv.mod_revision};
-  w->revision_ = range.revision;
+  w->revision_ = w->read_revision_ = range.revision;
   w->thread_ = std::thread([p = w.get()] { p->run(); });
   return w;
 }
@@ -117,13 +117,22 @@ void MembershipWatch::run() {
       from = revision_ + 1;
     }
     Status s = etcd_.watch_prefix(prefix, from, stop_, [&](const std::vector<EtcdEvent>& events, int64_t rev) {
+      logged = false;
+      std::lock_guard steps(step_mu_);
       Registrations now;
+      int64_t read_at;
       {
         std::lock_guard lock(mu_);
-        now = by_key_;
+        now = by_key_, read_at = read_revision_;
       }
-      for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), rev);
-      logged = false;
+      // Events a catch_up read brought in already (this stream began before it) are
+      // skipped: a delete and a put of one key both before the read would otherwise
+      // be a leave and a join again.
+      std::vector<EtcdEvent> newer;
+      for (const auto& e : events)
+        if (e.kv.mod_revision > read_at) newer.push_back(e);
+      if (newer.empty()) return;
+      for (auto& step : member_steps(std::move(now), newer)) reset(std::move(step), rev);
     });
     if (stop_.cancelled()) break;
     if (!logged) {
@@ -134,16 +143,33 @@ void MembershipWatch::run() {
     for (int i = 0; i < 10 && !stop_.cancelled(); ++i) std::this_thread::sleep_for(50ms);
     auto range = etcd_.range_prefix(prefix, Clock::now() + etcd_.config().request_timeout, stop_);
     if (!range.ok()) continue;
-    Registrations fresh, now;
+    Registrations fresh;
     for (auto& kv : range->kvs) fresh[kv.key] = {kv.value, kv.mod_revision};
-    {
-      std::lock_guard lock(mu_);
-      now = by_key_;
-    }
-    // A node that registered again while the watch was down shows as out, then in.
-    const auto events = changes(now, fresh);
-    for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), range->revision);
+    apply_read(std::move(fresh), range->revision);
   }
+}
+
+void MembershipWatch::apply_read(Registrations fresh, int64_t revision) {
+  std::lock_guard steps(step_mu_);
+  Registrations now;
+  {
+    std::lock_guard lock(mu_);
+    if (revision <= revision_) return;  // the watch got there first
+    now = by_key_;
+  }
+  // A node that registered again meanwhile shows as out, then in.
+  const auto events = changes(now, fresh);
+  for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), revision);
+  std::lock_guard lock(mu_);
+  revision_ = read_revision_ = revision;  // where no step changed anything too
+}
+
+Status MembershipWatch::catch_up(transport::Deadline deadline, const transport::CancelToken& cancel) {
+  KVS_ASSIGN_OR_RETURN(auto range, etcd_.range_prefix(etcd_.config().prefix + "nodes/", deadline, cancel));
+  Registrations fresh;
+  for (auto& kv : range.kvs) fresh[kv.key] = {kv.value, kv.mod_revision};
+  apply_read(std::move(fresh), range.revision);
+  return {};
 }
 
 }  // namespace kvstream::cluster

@@ -65,20 +65,34 @@ class MembershipWatch {
   ~MembershipWatch();
 
   [[nodiscard]] MemberSet members() const;
+  /// The etcd revision the set is current as of.
   [[nodiscard]] int64_t revision() const;
+
+  /// Reads the set now instead of waiting for the watch (which may be behind: a slow
+  /// or frozen etcd member), and reports it as the watch would when it is newer than
+  /// what the watch brought; the watch then skips the events the read covered.
+  /// Errors: those of the read (the set stays as it was).
+  Status catch_up(transport::Deadline deadline, const transport::CancelToken& cancel = {});
 
  private:
   MembershipWatch(EtcdClient etcd, OnChange on_change) : etcd_(std::move(etcd)), on_change_(std::move(on_change)) {}
   void run();
   // Replaces the whole set; reports it when it differs.
   void reset(Registrations by_key, int64_t revision);
+  // Brings the set to a fresh read of it (at `revision`) when that is newer, as
+  // member_steps of what changed between them.
+  void apply_read(Registrations fresh, int64_t revision);
 
   EtcdClient etcd_;
   OnChange on_change_;
   transport::CancelToken stop_;
+  // Held while the set moves and the change is reported (the watch's thread and
+  // catch_up): reports arrive one at a time, in the order of their revisions.
+  std::mutex step_mu_;
   mutable std::mutex mu_;
   Registrations by_key_;
   int64_t revision_ = 0;
+  int64_t read_revision_ = 0;  // of the last read of the whole set (a stream's older events skipped)
   std::thread thread_;
 };
 

@@ -144,6 +144,17 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
   else if (strays_.emplace(key.ns, key.ctx).second && strays_.size() == 1) cv_.notify_all();
 }
 
+int64_t Rebalancer::not_owner_revision(const storage::ObjectKey& key) {
+  const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
+  {
+    std::lock_guard lock(mu_);
+    if (target_.ring.size() == 0) return 0;
+    const auto owners = target_.ring.replicas(chunk_key, cfg_.replication);
+    if (std::find(owners.begin(), owners.end(), self_) != owners.end()) return 0;
+  }
+  return watch_->revision();  // at or past the set just read: the watch moves it first
+}
+
 void Rebalancer::report(const Members& target, bool done, const Tally& t, double seconds, bool trimmed) {
   const nlohmann::json j = {{"node", self_},
                             {"members", target.set.nodes},

@@ -48,6 +48,13 @@ class Rebalancer {
   /// Cheap; called on the node's request threads.
   void on_write(const storage::ObjectKey& key);
 
+  /// For a get of `key` this node did not hold: the etcd revision of its member set
+  /// when it does not own the chunk under that set (a client asked it from an older
+  /// set, or from a past placement), else 0. The node's not_found carries it, so a
+  /// client whose set is older reads the set again and asks the chunk's owners
+  /// (docs/protocol.md, "Owners"). Cheap; called on the node's request threads.
+  [[nodiscard]] int64_t not_owner_revision(const storage::ObjectKey& key);
+
  private:
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
              std::map<std::string, std::string> secrets, transport::BackendConfig backend)

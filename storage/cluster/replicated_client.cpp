@@ -11,8 +11,10 @@
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
 #include "storage/cluster/cluster_view.hpp"
+#include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_links.hpp"
+#include "storage/owner_hint.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::cluster {
@@ -52,6 +54,7 @@ struct GetOp {
   std::shared_ptr<const ClusterView> view;
   std::string key;
   bool asked_past = false;
+  bool asked_again = false;  // once, after the member set moved (ReplicatedClient::ask_again)
   std::string errors;  // "node: error; ..." of the attempts that failed
   Status last_error;
   bool only_not_found = true;
@@ -65,6 +68,9 @@ bool final_error(StatusCode c) {
 class ReplicatedClient final : public storage::Client {
  public:
   ~ReplicatedClient() override {
+    // The gets waiting on a read of the member set end (cancelled); one that misses
+    // from here on ends not_found. The object stays until no get can reach it.
+    if (catch_up_) catch_up_->stop();
     links_.stop();   // ends the connects in progress and the background reconnects
     watch_.reset();  // no membership change from here on
     links_.close(all_nodes_);
@@ -91,6 +97,11 @@ class ReplicatedClient final : public storage::Client {
                                             [p = c.get()](const MemberSet& m) { p->apply(m.nodes); },
                                             deadline, cancel));
         cfg.nodes = c->watch_->members().nodes;
+        c->catch_up_ = std::make_unique<MemberCatchUp>(
+            [w = c->watch_.get()](Deadline d, const CancelToken& t) { return w->catch_up(d, t); },
+            [w = c->watch_.get()] { return w->revision(); },
+            // each endpoint in turn may take its request timeout (a frozen member)
+            cfg.etcd.request_timeout * std::max<size_t>(1, cfg.etcd.endpoints.size()), kCatchUpSpacing);
         if (cfg.nodes.empty())
           return make_status(StatusCode::unavailable,
                              "cluster: no storage node is registered in etcd under '{}nodes/'", cfg.etcd.prefix);
@@ -355,6 +366,10 @@ class ReplicatedClient final : public storage::Client {
   mutable std::mutex view_mu_;
   std::shared_ptr<const ClusterView> view_;
   std::unique_ptr<MembershipWatch> watch_;  // etcd membership; null for a static list
+  // Reads of the set for gets a node told it moved (catch_up); with etcd only. Set
+  // before the first get, stopped first by the destructor and freed last.
+  static constexpr auto kCatchUpSpacing = std::chrono::milliseconds(200);
+  std::unique_ptr<MemberCatchUp> catch_up_;
   NodeLinks links_{cfg_, backend_, [this] { return view()->now->nodes; }};
 
   std::shared_ptr<const ClusterView> view() const {
@@ -464,9 +479,10 @@ class ReplicatedClient final : public storage::Client {
         continue;
       }
       if (op->next >= op->order.size()) {
-        if (op->only_not_found)
-          return finish(op, make_status(StatusCode::not_found, "chunk {} level {} of '{}' is on none of its {} replicas",
-                                        op->chunk, op->level, op->context, op->order.size()));
+        if (op->only_not_found) {
+          if (catch_up(op)) return;
+          return finish(op, nowhere(*op));
+        }
         return finish(op, Status(op->last_error.code(),
                                  fmt::format("chunk {} level {} of '{}': every replica failed: {}", op->chunk,
                                              op->level, op->context, op->errors)));
@@ -494,6 +510,43 @@ class ReplicatedClient final : public storage::Client {
                      op->cancel, std::move(then));
       return;
     }
+  }
+
+  static Status nowhere(const GetOp& op) {
+    return make_status(StatusCode::not_found, "chunk {} level {} of '{}' is on none of its {} replicas", op.chunk,
+                       op.level, op.context, op.order.size());
+  }
+
+  // A get that found its chunk nowhere may have asked from a member set older than
+  // the nodes': the set moved since it began (asked again under the new one), or a
+  // node it asked said it does not own the chunk under a newer set than this
+  // client's (owner_hint.hpp: the watch is behind; the set is read from etcd, and the
+  // get asked again under it if it moved). Once per get. False: the get ends here.
+  bool catch_up(const std::shared_ptr<GetOp>& op) {
+    if (!catch_up_ || op->asked_again) return false;
+    if (view() != op->view) {
+      ask_again(op);
+      return true;
+    }
+    int64_t told = 0;
+    for (Node* n : op->order)
+      if (auto c = links_.client_of(*n)) told = std::max(told, storage::members_revision_hint(*c));
+    op->asked_again = true;
+    return catch_up_->request(told, [this, op](const Status& read) {
+      if (read.code() == StatusCode::cancelled) return finish(op, read);
+      if (!read.ok() || view() == op->view || Clock::now() >= op->deadline) return finish(op, nowhere(*op));
+      ask_again(op);
+    });
+  }
+
+  // The get from the start, under the member set now.
+  void ask_again(const std::shared_ptr<GetOp>& op) {
+    op->asked_again = true;
+    op->view = view();
+    op->order = rank(op->view->now->replicas(op->key, op->view->replication), op->capacity);
+    op->next = 0;
+    op->asked_past = false;
+    attempt(op);
   }
 
   // A node without a connection was said to be down once, where that was found

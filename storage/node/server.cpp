@@ -536,14 +536,24 @@ class ServerImpl final : public Server {
   Status send_get(Connection& c, const ObjectKey& key, const Request& req, Response& r, const CancelToken& cancel) {
     const auto deadline = deadline_in(cfg_.idle_timeout);
     // An answer without a body (the request's framing is intact: the connection stays).
-    auto refuse = [&](const Status& s) {
+    // (`hint`: a not_found's member set revision, below.)
+    auto refuse = [&](const Status& s, int64_t hint = 0) {
       ++errors_;
       r.code = s.code(), r.message = s.message();
-      r.checksum = 0, r.total = 0;
+      r.checksum = uint64_t(hint), r.total = 0;
       return reply(c, r, deadline, cancel);
     };
     auto found = store_->get(key);
-    if (!found.ok()) return refuse(found.status());
+    if (!found.ok()) {
+      // A not_found says, in the checksum's place, the revision of this node's member
+      // set when the chunk is not this node's under it (docs/protocol.md, "Owners").
+      int64_t hint = 0;
+      if (found.status().code() == StatusCode::not_found) {
+        std::lock_guard lock(writes_mu_);
+        if (write_watch_) hint = write_watch_->not_owner_revision(key);
+      }
+      return refuse(found.status(), hint);
+    }
     cache_hits_ += found->cache_hit;
     uint64_t begin = 0, length = found->size;  // the whole object unless a range is asked for
     if (req.range_length != 0) {

@@ -59,6 +59,14 @@ class EtcdMembers {
     ::waitpid(m.pid, nullptr, 0);
     m.pid = -1;
   }
+  /// Freezes member `i` where it is (SIGSTOP: its connections stay open and silent,
+  /// as on a member stuck on its disk), and lets it go on (SIGCONT).
+  void pause(size_t i) {
+    if (members_.at(i).pid > 0) ::kill(members_[i].pid, SIGSTOP);
+  }
+  void resume(size_t i) {
+    if (members_.at(i).pid > 0) ::kill(members_[i].pid, SIGCONT);
+  }
   /// Starts member `i` again on its ports and data.
   void restart(size_t i) {
     kill(i);
