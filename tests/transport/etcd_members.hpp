@@ -25,8 +25,10 @@ namespace kvstream::transport::test_util {
 
 class EtcdMembers {
  public:
-  /// Starts `n` members and waits until they answer a read (a majority is up and has
-  /// elected a leader); started() says whether they did.
+  /// Starts `n` members and waits until each of them answers a read; started() says
+  /// whether they did. (Two answer once they have a leader; a third may still be
+  /// joining then, and a member that has not published itself to the cluster accepts
+  /// connections but answers nothing, so one left alone before that stays silent.)
   EtcdMembers(const std::string& tag, int n) : dir_(tag), members_(size_t(n)) {
     std::string initial;
     for (size_t i = 0; i < members_.size(); ++i) {
@@ -36,10 +38,12 @@ class EtcdMembers {
     }
     initial_ = initial;
     for (size_t i = 0; i < members_.size(); ++i) spawn(i);
-    for (int t = 0; t < 100 && !ready_; ++t) {
-      ready_ = cluster::current_members(config({0}), deadline_in(std::chrono::milliseconds(500))).ok();
-      if (!ready_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    size_t answered = 0;
+    for (int t = 0; t < 100 && answered < members_.size(); ++t) {
+      if (cluster::current_members(config({answered}), deadline_in(std::chrono::milliseconds(500))).ok()) ++answered;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    ready_ = answered == members_.size();
   }
   ~EtcdMembers() {
     for (size_t i = 0; i < members_.size(); ++i) kill(i);
