@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "storage/client_channel.hpp"
 #include "storage/client_redial.hpp"
+#include "storage/node_features.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::storage {
@@ -53,6 +54,8 @@ class ClientImpl final : public Client {
   }
   /// owner_hint.hpp
   [[nodiscard]] int64_t members_hint() const { return members_hint_->load(std::memory_order_relaxed); }
+  /// node_features.hpp
+  [[nodiscard]] uint64_t features() const { return features_.load(std::memory_order_relaxed); }
 
   // The waiting requests go first (failed, the reconnection stopped), then the
   // channels, under the lock, so that a request a lost connection hands back
@@ -497,6 +500,11 @@ class ClientImpl final : public Client {
 int64_t members_revision_hint(const Client& client) {
   const auto* node = dynamic_cast<const ClientImpl*>(&client);
   return node ? node->members_hint() : 0;
+}
+
+uint64_t node_features(const Client& client) {
+  const auto* node = dynamic_cast<const ClientImpl*>(&client);
+  return node ? node->features() : 0;
 }
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,

@@ -42,6 +42,10 @@ inline constexpr uint64_t kFeatureRemoveUpTo = 4;
 inline constexpr uint64_t kFeatureIdWindow = 8;
 /// The node takes batches of removes (a remove with kRemoveBatch).
 inline constexpr uint64_t kFeatureRemoveBatch = 16;
+/// The node's list and usage name only what it serves: objects behind its fence
+/// (held from before it rejoined) are left out, as from get and stat, and a context
+/// with nothing else is not named (nodes before it named them).
+inline constexpr uint64_t kFeatureServedOnly = 32;
 /// Request flags (the u16 after the op; clients from before flags send 0 there, and
 /// nodes from before them ignore it). Only a stat (kStatVersions, to a node that
 /// declares kFeatureVersions) or a remove (kRemoveUpTo, kFeatureRemoveUpTo) may

@@ -11,6 +11,7 @@
 #include "kvstream/cluster.hpp"
 #include "storage/cluster/peer_clients.hpp"
 #include "storage/cluster/rebalancer.hpp"
+#include "storage/node_features.hpp"
 
 namespace kvstream::cluster {
 
@@ -63,7 +64,32 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
     return true;
   }
   enum class Held { elsewhere, nowhere, unsure };
+  const auto began = Clock::now();
+  uint64_t listings_read = 0, stats_asked = 0;  // for the log line below
   PeerClients peers(self_, backend_, secrets_, stop_);
+  // A listing of a namespace is pages of 4096 contexts: a bound for the whole of it.
+  constexpr auto kListingTimeout = std::chrono::seconds(60);
+  // What each other member serves of a namespace, asked once: the contexts of its
+  // usage listing, where it lists only what it serves (kFeatureServedOnly). Where it
+  // does not (a node from before that), or its listing failed, each context is asked
+  // with a stat (which leaves its fenced objects out), one request each.
+  struct Listing {
+    bool asked = false, answered = false;
+    std::set<std::string> contexts;
+  };
+  std::map<std::pair<std::string, std::string>, Listing> listings;  // (namespace, node)
+  const auto listing = [&](const std::string& ns, const std::string& node, storage::Client& c) -> const Listing& {
+    Listing& l = listings[{ns, node}];
+    if (l.asked) return l;
+    l.asked = true;
+    if (!(storage::node_features(c) & storage::kFeatureServedOnly)) return l;
+    auto u = c.usage("", Clock::now() + kListingTimeout, stop_);
+    ++listings_read;
+    if (!u.ok()) return l;
+    for (auto& cu : *u) l.contexts.insert(std::move(cu.context));
+    l.answered = true;
+    return l;
+  };
   // Whether another member holds any of `ctx` (a member that cannot be asked leaves
   // it unsure).
   const auto held = [&](const std::string& ns, const std::string& ctx) {
@@ -71,6 +97,13 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
     for (const auto& node : members.nodes()) {
       if (node == self_) continue;
       storage::Client* c = peers.get(ns, node);
+      if (c) {
+        if (const Listing& l = listing(ns, node, *c); l.answered) {
+          if (l.contexts.contains(ctx)) return Held::elsewhere;
+          continue;
+        }
+      }
+      stats_asked += c != nullptr;
       auto r = c ? c->stat(ctx, Clock::now() + cfg_.etcd.request_timeout, stop_)
                  : Result<std::vector<storage::ChunkStat>>(Status(StatusCode::unavailable, "unreachable"));
       if (r.ok() && !r->empty()) return Held::elsewhere;
@@ -96,8 +129,9 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
   }
   KVS_LOG_WARN("rebalance: node {}: a member may have forgotten removes made since it was last a member (of {} "
                "namespaces): dropped the {} objects it held of contexts no other member holds; {} contexts the "
-               "others hold stay",
-               self_, late.size(), dropped, kept);
+               "others hold stay (asked in {:.2f} s: {} listings, {} stats)",
+               self_, late.size(), dropped, kept, std::chrono::duration<double>(Clock::now() - began).count(),
+               listings_read, stats_asked);
   store_.lift_fence();
   return true;
 }

@@ -594,12 +594,20 @@ Result<uint64_t> ChunkStore::remove_object(const ObjectKey& k, uint64_t max_vers
   return size;
 }
 
-std::vector<std::string> ChunkStore::list(const std::string& ns) {
+std::vector<std::string> ChunkStore::list(const std::string& ns, bool hide_fenced) {
   std::lock_guard lock(mu_);
   std::vector<std::string> out;
   if (auto n = index_.find(ns); n != index_.end())
-    for (const auto& [ctx, c] : n->second) out.push_back(ctx);
+    for (const auto& [ctx, c] : n->second)
+      if (!hide_fenced || served_locked(c)) out.push_back(ctx);
   return out;
+}
+
+bool ChunkStore::served_locked(const Context& c) const {
+  for (const auto& [chunk, levels] : c.chunks)
+    for (const Entry& e : levels)
+      if (e.generation != 0 && !fenced_locked(e)) return true;
+  return false;
 }
 
 void ChunkStore::set_keys(std::shared_ptr<const security::KeyRing> keys) {

@@ -301,7 +301,9 @@ class ChunkStore {
   /// freed. Errors: not_found, already_exists (a newer write is stored: nothing
   /// changed), io_error.
   Result<uint64_t> remove_object(const ObjectKey& key, uint64_t max_version);
-  std::vector<std::string> list(const std::string& ns);
+  /// The contexts of `ns`; with `hide_fenced` (what a client is answered) only those
+  /// with an object not behind the fence.
+  std::vector<std::string> list(const std::string& ns, bool hide_fenced = false);
 
   /// Raises the use mark of each of `touches` stored in `ns` to `stamp` (a context
   /// keeps the highest stamp it was given, with the depth given with it; an equal
@@ -318,6 +320,7 @@ class ChunkStore {
   /// `after`, by name, each with its payload bytes, chunks, newest write version and use
   /// mark; fewer once their wire form (encode_usage) passes `max_bytes` (at least one,
   /// when there is one), so a page of contexts with many chunks stays a bounded reply.
+  /// Objects behind the fence are left out (as from list, get and stat).
   [[nodiscard]] std::vector<ContextUsage> usage(const std::string& ns, const std::string& prefix,
                                                 const std::string& after, uint32_t limit,
                                                 uint64_t max_bytes = kMaxUsageBodyBytes) const;
@@ -348,6 +351,8 @@ class ChunkStore {
     UseMark use;                                    // the highest touch (also in <context dir>/use)
   };
   using Lru = std::list<std::pair<std::string, Bytes>>;
+  // Whether `c` has an object that is served (committed, not behind the fence).
+  [[nodiscard]] bool served_locked(const Context& c) const;
 
   std::string dir_, tmp_dir_, quarantine_dir_;
   uint64_t cache_limit_ = 0;

@@ -58,12 +58,13 @@ std::vector<ContextUsage> ChunkStore::usage(const std::string& ns, const std::st
   for (; it != contexts.end() && out.size() < limit && (out.empty() || bytes < max_bytes); ++it) {
     const auto& [name, ctx] = *it;
     if (!name.starts_with(prefix)) break;
+    if (!served_locked(ctx)) continue;  // behind the fence: as if not here (kFeatureServedOnly)
     ContextUsage u;
     u.context = name;
     for (const auto& [chunk, levels] : ctx.chunks) {
       bool present = false;
       for (const Entry& e : levels) {
-        if (e.generation == 0) continue;
+        if (e.generation == 0 || fenced_locked(e)) continue;
         present = true;
         u.bytes += e.size;
         u.written = std::max(u.written, e.version);

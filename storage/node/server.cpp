@@ -265,7 +265,8 @@ class ServerImpl final : public Server {
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
-    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow | kFeatureRemoveBatch;
+    hello.features =
+        kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow | kFeatureRemoveBatch | kFeatureServedOnly;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -448,7 +449,7 @@ class ServerImpl final : public Server {
           fail(s);
         break;
       case Op::list:
-        small = encode_names(store_->list(ns));
+        small = encode_names(store_->list(ns, /*hide_fenced=*/true));
         break;
       case Op::touch: {
         Status outcome;

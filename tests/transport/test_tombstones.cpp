@@ -195,6 +195,12 @@ TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   EXPECT_EQ(st.stat("t", "ctx")->size(), 2u) << "the node's own look sees all";
   EXPECT_TRUE(st.read_stored(a0).ok());
   EXPECT_EQ(st.fenced_gets(), 2u);
+  // Nor does a client's list or usage name it (kFeatureServedOnly: a returning
+  // member's look at what the others serve reads these).
+  const auto usage = [&] { return st.usage("t", "", "", 100, 1 << 20); };
+  EXPECT_TRUE(st.list("t", /*hide_fenced=*/true).empty());
+  EXPECT_EQ(st.list("t"), std::vector<std::string>{"ctx"}) << "the node's own look sees all";
+  EXPECT_TRUE(usage().empty());
   // A write after the fence is served; the rest of the context stays behind it.
   ASSERT_TRUE(st.put(b0, pattern(100, 4), 20).ok());
   auto got = st.get(b0);
@@ -204,7 +210,17 @@ TEST(Tombstones, WhatAReturningNodeHeldWaitsBehindTheFence) {
   ASSERT_EQ(seen->size(), 1u);
   EXPECT_EQ((*seen)[0].chunk, 1u);
   EXPECT_EQ((*seen)[0].level_versions, std::vector<uint64_t>{20});
+  EXPECT_EQ(st.list("t", true), std::vector<std::string>{"ctx"});
+  auto listed = usage();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].bytes, 100u) << "the write since the fence alone";
+  EXPECT_EQ(listed[0].chunks, std::vector<uint32_t>{1});
+  EXPECT_EQ(listed[0].written, 20u);
   st.lift_fence();
+  listed = usage();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].bytes, 200u);
+  EXPECT_EQ(listed[0].chunks, (std::vector<uint32_t>{0, 1}));
   EXPECT_FALSE(st.fenced());
   EXPECT_TRUE(st.get(a0).ok());
   EXPECT_TRUE(st.get(a1).ok());
