@@ -428,7 +428,9 @@ class Client {
   /// removes before the failing one are done.
   virtual Status remove_many(std::span<const ContextRemove> removes, transport::Deadline deadline,
                              const transport::CancelToken& cancel = {});
-  /// Contexts of the namespace.
+  /// Contexts of the namespace. A storage node names only those it serves (not what
+  /// it holds behind its fence after a return to its cluster; nodes from before
+  /// 2026-12-06 named those too); usage() likewise.
   virtual Result<std::vector<std::string>> list(transport::Deadline deadline,
                                                 const transport::CancelToken& cancel = {}) = 0;
 
