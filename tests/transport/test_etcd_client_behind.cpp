@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include "storage/owner_hint.hpp"
 #include "tests/support/node_process.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/transport/etcd_cluster.hpp"
@@ -72,6 +73,22 @@ TEST(EtcdClientBehind, AGetFindsAChunkThatMovedToANodeItHasNotSeenAndLeftItsOldO
   // And later reads of those go to the new owner straight away: the set is current.
   EXPECT_EQ(read_all(**client, kChunks, kBytes), int(kChunks));
   etcd.resume(0);
+
+  // What the nodes say with a not_found: the chunk's owner names no member set (a
+  // chunk stored nowhere costs a client no read of etcd), any other node its set's
+  // revision.
+  const uint32_t absent = kChunks + 7;
+  const std::string owner = owners({a, b, c}, absent).front();  // R = 1: the first on the ring
+  std::vector<std::byte> buf(kBytes);
+  for (const auto& n : {a, b, c}) {
+    auto node = direct(n);
+    ASSERT_TRUE(node);
+    auto region = node->register_memory(buf.data(), buf.size());
+    ASSERT_TRUE(region.ok());
+    EXPECT_EQ(node->get(kCtx, absent, 0, *region, 0, buf.size(), deadline_in(5000ms)).status().code(),
+              StatusCode::not_found);
+    EXPECT_EQ(storage::members_revision_hint(*node) > 0, n != owner) << n << (n == owner ? " (the owner)" : "");
+  }
 }
 
 }  // namespace kvstream::test_etcd_client_behind
