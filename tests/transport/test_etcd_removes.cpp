@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "tests/transport/etcd_cluster.hpp"
+#include "tests/transport/free_port.hpp"
+#include "tests/transport/metrics_scrape.hpp"
 
 namespace kvstream::test_etcd_removes {
 
@@ -352,9 +354,18 @@ TEST_F(EtcdMembership, ANodeBackBeforeTheMembersPassesServesNothingItHeldOnTheir
   EtcdCluster cl;
   ASSERT_TRUE(cl.etcd.started());
   const std::vector<std::string> slow = {"--rebalance-settle-ms", "4000"};
-  const std::vector<std::string> three = {cl.start_node(0, slow), cl.start_node(0, slow), cl.start_node()};
+  // The node that bounces serves /metrics: its fence gauge is read along the way.
+  const std::string metrics = "127.0.0.1:" + std::to_string(kvstream::transport::test_util::free_port());
+  const std::vector<std::string> three = {cl.start_node(0, slow), cl.start_node(0, slow),
+                                          cl.start_node(0, {"--metrics", metrics})};
   for (const auto& n : three) ASSERT_FALSE(n.empty());
+  const auto fenced = [&] {
+    namespace tu = kvstream::transport::test_util;
+    return tu::sample(tu::http_exchange(metrics, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+                      "kvstream_node_fenced");
+  };
   ASSERT_FALSE(wait_settled(cl.etcd.config(), three, deadline_in(60000ms), /*trimmed=*/true).empty());
+  EXPECT_EQ(fenced(), 0) << "a member that has not been away serves what it holds";
   std::unique_ptr<storage::Client> client;
   std::map<uint32_t, uint64_t> held;
   bounce_while_removed(cl, three, kChunks, kBytes, client, held);
@@ -363,10 +374,11 @@ TEST_F(EtcdMembership, ANodeBackBeforeTheMembersPassesServesNothingItHeldOnTheir
   ASSERT_TRUE(registered(cl.etcd.config(), away, deadline_in(20000ms))) << "the node did not register again";
   // From its return until a member's pass has handed it the remove, the most of the
   // removed context's chunks it served at one look.
-  int served = 0;
+  int served = 0, looks_fenced = 0, looks = 0;
   uint64_t handed_on = 0;
   for (auto until = deadline_in(30000ms); handed_on == 0 && Clock::now() < until;) {
     int now = 0;
+    ++looks, looks_fenced += fenced() == 1;
     for (const auto& [c, bytes] : held) now += !read_direct(away, c, kBytes).empty();
     served = std::max(served, now);
     auto reports = cluster::migration_reports(cl.etcd.config(), deadline_in(2000ms));
@@ -376,12 +388,14 @@ TEST_F(EtcdMembership, ANodeBackBeforeTheMembersPassesServesNothingItHeldOnTheir
   }
   ASSERT_GE(handed_on, 1u) << "no member handed the remove to the node that bounced";
   EXPECT_EQ(served, 0) << "of " << held.size() << " chunks of the removed context it held";
+  EXPECT_EQ(looks_fenced, looks) << "its fence gauge said 1 while it served nothing it held";
   ASSERT_TRUE(serves_kept_again(away)) << "the node that bounced never served what it held again";
+  EXPECT_EQ(fenced(), 0) << "the gauge after the fence lifted";
   uint64_t again = 0;
   settled_with_kctx_removed(cl, *client, three, kChunks, kBytes, again);
   std::printf("late passes: %zu copies on the node that bounced, %d served before the members handed it the "
-              "remove\n",
-              held.size(), served);
+              "remove; its fence gauge 1 at %d of %d looks\n",
+              held.size(), served, looks_fenced, looks);
 }
 
 }  // namespace

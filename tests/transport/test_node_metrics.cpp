@@ -24,6 +24,7 @@
 #include "tests/support/node_process.hpp"
 #include "tests/transport/tls_test_util.hpp"
 #include "tests/transport/free_port.hpp"
+#include "tests/transport/metrics_scrape.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 
@@ -34,31 +35,12 @@ using namespace kvstream::transport;
 using namespace std::chrono_literals;
 using transport::test_util::pattern;
 namespace node_util = kvstream::storage::node_test_util;
+using kvstream::transport::test_util::http_exchange;
+using kvstream::transport::test_util::sample;
 
 namespace {
 
 const std::string kSecretA = "0123456789abcdef-tenant-a", kSecretB = "0123456789abcdef-tenant-b";
-
-// A TCP connection to "127.0.0.1:port" that sends `request` and reads until the
-// peer closes (10 s at most). Empty when it could not connect.
-std::string http_exchange(const std::string& address, const std::string& request) {
-  const uint16_t port = uint16_t(std::stoi(address.substr(address.rfind(':') + 1)));
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET, sa.sin_port = htons(port), sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return ::close(fd), std::string();
-  (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string got;
-  char buf[4096];
-  pollfd p{fd, POLLIN, 0};
-  while (::poll(&p, 1, 10000) > 0) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, size_t(n));
-  }
-  ::close(fd);
-  return got;
-}
 
 // http_exchange over TLS 1.3, trusting `ca_file` and checking the certificate names
 // 127.0.0.1. Empty when the connection or the handshake failed.
@@ -85,13 +67,6 @@ std::string https_exchange(const std::string& address, const std::string& reques
   ssl.reset();
   ::close(fd);
   return got;
-}
-
-// The value of the sample `name` (with its labels, as written) in a metrics text; -1 if absent.
-double sample(const std::string& text, const std::string& name) {
-  const std::string at = "\n" + name + " ";
-  const size_t i = text.find(at);
-  return i == std::string::npos ? -1 : std::stod(text.substr(i + at.size()));
 }
 
 class NodeMetrics : public ::testing::Test {
