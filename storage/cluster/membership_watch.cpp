@@ -26,6 +26,15 @@ std::vector<EtcdEvent> changes(const Registrations& before, const Registrations&
   return out;
 }
 
+// The registrations a read of the set returned.
+Registrations registrations_of(const EtcdClient::Range& range) {
+  Registrations out;
+  for (const auto& kv : range.kvs) out[kv.key] = {kv.value, kv.mod_revision};
+  return out;
+}
+
+std::string nodes_prefix(const EtcdClient& etcd) { return etcd.config().prefix + "nodes/"; }
+
 }  // namespace
 
 int64_t MemberSet::newest() const {
@@ -71,10 +80,9 @@ std::vector<Registrations> member_steps(Registrations by_key, const std::vector<
 Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd, OnChange on_change,
                                                                 transport::Deadline deadline,
                                                                 const transport::CancelToken& cancel) {
-  const std::string prefix = etcd.config().prefix + "nodes/";
-  KVS_ASSIGN_OR_RETURN(auto range, etcd.range_prefix(prefix, deadline, cancel));
+  KVS_ASSIGN_OR_RETURN(auto range, etcd.range_prefix(nodes_prefix(etcd), deadline, cancel));
   auto w = std::unique_ptr<MembershipWatch>(new MembershipWatch(std::move(etcd), std::move(on_change)));
-  for (auto& kv : range.kvs) w->by_key_[kv.key] = {kv.value, kv.mod_revision};
+  w->by_key_ = registrations_of(range);
   w->revision_ = w->read_revision_ = range.revision;
   w->thread_ = std::thread([p = w.get()] { p->run(); });
   return w;
@@ -108,7 +116,7 @@ void MembershipWatch::reset(Registrations by_key, int64_t revision) {
 }
 
 void MembershipWatch::run() {
-  const std::string prefix = etcd_.config().prefix + "nodes/";
+  const std::string prefix = nodes_prefix(etcd_);
   bool logged = false;  // one warning per outage
   while (!stop_.cancelled()) {
     int64_t from;
@@ -141,20 +149,19 @@ void MembershipWatch::run() {
     }
     // Read the whole set again (what changed while the watch was down), then resume.
     for (int i = 0; i < 10 && !stop_.cancelled(); ++i) std::this_thread::sleep_for(50ms);
-    auto range = etcd_.range_prefix(prefix, Clock::now() + etcd_.config().request_timeout, stop_);
-    if (!range.ok()) continue;
-    Registrations fresh;
-    for (auto& kv : range->kvs) fresh[kv.key] = {kv.value, kv.mod_revision};
-    apply_read(std::move(fresh), range->revision);
+    (void)catch_up(Clock::now() + etcd_.config().request_timeout, stop_);  // failed: again after the pause
   }
 }
 
-void MembershipWatch::apply_read(Registrations fresh, int64_t revision) {
+Status MembershipWatch::catch_up(transport::Deadline deadline, const transport::CancelToken& cancel) {
+  KVS_ASSIGN_OR_RETURN(auto range, etcd_.range_prefix(nodes_prefix(etcd_), deadline, cancel));
+  const Registrations fresh = registrations_of(range);
+  const int64_t revision = range.revision;
   std::lock_guard steps(step_mu_);
   Registrations now;
   {
     std::lock_guard lock(mu_);
-    if (revision <= revision_) return;  // the watch got there first
+    if (revision <= revision_) return {};  // the watch got there first
     now = by_key_;
   }
   // A node that registered again meanwhile shows as out, then in.
@@ -162,13 +169,6 @@ void MembershipWatch::apply_read(Registrations fresh, int64_t revision) {
   for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), revision);
   std::lock_guard lock(mu_);
   revision_ = read_revision_ = revision;  // where no step changed anything too
-}
-
-Status MembershipWatch::catch_up(transport::Deadline deadline, const transport::CancelToken& cancel) {
-  KVS_ASSIGN_OR_RETURN(auto range, etcd_.range_prefix(etcd_.config().prefix + "nodes/", deadline, cancel));
-  Registrations fresh;
-  for (auto& kv : range.kvs) fresh[kv.key] = {kv.value, kv.mod_revision};
-  apply_read(std::move(fresh), range.revision);
   return {};
 }
 

@@ -69,8 +69,9 @@ class MembershipWatch {
   [[nodiscard]] int64_t revision() const;
 
   /// Reads the set now instead of waiting for the watch (which may be behind: a slow
-  /// or frozen etcd member), and reports it as the watch would when it is newer than
-  /// what the watch brought; the watch then skips the events the read covered.
+  /// or frozen etcd member; the watch's thread does so too after its stream broke),
+  /// and reports it as the watch would when it is newer than what the watch brought,
+  /// as member_steps of what changed; the stream then skips the events it covered.
   /// Errors: those of the read (the set stays as it was).
   Status catch_up(transport::Deadline deadline, const transport::CancelToken& cancel = {});
 
@@ -79,9 +80,6 @@ class MembershipWatch {
   void run();
   // Replaces the whole set; reports it when it differs.
   void reset(Registrations by_key, int64_t revision);
-  // Brings the set to a fresh read of it (at `revision`) when that is newer, as
-  // member_steps of what changed between them.
-  void apply_read(Registrations fresh, int64_t revision);
 
   EtcdClient etcd_;
   OnChange on_change_;

@@ -133,13 +133,17 @@ void Rebalancer::before_rejoin(Clock::duration away) {
   changed_locked();
 }
 
+bool Rebalancer::owned_locked(const std::string& chunk_key) const {
+  if (target_.ring.size() == 0) return true;  // not started yet: nothing to say
+  const auto owners = target_.ring.replicas(chunk_key, cfg_.replication);
+  return std::find(owners.begin(), owners.end(), self_) != owners.end();
+}
+
 void Rebalancer::on_write(const storage::ObjectKey& key) {
   if (!cfg_.trim_surplus) return;
   const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
   std::lock_guard lock(mu_);
-  if (target_.ring.size() == 0) return;  // not started yet
-  const auto owners = target_.ring.replicas(chunk_key, cfg_.replication);
-  if (std::find(owners.begin(), owners.end(), self_) != owners.end()) return;
+  if (owned_locked(chunk_key)) return;
   if (strays_.size() >= kMaxStrays) strays_overflow_ = true;
   else if (strays_.emplace(key.ns, key.ctx).second && strays_.size() == 1) cv_.notify_all();
 }
@@ -148,9 +152,7 @@ int64_t Rebalancer::not_owner_revision(const storage::ObjectKey& key) {
   const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
   {
     std::lock_guard lock(mu_);
-    if (target_.ring.size() == 0) return 0;
-    const auto owners = target_.ring.replicas(chunk_key, cfg_.replication);
-    if (std::find(owners.begin(), owners.end(), self_) != owners.end()) return 0;
+    if (owned_locked(chunk_key)) return 0;
   }
   return watch_->revision();  // at or past the set just read: the watch moves it first
 }

@@ -87,6 +87,9 @@ class Rebalancer {
   };
   Members members_of(const MemberSet& set) const;
   void on_change(const MemberSet& members);
+  // Whether this node owns the chunk under the newest member set it knows (true
+  // before it knows one); on_write and not_owner_revision ask it.
+  [[nodiscard]] bool owned_locked(const std::string& chunk_key) const;
   // A change for the worker: a new generation, a pass after `settle`. Requires mu_.
   void changed_locked();
   void run();

@@ -3,6 +3,7 @@
 #include "storage/cluster/surplus_copies.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -63,49 +64,41 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
     store_.lift_fence();
     return true;
   }
-  enum class Held { elsewhere, nowhere, unsure };
   const auto began = Clock::now();
   uint64_t listings_read = 0, stats_asked = 0;  // for the log line below
   PeerClients peers(self_, backend_, secrets_, stop_);
   // A listing of a namespace is pages of 4096 contexts: a bound for the whole of it.
   constexpr auto kListingTimeout = std::chrono::seconds(60);
-  // What each other member serves of a namespace, asked once: the contexts of its
-  // usage listing, where it lists only what it serves (kFeatureServedOnly). Where it
-  // does not (a node from before that), or its listing failed, each context is asked
+  // Another member, and the contexts of a namespace it serves: its usage listing,
+  // where it lists only what it serves (kFeatureServedOnly). None where it does not
+  // (a node from before that) or its listing failed: each context is then asked
   // with a stat (which leaves its fenced objects out), one request each.
-  struct Listing {
-    bool asked = false, answered = false;
-    std::set<std::string> contexts;
+  struct Other {
+    storage::Client* client;  // null: unreachable
+    std::optional<std::set<std::string>> serves;
   };
-  std::map<std::pair<std::string, std::string>, Listing> listings;  // (namespace, node)
-  const auto listing = [&](const std::string& ns, const std::string& node, storage::Client& c) -> const Listing& {
-    Listing& l = listings[{ns, node}];
-    if (l.asked) return l;
-    l.asked = true;
-    if (!(storage::node_features(c) & storage::kFeatureServedOnly)) return l;
-    auto u = c.usage("", Clock::now() + kListingTimeout, stop_);
+  const auto other = [&](const std::string& ns, const std::string& node) {
+    Other o{peers.get(ns, node), std::nullopt};
+    if (!o.client || !(storage::node_features(*o.client) & storage::kFeatureServedOnly)) return o;
     ++listings_read;
-    if (!u.ok()) return l;
-    for (auto& cu : *u) l.contexts.insert(std::move(cu.context));
-    l.answered = true;
-    return l;
+    auto u = o.client->usage("", Clock::now() + kListingTimeout, stop_);
+    if (!u.ok()) return o;
+    o.serves.emplace();
+    for (auto& cu : *u) o.serves->insert(std::move(cu.context));
+    return o;
   };
-  // Whether another member holds any of `ctx` (a member that cannot be asked leaves
-  // it unsure).
-  const auto held = [&](const std::string& ns, const std::string& ctx) {
+  enum class Held { elsewhere, nowhere, unsure };
+  // Whether another member holds any of `ctx` (one that cannot be asked leaves it unsure).
+  const auto held = [&](const std::vector<Other>& others, const std::string& ctx) {
     Held verdict = Held::nowhere;
-    for (const auto& node : members.nodes()) {
-      if (node == self_) continue;
-      storage::Client* c = peers.get(ns, node);
-      if (c) {
-        if (const Listing& l = listing(ns, node, *c); l.answered) {
-          if (l.contexts.contains(ctx)) return Held::elsewhere;
-          continue;
-        }
+    for (const Other& o : others) {
+      if (o.serves) {
+        if (o.serves->contains(ctx)) return Held::elsewhere;
+        continue;
       }
-      stats_asked += c != nullptr;
-      auto r = c ? c->stat(ctx, Clock::now() + cfg_.etcd.request_timeout, stop_)
-                 : Result<std::vector<storage::ChunkStat>>(Status(StatusCode::unavailable, "unreachable"));
+      stats_asked += o.client != nullptr;
+      auto r = o.client ? o.client->stat(ctx, Clock::now() + cfg_.etcd.request_timeout, stop_)
+                        : Result<std::vector<storage::ChunkStat>>(Status(StatusCode::unavailable, "unreachable"));
       if (r.ok() && !r->empty()) return Held::elsewhere;
       if (!r.ok() && r.status().code() != StatusCode::not_found) verdict = Held::unsure;
     }
@@ -113,11 +106,16 @@ bool Rebalancer::settle_fence(const HashRing& members, const std::vector<Migrati
   };
   uint64_t dropped = 0, kept = 0;
   for (const auto& ns : late) {
+    const auto contexts = store_.held_contexts(ns);
+    if (contexts.empty()) continue;
     // No secret for the namespace: its peers cannot be asked, and what it holds goes.
-    const bool askable = secrets_.contains(ns);
+    std::vector<Other> others;
+    if (secrets_.contains(ns))
+      for (const auto& node : members.nodes())
+        if (node != self_) others.push_back(other(ns, node));
     std::set<std::string> gone;
-    for (const auto& ctx : store_.held_contexts(ns)) {
-      const Held h = askable ? held(ns, ctx) : Held::nowhere;
+    for (const auto& ctx : contexts) {
+      const Held h = held(others, ctx);
       if (h == Held::unsure) return false;
       if (h == Held::elsewhere) ++kept;
       else gone.insert(ctx);

@@ -176,9 +176,10 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::Backend> backend_;
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<cluster::Rebalancer> rebalancer_;  // etcd membership (holds store_)
-  // What the request threads tell of their writes (Rebalancer::on_write): set once the
-  // rebalancer runs, cleared before it goes, under its own lock since both happen while
-  // the node serves.
+  // What the request threads tell of their writes (Rebalancer::on_write) and ask of a
+  // chunk they did not find (Rebalancer::not_owner_revision): set once the rebalancer
+  // runs, cleared before it goes, under its own lock since both happen while the node
+  // serves.
   std::mutex writes_mu_;
   cluster::Rebalancer* write_watch_ = nullptr;
   mutable std::mutex keys_mu_;                       // reload_keys, stop and counters against each other

@@ -45,12 +45,27 @@ inline std::vector<std::byte> payload(uint32_t chunk, size_t bytes) {
   return v;
 }
 
+// The tenant's secrets file of the tests' nodes, written at `path`.
+inline void write_secrets(const fs::path& path) {
+  std::ofstream(path) << fmt::format("{{\"{}\": \"{}\"}}", kNs, kSecret);
+}
+
+// kvstream-server's flags for a node of the tests' clusters: on loopback, its store at
+// `store`, the tenant's `secrets`, registered through `etcd_urls` under /kvs-test/
+// (lease TTL 2 s), placing chunks on `replication` nodes.
+inline std::vector<std::string> node_args(const std::string& store, const fs::path& secrets,
+                                          const std::vector<std::string>& etcd_urls, uint32_t replication) {
+  std::vector<std::string> args = {"--listen", "127.0.0.1:0", "--dir", store, "--secrets", secrets.string()};
+  for (const auto& url : etcd_urls) args.insert(args.end(), {"--etcd", url});
+  args.insert(args.end(), {"--etcd-prefix", "/kvs-test/", "--replication", std::to_string(replication),
+                           "--lease-ttl-s", "2"});
+  return args;
+}
+
 // etcd, and kvstream-server processes registered in it.
 class EtcdCluster {
  public:
-  EtcdCluster() {
-    std::ofstream(dir_ / "secrets.json") << fmt::format("{{\"{}\": \"{}\"}}", kNs, kSecret);
-  }
+  EtcdCluster() { write_secrets(dir_ / "secrets.json"); }
   ~EtcdCluster() {
     nodes_.clear();  // SIGKILL each (what is left of them), then the directory goes
   }
@@ -66,10 +81,8 @@ class EtcdCluster {
   // with what it held, under a new address).
   std::string start_node_on(const std::string& store, uint64_t rate_mb = 0, const std::vector<std::string>& extra = {}) {
     auto p = std::make_unique<kvstream::testing::NodeProcess>();
-    std::vector<std::string> args = {"--listen", "127.0.0.1:0", "--dir", store, "--secrets",
-                                     (dir_ / "secrets.json").string(), "--etcd", etcd.url(), "--etcd-prefix",
-                                     "/kvs-test/", "--replication", std::to_string(kReplication), "--lease-ttl-s", "2",
-                                     "--rebalance-mb-per-s", std::to_string(rate_mb)};
+    auto args = node_args(store, dir_ / "secrets.json", {etcd.url()}, kReplication);
+    args.insert(args.end(), {"--rebalance-mb-per-s", std::to_string(rate_mb)});
     args.insert(args.end(), extra.begin(), extra.end());
     if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
     const std::string a = p->address();

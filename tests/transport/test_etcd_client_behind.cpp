@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -28,16 +27,14 @@ TEST(EtcdClientBehind, AGetFindsAChunkThatMovedToANodeItHasNotSeenAndLeftItsOldO
   test_util::EtcdMembers etcd("kvs-etcd-behind", 3);
   ASSERT_TRUE(etcd.started());
   kvstream::testing::TempDir dir("kvs-behind-nodes");
-  std::ofstream(dir.path() / "secrets.json") << fmt::format("{{\"{}\": \"{}\"}}", kNs, kSecret);
+  write_secrets(dir.path() / "secrets.json");
   // The nodes use members 1 and 2; R = 1, so a chunk that moved has no copy left on
   // an owner the client knows once the old owner dropped it.
   std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes;
   auto start_node = [&]() -> std::string {
     auto p = std::make_unique<kvstream::testing::NodeProcess>();
-    const std::vector<std::string> args = {
-        "--listen", "127.0.0.1:0", "--dir", (dir.path() / fmt::format("n{}", nodes.size())).string(),
-        "--secrets", (dir.path() / "secrets.json").string(), "--etcd", etcd.url(1), "--etcd", etcd.url(2),
-        "--etcd-prefix", "/kvs-test/", "--replication", "1", "--lease-ttl-s", "2"};
+    const auto args = node_args((dir.path() / fmt::format("n{}", nodes.size())).string(), dir.path() / "secrets.json",
+                                {etcd.url(1), etcd.url(2)}, 1);
     if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
     nodes.push_back(std::move(p));
     return nodes.back()->address();
