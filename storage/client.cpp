@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "storage/client_channel.hpp"
 #include "storage/client_redial.hpp"
+#include "storage/members_link.hpp"
 #include "storage/node_features.hpp"
 #include "storage/protocol.hpp"
 
@@ -35,8 +36,10 @@ using client_detail::Redial;
 class ClientImpl final : public Client {
  public:
   /// Over `backend`, or over one of its own made from cfg.backend when that is null.
+  /// `members`: the replicated client's member set, named in each request (may be null).
   static Result<std::unique_ptr<Client>> create(const ClientConfig& cfg, std::shared_ptr<transport::Backend> backend,
-                                                Deadline deadline, const CancelToken& cancel) {
+                                                std::shared_ptr<MembersLink> members, Deadline deadline,
+                                                const CancelToken& cancel) {
     KVS_RETURN_IF_ERROR(validate_id(cfg.name_space, kMaxNamespaceBytes, "namespace"));
     if (cfg.connections == 0 || cfg.connections > 64)
       return make_status(StatusCode::invalid_argument, "{} connections (1..64)", cfg.connections);
@@ -46,14 +49,13 @@ class ClientImpl final : public Client {
     }
     c->backend_ = std::move(backend);
     c->cfg_ = cfg;
+    c->members_ = std::move(members);
     for (uint32_t i = 0; i < cfg.connections; ++i) {
       KVS_ASSIGN_OR_RETURN(auto ch, c->open_channel(deadline, cancel));
       c->channels_.push_back(std::move(ch));
     }
     return std::unique_ptr<Client>(std::move(c));
   }
-  /// owner_hint.hpp
-  [[nodiscard]] int64_t members_hint() const { return members_hint_->load(std::memory_order_relaxed); }
   /// node_features.hpp
   [[nodiscard]] uint64_t features() const { return features_.load(std::memory_order_relaxed); }
 
@@ -275,7 +277,7 @@ class ClientImpl final : public Client {
   }
   std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
   ClientConfig cfg_;
-  MembersHint members_hint_ = std::make_shared<std::atomic<int64_t>>(0);  // owner_hint.hpp
+  std::shared_ptr<MembersLink> members_;  // members_link.hpp; null outside a replicated client
   std::mutex channels_mu_;  // channels_, retired_
   std::vector<std::shared_ptr<Channel>> channels_;
   std::vector<std::shared_ptr<Channel>> retired_;  // lost, until their receivers return
@@ -340,7 +342,7 @@ class ClientImpl final : public Client {
     return std::make_shared<Channel>(
         std::move(conn), backend_.get(),
         [this](Request req, Pending p, const Status& why) { replay(std::move(req), std::move(p), why); }, first_id,
-        members_hint_);
+        members_);
   }
 
   // A live channel, round robin; null when none is alive. Errors: cancelled
@@ -473,10 +475,21 @@ class ClientImpl final : public Client {
   // Sends `req` on a live channel, or has it wait while Redial connects again;
   // `p.done` runs exactly once.
   void submit(Request req, std::span<const std::byte> body, Pending p) {
+    name_members(req);
     auto ch = live_channel();
     if (!ch.ok()) return p.done(ch.status(), {});
     if (*ch) return (*ch)->submit(std::move(req), body, std::move(p));
     redial_.wait(std::move(req), body, std::move(p));
+  }
+
+  // The member set the request is sent under, to a node that checks it (as of this
+  // send: a request sent again names the set as it is then, and a node that came back
+  // without the feature is sent none).
+  void name_members(Request& req) const {
+    req.flags &= ~kMembersRevision, req.members_revision = 0;
+    if (!members_ || !(features_.load(std::memory_order_relaxed) & kFeatureMembersCheck)) return;
+    if (const int64_t revision = members_->revision(); revision > 0)
+      req.flags |= kMembersRevision, req.members_revision = revision;
   }
 
   // A blocking request whose small response body comes back as bytes.
@@ -497,11 +510,6 @@ class ClientImpl final : public Client {
 
 }  // namespace
 
-int64_t members_revision_hint(const Client& client) {
-  const auto* node = dynamic_cast<const ClientImpl*>(&client);
-  return node ? node->members_hint() : 0;
-}
-
 uint64_t node_features(const Client& client) {
   const auto* node = dynamic_cast<const ClientImpl*>(&client);
   return node ? node->features() : 0;
@@ -509,13 +517,21 @@ uint64_t node_features(const Client& client) {
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, Deadline deadline,
                                                 const CancelToken& cancel) {
-  return ClientImpl::create(config, nullptr, deadline, cancel);
+  return ClientImpl::create(config, nullptr, nullptr, deadline, cancel);
 }
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientConfig& config, std::shared_ptr<transport::Backend> backend,
                                                 Deadline deadline, const CancelToken& cancel) {
   if (!backend) return make_status(StatusCode::invalid_argument, "storage client: no backend to connect over");
-  return ClientImpl::create(config, std::move(backend), deadline, cancel);
+  return ClientImpl::create(config, std::move(backend), nullptr, deadline, cancel);
+}
+
+Result<std::unique_ptr<Client>> connect_following_members(const ClientConfig& config,
+                                                          std::shared_ptr<transport::Backend> backend,
+                                                          std::shared_ptr<MembersLink> link, Deadline deadline,
+                                                          const CancelToken& cancel) {
+  if (!backend) return make_status(StatusCode::invalid_argument, "storage client: no backend to connect over");
+  return ClientImpl::create(config, std::move(backend), std::move(link), deadline, cancel);
 }
 
 Status Client::remove_up_to(const std::string&, uint64_t, Deadline, const CancelToken&) {

@@ -1,8 +1,6 @@
 // One connection of the storage node's client (client_channel.hpp).
 #include "storage/client_channel.hpp"
 
-#include <limits>
-
 #include "core/log.hpp"
 #include "transport/common/random_fill.hpp"
 
@@ -32,8 +30,12 @@ bool resendable(const Request& req) {
 }
 
 Channel::Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay,
-                 uint64_t first_id, MembersHint hint)
-    : conn_(std::move(c)), backend_(backend), replay_(std::move(replay)), hint_(std::move(hint)), next_id_(first_id) {
+                 uint64_t first_id, std::shared_ptr<MembersLink> members)
+    : conn_(std::move(c)),
+      backend_(backend),
+      replay_(std::move(replay)),
+      members_(std::move(members)),
+      next_id_(first_id) {
   if (next_id_ == 0) {
     if (!transport::random_fill(&next_id_, sizeof next_id_))  // no entropy: from the clock
       next_id_ = uint64_t(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
@@ -73,6 +75,7 @@ void Channel::submit(Request req, std::span<const std::byte> body, Pending p) {
     }
     id = req.id = next_id_++;
     header = encode(req);
+    p.members_revision = (req.flags & kMembersRevision) ? req.members_revision : 0;
     // Kept for a resend (moved: the header is encoded already).
     if (!p.replayed && resendable(req)) {
       p.replay_body = body;
@@ -239,6 +242,7 @@ Status Channel::land(const Response& r, size_t len) {
   size_t offset = 0, capacity = 0;
   bool known = false, abandoned = false, range = false;
   Op op = Op::get;
+  int64_t members_revision = 0;
   {
     std::lock_guard lock(mu_);
     auto it = pending_.find(r.id);
@@ -248,6 +252,7 @@ Status Channel::land(const Response& r, size_t len) {
       dest = it->second.dest;
       offset = it->second.offset, capacity = it->second.capacity;
       op = it->second.op, range = it->second.range;
+      members_revision = it->second.members_revision;
     }
   }
   if (!known) return make_status(StatusCode::corrupt_data, "response to unknown request {}", r.id);
@@ -257,14 +262,11 @@ Status Channel::land(const Response& r, size_t len) {
   if (r.op != op)
     return make_status(StatusCode::corrupt_data, "the answer to request {} (op {}) is one to op {}", r.id, int(op),
                        int(r.op));
+  // Whatever the answer, a node whose member set is newer than the one the request
+  // named says so (members_link.hpp).
+  if (r.members_newer && members_revision > 0 && members_) members_->node_is_newer(members_revision);
   const auto body_deadline = deadline_in(30s);
   if (op == Op::get && r.code == StatusCode::ok) return land_get(r, len, abandoned, dest, offset, capacity, range);
-  // A node's not_found to a get names, in the checksum's place, its member set's
-  // revision where the chunk is not its own under it (0 otherwise, and from nodes
-  // before this); bounded like any etcd revision.
-  if (op == Op::get && r.code == StatusCode::not_found && hint_ && r.checksum != 0 &&
-      r.checksum <= uint64_t(std::numeric_limits<int64_t>::max()))
-    raise_members_hint(*hint_, int64_t(r.checksum));
   if (abandoned || r.code != StatusCode::ok) {
     KVS_RETURN_IF_ERROR(conn_->recv_body({}, body_deadline, stop_));  // discard
     complete(r.id, r.code == StatusCode::ok ? Status{} : make_status(r.code, "{}", r.message), {});

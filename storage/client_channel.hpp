@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "storage/owner_hint.hpp"
+#include "storage/members_link.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::storage::client_detail {
@@ -43,6 +43,7 @@ struct Pending {
   std::optional<Request> replay;
   std::span<const std::byte> replay_body;  // the caller's, who waits for `done`
   bool replayed = false;
+  int64_t members_revision = 0;  // the member-set revision the request named (kMembersRevision), or 0
 };
 
 /// Whether a request may be sent again after its connection was lost (Pending::replay).
@@ -57,10 +58,10 @@ class Channel {
  public:
   /// Request ids count up from `first_id` (first_request_id, for a node that takes
   /// only its window of them), or from a random start where it is 0.
-  /// `hint` (may be null) is raised by the member-set revisions the node names in its
-  /// not_found answers to gets (owner_hint.hpp).
+  /// `members` (may be null) hears of the answers that say the node's member set is
+  /// newer than the one their request named (members_link.hpp).
   Channel(std::unique_ptr<transport::Connection> c, transport::Backend* backend, Replay replay, uint64_t first_id = 0,
-          MembersHint hint = nullptr);
+          std::shared_ptr<MembersLink> members = nullptr);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -77,7 +78,7 @@ class Channel {
   std::unique_ptr<transport::Connection> conn_;
   transport::Backend* backend_;
   Replay replay_;
-  MembersHint hint_;
+  std::shared_ptr<MembersLink> members_;
   transport::CancelToken stop_;
   std::thread receiver_;
   std::mutex send_mu_, mu_;

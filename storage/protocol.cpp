@@ -23,6 +23,8 @@ constexpr uint32_t kResponseMagic = 0x5253564b;  // "KVSR"
 // touch and usage requests came later under 3: a node declares them in its hello
 // (kFeatureUsage), so peers from before them never meet them.
 constexpr uint8_t kVersion = 3;
+// The detail byte's top bit: Response::members_newer (the rest refines the code).
+constexpr uint8_t kDetailMembersNewer = 0x80;
 
 class Writer {
  public:
@@ -158,6 +160,7 @@ std::vector<std::byte> encode(const Request& r) {
   Writer w;
   w.put(kRequestMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(r.flags);
   w.put(r.id), w.put(r.chunk), w.put(r.level);
+  if (r.flags & kMembersRevision) w.put(r.members_revision);
   if (r.op == Op::put) {
     w.put(r.total), w.put(r.checksum), w.put(r.version);
     put_parts_table(w, std::span(r.parts).first(std::min(r.parts.size(), kMaxObjectParts)));
@@ -188,9 +191,19 @@ Result<Request> decode_request(std::span<const std::byte> header) {
   if (!op_valid(op) || Op(op) == Op::hello)
     return detail::unlogged_status(StatusCode::corrupt_data, "request op {}", op);
   r.op = Op(op);
-  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) &&
-      !(r.op == Op::remove && (r.flags == kRemoveUpTo || r.flags == kRemoveBatch)))
+  // The op's own flag (one at most), and the member-set revision beside it on any
+  // request that is not part of the login or a body segment.
+  const uint16_t own = r.flags & ~kMembersRevision;
+  const bool members = (r.flags & kMembersRevision) && r.op != Op::auth && r.op != Op::data;
+  if ((r.flags & kMembersRevision && !members) ||
+      (own != 0 && !(r.op == Op::stat && own == kStatVersions) &&
+       !(r.op == Op::remove && (own == kRemoveUpTo || own == kRemoveBatch))))
     return detail::unlogged_status(StatusCode::corrupt_data, "request flags {:#x} on op {}", r.flags, op);
+  if (members) {
+    r.members_revision = rd.get<int64_t>();
+    if (rd.ok() && r.members_revision <= 0)
+      return detail::unlogged_status(StatusCode::corrupt_data, "member-set revision {}", r.members_revision);
+  }
   bool parts_ok = true;
   if (r.op == Op::put) {
     r.total = rd.get<uint64_t>(), r.checksum = rd.get<uint64_t>(), r.version = rd.get<uint64_t>();
@@ -251,7 +264,8 @@ Result<Request> decode_request(std::span<const std::byte> header) {
 std::vector<std::byte> encode(const Response& r) {
   Writer w;
   const WireCode wire = to_wire(r.code);
-  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(wire.code)), w.put(uint8_t(wire.detail));
+  const uint8_t detail = uint8_t(wire.detail) | (r.members_newer ? kDetailMembersNewer : 0);
+  w.put(kResponseMagic), w.put(kVersion), w.put(uint8_t(r.op)), w.put(uint8_t(wire.code)), w.put(detail);
   w.put(r.id), w.put(r.op == Op::hello ? r.features : r.checksum), w.put(r.total);
   std::string msg = r.message.substr(0, kMaxMessageBytes);
   w.put_str16(msg);
@@ -270,7 +284,8 @@ Result<Response> decode_response(std::span<const std::byte> header) {
   r.message = rd.get_str(n, kMaxMessageBytes);
   if (!rd.ok() || magic != kResponseMagic) return make_status(StatusCode::corrupt_data, "not a kvstream response");
   if (version != kVersion) return version_error("the storage node", version);
-  auto api_code = from_wire(code, detail);
+  auto api_code = from_wire(code, detail & ~kDetailMembersNewer);
+  r.members_newer = detail & kDetailMembersNewer;
   if (!op_valid(op) || !api_code.ok())
     return make_status(StatusCode::corrupt_data, "response op {} code {}", op, code);
   r.op = Op(op);

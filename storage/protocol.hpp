@@ -46,10 +46,13 @@ inline constexpr uint64_t kFeatureRemoveBatch = 16;
 /// (held from before it rejoined) are left out, as from get and stat, and a context
 /// with nothing else is not named (nodes before it named them).
 inline constexpr uint64_t kFeatureServedOnly = 32;
+/// The node reads a request's member-set revision (kMembersRevision) and says in its
+/// answer when its own member set is newer (Response::members_newer).
+inline constexpr uint64_t kFeatureMembersCheck = 64;
 /// Request flags (the u16 after the op; clients from before flags send 0 there, and
-/// nodes from before them ignore it). Only a stat (kStatVersions, to a node that
-/// declares kFeatureVersions) or a remove (kRemoveUpTo, kFeatureRemoveUpTo) may
-/// carry one.
+/// nodes from before them ignore it). A stat may carry kStatVersions (to a node that
+/// declares kFeatureVersions), a remove kRemoveUpTo or kRemoveBatch; any request but
+/// hello, auth and data kMembersRevision beside those (kFeatureMembersCheck).
 inline constexpr uint16_t kStatVersions = 1;
 /// On a remove, to a node that declares kFeatureRemoveUpTo: a u64 version follows
 /// the level, and the objects of the context written after it stay (a newer write
@@ -60,6 +63,10 @@ inline constexpr uint16_t kRemoveUpTo = 2;
 /// after the level) of removes, each a context and the version it is removed up to,
 /// each done as a remove with kRemoveUpTo (a context not stored included).
 inline constexpr uint16_t kRemoveBatch = 4;
+/// To a node that declares kFeatureMembersCheck: a u64 follows the level, the etcd
+/// revision the client's member set is current as of (> 0); the node answers with
+/// Response::members_newer set where its own set is as of a newer one.
+inline constexpr uint16_t kMembersRevision = 8;
 /// Bound on a batch of removes' body: one segment.
 inline constexpr uint64_t kMaxRemoveBatchBytes = uint64_t(1) << 20;
 /// Bound on a touch request's body: one segment.
@@ -98,7 +105,8 @@ inline uint64_t segment_bytes(uint64_t total, uint64_t i) {
 
 struct Request {
   Op op = Op::get;
-  uint16_t flags = 0;                   // stat: kStatVersions
+  uint16_t flags = 0;                   // kStatVersions, kRemoveUpTo, kRemoveBatch, kMembersRevision
+  int64_t members_revision = 0;         // with kMembersRevision: the client's member set's revision
   uint64_t id = 0;
   uint32_t chunk = 0;                   // data: the segment's index; usage: most entries to return
   uint32_t level = 0;
@@ -123,6 +131,9 @@ struct Response {
   uint64_t total = 0;                       // body bytes in all segments (get: the object's, or the range's)
   std::array<uint8_t, kNonceBytes> nonce{};  // hello
   uint64_t features = 0;                     // hello: kFeature* bits (travels in the checksum's place)
+  /// The node's member set is newer than the one the request named (kMembersRevision);
+  /// travels as the detail byte's top bit, never sent to a request without the flag.
+  bool members_newer = false;
 };
 
 std::vector<std::byte> encode(const Request& r);

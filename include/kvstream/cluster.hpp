@@ -78,9 +78,10 @@ struct ClusterConfig {
   /// and leave. After a change, a chunk is read from its new owners and then from
   /// its owners under the last ClusterView::kPastPlacements (3) member sets, which
   /// hold it until the nodes' rebalance has copied it (include/kvstream/membership.hpp).
-  /// A get that found its chunk nowhere, where a node it asked said it does not own
-  /// the chunk under a newer member set than the client's (its watch behind), reads
-  /// the set from etcd at once and asks the owners under it (docs/protocol.md, "Owners").
+  /// Each request names the revision of the client's member set; a node whose set is
+  /// newer says so (the client's watch is behind), and the client reads the set from
+  /// etcd at once: a get that found its chunk nowhere then asks the owners under it,
+  /// a stat, listing or remove the members it lacked (docs/protocol.md, "Member sets").
   EtcdConfig etcd;
   uint32_t replication = 2;                ///< R: distinct nodes holding each chunk (capped at the node count)
   /// Replicas that must acknowledge a put: 0 = all R (default). A put that reaches

@@ -1,10 +1,10 @@
-// Reads of the member set for gets that found their chunk nowhere while a node said
-// it does not own it under a newer set than the client's (owner_hint.hpp): the
-// client's etcd watch is behind, and the chunk may have moved to a node it does not
-// know yet. One read at a time on a thread of its own (a get's completion runs on a
-// node connection's receiver, which must not wait on etcd); the gets that ask before
-// a read begins share it, and reads begin at least `spacing` apart, so a burst of
-// misses costs etcd one read, not one each.
+// Reads of the member set for a client that a node told its set is newer than the
+// client's (members_link.hpp): the client's etcd watch is behind, and a chunk may have
+// moved to a node it does not know yet. One read at a time on a thread of its own (a
+// get's completion, and a node's answer that says so, run on a node connection's
+// receiver, which must not wait on etcd); the calls that ask before a read begins
+// share it, and reads begin at least `spacing` apart, so a burst of them costs etcd
+// one read, not one each.
 #pragma once
 
 #include <condition_variable>

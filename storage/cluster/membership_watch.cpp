@@ -79,9 +79,11 @@ std::vector<Registrations> member_steps(Registrations by_key, const std::vector<
 
 Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd, OnChange on_change,
                                                                 transport::Deadline deadline,
-                                                                const transport::CancelToken& cancel) {
+                                                                const transport::CancelToken& cancel,
+                                                                OnRevision on_revision) {
   KVS_ASSIGN_OR_RETURN(auto range, etcd.range_prefix(nodes_prefix(etcd), deadline, cancel));
-  auto w = std::unique_ptr<MembershipWatch>(new MembershipWatch(std::move(etcd), std::move(on_change)));
+  auto w = std::unique_ptr<MembershipWatch>(
+      new MembershipWatch(std::move(etcd), std::move(on_change), std::move(on_revision)));
   w->by_key_ = registrations_of(range);
   w->revision_ = w->read_revision_ = range.revision;
   w->thread_ = std::thread([p = w.get()] { p->run(); });
@@ -109,10 +111,22 @@ void MembershipWatch::reset(Registrations by_key, int64_t revision) {
     std::lock_guard lock(mu_);
     before = member_set(by_key_);
     by_key_ = std::move(by_key);
-    revision_ = revision;
     after = member_set(by_key_);
   }
   if (before != after) on_change_(after);
+  advance(revision, false);
+}
+
+void MembershipWatch::advance(int64_t revision, bool read) {
+  // Moved once the change is applied: a follower that reads revision() before the
+  // state on_change sets has state at least that new (a client names it in requests
+  // made under that state, docs/protocol.md "Member sets").
+  {
+    std::lock_guard lock(mu_);
+    revision_ = revision;
+    if (read) read_revision_ = revision;
+  }
+  if (on_revision_) on_revision_(revision);
 }
 
 void MembershipWatch::run() {
@@ -167,8 +181,7 @@ Status MembershipWatch::catch_up(transport::Deadline deadline, const transport::
   // A node that registered again meanwhile shows as out, then in.
   const auto events = changes(now, fresh);
   for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), revision);
-  std::lock_guard lock(mu_);
-  revision_ = read_revision_ = revision;  // where no step changed anything too
+  advance(revision, true);  // where no step changed anything too
   return {};
 }
 

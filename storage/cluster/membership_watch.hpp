@@ -55,17 +55,23 @@ class MembershipWatch {
   /// Called on the watch's thread with the new member set; never with the lock of this
   /// object held.
   using OnChange = std::function<void(const MemberSet& members)>;
+  /// Called with revision() each time it moves (after the change, if any, was
+  /// reported), on the thread that moved it; may be empty.
+  using OnRevision = std::function<void(int64_t revision)>;
 
   /// Reads the set by `deadline` (returned by members() at once; `on_change` is not
-  /// called for it) and starts watching. Errors: those of the first read.
+  /// called for it, nor `on_revision` for its revision) and starts watching. Errors:
+  /// those of the first read.
   static Result<std::unique_ptr<MembershipWatch>> start(EtcdClient etcd, OnChange on_change,
                                                         transport::Deadline deadline,
-                                                        const transport::CancelToken& cancel = {});
+                                                        const transport::CancelToken& cancel = {},
+                                                        OnRevision on_revision = {});
   /// Stops the watch (within about a second: libcurl's progress interval).
   ~MembershipWatch();
 
   [[nodiscard]] MemberSet members() const;
-  /// The etcd revision the set is current as of.
+  /// The etcd revision the set is current as of. It moves after on_change returns: a
+  /// follower's state set in on_change is at least as new as the revision read before it.
   [[nodiscard]] int64_t revision() const;
 
   /// Reads the set now instead of waiting for the watch (which may be behind: a slow
@@ -76,13 +82,17 @@ class MembershipWatch {
   Status catch_up(transport::Deadline deadline, const transport::CancelToken& cancel = {});
 
  private:
-  MembershipWatch(EtcdClient etcd, OnChange on_change) : etcd_(std::move(etcd)), on_change_(std::move(on_change)) {}
+  MembershipWatch(EtcdClient etcd, OnChange on_change, OnRevision on_revision)
+      : etcd_(std::move(etcd)), on_change_(std::move(on_change)), on_revision_(std::move(on_revision)) {}
   void run();
   // Replaces the whole set; reports it when it differs.
   void reset(Registrations by_key, int64_t revision);
+  // Moves revision() (step_mu_ held).
+  void advance(int64_t revision, bool read);
 
   EtcdClient etcd_;
   OnChange on_change_;
+  OnRevision on_revision_;
   transport::CancelToken stop_;
   // Held while the set moves and the change is reported (the watch's thread and
   // catch_up): reports arrive one at a time, in the order of their revisions.

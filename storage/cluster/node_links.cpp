@@ -12,8 +12,8 @@ using transport::Clock;
 using transport::Deadline;
 
 NodeLinks::NodeLinks(const ClusterConfig& cfg, std::shared_ptr<transport::Backend> backend,
-                     std::function<std::vector<ClusterNode*>()> members)
-    : cfg_(cfg), backend_(std::move(backend)), members_(std::move(members)) {}
+                     std::function<std::vector<ClusterNode*>()> members, std::shared_ptr<storage::MembersLink> set)
+    : cfg_(cfg), backend_(std::move(backend)), members_(std::move(members)), set_(std::move(set)) {}
 
 NodeLinks::~NodeLinks() { stop(); }
 
@@ -25,7 +25,7 @@ Status NodeLinks::connect(ClusterNode& n, Deadline deadline, const CancelToken& 
   cc.name_space = cfg_.name_space;
   cc.secret = cfg_.secret;
   cc.connections = cfg_.connections_per_node;
-  auto c = storage::Client::connect(cc, backend_, deadline, cancel);
+  auto c = storage::connect_following_members(cc, backend_, set_, deadline, cancel);
   std::lock_guard lock(n.mu);
   if (!c.ok()) {
     n.retry_at = Clock::now() + cfg_.retry_down_after;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "storage/cluster/cluster_view.hpp"
+#include "storage/members_link.hpp"
 
 namespace kvstream::cluster {
 
@@ -20,9 +21,10 @@ class NodeLinks {
  public:
   /// `members` names the nodes to keep connected (the client's current view); it is
   /// called on the maintenance thread. `cfg` is the client's and outlives this. Every
-  /// node's client is made on `backend` (the client's).
+  /// node's client is made on `backend` (the client's) and shares `set` (its requests
+  /// name the client's member set; null with a static list of nodes).
   NodeLinks(const ClusterConfig& cfg, std::shared_ptr<transport::Backend> backend,
-            std::function<std::vector<ClusterNode*>()> members);
+            std::function<std::vector<ClusterNode*>()> members, std::shared_ptr<storage::MembersLink> set);
   NodeLinks(const NodeLinks&) = delete;
   NodeLinks& operator=(const NodeLinks&) = delete;
   /// Stops the maintenance thread if stop() did not.
@@ -67,6 +69,7 @@ class NodeLinks {
   const ClusterConfig& cfg_;
   std::shared_ptr<transport::Backend> backend_;
   std::function<std::vector<ClusterNode*>()> members_;
+  std::shared_ptr<storage::MembersLink> set_;
   transport::CancelToken stop_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -148,14 +148,7 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
   else if (strays_.emplace(key.ns, key.ctx).second && strays_.size() == 1) cv_.notify_all();
 }
 
-int64_t Rebalancer::not_owner_revision(const storage::ObjectKey& key) {
-  const std::string chunk_key = HashRing::chunk_key(key.ctx, key.chunk);
-  {
-    std::lock_guard lock(mu_);
-    if (owned_locked(chunk_key)) return 0;
-  }
-  return watch_->revision();  // at or past the set just read: the watch moves it first
-}
+int64_t Rebalancer::members_revision() const { return watch_->revision(); }
 
 void Rebalancer::report(const Members& target, bool done, const Tally& t, double seconds, bool trimmed) {
   const nlohmann::json j = {{"node", self_},

@@ -48,12 +48,11 @@ class Rebalancer {
   /// Cheap; called on the node's request threads.
   void on_write(const storage::ObjectKey& key);
 
-  /// For a get of `key` this node did not hold: the etcd revision of its member set
-  /// when it does not own the chunk under that set (a client asked it from an older
-  /// set, or from a past placement), else 0. The node's not_found carries it, so a
-  /// client whose set is older reads the set again and asks the chunk's owners
-  /// (docs/protocol.md, "Owners"). Cheap; called on the node's request threads.
-  [[nodiscard]] int64_t not_owner_revision(const storage::ObjectKey& key);
+  /// The etcd revision the member set this node follows is current as of: a request
+  /// that names an older one comes from a client whose set is behind, and the node's
+  /// answer says so (docs/protocol.md, "Member sets"). Cheap; called on the node's
+  /// request threads.
+  [[nodiscard]] int64_t members_revision() const;
 
  private:
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
@@ -88,7 +87,7 @@ class Rebalancer {
   Members members_of(const MemberSet& set) const;
   void on_change(const MemberSet& members);
   // Whether this node owns the chunk under the newest member set it knows (true
-  // before it knows one); on_write and not_owner_revision ask it.
+  // before it knows one); on_write asks it.
   [[nodiscard]] bool owned_locked(const std::string& chunk_key) const;
   // A change for the worker: a new generation, a pass after `settle`. Requires mu_.
   void changed_locked();

@@ -14,7 +14,7 @@
 #include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_links.hpp"
-#include "storage/owner_hint.hpp"
+#include "storage/members_link.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::cluster {
@@ -95,18 +95,26 @@ class ReplicatedClient final : public storage::Client {
         KVS_ASSIGN_OR_RETURN(c->watch_, MembershipWatch::start(
                                             std::move(*etcd),
                                             [p = c.get()](const MemberSet& m) { p->apply(m.nodes); },
-                                            deadline, cancel));
+                                            deadline, cancel,
+                                            [link = c->set_link_](int64_t r) { link->set_revision(r); }));
         cfg.nodes = c->watch_->members().nodes;
         c->catch_up_ = std::make_unique<MemberCatchUp>(
             [w = c->watch_.get()](Deadline d, const CancelToken& t) { return w->catch_up(d, t); },
             [w = c->watch_.get()] { return w->revision(); },
             // each endpoint in turn may take its request timeout (a frozen member)
             cfg.etcd.request_timeout * std::max<size_t>(1, cfg.etcd.endpoints.size()), kCatchUpSpacing);
+        // A node that says its set is newer than the one a request named: the set is
+        // read again in the background (reads shared and spaced by MemberCatchUp), so
+        // the calls after it are placed under the newer one.
+        c->set_link_->on_newer = [p = c.get()](int64_t told) { (void)p->catch_up_->request(told, [](const Status&) {}); };
         if (cfg.nodes.empty())
           return make_status(StatusCode::unavailable,
                              "cluster: no storage node is registered in etcd under '{}nodes/'", cfg.etcd.prefix);
       }
       c->set_view_locked(cfg.nodes);
+      // Named in requests once the view reflects it (a request may carry an older
+      // revision than its view's, never a newer one).
+      if (c->watch_) c->set_link_->set_revision(c->watch_->revision());
     }
     const auto first = c->view();
     // Connect to every node in parallel, each bounded by connect_timeout.
@@ -354,7 +362,9 @@ class ReplicatedClient final : public storage::Client {
 
  private:
   ReplicatedClient(ClusterConfig cfg, std::shared_ptr<transport::Backend> backend)
-      : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
+      : cfg_(std::move(cfg)),
+        backend_(std::move(backend)),
+        set_link_(cfg_.etcd.endpoints.empty() ? nullptr : std::make_shared<storage::MembersLink>()) {}
 
   ClusterConfig cfg_;
   // Shared by every node's client: one endpoint or worker, and one registration of
@@ -370,7 +380,10 @@ class ReplicatedClient final : public storage::Client {
   // before the first get, stopped first by the destructor and freed last.
   static constexpr auto kCatchUpSpacing = std::chrono::milliseconds(200);
   std::unique_ptr<MemberCatchUp> catch_up_;
-  NodeLinks links_{cfg_, backend_, [this] { return view()->now->nodes; }};
+  // The set's revision, which requests name, and what nodes answer of theirs
+  // (members_link.hpp); with etcd only, shared by every node's client.
+  std::shared_ptr<storage::MembersLink> set_link_;
+  NodeLinks links_{cfg_, backend_, [this] { return view()->now->nodes; }, set_link_};
 
   std::shared_ptr<const ClusterView> view() const {
     std::lock_guard lock(view_mu_);
@@ -519,20 +532,17 @@ class ReplicatedClient final : public storage::Client {
 
   // A get that found its chunk nowhere may have asked from a member set older than
   // the nodes': the set moved since it began (asked again under the new one), or a
-  // node it asked said it does not own the chunk under a newer set than this
-  // client's (owner_hint.hpp: the watch is behind; the set is read from etcd, and the
-  // get asked again under it if it moved). Once per get. False: the get ends here.
+  // node said its set is newer than this client's (members_link.hpp: the watch is
+  // behind; the set is read from etcd, and the get asked again under it if it
+  // moved). Once per get. False: the get ends here.
   bool catch_up(const std::shared_ptr<GetOp>& op) {
     if (!catch_up_ || op->asked_again) return false;
     if (view() != op->view) {
       ask_again(op);
       return true;
     }
-    int64_t told = 0;
-    for (Node* n : op->order)
-      if (auto c = links_.client_of(*n)) told = std::max(told, storage::members_revision_hint(*c));
     op->asked_again = true;
-    return catch_up_->request(told, [this, op](const Status& read) {
+    return catch_up_->request(set_link_->newer_than_told(), [this, op](const Status& read) {
       if (read.code() == StatusCode::cancelled) return finish(op, read);
       if (!read.ok() || view() == op->view || Clock::now() >= op->deadline) return finish(op, nowhere(*op));
       ask_again(op);
@@ -613,18 +623,50 @@ class ReplicatedClient final : public storage::Client {
   struct Answers {
     Status status;
     std::vector<T> values;  // of the nodes that answered ok (not_found left out)
+    size_t asked = 0, failed = 0;
+    std::string errors;  // "node: error; ..." of those that failed
+    Status first;        // the first failure
   };
 
   // Asks every node in parallel. `tolerant`: each node gets half the time left (a
   // stalled node cannot eat the deadline) and up to R-1 nodes may fail; otherwise
-  // every node must answer (not_found counts as an answer).
+  // every node must answer (not_found counts as an answer). A member set behind the
+  // nodes' (one of them said so, or the set moved during the call) is read again, and
+  // the members it lacked are asked too (docs/protocol.md, "Member sets"): a remove
+  // reaches a node that joined, a stat or a listing names what moved there.
   template <typename T, typename F>
   Answers<T> ask_all(Deadline deadline, const CancelToken& cancel, bool tolerant, F&& fn) {
     Answers<T> out;
     if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
     const auto v = view();
-    const auto& nodes = v->now->nodes;
-    const Deadline each = tolerant && nodes.size() > 1 ? attempt_deadline(deadline, 2) : deadline;
+    const Deadline each = tolerant && v->now->nodes.size() > 1 ? attempt_deadline(deadline, 2) : deadline;
+    ask_nodes(v->now->nodes, each, deadline, tolerant, fn, out);
+    auto later = newer_view(v, deadline, cancel);
+    if (later.ok() && *later) {
+      std::vector<Node*> lacked;
+      for (Node* n : (*later)->now->nodes)
+        if (std::find(v->now->nodes.begin(), v->now->nodes.end(), n) == v->now->nodes.end()) lacked.push_back(n);
+      ask_nodes(lacked, tolerant ? attempt_deadline(deadline, 2) : deadline, deadline, tolerant, fn, out);
+    }
+    if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
+    const size_t allowed = tolerant ? v->replication - 1 : 0;
+    if (out.failed > allowed) {
+      const StatusCode code = Clock::now() >= deadline ? StatusCode::timed_out
+                              : final_error(out.first.code()) || out.first.code() == StatusCode::permission_denied
+                                  ? out.first.code()
+                                  : StatusCode::unavailable;
+      out.status = Status(code, fmt::format("{} of {} storage nodes failed ({} tolerated with replication {}): {}",
+                                            out.failed, out.asked, allowed, v->replication, out.errors));
+    } else if (!later.ok() && !tolerant) {
+      // Every node it knows answered, but a newer set may hold one it does not.
+      out.status = later.status();
+    }
+    return out;
+  }
+
+  template <typename T, typename F>
+  void ask_nodes(const std::vector<Node*>& nodes, Deadline each, Deadline deadline, bool tolerant, F& fn,
+                 Answers<T>& out) {
     const auto now = Clock::now();
     std::vector<std::future<Result<T>>> futures;
     for (Node* n : nodes) {
@@ -646,30 +688,46 @@ class ReplicatedClient final : public storage::Client {
         return r;
       }));
     }
-    size_t failed = 0;
-    std::string errors;
-    Status first;
+    out.asked += nodes.size();
     for (size_t i = 0; i < futures.size(); ++i) {
       Result<T> r = futures[i].get();
       if (r.ok()) {
         out.values.push_back(std::move(r).value());
       } else if (r.status().code() != StatusCode::not_found) {
-        ++failed;
-        if (first.ok()) first = r.status();
-        errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", nodes[i]->address, r.status().to_string());
+        ++out.failed;
+        if (out.first.ok()) out.first = r.status();
+        out.errors +=
+            fmt::format("{}{}: {}", out.errors.empty() ? "" : "; ", nodes[i]->address, r.status().to_string());
       }
     }
-    if (cancel.cancelled()) return {make_status(StatusCode::cancelled, "cancelled"), {}};
-    const size_t allowed = tolerant ? v->replication - 1 : 0;
-    if (failed > allowed) {
-      const StatusCode code = Clock::now() >= deadline ? StatusCode::timed_out
-                              : final_error(first.code()) || first.code() == StatusCode::permission_denied
-                                  ? first.code()
-                                  : StatusCode::unavailable;
-      out.status = Status(code, fmt::format("{} of {} storage nodes failed ({} tolerated with replication {}): {}",
-                                            failed, nodes.size(), allowed, v->replication, errors));
+  }
+
+  // The view to ask anew after a call made under `v`: the one now when the set moved
+  // since, after a read of the set from etcd when a node said its own is newer than
+  // this client's (waited for within the deadline); null when `v` is still current.
+  // Errors: the read's, or timed_out / cancelled when it did not end in time.
+  Result<std::shared_ptr<const ClusterView>> newer_view(const std::shared_ptr<const ClusterView>& v,
+                                                        Deadline deadline, const CancelToken& cancel) {
+    if (!catch_up_) return std::shared_ptr<const ClusterView>();
+    auto read = std::make_shared<std::promise<Status>>();
+    auto done = read->get_future();
+    if (view() == v &&
+        catch_up_->request(set_link_->newer_than_told(), [read](const Status& s) { read->set_value(s); })) {
+      while (done.wait_for(20ms) != std::future_status::ready) {
+        if (cancel.cancelled()) return make_status(StatusCode::cancelled, "cancelled reading the member set");
+        if (Clock::now() >= deadline)
+          return make_status(StatusCode::timed_out,
+                             "a node's member set is newer than this client's, and reading it from etcd did not "
+                             "end by the deadline");
+      }
+      if (Status s = done.get(); !s.ok())
+        return Status(s.code() == StatusCode::cancelled ? s.code() : StatusCode::unavailable,
+                      fmt::format("a node's member set is newer than this client's, and reading it from etcd "
+                                  "failed: {}",
+                                  s.to_string()));
     }
-    return out;
+    auto now = view();
+    return now == v ? std::shared_ptr<const ClusterView>() : now;
   }
 };
 

@@ -176,9 +176,9 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::Backend> backend_;
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<cluster::Rebalancer> rebalancer_;  // etcd membership (holds store_)
-  // What the request threads tell of their writes (Rebalancer::on_write) and ask of a
-  // chunk they did not find (Rebalancer::not_owner_revision): set once the rebalancer
-  // runs, cleared before it goes, under its own lock since both happen while the node
+  // What the request threads tell of their writes (Rebalancer::on_write) and ask of
+  // the member set (Rebalancer::members_revision): set once the rebalancer runs,
+  // cleared before it goes, under its own lock since both happen while the node
   // serves.
   std::mutex writes_mu_;
   cluster::Rebalancer* write_watch_ = nullptr;
@@ -266,8 +266,8 @@ class ServerImpl final : public Server {
     Response hello;
     hello.op = Op::hello;
     hello.nonce = nonce;
-    hello.features =
-        kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow | kFeatureRemoveBatch | kFeatureServedOnly;
+    hello.features = kFeatureUsage | kFeatureVersions | kFeatureRemoveUpTo | kFeatureIdWindow | kFeatureRemoveBatch |
+                     kFeatureServedOnly | kFeatureMembersCheck;
     KVS_RETURN_IF_ERROR(reply(c, hello, deadline, cancel));
     std::vector<std::byte> header;
     KVS_ASSIGN_OR_RETURN(size_t body, c.recv_header(header, deadline, cancel));
@@ -415,6 +415,7 @@ class ServerImpl final : public Server {
     Response r;
     r.op = req.op;
     r.id = req.id;
+    r.members_newer = members_newer(req);
     std::vector<std::byte> small;
     auto fail = [&](const Status& s) {
       ++errors_;
@@ -475,6 +476,15 @@ class ServerImpl final : public Server {
     KVS_RETURN_IF_ERROR(c.send(encode(r), mr.span(0, small.size()), deadline, cancel));
     bytes_out_ += small.size();
     return {};
+  }
+
+  // Whether this node's member set is newer than the one `req` names (a client whose
+  // etcd watch is behind: docs/protocol.md, "Member sets"). A node alone, or not yet
+  // following its cluster, knows none.
+  bool members_newer(const Request& req) {
+    if (!(req.flags & kMembersRevision)) return false;
+    std::lock_guard lock(writes_mu_);
+    return write_watch_ && write_watch_->members_revision() > req.members_revision;
   }
 
   // Receives every segment of a put, streaming them into the store. The whole body is
@@ -538,24 +548,14 @@ class ServerImpl final : public Server {
   Status send_get(Connection& c, const ObjectKey& key, const Request& req, Response& r, const CancelToken& cancel) {
     const auto deadline = deadline_in(cfg_.idle_timeout);
     // An answer without a body (the request's framing is intact: the connection stays).
-    // (`hint`: a not_found's member set revision, below.)
-    auto refuse = [&](const Status& s, int64_t hint = 0) {
+    auto refuse = [&](const Status& s) {
       ++errors_;
       r.code = s.code(), r.message = s.message();
-      r.checksum = uint64_t(hint), r.total = 0;
+      r.checksum = 0, r.total = 0;
       return reply(c, r, deadline, cancel);
     };
     auto found = store_->get(key);
-    if (!found.ok()) {
-      // A not_found says, in the checksum's place, the revision of this node's member
-      // set when the chunk is not this node's under it (docs/protocol.md, "Owners").
-      int64_t hint = 0;
-      if (found.status().code() == StatusCode::not_found) {
-        std::lock_guard lock(writes_mu_);
-        if (write_watch_) hint = write_watch_->not_owner_revision(key);
-      }
-      return refuse(found.status(), hint);
-    }
+    if (!found.ok()) return refuse(found.status());
     cache_hits_ += found->cache_hit;
     uint64_t begin = 0, length = found->size;  // the whole object unless a range is asked for
     if (req.range_length != 0) {

@@ -152,12 +152,17 @@ int main(int argc, char** argv) {
       rq.total = 300, rq.checksum = 0x1122334455667788ull;
       if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(rq)))) return 1;
     }
+    if (op != Op::hello && op != Op::auth && op != Op::data) {  // naming the client's member set (kMembersRevision)
+      storage::Request m = rq;
+      m.flags |= storage::kMembersRevision, m.members_revision = 4711;
+      if (!write_file(wdir + "/req_" + std::to_string(w++), 0, bytes(storage::encode(m)))) return 1;
+    }
     storage::Response rs;
     rs.op = op;
     rs.id = rq.id;
     rs.checksum = 0x0123456789abcdefull;
     if (op == Op::hello) rs.nonce.fill(0x33), rs.features = storage::kFeatureUsage | storage::kFeatureVersions, rs.checksum = 0;
-    if (op == Op::get) rs.code = StatusCode::not_found, rs.message = "no such chunk";
+    if (op == Op::get) rs.code = StatusCode::not_found, rs.message = "no such chunk", rs.members_newer = true;
     if (op == Op::data) rs.total = 0;
     if (!write_file(wdir + "/resp_" + std::to_string(w++), 1, bytes(storage::encode(rs)))) return 1;
   }

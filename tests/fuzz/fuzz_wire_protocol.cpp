@@ -39,14 +39,15 @@ bool same(std::span<const ObjectPart> a, std::span<const ObjectPart> b) {
   return true;
 }
 bool same(const Request& a, const Request& b) {
-  return a.op == b.op && a.flags == b.flags && a.id == b.id && a.chunk == b.chunk && a.level == b.level && a.total == b.total &&
+  return a.op == b.op && a.flags == b.flags && a.members_revision == b.members_revision && a.id == b.id &&
+         a.chunk == b.chunk && a.level == b.level && a.total == b.total &&
          a.checksum == b.checksum && a.version == b.version && same(a.parts, b.parts) &&
          a.range_offset == b.range_offset && a.range_length == b.range_length && a.context == b.context &&
          a.name_space == b.name_space && a.mac == b.mac && a.after == b.after;
 }
 bool same(const Response& a, const Response& b) {
   return a.op == b.op && a.id == b.id && a.code == b.code && a.message == b.message && a.checksum == b.checksum &&
-         a.total == b.total && a.nonce == b.nonce && a.features == b.features;
+         a.total == b.total && a.nonce == b.nonce && a.features == b.features && a.members_newer == b.members_newer;
 }
 bool same(const ChunkStat& a, const ChunkStat& b) {
   if (a.chunk != b.chunk || a.level_bytes != b.level_bytes || a.level_versions != b.level_versions ||
@@ -66,9 +67,12 @@ bool same(const std::vector<ChunkStat>& a, const std::vector<ChunkStat>& b) {
 // body, a range lies within the largest object, fields of other ops are zero.
 void check_accepted(const Request& r) {
   if (Status s = validate_parts(r.parts, r.total); !s.ok()) fail("accepted a put whose parts table is invalid", s);
-  const bool batch = r.op == Op::remove && r.flags == kRemoveBatch;
+  const uint16_t own = r.flags & ~kMembersRevision;  // the op's flag; the member-set revision may go beside it
+  const bool batch = r.op == Op::remove && own == kRemoveBatch;
   const bool has_body = r.op == Op::put || r.op == Op::touch || batch;
-  const bool versioned_remove = r.op == Op::remove && r.flags == kRemoveUpTo;
+  const bool versioned_remove = r.op == Op::remove && own == kRemoveUpTo;
+  if ((r.flags & kMembersRevision) ? r.members_revision <= 0 : r.members_revision != 0)
+    fail("a member-set revision out of bounds, or without its flag");
   if (!has_body && (r.total != 0 || r.checksum != 0 || (r.version != 0 && !versioned_remove)))
     fail("put fields on another op");
   if (r.op != Op::put && !r.parts.empty()) fail("a parts table on another op");
@@ -78,7 +82,7 @@ void check_accepted(const Request& r) {
   if (r.op != Op::usage && !r.after.empty()) fail("a usage start on another op");
   if (r.op == Op::usage && (r.chunk == 0 || r.chunk > kMaxUsagePage)) fail("accepted a usage page out of bounds");
   if (r.op != Op::get && (r.range_offset != 0 || r.range_length != 0)) fail("range fields on another op");
-  if (r.flags != 0 && !(r.op == Op::stat && r.flags == kStatVersions) && !versioned_remove && !batch)
+  if (own != 0 && !(r.op == Op::stat && own == kStatVersions) && !versioned_remove && !batch)
     fail("accepted a flag no node knows");
   if (r.range_length == 0 && r.range_offset != 0) fail("accepted a range of no length");
   if (r.range_offset > kMaxChunkBytes || r.range_length > kMaxChunkBytes - r.range_offset)
