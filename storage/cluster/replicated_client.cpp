@@ -3,7 +3,6 @@
 // deadline (include/kvstream/cluster.hpp, docs/storage-backends.md).
 #include <algorithm>
 #include <future>
-#include <map>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -14,6 +13,7 @@
 #include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_links.hpp"
+#include "storage/cluster/replica_merge.hpp"
 #include "storage/members_link.hpp"
 #include "storage/protocol.hpp"
 
@@ -256,38 +256,9 @@ class ReplicatedClient final : public storage::Client {
         deadline, cancel, true,
         [&](storage::Client& c, Deadline d) { return c.stat(context, d, cancel); });
     KVS_RETURN_IF_ERROR(answers.status);
-    // Per level the larger size wins, and its parts come with it (a level's size and
-    // parts are always one replica's, one write's).
-    std::map<uint32_t, ChunkStat> merged;
-    for (auto& r : answers.values)
-      for (ChunkStat& s : r) {
-        ChunkStat& m = merged[s.chunk];
-        m.chunk = s.chunk;
-        auto& v = m.level_bytes;
-        if (v.size() < s.level_bytes.size()) v.resize(s.level_bytes.size(), 0);
-        if (m.level_parts.size() < s.level_bytes.size()) m.level_parts.resize(s.level_bytes.size());
-        for (size_t l = 0; l < s.level_bytes.size(); ++l) {
-          auto parts = l < s.level_parts.size() ? std::move(s.level_parts[l]) : std::vector<storage::ObjectPart>();
-          if (v[l] != 0 && s.level_bytes[l] != 0 && (v[l] != s.level_bytes[l] || m.level_parts[l] != parts))
-            KVS_LOG_WARN("cluster: replicas of chunk {} level {} of '{}' differ ({} and {} bytes, {} and {} parts)",
-                         s.chunk, l, context, v[l], s.level_bytes[l], m.level_parts[l].size(), parts.size());
-          if (s.level_bytes[l] > v[l]) v[l] = s.level_bytes[l], m.level_parts[l] = std::move(parts);
-        }
-        // Versions: the newest any replica holds (none where no replica said).
-        if (!s.level_versions.empty()) {
-          auto& mv = m.level_versions;
-          if (mv.size() < s.level_versions.size()) mv.resize(s.level_versions.size(), 0);
-          for (size_t l = 0; l < s.level_versions.size(); ++l) mv[l] = std::max(mv[l], s.level_versions[l]);
-        }
-      }
+    auto merged = merge_stats(context, std::move(answers.values));
     if (merged.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
-    std::vector<ChunkStat> out;
-    for (auto& [chunk, s] : merged) {
-      storage::trim_level_parts(s.level_parts);
-      if (!s.level_versions.empty()) s.level_versions.resize(s.level_bytes.size(), 0);
-      out.push_back(std::move(s));
-    }
-    return out;
+    return merged;
   }
 
   Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
@@ -341,23 +312,7 @@ class ReplicatedClient final : public storage::Client {
     auto answers = ask_all<std::vector<storage::ContextUsage>>(
         deadline, cancel, true, [&](storage::Client& c, Deadline d) { return c.usage(prefix, d, cancel); });
     KVS_RETURN_IF_ERROR(answers.status);
-    std::map<std::string, storage::ContextUsage> merged;
-    for (auto& v : answers.values)
-      for (storage::ContextUsage& u : v) {
-        auto [it, fresh] = merged.try_emplace(u.context, u);
-        if (fresh) continue;
-        storage::ContextUsage& m = it->second;
-        m.bytes = std::max(m.bytes, u.bytes);
-        m.written = std::max(m.written, u.written);
-        if (u.used > m.used) m.used = u.used, m.depth = u.depth;
-        std::vector<uint32_t> chunks;
-        std::set_union(m.chunks.begin(), m.chunks.end(), u.chunks.begin(), u.chunks.end(), std::back_inserter(chunks));
-        m.chunks = std::move(chunks);
-      }
-    std::vector<storage::ContextUsage> out;
-    out.reserve(merged.size());
-    for (auto& [name, u] : merged) out.push_back(std::move(u));
-    return out;
+    return merge_usage(std::move(answers.values));
   }
 
  private:
