@@ -23,15 +23,19 @@ namespace kvstream::cluster {
 /// Where membership lives (one struct; defaults documented per field). Membership is
 /// off while `endpoints` is empty.
 struct EtcdConfig {
-  /// etcd client URLs ("http://127.0.0.1:2379"), tried in order until one answers.
+  /// etcd client URLs ("http://127.0.0.1:2379"), tried in turn until one answers,
+  /// starting at the one that answered last (one that did not is passed over by the
+  /// calls after it).
   std::vector<std::string> endpoints;
   /// Key prefix of this cluster (several clusters may share one etcd).
   std::string prefix = "/kvstream/";
   /// A node's lease: a node that has not renewed it for this long (crashed, cut off)
   /// leaves the membership. Renewed every third of it.
   std::chrono::seconds lease_ttl{5};
-  /// Bound on one etcd request (a watch is a stream and has none; it is cancelled
-  /// instead).
+  /// Bound on one etcd request to one endpoint (a watch is a stream and has none; it
+  /// is cancelled instead). A call's own deadline is shared among the endpoints not
+  /// tried yet, so a member that takes the connection and never answers (a frozen
+  /// process) does not use up a lease renewal's time before a live one is asked.
   std::chrono::milliseconds request_timeout{2000};
 };
 

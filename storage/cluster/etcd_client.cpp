@@ -201,16 +201,25 @@ Result<json> EtcdClient::call(const char* path, const json& body, Deadline deadl
     const size_t i = (first + k) % n;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (cancel.cancelled()) return make_status(StatusCode::cancelled, "etcd {} cancelled", path);
-    if (left.count() <= 0)
+    if (left.count() <= 0) {
       return make_status(StatusCode::timed_out, "etcd {}: deadline passed{}{}", path, errors.empty() ? "" : " after ",
                          errors);
+    }
+    // The time left is shared by the endpoints not tried yet: a member that takes the
+    // connection and never answers (a frozen process) must not use up a lease
+    // renewal's whole deadline before a live member is asked.
+    const auto share = std::max<std::chrono::milliseconds>(left / long(n - k), std::chrono::milliseconds(1));
     Transfer t;
     t.cancel = &cancel;
-    auto code = post(cfg_.endpoints[i] + path, text, std::min(left, cfg_.request_timeout), t);
+    auto code = post(cfg_.endpoints[i] + path, text, std::min(share, cfg_.request_timeout), t);
     if (!code.ok()) {
       if (code.status().code() == StatusCode::cancelled) return make_status(StatusCode::cancelled, "etcd {} cancelled", path);
       last = code.status();
       errors += fmt::format("{}{}", errors.empty() ? "" : "; ", code.status().message());
+      // Calls after this one (a lease's next renewal, half a second on) start at the
+      // next endpoint, not at the one that did not answer.
+      size_t expected = i;
+      preferred_.compare_exchange_strong(expected, (i + 1) % n);
       continue;
     }
     json j = json::parse(t.body, nullptr, false);
@@ -225,6 +234,8 @@ Result<json> EtcdClient::call(const char* path, const json& body, Deadline deadl
       if (grpc == 14 || *code >= 500) {
         last = Status(StatusCode::unavailable, msg);
         errors += fmt::format("{}{}: HTTP {}: {}", errors.empty() ? "" : "; ", cfg_.endpoints[i], *code, msg);
+        size_t expected = i;
+        preferred_.compare_exchange_strong(expected, (i + 1) % n);
         continue;
       }
       const StatusCode c = grpc == 5 ? StatusCode::not_found : grpc == 3 ? StatusCode::invalid_argument
@@ -340,7 +351,7 @@ Status EtcdClient::watch_prefix(const std::string& prefix, int64_t start_revisio
   if (cancel.cancelled()) return detail::repeated_status(StatusCode::cancelled, "etcd watch cancelled");
   if (t.stopped) return verdict;
   if (!code.ok()) {
-    preferred_.store(i + 1);  // the next attempt tries another endpoint
+    preferred_.store((i + 1) % cfg_.endpoints.size());  // the next attempt tries another endpoint
     return code.status();
   }
   if (*code != 200) return make_status(StatusCode::unavailable, "etcd watch: HTTP {}: {}", *code, t.body);

@@ -92,6 +92,10 @@ Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd,
 
 MembershipWatch::~MembershipWatch() {
   stop_.cancel();
+  {
+    std::lock_guard lock(mu_);
+    stream_.cancel();
+  }
   if (thread_.joinable()) thread_.join();
 }
 
@@ -132,13 +136,19 @@ void MembershipWatch::advance(int64_t revision, bool read) {
 void MembershipWatch::run() {
   const std::string prefix = nodes_prefix(etcd_);
   bool logged = false;  // one warning per outage
-  while (!stop_.cancelled()) {
+  while (true) {
     int64_t from;
+    transport::CancelToken stream;
     {
+      // Under the lock that stop and restart_stream take: either this sees the stop,
+      // or they see this stream's token.
       std::lock_guard lock(mu_);
+      if (stop_.cancelled()) break;
       from = revision_ + 1;
+      stream_ = stream;
+      restart_ = false;
     }
-    Status s = etcd_.watch_prefix(prefix, from, stop_, [&](const std::vector<EtcdEvent>& events, int64_t rev) {
+    Status s = etcd_.watch_prefix(prefix, from, stream, [&](const std::vector<EtcdEvent>& events, int64_t rev) {
       logged = false;
       std::lock_guard steps(step_mu_);
       Registrations now;
@@ -157,6 +167,10 @@ void MembershipWatch::run() {
       for (auto& step : member_steps(std::move(now), newer)) reset(std::move(step), rev);
     });
     if (stop_.cancelled()) break;
+    {
+      std::lock_guard lock(mu_);
+      if (restart_) continue;  // a read found it behind: a fresh stream, where the read was answered
+    }
     if (!logged) {
       KVS_LOG_WARN("etcd membership watch broke ({}); reading the member set again every 500 ms", s.to_string());
       logged = true;
@@ -182,6 +196,14 @@ Status MembershipWatch::catch_up(transport::Deadline deadline, const transport::
   const auto events = changes(now, fresh);
   for (auto& step : member_steps(std::move(now), events)) reset(std::move(step), revision);
   advance(revision, true);  // where no step changed anything too
+  if (!events.empty()) {
+    // The stream had not brought what the read found: its member may be stuck (a
+    // frozen process keeps its connections open and silent, which TCP keepalives do
+    // not notice). It starts again, from the endpoint that answered the read.
+    std::lock_guard lock(mu_);
+    restart_ = true;
+    stream_.cancel();
+  }
   return {};
 }
 

@@ -78,6 +78,8 @@ class MembershipWatch {
   /// or frozen etcd member; the watch's thread does so too after its stream broke),
   /// and reports it as the watch would when it is newer than what the watch brought,
   /// as member_steps of what changed; the stream then skips the events it covered.
+  /// Where the read found a change the stream had not brought, the stream starts
+  /// again (within about a second), at the endpoint that answered the read.
   /// Errors: those of the read (the set stays as it was).
   Status catch_up(transport::Deadline deadline, const transport::CancelToken& cancel = {});
 
@@ -94,6 +96,8 @@ class MembershipWatch {
   OnChange on_change_;
   OnRevision on_revision_;
   transport::CancelToken stop_;
+  transport::CancelToken stream_;  // the stream's own (guarded by mu_): stop and restarts end it
+  bool restart_ = false;           // the stream was ended to start again (guarded by mu_)
   // Held while the set moves and the change is reported (the watch's thread and
   // catch_up): reports arrive one at a time, in the order of their revisions.
   std::mutex step_mu_;

@@ -73,6 +73,11 @@ Result<std::unique_ptr<Rebalancer>> Rebalancer::start(const RebalanceConfig& con
   // Registered first, so the set read next includes this node.
   KVS_ASSIGN_OR_RETURN(r->watch_, MembershipWatch::start(
                                        std::move(etcd), [p = r.get()](const MemberSet& m) { p->on_change(m); }, deadline));
+  r->catch_up_ = std::make_unique<MemberCatchUp>(
+      [w = r->watch_.get()](transport::Deadline d, const transport::CancelToken& t) { return w->catch_up(d, t); },
+      [w = r->watch_.get()] { return w->revision(); },
+      // each endpoint in turn may take its request timeout (a frozen member)
+      config.etcd.request_timeout * std::max<size_t>(1, config.etcd.endpoints.size()), kCatchUpSpacing);
   Members first = r->members_of(r->watch_->members());
   {
     std::lock_guard lock(r->mu_);  // on_write may run already (the node serves)
@@ -89,6 +94,7 @@ Rebalancer::~Rebalancer() {
   }
   stop_.cancel();
   cv_.notify_all();
+  if (catch_up_) catch_up_->stop();
   watch_.reset();
   if (worker_.joinable()) worker_.join();
   registration_.reset();  // leaves the membership now
@@ -149,6 +155,10 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
 }
 
 int64_t Rebalancer::members_revision() const { return watch_->revision(); }
+
+void Rebalancer::heard_of_newer_members(int64_t revision) {
+  (void)catch_up_->request(revision, [](const Status&) {});  // a failed read: the next request asks again
+}
 
 void Rebalancer::report(const Members& target, bool done, const Tally& t, double seconds, bool trimmed) {
   const nlohmann::json j = {{"node", self_},

@@ -19,6 +19,7 @@
 #include "kvstream/cluster.hpp"
 #include "kvstream/membership.hpp"
 #include "kvstream/storage.hpp"
+#include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_registration.hpp"
 #include "storage/node/chunk_store.hpp"
@@ -53,6 +54,11 @@ class Rebalancer {
   /// answer says so (docs/protocol.md, "Member sets"). Cheap; called on the node's
   /// request threads.
   [[nodiscard]] int64_t members_revision() const;
+  /// A client's request named a set as of `revision`, newer than this node's: its own
+  /// watch may be behind (its etcd member frozen), so the set is read again in the
+  /// background (reads shared and spaced, cluster/member_catch_up.hpp). Cheap; called
+  /// on the node's request threads.
+  void heard_of_newer_members(int64_t revision);
 
  private:
   Rebalancer(RebalanceConfig cfg, std::string self, storage::ChunkStore& store, storage::MemoryBudget& budget,
@@ -171,6 +177,7 @@ class Rebalancer {
   static constexpr size_t kMaxStrays = 4096;
   // How often a fenced node's due trim looks at the members' reports.
   static constexpr std::chrono::milliseconds kFencePoll{200};
+  static constexpr std::chrono::milliseconds kCatchUpSpacing{200};  // reads of the set on clients' word
   std::set<std::pair<std::string, std::string>> strays_;
   bool strays_overflow_ = false;
   uint64_t generation_ = 0;          // bumped at each change
@@ -193,6 +200,7 @@ class Rebalancer {
 
   std::unique_ptr<NodeRegistration> registration_;
   std::unique_ptr<MembershipWatch> watch_;
+  std::unique_ptr<MemberCatchUp> catch_up_;  // reads of the set on clients' word (stopped before the watch goes)
   std::thread worker_;
 };
 

@@ -480,11 +480,15 @@ class ServerImpl final : public Server {
 
   // Whether this node's member set is newer than the one `req` names (a client whose
   // etcd watch is behind: docs/protocol.md, "Member sets"). A node alone, or not yet
-  // following its cluster, knows none.
+  // following its cluster, knows none. A request that names a newer set than this
+  // node's has its set read again (this node's watch may be the one behind).
   bool members_newer(const Request& req) {
     if (!(req.flags & kMembersRevision)) return false;
     std::lock_guard lock(writes_mu_);
-    return write_watch_ && write_watch_->members_revision() > req.members_revision;
+    if (!write_watch_) return false;
+    const int64_t mine = write_watch_->members_revision();
+    if (req.members_revision > mine) write_watch_->heard_of_newer_members(req.members_revision);
+    return mine > req.members_revision;
   }
 
   // Receives every segment of a put, streaming them into the store. The whole body is
