@@ -126,6 +126,27 @@ class EtcdCluster {
   std::map<std::string, std::string> stores_;  // address -> store directory
 };
 
+// kvstream-server processes of a test that runs its own etcd (a three-member one, to
+// freeze one member): each on a store of its own, registered through the etcd URLs it
+// is given (the first is where its watch goes), stopped by PID with this object.
+class NodeGroup {
+ public:
+  explicit NodeGroup(const std::string& name) : dir_(name) { write_secrets(dir_.path() / "secrets.json"); }
+  // A node with `replication`; its address, "" on failure.
+  std::string start(const std::vector<std::string>& etcd_urls, uint32_t replication) {
+    auto p = std::make_unique<kvstream::testing::NodeProcess>();
+    const auto args = node_args((dir_.path() / fmt::format("n{}", nodes_.size())).string(),
+                                dir_.path() / "secrets.json", etcd_urls, replication);
+    if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
+    nodes_.push_back(std::move(p));
+    return nodes_.back()->address();
+  }
+
+ private:
+  kvstream::testing::TempDir dir_;
+  std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes_;
+};
+
 // Waits until the registered set is `members` and every one of them reports its
 // rebalance for exactly that set done (and with `trimmed`, its surplus copies dealt
 // with); the reports, or empty at the deadline.

@@ -14,8 +14,6 @@
 
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/members_link.hpp"
-#include "tests/support/node_process.hpp"
-#include "tests/support/temp_dir.hpp"
 #include "tests/transport/etcd_cluster.hpp"
 #include "tests/transport/etcd_members.hpp"
 
@@ -33,19 +31,10 @@ TEST(EtcdClientBehind, EveryCallReachesTheNodeItHasNotSeenWhereChunksMovedAndLef
   constexpr size_t kBytes = 4096;
   test_util::EtcdMembers etcd("kvs-etcd-behind", 3);
   ASSERT_TRUE(etcd.started());
-  kvstream::testing::TempDir dir("kvs-behind-nodes");
-  write_secrets(dir.path() / "secrets.json");
   // The nodes use members 1 and 2; R = 1, so a chunk that moved has no copy left on
   // an owner the clients know once the old owner dropped it.
-  std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes;
-  auto start_node = [&]() -> std::string {
-    auto p = std::make_unique<kvstream::testing::NodeProcess>();
-    const auto args = node_args((dir.path() / fmt::format("n{}", nodes.size())).string(), dir.path() / "secrets.json",
-                                {etcd.url(1), etcd.url(2)}, 1);
-    if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
-    nodes.push_back(std::move(p));
-    return nodes.back()->address();
-  };
+  NodeGroup nodes("kvs-behind-nodes");
+  auto start_node = [&] { return nodes.start({etcd.url(1), etcd.url(2)}, 1); };
   const auto nodes_etcd = etcd.config({1, 2});
   const std::string a = start_node(), b = start_node();
   ASSERT_FALSE(a.empty());

@@ -6,8 +6,6 @@
 // lease stays renewed meanwhile (etcd calls share their deadline among endpoints).
 #include <gtest/gtest.h>
 
-#include "tests/support/node_process.hpp"
-#include "tests/support/temp_dir.hpp"
 #include "tests/transport/etcd_cluster.hpp"
 #include "tests/transport/etcd_members.hpp"
 
@@ -21,21 +19,11 @@ TEST(EtcdNodeBehind, ANodeWhoseWatchIsStuckCatchesUpOnItsClientsWordAndWatchesAg
   constexpr size_t kBytes = 4096;
   test_util::EtcdMembers etcd("kvs-etcd-node-behind", 3);
   ASSERT_TRUE(etcd.started());
-  kvstream::testing::TempDir dir("kvs-node-behind");
-  write_secrets(dir.path() / "secrets.json");
-  std::vector<std::unique_ptr<kvstream::testing::NodeProcess>> nodes;
-  auto start_node = [&](std::vector<std::string> urls) -> std::string {
-    auto p = std::make_unique<kvstream::testing::NodeProcess>();
-    const auto args =
-        node_args((dir.path() / fmt::format("n{}", nodes.size())).string(), dir.path() / "secrets.json", urls, 1);
-    if (!p->start(KVSTREAM_SERVER_BIN, args, "warn")) return {};
-    nodes.push_back(std::move(p));
-    return nodes.back()->address();
-  };
+  NodeGroup nodes("kvs-node-behind");
   // Node `a` follows the set through member 0 first (its watch is there), the others
   // and the client through members 1 and 2.
-  const std::string a = start_node({etcd.url(0), etcd.url(1)});
-  const std::string b = start_node({etcd.url(1), etcd.url(2)});
+  const std::string a = nodes.start({etcd.url(0), etcd.url(1)}, 1);
+  const std::string b = nodes.start({etcd.url(1), etcd.url(2)}, 1);
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty());
   const auto live = etcd.config({1, 2});
@@ -61,7 +49,7 @@ TEST(EtcdNodeBehind, ANodeWhoseWatchIsStuckCatchesUpOnItsClientsWordAndWatchesAg
     auto r = first_frozen->range_prefix("/kvs-test/nodes/", deadline_in(2000ms), {});
     EXPECT_TRUE(r.ok()) << r.status().to_string();
   }
-  const std::string c = start_node({etcd.url(1), etcd.url(2)});
+  const std::string c = nodes.start({etcd.url(1), etcd.url(2)}, 1);
   ASSERT_FALSE(c.empty());
   ASSERT_TRUE(wait_settled(live, {a, b, c}, deadline_in(3000ms)).empty()) << "a saw the join: nothing to catch up";
 
@@ -77,7 +65,7 @@ TEST(EtcdNodeBehind, ANodeWhoseWatchIsStuckCatchesUpOnItsClientsWordAndWatchesAg
   // No client speaks from here on; a fourth node joins: a's watch, started again on a
   // member that answers, brings it (member 0 is still frozen).
   client->reset();
-  const std::string d = start_node({etcd.url(1), etcd.url(2)});
+  const std::string d = nodes.start({etcd.url(1), etcd.url(2)}, 1);
   ASSERT_FALSE(d.empty());
   EXPECT_FALSE(wait_settled(live, {a, b, c, d}, deadline_in(20000ms), /*trimmed=*/true).empty())
       << "a's watch is still where it was stuck";
