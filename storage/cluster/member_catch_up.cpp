@@ -32,6 +32,12 @@ bool MemberCatchUp::request(int64_t told, Then then) {
   return true;
 }
 
+Status MemberCatchUp::recent_failure(Clock::duration within) const {
+  std::lock_guard lock(mu_);
+  if (last_failure_.ok() || Clock::now() - last_failed_at_ >= within) return {};
+  return last_failure_;
+}
+
 uint64_t MemberCatchUp::reads() const {
   std::lock_guard lock(mu_);
   return reads_;
@@ -49,6 +55,10 @@ void MemberCatchUp::run() {
     ++reads_;
     lock.unlock();
     const Status s = read_(Clock::now() + timeout_, stop_);
+    lock.lock();
+    last_failure_ = s;  // before the askers hear of it: a call after theirs finds it
+    last_failed_at_ = Clock::now();
+    lock.unlock();
     for (auto& then : serving) then(s);
     lock.lock();
   }

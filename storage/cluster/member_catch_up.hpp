@@ -44,6 +44,11 @@ class MemberCatchUp {
   /// `cancelled`, on this thread; requests from here on are refused. Idempotent.
   void stop();
 
+  /// The last read's error where it failed and ended less than `within` ago, else ok:
+  /// a call that need not wait for a read (it can go on with the set it has) goes on
+  /// at once while etcd does not answer, instead of waiting for each next read.
+  [[nodiscard]] Status recent_failure(transport::Clock::duration within) const;
+
   /// Reads done so far (tests).
   [[nodiscard]] uint64_t reads() const;
 
@@ -59,6 +64,8 @@ class MemberCatchUp {
   std::vector<Then> waiting_;
   bool stopping_ = false;
   transport::Clock::time_point last_start_{};
+  transport::Clock::time_point last_failed_at_{};
+  Status last_failure_;
   uint64_t reads_ = 0;
   std::thread thread_;
 };

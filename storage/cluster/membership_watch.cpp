@@ -140,8 +140,8 @@ void MembershipWatch::run() {
     int64_t from;
     transport::CancelToken stream;
     {
-      // Under the lock that stop and restart_stream take: either this sees the stop,
-      // or they see this stream's token.
+      // Under the lock the destructor and catch_up take to end the stream: either this
+      // sees the stop, or they see this stream's token.
       std::lock_guard lock(mu_);
       if (stop_.cancelled()) break;
       from = revision_ + 1;

@@ -10,10 +10,12 @@
 #include "core/log.hpp"
 #include "kvstream/cluster.hpp"
 #include "storage/cluster/cluster_view.hpp"
+#include "storage/cluster/get_op.hpp"
 #include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_links.hpp"
 #include "storage/cluster/replica_merge.hpp"
+#include "storage/cluster/write_outcome.hpp"
 #include "storage/members_link.hpp"
 #include "storage/protocol.hpp"
 
@@ -34,36 +36,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 using Node = ClusterNode;
-
-// One get, carried from replica to replica.
-struct GetOp {
-  std::string context;
-  uint32_t chunk = 0, level = 0;
-  MemoryRegion dest;
-  size_t offset = 0, capacity = 0;  // a range: its place in dest, its length
-  bool range = false;               // a range get of [range_offset, range_offset + capacity)
-  uint64_t range_offset = 0;
-  Deadline deadline;
-  CancelToken cancel;
-  GetCallback done;
-  std::vector<Node*> order;  // replicas, best first
-  size_t next = 0;
-  // The view the get started with; its past owners are asked only when the owners
-  // now did not answer with the chunk (after a membership change), so a get on a
-  // settled cluster computes no past placement.
-  std::shared_ptr<const ClusterView> view;
-  std::string key;
-  bool asked_past = false;
-  bool asked_again = false;  // once, after the member set moved (ReplicatedClient::ask_again)
-  std::string errors;  // "node: error; ..." of the attempts that failed
-  Status last_error;
-  bool only_not_found = true;
-};
-
-// Errors that another replica would answer the same way.
-bool final_error(StatusCode c) {
-  return c == StatusCode::out_of_range || c == StatusCode::invalid_argument || c == StatusCode::unsupported;
-}
 
 class ReplicatedClient final : public storage::Client {
  public:
@@ -106,7 +78,9 @@ class ReplicatedClient final : public storage::Client {
         // A node that says its set is newer than the one a request named: the set is
         // read again in the background (reads shared and spaced by MemberCatchUp), so
         // the calls after it are placed under the newer one.
-        c->set_link_->on_newer = [p = c.get()](int64_t told) { (void)p->catch_up_->request(told, [](const Status&) {}); };
+        c->set_link_->on_newer = [p = c.get()](int64_t told) {
+          (void)p->catch_up_->request(told, [](const Status&) {});
+        };
         if (cfg.nodes.empty())
           return make_status(StatusCode::unavailable,
                              "cluster: no storage node is registered in etcd under '{}nodes/'", cfg.etcd.prefix);
@@ -178,43 +152,45 @@ class ReplicatedClient final : public storage::Client {
     // the replicas in different orders, and each replica keeps the newest version,
     // so they agree.
     if (version == 0) version = storage::next_write_version();
-    // Every replica in parallel (the first on this thread); all answer by the deadline.
-    std::vector<std::future<Status>> others;
-    for (size_t i = 1; i < replicas.size(); ++i)
-      others.push_back(std::async(std::launch::async, [&, n = replicas[i]] {
-        return put_one(*n, context, chunk, level, bytes, parts, version, deadline, cancel);
-      }));
-    std::vector<Status> results{put_one(*replicas[0], context, chunk, level, bytes, parts, version, deadline, cancel)};
-    for (auto& f : others) results.push_back(f.get());
-    uint32_t acks = 0, busy = 0, full = 0;
-    std::string errors;
-    Status first;
-    for (size_t i = 0; i < results.size(); ++i) {
-      if (results[i].ok()) {
-        ++acks;
-        continue;
+    auto put_all = [&](const std::vector<Node*>& nodes) {
+      // In parallel (the first on this thread); all answer by the deadline.
+      std::vector<std::future<Status>> others;
+      for (size_t i = 1; i < nodes.size(); ++i)
+        others.push_back(std::async(std::launch::async, [&, n = nodes[i]] {
+          return put_one(*n, context, chunk, level, bytes, parts, version, deadline, cancel);
+        }));
+      std::vector<OwnerAnswer> answers;
+      if (!nodes.empty())
+        answers.push_back({nodes[0]->address, put_one(*nodes[0], context, chunk, level, bytes, parts, version,
+                                                      deadline, cancel)});
+      for (size_t i = 1; i < nodes.size(); ++i) answers.push_back({nodes[i]->address, others[i - 1].get()});
+      return answers;
+    };
+    auto answers = put_all(replicas);
+    const std::string what = fmt::format("chunk {} level {} of '{}'", chunk, level, context);
+    // A replica said its member set is newer than this client's (the client's watch is
+    // behind), or the set moved meanwhile: the chunk may have owners it did not ask.
+    // They are sent the write too, and the write is judged by the owners under the
+    // newer set, so a reader whose set is current reads it once the put returns.
+    auto later = newer_view(v, deadline, cancel);
+    if (!later.ok() || !*later) return write_outcome(answers, v->write_quorum, what);
+    const auto owners = (*later)->now->replicas(HashRing::chunk_key(context, chunk), (*later)->replication);
+    std::vector<Node*> unasked;
+    for (Node* n : owners)
+      if (std::find(replicas.begin(), replicas.end(), n) == replicas.end()) unasked.push_back(n);
+    auto more = put_all(unasked);
+    std::vector<OwnerAnswer> judged;
+    for (Node* n : owners) {
+      const auto has = [&](const OwnerAnswer& a) { return a.address == n->address; };
+      if (auto it = std::find_if(answers.begin(), answers.end(), has); it != answers.end()) {
+        judged.push_back(*it);
+      } else if (auto m = std::find_if(more.begin(), more.end(), has); m != more.end()) {
+        // already_exists there: it holds this write (a copy made since) or a newer one.
+        if (m->status.code() == StatusCode::already_exists) m->status = {};
+        judged.push_back(*m);
       }
-      busy += results[i].code() == StatusCode::resource_exhausted;
-      full += results[i].code() == StatusCode::no_space;
-      // already_exists: a newer write of this object reached that replica first; it
-      // reaches the others too, so this put lost the race everywhere.
-      if (final_error(results[i].code()) || results[i].code() == StatusCode::cancelled ||
-          results[i].code() == StatusCode::already_exists)
-        return results[i];
-      if (first.ok()) first = results[i];
-      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", replicas[i]->address, results[i].to_string());
     }
-    if (acks >= v->write_quorum) return {};
-    // Every replica that failed answered: that it has no space (the namespace's quota,
-    // a full disk), which only removing data cures; or, some of them, that they are
-    // busy (the node's memory), which waiting may cure. Neither is a node failure.
-    const size_t failed = results.size() - acks;
-    return Status(full == failed                                ? StatusCode::no_space
-                  : busy + full == failed                       ? StatusCode::resource_exhausted
-                  : first.code() == StatusCode::timed_out ? StatusCode::timed_out
-                                                           : StatusCode::unavailable,
-                  fmt::format("chunk {} level {} of '{}' reached {} of {} replicas, {} needed ({})", chunk, level,
-                              context, acks, replicas.size(), v->write_quorum, errors));
+    return write_outcome(judged, (*later)->write_quorum, what);
   }
 
   void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
@@ -334,6 +310,9 @@ class ReplicatedClient final : public storage::Client {
   // Reads of the set for gets a node told it moved (catch_up); with etcd only. Set
   // before the first get, stopped first by the destructor and freed last.
   static constexpr auto kCatchUpSpacing = std::chrono::milliseconds(200);
+  // After a read of the set failed, calls go on with the set they have for this long
+  // rather than wait for the next read (etcd out of reach: calls need the nodes only).
+  static constexpr auto kCatchUpBackoff = std::chrono::seconds(1);
   std::unique_ptr<MemberCatchUp> catch_up_;
   // The set's revision, which requests name, and what nodes answer of theirs
   // (members_link.hpp); with etcd only, shared by every node's client.
@@ -497,6 +476,7 @@ class ReplicatedClient final : public storage::Client {
       return true;
     }
     op->asked_again = true;
+    if (!catch_up_->recent_failure(kCatchUpBackoff).ok()) return false;  // etcd out of reach: not_found now
     return catch_up_->request(set_link_->newer_than_told(), [this, op](const Status& read) {
       if (read.code() == StatusCode::cancelled) return finish(op, read);
       if (!read.ok() || view() == op->view || Clock::now() >= op->deadline) return finish(op, nowhere(*op));
@@ -664,10 +644,16 @@ class ReplicatedClient final : public storage::Client {
   Result<std::shared_ptr<const ClusterView>> newer_view(const std::shared_ptr<const ClusterView>& v,
                                                         Deadline deadline, const CancelToken& cancel) {
     if (!catch_up_) return std::shared_ptr<const ClusterView>();
+    const int64_t told = set_link_->newer_than_told();
+    const bool behind = view() == v && told > watch_->revision();
+    if (Status failed = catch_up_->recent_failure(kCatchUpBackoff); behind && !failed.ok())
+      return Status(StatusCode::unavailable,
+                    fmt::format("a node's member set is newer than this client's, and etcd did not answer its "
+                                "last read of it: {}",
+                                failed.to_string()));
     auto read = std::make_shared<std::promise<Status>>();
     auto done = read->get_future();
-    if (view() == v &&
-        catch_up_->request(set_link_->newer_than_told(), [read](const Status& s) { read->set_value(s); })) {
+    if (behind && catch_up_->request(told, [read](const Status& s) { read->set_value(s); })) {
       while (done.wait_for(20ms) != std::future_status::ready) {
         if (cancel.cancelled()) return make_status(StatusCode::cancelled, "cancelled reading the member set");
         if (Clock::now() >= deadline)

@@ -48,7 +48,7 @@ TEST(EtcdClientBehind, EveryCallReachesTheNodeItHasNotSeenWhereChunksMovedAndLef
   cc.etcd.request_timeout = 1000ms;
   cc.replication = 1;
   cc.name_space = kNs, cc.secret = kSecret;
-  enum { kGets, kStat, kList, kUsage, kRemove, kClients };
+  enum { kGets, kStat, kList, kUsage, kPut, kRemove, kClients };
   std::vector<std::unique_ptr<storage::Client>> clients;
   for (int i = 0; i < kClients; ++i) {
     auto client = cluster::connect(cc, deadline_in(5000ms));
@@ -95,6 +95,20 @@ TEST(EtcdClientBehind, EveryCallReachesTheNodeItHasNotSeenWhereChunksMovedAndLef
   auto used = clients[kUsage]->usage("solo-", deadline_in(10000ms));
   ASSERT_TRUE(used.ok()) << used.status().to_string();
   EXPECT_EQ(used->size(), size_t(kSolos)) << solos_moved.size() << " moved whole";
+
+  // A write of a chunk that moved reaches its owner before it is acknowledged: a
+  // client whose set is current reads it at once (not the copy made before it).
+  const uint32_t rewritten = moved.begin()->first;
+  const auto fresh = payload(rewritten + 1000, kBytes);
+  ASSERT_TRUE(clients[kPut]->put(kCtx, rewritten, 0, fresh, deadline_in(10000ms)).ok());
+  {
+    std::vector<std::byte> buf(kBytes);
+    auto region = clients[kGets]->register_memory(buf.data(), buf.size());
+    ASSERT_TRUE(region.ok());
+    auto got = clients[kGets]->get(kCtx, rewritten, 0, *region, 0, buf.size(), deadline_in(5000ms));
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_TRUE(buf == fresh) << "chunk " << rewritten << ": the write before the put read back";
+  }
 
   // A remove reaches the node that holds what moved: nothing of the context is read
   // back afterwards, through a client whose set is current or from that node.

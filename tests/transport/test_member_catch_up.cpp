@@ -89,4 +89,22 @@ TEST(MemberCatchUp, StoppingCancelsTheReadAndAnswersTheWaiting) {
   EXPECT_EQ(held.started, 1) << "no read begins once stopping";
 }
 
+// A read that failed is told to calls that would otherwise wait for the next one, for
+// as long as they ask within the given time; a read that succeeded clears it.
+TEST(MemberCatchUp, AFailedReadIsToldUntilAReadSucceeds) {
+  HeldReads held;
+  MemberCatchUp up = make(held);
+  EXPECT_TRUE(up.recent_failure(1h).ok()) << "no read yet";
+  std::promise<Status> failed, passed;
+  ASSERT_TRUE(up.request(11, [&](const Status& s) { failed.set_value(s); }));
+  held.release(Status(StatusCode::unavailable, "etcd down"));
+  ASSERT_EQ(failed.get_future().get().code(), StatusCode::unavailable);
+  EXPECT_EQ(up.recent_failure(1h).code(), StatusCode::unavailable) << "noted before the askers heard";
+  EXPECT_TRUE(up.recent_failure(0s).ok()) << "older than asked for";
+  ASSERT_TRUE(up.request(11, [&](const Status& s) { passed.set_value(s); }));
+  held.release();
+  ASSERT_TRUE(passed.get_future().get().ok());
+  EXPECT_TRUE(up.recent_failure(1h).ok()) << "a read succeeded since";
+}
+
 }  // namespace kvstream::test_member_catch_up
