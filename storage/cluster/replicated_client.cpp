@@ -167,13 +167,12 @@ class ReplicatedClient final : public storage::Client {
       return answers;
     };
     auto answers = put_all(replicas);
-    const std::string what = fmt::format("chunk {} level {} of '{}'", chunk, level, context);
     // A replica said its member set is newer than this client's (the client's watch is
     // behind), or the set moved meanwhile: the chunk may have owners it did not ask.
     // They are sent the write too, and the write is judged by the owners under the
     // newer set, so a reader whose set is current reads it once the put returns.
     auto later = newer_view(v, deadline, cancel);
-    if (!later.ok() || !*later) return write_outcome(answers, v->write_quorum, what);
+    if (!later.ok() || !*later) return write_outcome(answers, v->write_quorum, context, chunk, level);
     const auto owners = (*later)->now->replicas(HashRing::chunk_key(context, chunk), (*later)->replication);
     std::vector<Node*> unasked;
     for (Node* n : owners)
@@ -190,7 +189,7 @@ class ReplicatedClient final : public storage::Client {
         judged.push_back(*m);
       }
     }
-    return write_outcome(judged, (*later)->write_quorum, what);
+    return write_outcome(judged, (*later)->write_quorum, context, chunk, level);
   }
 
   void get_async(const std::string& context, uint32_t chunk, uint32_t level, MemoryRegion dest, size_t offset,
@@ -646,7 +645,7 @@ class ReplicatedClient final : public storage::Client {
     if (!catch_up_) return std::shared_ptr<const ClusterView>();
     const int64_t told = set_link_->newer_than_told();
     const bool behind = view() == v && told > watch_->revision();
-    if (Status failed = catch_up_->recent_failure(kCatchUpBackoff); behind && !failed.ok())
+    if (Status failed = behind ? catch_up_->recent_failure(kCatchUpBackoff) : Status(); !failed.ok())
       return Status(StatusCode::unavailable,
                     fmt::format("a node's member set is newer than this client's, and etcd did not answer its "
                                 "last read of it: {}",

@@ -5,7 +5,8 @@
 
 namespace kvstream::cluster {
 
-Status write_outcome(const std::vector<OwnerAnswer>& answers, uint32_t quorum, std::string_view what) {
+Status write_outcome(const std::vector<OwnerAnswer>& answers, uint32_t quorum, std::string_view context,
+                     uint32_t chunk, uint32_t level) {
   uint32_t acks = 0, busy = 0, full = 0;
   std::string errors;
   Status first;
@@ -30,8 +31,8 @@ Status write_outcome(const std::vector<OwnerAnswer>& answers, uint32_t quorum, s
                 : busy + full == failed                 ? StatusCode::resource_exhausted
                 : first.code() == StatusCode::timed_out ? StatusCode::timed_out
                                                         : StatusCode::unavailable,
-                fmt::format("{} reached {} of {} replicas, {} needed ({})", what, acks, answers.size(), quorum,
-                            errors));
+                fmt::format("chunk {} level {} of '{}' reached {} of {} replicas, {} needed ({})", chunk, level,
+                            context, acks, answers.size(), quorum, errors));
 }
 
 }  // namespace kvstream::cluster

@@ -23,13 +23,15 @@ struct OwnerAnswer {
   Status status;
 };
 
-/// The write's outcome from its owners' answers (`what` names it in the message):
+/// The outcome of a write of chunk `chunk` level `level` of `context` from its owners'
+/// answers:
 /// ok once `quorum` of them took it; an answer another owner would give the same
 /// (final: out of range, invalid, unsupported), a cancel, or `already_exists` (a newer
 /// write of the object reached that owner first, and reaches the others too) is the
 /// outcome as it is; otherwise no_space where every owner that failed is out of
 /// space, resource_exhausted where each of those is busy or out of space (neither a
 /// node failure), timed_out or unavailable after the first failure.
-Status write_outcome(const std::vector<OwnerAnswer>& answers, uint32_t quorum, std::string_view what);
+Status write_outcome(const std::vector<OwnerAnswer>& answers, uint32_t quorum, std::string_view context,
+                     uint32_t chunk, uint32_t level);
 
 }  // namespace kvstream::cluster
