@@ -84,11 +84,12 @@ inline constexpr size_t kMaxMessageBytes = 512;
 inline constexpr uint32_t kMaxChunksPerContext = 1u << 20;
 /// Bytes of one part of a put's parts table on the wire: u64 end, f64 score.
 inline constexpr size_t kPartWireBytes = 16;
-/// The largest request header: a put's fixed fields (32 + total, checksum, version),
-/// its full parts table (u8 count + 224 parts) and the longest context (u8 + 200). It
-/// travels in one transport header, so it must fit that bound.
+/// The largest request header: a put's fixed fields (32 + the member-set revision +
+/// total, checksum, version), its full parts table (u8 count + 224 parts) and the
+/// longest context (u8 + 200). It travels in one transport header, so it must fit
+/// that bound.
 inline constexpr size_t kMaxRequestHeaderBytes =
-    4 + 1 + 1 + 2 + 8 + 4 + 4 + 3 * 8 + 1 + kMaxObjectParts * kPartWireBytes + 1 + kMaxContextBytes;
+    4 + 1 + 1 + 2 + 8 + 4 + 4 + 8 + 3 * 8 + 1 + kMaxObjectParts * kPartWireBytes + 1 + kMaxContextBytes;
 static_assert(kMaxRequestHeaderBytes <= transport::kMaxHeaderBytes,
               "a put's parts table must fit one transport header");
 /// Put and get bodies travel in segments of this size (the last may be shorter): the

@@ -438,6 +438,7 @@ TEST(Protocol, RangeAndPartsRoundTripAndMalformedOnesAreRefused) {
   put.op = Op::put, put.id = 9, put.chunk = 1, put.level = 2, put.total = 1 << 20, put.checksum = 7, put.version = 5;
   put.context = std::string(kMaxContextBytes, 'c');
   put.parts = parts_of(put.total, kMaxObjectParts);
+  put.flags = kMembersRevision, put.members_revision = 1;  // as a replicated client sends it
   const auto bytes = encode(put);
   EXPECT_EQ(bytes.size(), kMaxRequestHeaderBytes);  // the largest request there is
   auto back = decode_request(bytes);
@@ -459,9 +460,10 @@ TEST(Protocol, RangeAndPartsRoundTripAndMalformedOnesAreRefused) {
     ASSERT_FALSE(d.ok());
     EXPECT_EQ(d.status().code(), StatusCode::corrupt_data) << d.status().to_string();
   }
-  // A count past the bound: the count byte sits right after the put's fixed fields.
+  // A count past the bound: the count byte sits right after the put's fixed fields
+  // (the member-set revision among them).
   auto over = bytes;
-  over[4 + 1 + 1 + 2 + 8 + 4 + 4 + 24] = std::byte{kMaxObjectParts + 1};
+  over[4 + 1 + 1 + 2 + 8 + 4 + 4 + 8 + 24] = std::byte{kMaxObjectParts + 1};
   EXPECT_EQ(decode_request(over).status().code(), StatusCode::corrupt_data);
   // A range get comes back whole; a range of no length at an offset is malformed; one
   // past the largest object is out_of_range.
