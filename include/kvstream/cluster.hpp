@@ -81,7 +81,8 @@ struct ClusterConfig {
   /// Each request names the revision of the client's member set; a node whose set is
   /// newer says so (the client's watch is behind), and the client reads the set from
   /// etcd at once: a get that found its chunk nowhere then asks the owners under it,
-  /// a stat, listing or remove the members it lacked (docs/protocol.md, "Member sets").
+  /// a put writes to them too before it returns, a stat, listing or remove asks the
+  /// members it lacked (docs/protocol.md, "Member sets").
   EtcdConfig etcd;
   uint32_t replication = 2;                ///< R: distinct nodes holding each chunk (capped at the node count)
   /// Replicas that must acknowledge a put: 0 = all R (default). A put that reaches
