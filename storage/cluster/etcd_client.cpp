@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 
 #include <charconv>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "core/log.hpp"
@@ -93,6 +94,22 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
   } catch (const json::exception& e) {
     return make_status(StatusCode::corrupt_data, "etcd {}: unexpected answer: {}", what, e.what());
   }
+}
+
+// The gateway's error: {"error": text, "code": grpc code, "message": text}, or on a
+// stream (a lease keep-alive) {"error": {"grpc_code", "http_code", "message", ...}}.
+// Any other shape gives the body as the message and no code; never throws.
+std::pair<std::string, int> gateway_error(const json& j, const std::string& body) {
+  if (!j.is_object()) return {body, 0};
+  const auto it = j.find("error");
+  const json& e = it != j.end() && it->is_object() ? *it : j;
+  std::string msg = body;
+  if (const auto m = e.find("message"); m != e.end() && m->is_string()) msg = m->get<std::string>();
+  else if (it != j.end() && it->is_string()) msg = it->get<std::string>();
+  int grpc = 0;
+  for (const char* key : {"code", "grpc_code"})
+    if (const auto c = e.find(key); c != e.end() && c->is_number_integer()) grpc = c->get<int>();
+  return {msg, grpc};
 }
 
 struct Transfer {
@@ -227,9 +244,7 @@ Result<json> EtcdClient::call(const char* path, const json& body, Deadline deadl
       return make_status(StatusCode::corrupt_data, "etcd {}{}: the answer is not JSON ({} bytes)", cfg_.endpoints[i],
                          path, t.body.size());
     if (*code != 200) {
-      // The gateway's error object: {"error": ..., "code": grpc code, "message": ...}.
-      const std::string msg = j.is_object() ? j.value("message", j.value("error", t.body)) : t.body;
-      const int grpc = j.is_object() ? j.value("code", 0) : 0;
+      const auto [msg, grpc] = gateway_error(j, t.body);
       // 14 UNAVAILABLE (no leader, stopping): another endpoint may answer.
       if (grpc == 14 || *code >= 500) {
         last = Status(StatusCode::unavailable, msg);

@@ -6,6 +6,11 @@
 // Removes across a node's absence are in test_etcd_removes.cpp.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <optional>
 #include <thread>
@@ -386,6 +391,50 @@ TEST(EtcdClient, AWatchOnAMemberWithoutALeaderEndsInsteadOfStayingSilent) {
   auto r = c->range_prefix("/kvs-test/nodes/", deadline_in(5000ms), {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::unavailable) << r.status().to_string();
+}
+
+// The gateway answers a stream's call (a lease keep-alive) with an error object
+// under "error"; that shape, and others a gateway or proxy may send, are errors of the
+// call, never an exception out of it (a node's renewal thread once ended the process
+// on {"error": {...}} during an election). A loopback listener answers each call.
+TEST(EtcdClient, ErrorAnswersOfAnyShapeAreErrorsNotExceptions) {
+  const std::vector<std::string> bodies = {
+      R"({"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader","http_status":"Service Unavailable"}})",
+      R"({"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"})",
+      R"({"error":7,"code":"fourteen","message":["no"]})",
+      R"([1,2,3])",
+  };
+  for (const auto& body : bodies) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET, addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK), addr.sin_port = 0;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    ASSERT_EQ(::listen(fd, 4), 0);
+    std::thread server([fd, body] {
+      const int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      (void)::recv(c, buf, sizeof buf, 0);  // the request (small, one segment on loopback)
+      const std::string reply = fmt::format(
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+          "Connection: close\r\n\r\n{}",
+          body.size(), body);
+      (void)::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+      ::close(c);
+    });
+    cluster::EtcdConfig cfg;
+    cfg.endpoints = {fmt::format("http://127.0.0.1:{}", ntohs(addr.sin_port))};
+    auto etcd = cluster::EtcdClient::create(cfg);
+    ASSERT_TRUE(etcd.ok());
+    auto ttl = etcd->keep_alive(1, deadline_in(5000ms), {});
+    server.join();
+    ::close(fd);
+    ASSERT_FALSE(ttl.ok()) << body;
+    EXPECT_EQ(ttl.status().code(), StatusCode::unavailable) << body << ": " << ttl.status().to_string();
+  }
 }
 
 TEST(EtcdClient, PrefixEndIncrementsTheLastByte) {
