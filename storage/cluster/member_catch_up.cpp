@@ -32,6 +32,19 @@ bool MemberCatchUp::request(int64_t told, Then then) {
   return true;
 }
 
+void MemberCatchUp::nudge(int64_t told) {
+  int64_t seen = nudged_.load(std::memory_order_relaxed);
+  do {
+    if (told <= seen) return;
+  } while (!nudged_.compare_exchange_weak(seen, told, std::memory_order_relaxed));
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ || told <= revision_()) return;
+    wanted_ = true;
+  }
+  cv_.notify_all();
+}
+
 Status MemberCatchUp::recent_failure(Clock::duration within) const {
   std::lock_guard lock(mu_);
   if (last_failure_.ok() || Clock::now() - last_failed_at_ >= within) return {};
@@ -46,11 +59,12 @@ uint64_t MemberCatchUp::reads() const {
 void MemberCatchUp::run() {
   std::unique_lock lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !waiting_.empty(); });
+    cv_.wait(lock, [&] { return stopping_ || wanted_ || !waiting_.empty(); });
     if (reads_ > 0) cv_.wait_until(lock, last_start_ + spacing_, [&] { return stopping_; });
     if (stopping_) break;
     auto serving = std::move(waiting_);
     waiting_.clear();
+    wanted_ = false;
     last_start_ = Clock::now();
     ++reads_;
     lock.unlock();
@@ -58,6 +72,7 @@ void MemberCatchUp::run() {
     lock.lock();
     last_failure_ = s;  // before the askers hear of it: a call after theirs finds it
     last_failed_at_ = Clock::now();
+    if (!s.ok()) nudged_.store(0, std::memory_order_relaxed);  // the next nudge asks again
     lock.unlock();
     for (auto& then : serving) then(s);
     lock.lock();

@@ -7,6 +7,7 @@
 // one read, not one each.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -40,6 +41,12 @@ class MemberCatchUp {
   /// is as new, or once stopping.
   bool request(int64_t told, Then then);
 
+  /// As request() where no one waits for the read (it comes of an answer, or of a
+  /// request, that said a set is newer: once per message): a nudge for a set no newer
+  /// than one nudged before adds nothing, without a lock, and none queues a callback.
+  /// After a failed read the next nudge asks again.
+  void nudge(int64_t told);
+
   /// Ends the read in flight (its token) and answers the requests still waiting
   /// `cancelled`, on this thread; requests from here on are refused. Idempotent.
   void stop();
@@ -62,6 +69,8 @@ class MemberCatchUp {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Then> waiting_;
+  bool wanted_ = false;                // a nudge asked for a read (guarded by mu_)
+  std::atomic<int64_t> nudged_{0};     // the newest set a nudge named since the last failed read
   bool stopping_ = false;
   transport::Clock::time_point last_start_{};
   transport::Clock::time_point last_failed_at_{};

@@ -85,7 +85,8 @@ Result<std::unique_ptr<MembershipWatch>> MembershipWatch::start(EtcdClient etcd,
   auto w = std::unique_ptr<MembershipWatch>(
       new MembershipWatch(std::move(etcd), std::move(on_change), std::move(on_revision)));
   w->by_key_ = registrations_of(range);
-  w->revision_ = w->read_revision_ = range.revision;
+  w->revision_ = range.revision;
+  w->read_revision_ = range.revision;
   w->thread_ = std::thread([p = w.get()] { p->run(); });
   return w;
 }
@@ -104,10 +105,7 @@ MemberSet MembershipWatch::members() const {
   return member_set(by_key_);
 }
 
-int64_t MembershipWatch::revision() const {
-  std::lock_guard lock(mu_);
-  return revision_;
-}
+int64_t MembershipWatch::revision() const { return revision_.load(); }
 
 void MembershipWatch::reset(Registrations by_key, int64_t revision) {
   MemberSet before, after;

@@ -6,6 +6,7 @@
 // set it last saw stays in force meanwhile.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -103,7 +104,9 @@ class MembershipWatch {
   std::mutex step_mu_;
   mutable std::mutex mu_;
   Registrations by_key_;
-  int64_t revision_ = 0;
+  // Written under mu_ (and step_mu_); read without a lock by revision(), which a
+  // storage node asks for each request that names a member set.
+  std::atomic<int64_t> revision_{0};
   int64_t read_revision_ = 0;  // of the last read of the whole set (a stream's older events skipped)
   std::thread thread_;
 };

@@ -157,7 +157,7 @@ void Rebalancer::on_write(const storage::ObjectKey& key) {
 int64_t Rebalancer::members_revision() const { return watch_->revision(); }
 
 void Rebalancer::heard_of_newer_members(int64_t revision) {
-  (void)catch_up_->request(revision, [](const Status&) {});  // a failed read: the next request asks again
+  catch_up_->nudge(revision);
 }
 
 void Rebalancer::report(const Members& target, bool done, const Tally& t, double seconds, bool trimmed) {

@@ -78,9 +78,7 @@ class ReplicatedClient final : public storage::Client {
         // A node that says its set is newer than the one a request named: the set is
         // read again in the background (reads shared and spaced by MemberCatchUp), so
         // the calls after it are placed under the newer one.
-        c->set_link_->on_newer = [p = c.get()](int64_t told) {
-          (void)p->catch_up_->request(told, [](const Status&) {});
-        };
+        c->set_link_->on_newer = [p = c.get()](int64_t told) { p->catch_up_->nudge(told); };
         if (cfg.nodes.empty())
           return make_status(StatusCode::unavailable,
                              "cluster: no storage node is registered in etcd under '{}nodes/'", cfg.etcd.prefix);
@@ -644,27 +642,29 @@ class ReplicatedClient final : public storage::Client {
                                                         Deadline deadline, const CancelToken& cancel) {
     if (!catch_up_) return std::shared_ptr<const ClusterView>();
     const int64_t told = set_link_->newer_than_told();
-    const bool behind = view() == v && told > watch_->revision();
-    if (Status failed = behind ? catch_up_->recent_failure(kCatchUpBackoff) : Status(); !failed.ok())
-      return Status(StatusCode::unavailable,
-                    fmt::format("a node's member set is newer than this client's, and etcd did not answer its "
-                                "last read of it: {}",
-                                failed.to_string()));
-    auto read = std::make_shared<std::promise<Status>>();
-    auto done = read->get_future();
-    if (behind && catch_up_->request(told, [read](const Status& s) { read->set_value(s); })) {
-      while (done.wait_for(20ms) != std::future_status::ready) {
-        if (cancel.cancelled()) return make_status(StatusCode::cancelled, "cancelled reading the member set");
-        if (Clock::now() >= deadline)
-          return make_status(StatusCode::timed_out,
-                             "a node's member set is newer than this client's, and reading it from etcd did not "
-                             "end by the deadline");
+    const bool behind = told > set_link_->revision() && view() == v;  // lock-free when no node said so
+    if (behind) {
+      if (Status failed = catch_up_->recent_failure(kCatchUpBackoff); !failed.ok())
+        return Status(StatusCode::unavailable,
+                      fmt::format("a node's member set is newer than this client's, and etcd did not answer its "
+                                  "last read of it: {}",
+                                  failed.to_string()));
+      auto read = std::make_shared<std::promise<Status>>();
+      auto done = read->get_future();
+      if (catch_up_->request(told, [read](const Status& s) { read->set_value(s); })) {
+        while (done.wait_for(20ms) != std::future_status::ready) {
+          if (cancel.cancelled()) return make_status(StatusCode::cancelled, "cancelled reading the member set");
+          if (Clock::now() >= deadline)
+            return make_status(StatusCode::timed_out,
+                               "a node's member set is newer than this client's, and reading it from etcd did not "
+                               "end by the deadline");
+        }
+        if (Status s = done.get(); !s.ok())
+          return Status(s.code() == StatusCode::cancelled ? s.code() : StatusCode::unavailable,
+                        fmt::format("a node's member set is newer than this client's, and reading it from etcd "
+                                    "failed: {}",
+                                    s.to_string()));
       }
-      if (Status s = done.get(); !s.ok())
-        return Status(s.code() == StatusCode::cancelled ? s.code() : StatusCode::unavailable,
-                      fmt::format("a node's member set is newer than this client's, and reading it from etcd "
-                                  "failed: {}",
-                                  s.to_string()));
     }
     auto now = view();
     return now == v ? std::shared_ptr<const ClusterView>() : now;

@@ -19,7 +19,7 @@ namespace kvstream::cluster {
 
 /// One owner's answer to a write.
 struct OwnerAnswer {
-  std::string address;
+  std::string_view address;  // the node's, which outlives the write (no copy per put)
   Status status;
 };
 

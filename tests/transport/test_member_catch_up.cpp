@@ -107,4 +107,29 @@ TEST(MemberCatchUp, AFailedReadIsToldUntilAReadSucceeds) {
   EXPECT_TRUE(up.recent_failure(1h).ok()) << "a read succeeded since";
 }
 
+// Nudges (one per message that says a set is newer) share reads as requests do, and
+// one naming a set no newer than an earlier nudge's adds nothing; after a failed read
+// the next nudge asks again.
+TEST(MemberCatchUp, NudgesForTheSameSetMakeOneRead) {
+  HeldReads held;
+  MemberCatchUp up = make(held);
+  up.nudge(10);  // no newer than the client's set (10)
+  for (int i = 0; i < 1000; ++i) up.nudge(12);
+  held.wait_started(1);
+  for (int i = 0; i < 1000; ++i) up.nudge(12);  // while the read runs: the same set
+  held.release(Status(StatusCode::unavailable, "etcd down"));
+  // A waiter after the failure marks when the thread has moved past it.
+  std::promise<Status> after;
+  ASSERT_TRUE(up.request(12, [&](const Status& s) { after.set_value(s); }));
+  held.wait_started(2);
+  held.release();
+  ASSERT_TRUE(after.get_future().get().ok());
+  EXPECT_EQ(up.reads(), 2u) << "2000 nudges for one set: one read (and the waiter's)";
+  up.nudge(12);  // the first read failed: asked again
+  held.wait_started(3);
+  held.release();
+  up.stop();
+  EXPECT_EQ(up.reads(), 3u);
+}
+
 }  // namespace kvstream::test_member_catch_up
