@@ -8,45 +8,12 @@
 #include <thread>
 
 #include "kvstream/transport.hpp"
-#include "tests/transport/transport_test_util.hpp"
+#include "tests/transport/ucx_test_util.hpp"
 #include "transport/ucx/ucx_wire.hpp"
-#if KVSTREAM_HAVE_UCX
-#include "transport/common/address.hpp"
-#include "transport/ucx/ucx_connection.hpp"
-#endif
 
 namespace kvstream::test_ucx {
 
-using namespace kvstream::transport;
-using namespace std::chrono_literals;
-
 namespace {
-
-bool have_ucx() {
-  for (const auto& b : available_backends())
-    if (b == "ucx") return true;
-  return false;
-}
-
-using UcxPair = test_util::BackendPair;
-
-BackendConfig ucx_config(const std::string& tls, bool peer_errors = true) {
-  BackendConfig cfg;
-  cfg.name = "ucx";
-  cfg.ucx.tls = tls;
-  cfg.ucx.peer_errors = peer_errors;
-  return cfg;
-}
-
-Result<UcxPair> make_ucx_pair(const std::string& tls, bool peer_errors = true) {
-  return test_util::make_backend_pair(ucx_config(tls, peer_errors));
-}
-
-std::vector<std::byte> fill(size_t n, uint8_t seed) {
-  std::vector<std::byte> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::byte(uint8_t(i * 31 + seed));
-  return v;
-}
 
 void round_trips(const std::string& tls, const std::string& expect_tl) {
   auto p = make_ucx_pair(tls);
@@ -277,89 +244,6 @@ TEST(ucx, RecvBodyDeadlineThenRetry) {
 #if KVSTREAM_HAVE_UCX
 // A peer that breaks the framing, on a connection a listener accepted: corrupt_data,
 // and nothing at warn. The peer is kvstream's own UCX engine, used below the
-/// A client made from the engine up (ucx_handshake.cpp's two steps), so a test can
-/// reach its endpoint and connection state, and send what the Connection API never
-/// sends.
-struct RawClient {
-  std::shared_ptr<ucx_detail::Engine> eng;
-  std::shared_ptr<ucx_detail::ConnState> cs;
-  std::unique_ptr<Connection> conn;
-};
-
-/// Connects a RawClient to `address`; `keyless`: hellos as a peer from before
-/// connection keys sends them.
-Result<RawClient> connect_raw(const BackendConfig& cfg, const std::string& address, bool keyless = false) {
-  using namespace kvstream::transport::ucx_detail;
-  RawClient c;
-  KVS_ASSIGN_OR_RETURN(c.eng, Engine::create(cfg));
-  c.eng->keyless_hello = keyless;
-  KVS_ASSIGN_OR_RETURN(auto addrs, resolve_address("ucx", address, false));
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addrs.front());
-  params.sockaddr.addrlen = sockaddr_len(addrs.front());
-  KVS_ASSIGN_OR_RETURN(c.cs, begin_establish(*c.eng, params, address, Side::connected));
-  KVS_ASSIGN_OR_RETURN(c.conn, finish_establish(c.eng, c.cs, deadline_in(30s), nullptr));
-  return c;
-}
-
-/// Sends `bytes` under `tag` on the client's endpoint, outside the connection's
-/// framing, and waits until UCX is done with the send.
-void send_raw(RawClient& c, std::span<const std::byte> bytes, uint64_t tag) {
-  using namespace kvstream::transport::ucx_detail;
-  Op op;
-  {
-    std::lock_guard lk(c.eng->mu);
-    op.arm();
-    ucp_request_param_t p = send_param(op);
-    ASSERT_TRUE(op.track(ucp_tag_send_nbx(c.cs->ep, bytes.data(), bytes.size(), tag, &p)));
-  }
-  ASSERT_TRUE(c.eng->wait_quiet([&] { return op.done; }, 10s));
-  std::lock_guard lk(c.eng->mu);
-  op.release();
-  EXPECT_EQ(op.status, UCS_OK) << ucs_status_string(op.status);
-}
-
-/// A listener on a ucx backend over tcp, and the connections it accepts.
-struct UcxNode {
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Listener> listener;
-
-  static Result<UcxNode> start(const BackendConfig& cfg) {
-    UcxNode n;
-    KVS_ASSIGN_OR_RETURN(n.backend, create_backend(cfg));
-    KVS_ASSIGN_OR_RETURN(n.listener, n.backend->listen("127.0.0.1:0"));
-    return n;
-  }
-  /// Connects a RawClient and returns it with the node's side of its connection.
-  Result<std::pair<RawClient, std::unique_ptr<Connection>>> connect(const BackendConfig& cfg, bool keyless = false) {
-    auto accepted = std::async(std::launch::async, [&] { return listener->accept(deadline_in(30s), {}); });
-    auto client = connect_raw(cfg, listener->address(), keyless);
-    auto server = accepted.get();
-    KVS_RETURN_IF_ERROR(client.status());
-    KVS_RETURN_IF_ERROR(server.status());
-    return std::pair{std::move(*client), std::move(*server)};
-  }
-};
-
-/// One message from `from` to `to` whose header and body arrive as sent.
-void expect_message(Connection& from, Connection& to, const std::vector<std::byte>& header,
-                    const std::vector<std::byte>& body) {
-  auto sent = std::async(std::launch::async, [&] { return from.send(header, body, deadline_in(10s), {}); });
-  std::vector<std::byte> h;
-  auto len = to.recv_header(h, deadline_in(10s), {});
-  ASSERT_TRUE(len.ok()) << len.status().to_string();
-  EXPECT_EQ(h, header);
-  ASSERT_EQ(*len, body.size());
-  std::vector<std::byte> b(body.size());
-  Status rb = to.recv_body(b, deadline_in(10s), {});
-  ASSERT_TRUE(rb.ok()) << rb.to_string();
-  EXPECT_EQ(b, body);
-  Status sb = sent.get();
-  ASSERT_TRUE(sb.ok()) << sb.to_string();
-}
-
 // Connection API, whose framing cannot be broken: after a real handshake it sends a
 // header message, with the connection's key, too short to hold the header's prefix.
 TEST(ucx, AMalformedMessageOnAnAcceptedConnectionIsNoWarning) {

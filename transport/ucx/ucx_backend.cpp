@@ -5,6 +5,7 @@
 //   ucx_context.*       the UCP context from UcxSettings, memory types
 //   ucx_engine.*        the worker, its progress, the wait policy, the background thread
 //   ucx_staging.cpp     receiving bodies nobody asked for yet
+//   ucx_strays.*        dropping messages no receive will take
 //   ucx_connection.*    per-connection state and teardown
 //   ucx_send.cpp        post_send / wait_sends
 //   ucx_receive.cpp     header ring, post_recv, recv_header / recv_body

@@ -20,6 +20,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -35,6 +36,8 @@
 #include "transport/common/registration.hpp"
 #include "transport/common/wait.hpp"
 #include "transport/ucx/ucx_context.hpp"
+#include "transport/ucx/ucx_request.hpp"
+#include "transport/ucx/ucx_strays.hpp"
 
 namespace kvstream::transport::ucx_detail {
 
@@ -67,6 +70,9 @@ class Engine {
   /// Hellos without a key, as a peer from before 2026-12-05 sends them (ucx_wire.hpp):
   /// set by tests of mixed versions, never by a configuration.
   bool keyless_hello = false;
+  /// Whether the background thread sweeps strays (ucx_strays.hpp): turned off by tests
+  /// that sweep with sweep_strays_locked themselves, never by a configuration.
+  std::atomic<bool> auto_sweep{true};
   RegistrationCache cache;
 
   // Guarded by mu.
@@ -81,6 +87,20 @@ class Engine {
   std::vector<std::shared_ptr<ConnState>> graveyard;
   size_t staged_bytes = 0;
   size_t stage_limit = 0;  // UcxSettings::stage_limit_bytes
+  /// Stray messages received and dropped (ucx_strays.hpp), and their bytes as sent.
+  uint64_t strays_dropped = 0;
+  uint64_t stray_bytes = 0;
+  /// A stray's receive that UCX did not finish at once (a rendezvous one, or an eager
+  /// one whose fragments are still coming): its request writes into `op` and `buf`.
+  struct StrayReceive {
+    Op op;
+    std::array<std::byte, 64> buf{};
+  };
+  std::vector<std::unique_ptr<StrayReceive>> stray_receives;
+  /// Past this many unfinished stray receives a sweep waits for them to finish.
+  static constexpr size_t kMaxStrayReceives = 256;
+  /// Strays one sweep drops at most (about 1 ms of work here); a flood takes several.
+  static constexpr size_t kMaxStraysPerSweep = 4096;
 
   /// Progresses until idle. Requires mu.
   void progress_locked() {
@@ -142,6 +162,18 @@ class Engine {
   /// Receives bodies nobody is receiving yet into staging buffers (ucx_staging.cpp).
   /// Requires mu. Returns true when some body may become due later.
   bool stage(Clock::time_point now);
+
+  /// Receives and drops the stray messages waiting in the worker's unexpected queue
+  /// (ucx_strays.hpp): the oldest ones for as long as they are strays, and with
+  /// `look_behind`, when the oldest is a message kept for its connection that was
+  /// already the oldest at the sweep before, also those behind it (a probe per filter
+  /// of stray_cover; the background thread does that at most once a second).
+  /// Requires mu.
+  struct Sweep {
+    size_t dropped = 0;
+    bool looked_behind = false;  // a message was kept first in line twice running, and the filters probed
+  };
+  Sweep sweep_strays_locked(bool look_behind);
 
  private:
   struct Waiter {
@@ -221,6 +253,16 @@ class Engine {
   /// deadline); returns with `lk` released.
   void sleep_on_event_fd(std::unique_lock<std::mutex>& lk, Deadline deadline, Clock::time_point now);
   void background();
+  /// The background thread's sweep, on each of its passes. Requires mu.
+  void sweep_when_due(Clock::time_point now);
+  /// What each open connection will still receive, by rx id. Requires mu.
+  [[nodiscard]] std::vector<ExpectedSpace> open_spaces_locked() const;
+  /// Takes the oldest waiting message matching `tag` under `mask` off the unexpected
+  /// queue and receives it to be dropped; false when there is none. Requires mu.
+  bool drop_stray_locked(uint64_t tag, uint64_t mask);
+
+  Clock::time_point next_look_behind_{};
+  std::optional<uint64_t> kept_head_;  // the tag of the message the last sweep kept first in line
 
   std::thread bg_;
   std::atomic<bool> stop_{false};

@@ -1,0 +1,219 @@
+// kvstream-ucx-stray-bench: a storage node on UCX while a peer floods its worker with
+// messages no receive will take (transport/ucx/ucx_strays.hpp). The node runs as its
+// own process (kvstream-server --backend ucx --ucx-tls tcp, default settings), so its
+// resident size is read from /proc; --server-bin runs the same phases against another
+// build of the node (a node from before the sweep is the anchor).
+//   unloaded   a victim tenant fetches 1 MiB objects over UCX alone: the latency anchor;
+//   strays     the same while a peer that connected (a UCX handshake, no login) sends
+//              4 KiB messages under rx ids no connection uses, 64 in flight, as fast as
+//              it can;
+//   after      the victim alone again, the flood over (what the node still holds).
+// Per phase: strays sent, the node's peak and last RSS, the victim's fetches that
+// succeeded and their p50/p99 latency.
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "kvstream/log.hpp"
+#include "kvstream/storage.hpp"
+#include "tests/support/node_process.hpp"
+#include "transport/common/address.hpp"
+#include "transport/ucx/ucx_connection.hpp"
+
+using namespace kvstream;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+namespace ux = kvstream::transport::ucx_detail;
+
+namespace {
+
+const std::string kVictimSecret = "victim-secret-0123456789";
+
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+}
+
+struct PhaseResult {
+  std::string phase;
+  uint64_t strays = 0, fetches = 0, fetch_ok = 0, peak_rss = 0, last_rss = 0;
+  double p50_ms = 0, p99_ms = 0;
+};
+
+/// A peer of the node's UCX worker built from the engine up: a real handshake, then
+/// tag sends the Connection API never makes.
+struct StrayPeer {
+  std::shared_ptr<ux::Engine> eng;
+  std::shared_ptr<ux::ConnState> cs;
+  std::unique_ptr<transport::Connection> conn;
+
+  static Result<StrayPeer> connect(const std::string& address) {
+    transport::BackendConfig cfg;
+    cfg.name = "ucx";
+    cfg.ucx.tls = "tcp";
+    StrayPeer p;
+    KVS_ASSIGN_OR_RETURN(p.eng, ux::Engine::create(cfg));
+    KVS_ASSIGN_OR_RETURN(auto addrs, transport::resolve_address("ucx", address, false));
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addrs.front());
+    params.sockaddr.addrlen = transport::sockaddr_len(addrs.front());
+    KVS_ASSIGN_OR_RETURN(p.cs, ux::begin_establish(*p.eng, params, address, transport::Side::connected));
+    KVS_ASSIGN_OR_RETURN(p.conn, ux::finish_establish(p.eng, p.cs, transport::deadline_in(10s), nullptr));
+    return p;
+  }
+
+  /// Sends 4 KiB messages under random rx ids other than its own connection's, 64 in
+  /// flight, until `stop`; returns how many went out.
+  uint64_t flood(const std::atomic<bool>& stop) {
+    const std::vector<std::byte> body(4096, std::byte{0x42});
+    std::vector<ux::Op> ops(64);
+    std::mt19937 rng(1);
+    uint64_t sent = 0;
+    while (!stop) {
+      for (auto& op : ops) {
+        std::lock_guard lk(eng->mu);
+        if (!op.done) continue;
+        op.release();
+        uint32_t rx;
+        do rx = rng() & ux::kRxIdMask;
+        while (rx == 0 || rx == cs->peer_rx_id);
+        op.arm();
+        ucp_request_param_t p = ux::send_param(op);
+        if (!op.track(ucp_tag_send_nbx(cs->ep, body.data(), body.size(), ux::make_tag(rx, ux::kHeaderKind, 0), &p)))
+          return sent;
+        ++sent;
+      }
+      std::lock_guard lk(eng->mu);
+      eng->progress_locked();
+    }
+    (void)eng->wait_quiet([&] { return std::all_of(ops.begin(), ops.end(), [](const ux::Op& o) { return o.done; }); },
+                          10s);
+    std::lock_guard lk(eng->mu);
+    for (auto& op : ops) op.release();
+    return sent;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"a storage node on UCX while a peer floods its worker with stray messages"};
+  std::string server_bin = (fs::read_symlink("/proc/self/exe").parent_path() / "kvstream-server").string();
+  std::string json_out, node_log_level = "warn";
+  double seconds = 8;
+  uint32_t objects = 32;
+  app.add_option("--server-bin", server_bin, "kvstream-server to run")->capture_default_str();
+  app.add_option("--seconds", seconds, "length of each phase")->capture_default_str()->check(CLI::Range(1.0, 600.0));
+  app.add_option("--objects", objects, "1 MiB objects the victim fetches")->capture_default_str()->check(CLI::Range(1u, 1024u));
+  app.add_option("--json", json_out, "also write the table as JSON here");
+  app.add_option("--node-log-level", node_log_level, "the node's log level (its log goes to stderr at the end)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  set_log_level(LogLevel::error);
+
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-ucx-strays-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / "store");
+  std::ofstream(dir / "secrets.json") << fmt::format(R"({{"victim": "{}"}})", kVictimSecret);
+  kvstream::testing::NodeProcess node;
+  if (!node.start(server_bin,
+                  {"--listen", "127.0.0.1:0", "--backend", "ucx", "--ucx-tls", "tcp", "--dir", (dir / "store").string(),
+                   "--secrets", (dir / "secrets.json").string()},
+                  node_log_level))
+    return fmt::print(stderr, "{} did not start\n", server_bin), 2;
+  const std::string addr = node.address();
+  const pid_t pid = node.pid();
+
+  storage::ClientConfig vc;
+  vc.address = addr, vc.name_space = "victim", vc.secret = kVictimSecret;
+  vc.backend.name = "ucx", vc.backend.ucx.tls = "tcp";
+  auto victim = storage::Client::connect(vc, transport::deadline_in(10s));
+  if (!victim.ok()) return fmt::print(stderr, "victim: {}\n", victim.status().to_string()), 2;
+  std::vector<std::byte> obj(1 << 20, std::byte{0x5a}), buf(1 << 20);
+  for (uint32_t i = 0; i < objects; ++i)
+    if (!(*victim)->put("ctx", i, 0, obj, transport::deadline_in(20s)).ok()) return 2;
+  auto mr = (*victim)->register_memory(buf.data(), buf.size());
+  if (!mr.ok()) return fmt::print(stderr, "register: {}\n", mr.status().to_string()), 2;
+
+  auto victim_phase = [&](const std::string& name) {
+    PhaseResult r;
+    r.phase = name;
+    std::vector<double> lat;
+    std::atomic<bool> stop{false};
+    std::thread sampler([&] {
+      while (!stop) r.peak_rss = std::max(r.peak_rss, rss_bytes(pid)), std::this_thread::sleep_for(20ms);
+    });
+    const auto end = transport::Clock::now() + std::chrono::duration<double>(seconds);
+    for (uint64_t i = 0; transport::Clock::now() < end; ++i) {
+      ++r.fetches;
+      const auto t0 = transport::Clock::now();
+      auto g = (*victim)->get("ctx", uint32_t(i % objects), 0, *mr, 0, buf.size(), transport::deadline_in(5s));
+      if (g.ok() && *g == buf.size() && buf[777] == std::byte{0x5a}) {
+        ++r.fetch_ok;
+        lat.push_back(std::chrono::duration<double, std::milli>(transport::Clock::now() - t0).count());
+      }
+    }
+    stop = true;
+    sampler.join();
+    r.last_rss = rss_bytes(pid);
+    r.peak_rss = std::max(r.peak_rss, r.last_rss);
+    r.p50_ms = percentile(lat, 0.5), r.p99_ms = percentile(lat, 0.99);
+    return r;
+  };
+
+  std::vector<PhaseResult> results;
+  results.push_back(victim_phase("unloaded"));
+  {
+    auto peer = StrayPeer::connect(addr);
+    if (!peer.ok()) return fmt::print(stderr, "stray peer: {}\n", peer.status().to_string()), 2;
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> sent{0};
+    std::thread flooder([&] { sent = peer->flood(stop); });
+    auto r = victim_phase("strays");
+    stop = true;
+    flooder.join();
+    r.strays = sent;
+    results.push_back(r);
+  }
+  results.push_back(victim_phase("after"));
+  victim->reset();
+  node.kill(SIGTERM);
+  fs::remove_all(dir);
+
+  const double anchor = results[0].p99_ms;
+  fmt::print("server: {}\n", server_bin);
+  fmt::print("| phase | strays sent | strays (MiB) | node peak RSS (MiB) | node RSS at the end (MiB) | fetches ok | "
+             "p50 (ms) | p99 (ms) | p99 / unloaded |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& r : results) {
+    const double ratio = anchor > 0 ? r.p99_ms / anchor : 0;
+    fmt::print("| {} | {} | {:.0f} | {:.1f} | {:.1f} | {}/{} | {:.2f} | {:.2f} | {:.2f} |\n", r.phase, r.strays,
+               double(r.strays) * 4096 / (1 << 20), double(r.peak_rss) / (1 << 20), double(r.last_rss) / (1 << 20),
+               r.fetch_ok, r.fetches, r.p50_ms, r.p99_ms, ratio);
+    j.push_back({{"phase", r.phase}, {"strays", r.strays}, {"peak_rss_bytes", r.peak_rss},
+                 {"last_rss_bytes", r.last_rss}, {"fetches", r.fetches}, {"fetch_ok", r.fetch_ok},
+                 {"p50_ms", r.p50_ms}, {"p99_ms", r.p99_ms}, {"p99_vs_unloaded", ratio}});
+  }
+  if (!json_out.empty()) std::ofstream(json_out) << j.dump(2) << "\n";
+  return 0;
+}

@@ -1,0 +1,176 @@
+// Stray messages (ucx_strays.hpp): which tags are strays, the probes that reach every
+// one of them, and the engine's sweep that receives and drops them.
+#include "transport/ucx/ucx_strays.hpp"
+
+#include <algorithm>
+
+#include "core/log.hpp"
+#include "transport/ucx/ucx_connection.hpp"
+
+namespace kvstream::transport::ucx_detail {
+
+namespace {
+
+// A tag's upper half is kind (8 bits) | rx id (24); its lower half the sequence.
+static_assert(Tag::kConnShift == 32 && Tag::kKindShift == 56, "the sweep reads a tag as two 32-bit halves");
+
+constexpr uint32_t prefix_mask(unsigned bits) { return bits == 0 ? 0 : ~uint32_t(0) << (32 - bits); }
+
+uint32_t top_of(uint32_t kind, uint32_t rx_id) { return kind << 24 | rx_id; }
+
+const ExpectedSpace* find_open(std::span<const ExpectedSpace> open, uint32_t rx_id) {
+  auto it = std::lower_bound(open.begin(), open.end(), rx_id,
+                             [](const ExpectedSpace& s, uint32_t id) { return s.rx_id < id; });
+  return it != open.end() && it->rx_id == rx_id ? &*it : nullptr;
+}
+
+/// Appends aligned blocks (value, prefix bits) that cover [lo, hi) of the 32-bit space
+/// exactly: at most 2 x 32 of them.
+template <typename Emit>
+void cover_range(uint64_t lo, uint64_t hi, Emit&& emit) {
+  while (lo < hi) {
+    unsigned size_bits = lo == 0 ? 32 : unsigned(__builtin_ctzll(lo));
+    while (size_bits > 0 && lo + (uint64_t(1) << size_bits) > hi) --size_bits;
+    emit(uint32_t(lo), 32 - size_bits);
+    lo += uint64_t(1) << size_bits;
+  }
+}
+
+/// Blocks of the upper halves holding none of `keys` (sorted), under block (value, bits).
+void cover_tops(std::span<const uint32_t> keys, uint32_t value, unsigned bits, std::vector<TagFilter>& out) {
+  const uint64_t lo = value, hi = lo + (uint64_t(1) << (32 - bits));
+  auto first = std::lower_bound(keys.begin(), keys.end(), lo);
+  if (first == keys.end() || *first >= hi) {
+    out.push_back({uint64_t(value) << 32, uint64_t(prefix_mask(bits)) << 32});
+    return;
+  }
+  if (bits == 32) return;  // an open connection's: its sequences are covered apart
+  cover_tops(keys, value, bits + 1, out);
+  cover_tops(keys, value | uint32_t(uint64_t(1) << (31 - bits)), bits + 1, out);
+}
+
+/// Sequences of upper half `top` outside [from, from + kMaxLead), read through `x`.
+void cover_sequences(uint32_t top, uint32_t from, uint32_t x, std::vector<TagFilter>& out) {
+  auto emit = [&](uint32_t value, unsigned bits) {
+    const uint32_t wire = value ^ (x & prefix_mask(bits));
+    out.push_back({uint64_t(top) << 32 | wire, uint64_t(~uint32_t(0)) << 32 | prefix_mask(bits)});
+  };
+  // The window's complement, [from + kMaxLead, from) around the circle, as at most two
+  // plain ranges.
+  const uint64_t start = uint32_t(from + kMaxLead), end = from;
+  if (start < end) {
+    cover_range(start, end, emit);
+  } else {
+    cover_range(start, uint64_t(1) << 32, emit);
+    cover_range(0, end, emit);
+  }
+}
+
+}  // namespace
+
+bool is_stray(uint64_t tag, std::span<const ExpectedSpace> open) {
+  const TagFields f = Tag::unpack(tag);
+  if (f.kind != kHeaderKind && f.kind != kBodyKind) return true;
+  const ExpectedSpace* s = find_open(open, uint32_t(f.conn));
+  if (!s) return true;
+  const uint32_t seq = uint32_t(f.seq) ^ (f.kind == kBodyKind ? s->body_xor : 0);
+  return uint32_t(seq - s->from) >= kMaxLead;
+}
+
+std::vector<TagFilter> stray_cover(std::span<const ExpectedSpace> open) {
+  std::vector<uint32_t> keys;
+  keys.reserve(open.size() * 2);
+  for (const auto& s : open) {
+    keys.push_back(top_of(uint32_t(kHeaderKind), s.rx_id));
+    keys.push_back(top_of(uint32_t(kBodyKind), s.rx_id));
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<TagFilter> out;
+  cover_tops(keys, 0, 0, out);
+  for (const auto& s : open) {
+    cover_sequences(top_of(uint32_t(kHeaderKind), s.rx_id), s.from, 0, out);
+    cover_sequences(top_of(uint32_t(kBodyKind), s.rx_id), s.from, s.body_xor, out);
+  }
+  return out;
+}
+
+std::vector<ExpectedSpace> Engine::open_spaces_locked() const {
+  std::vector<ExpectedSpace> open;
+  open.reserve(conns.size());
+  for (const ConnState* cs : conns) {
+    // A failed connection still hands out what arrived before it failed; a closed
+    // one takes nothing more.
+    if (cs->closed) continue;
+    open.push_back({cs->rx_id, cs->consumed, cs->keyed ? uint32_t(cs->rx_key >> 32) : 0});
+  }
+  std::sort(open.begin(), open.end(), [](const auto& a, const auto& b) { return a.rx_id < b.rx_id; });
+  return open;
+}
+
+bool Engine::drop_stray_locked(uint64_t tag, uint64_t mask) {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h msg = ucp_tag_probe_nb(worker, tag, mask, 1, &info);
+  if (!msg) return false;
+  auto recv = std::make_unique<StrayReceive>();
+  recv->op.arm();
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv = recv_cb;
+  p.user_data = &recv->op;
+  // Into a buffer smaller than most strays: UCX ends the receive truncated, after
+  // telling a rendezvous sender that its send is done.
+  recv->op.track(ucp_tag_msg_recv_nbx(worker, recv->buf.data(), recv->buf.size(), msg, &p));
+  ++strays_dropped;
+  stray_bytes += info.length;
+  // The callback may have run inside the call (the data was all there) and still
+  // left a request to free.
+  if (recv->op.done)
+    recv->op.release();
+  else
+    stray_receives.push_back(std::move(recv));
+  return true;
+}
+
+Engine::Sweep Engine::sweep_strays_locked(bool look_behind) {
+  std::erase_if(stray_receives, [](const std::unique_ptr<StrayReceive>& r) {
+    if (!r->op.done) return false;
+    r->op.release();
+    return true;
+  });
+  Sweep out;
+  size_t& dropped = out.dropped;
+  // Bounded per sweep: the engine's mutex is held throughout, and the application's
+  // calls wait for it.
+  auto room = [&] { return stray_receives.size() < kMaxStrayReceives && dropped < kMaxStraysPerSweep; };
+  ucp_tag_recv_info_t info{};
+  if (!room() || !ucp_tag_probe_nb(worker, 0, 0, 0, &info)) return out;  // nothing waits: the usual case
+  const std::vector<ExpectedSpace> open = open_spaces_locked();
+  // The oldest waiting message first, for as long as it is a stray (a flood of them,
+  // or what a closed connection left).
+  bool kept = false;
+  while (room()) {
+    if (!ucp_tag_probe_nb(worker, 0, 0, 0, &info)) break;
+    if (!is_stray(info.sender_tag, open)) {
+      kept = true;
+      break;
+    }
+    if (!drop_stray_locked(info.sender_tag, kExactTag)) break;
+    ++dropped;
+  }
+  // Strays behind a message kept for its connection are only reached by probes that
+  // skip it. A kept message is mostly gone by the next sweep (a body its reader
+  // receives, a header whose receive is posted again); one still first in line then
+  // waits on its reader, and strays may pile up behind it.
+  const bool stuck = kept && kept_head_ && *kept_head_ == info.sender_tag;
+  kept_head_ = kept ? std::optional<uint64_t>(info.sender_tag) : std::nullopt;
+  out.looked_behind = stuck && look_behind;
+  if (out.looked_behind)
+    for (const TagFilter& f : stray_cover(open))
+      while (room() && drop_stray_locked(f.tag, f.mask)) ++dropped;
+  if (dropped)
+    KVS_LOG_DEBUG("ucx: dropped {} stray message(s) no connection will receive ({} so far, {} bytes)", dropped,
+                  strays_dropped, stray_bytes);
+  return out;
+}
+
+}  // namespace kvstream::transport::ucx_detail
