@@ -226,6 +226,9 @@ class Server {
     /// Peers the transport keeps state for apart from their connections
     /// (transport::Listener::peer_entries: libfabric's address vector); none for tcp, UCX.
     std::optional<uint64_t> transport_peer_entries;
+    /// Messages no receive would take that the transport dropped, and their bytes
+    /// (transport::Listener::strays: UCX); none for tcp, libfabric.
+    std::optional<transport::Listener::Strays> transport_strays;
   };
   [[nodiscard]] virtual Counters counters() const = 0;
   /// What one namespace (tenant) keeps on this node.

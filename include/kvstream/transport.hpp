@@ -195,6 +195,17 @@ class Listener {
   /// address vector (after removing the entries nothing uses, so: the peers it
   /// serves); nullopt where a peer's state is its connection alone (tcp, UCX).
   [[nodiscard]] virtual std::optional<uint64_t> peer_entries() const { return std::nullopt; }
+  /// Messages that arrived under tags no receive would ever take (a closed
+  /// connection's, a peer's guesses), which the listener's worker received and
+  /// dropped, and their bytes as sent.
+  struct Strays {
+    uint64_t messages = 0;
+    uint64_t bytes = 0;
+  };
+  /// The strays dropped so far: UCX, whose tag matching keeps such a message until a
+  /// receive takes it; nullopt where nothing strays that way (tcp: each connection is
+  /// its own byte stream) or the backend does not count them (libfabric).
+  [[nodiscard]] virtual std::optional<Strays> strays() const { return std::nullopt; }
 };
 
 /// A transport backend: creates listeners and connections, registers memory.

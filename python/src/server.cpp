@@ -40,6 +40,10 @@ class Server {
     d["removes_remembered"] = c.removes_remembered;
     d["fenced_gets"] = c.fenced_gets;
     if (c.transport_peer_entries) d["transport_peer_entries"] = *c.transport_peer_entries;
+    if (c.transport_strays) {
+      d["transport_strays_dropped"] = c.transport_strays->messages;
+      d["transport_stray_bytes"] = c.transport_strays->bytes;
+    }
     return d;
   }
   py::dict namespace_usage() const {

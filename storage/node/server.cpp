@@ -155,6 +155,7 @@ class ServerImpl final : public Server {
     c.fenced_gets = store_->fenced_gets();
     c.fenced = store_->fenced() ? 1 : 0;
     c.transport_peer_entries = listener_->peer_entries();
+    c.transport_strays = listener_->strays();
     std::lock_guard lock(keys_mu_);
     c.objects_reencrypted = reencryptor_ ? reencryptor_->reencrypted() : reencrypted_at_stop_;
     return c;

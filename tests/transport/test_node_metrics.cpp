@@ -27,6 +27,7 @@
 #include "tests/transport/metrics_scrape.hpp"
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
+#include "tests/transport/ucx_test_util.hpp"
 
 namespace kvstream::test_node_metrics {
 
@@ -107,6 +108,7 @@ TEST_F(NodeMetrics, CountersAndUsageAsPrometheusText) {
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_stored_bytes{namespace="tenant-b"})"), 0) << "served, empty";
   EXPECT_EQ(sample(text, R"(kvstream_node_namespace_quota_bytes{namespace="tenant-b"})"), 0);
   EXPECT_EQ(text.find("transport_peer_entries"), std::string::npos) << "a tcp node keeps no per-peer state";
+  EXPECT_EQ(text.find("transport_stray"), std::string::npos) << "a tcp node has no strays";
   // Every sample line is "name{labels} value" or "name value", and every name is typed.
   const std::regex line(R"(^(kvstream_node_[a-z_]+)(\{namespace="[^"\\\n]*"\})? [0-9]+$)");
   std::istringstream in(text);
@@ -137,6 +139,32 @@ TEST_F(NodeMetrics, ALibfabricNodeShowsThePeersItKeeps) {
   }
   EXPECT_TRUE(kvstream::testing::eventually([&] { return peers() == 0; })) << peers();
 }
+
+#if KVSTREAM_HAVE_UCX
+// A UCX node counts the stray messages it drops (transport/ucx/ucx_strays.hpp): a
+// peer that made a handshake and never logged in sends 20 of 300 bytes each under rx
+// ids no connection uses, and the counters come to 20 and 6000. A tcp node has no
+// such counters (above).
+TEST_F(NodeMetrics, AUcxNodeCountsTheStraysItDrops) {
+  if (!test_util::backend_built("ucx")) GTEST_SKIP() << "ucx backend not built";
+  using namespace kvstream::transport::ucx_detail;
+  const ServerConfig cfg = node_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}}, "ucx");
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto text = [&] { return "\n" + metrics_text((*server)->counters(), {}); };
+  EXPECT_EQ(sample(text(), "kvstream_node_transport_strays_dropped_total"), 0);
+  EXPECT_EQ(sample(text(), "kvstream_node_transport_stray_bytes_total"), 0);
+  auto peer = test_ucx::connect_raw(cfg.backend, (*server)->address());  // the node's transports
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  const std::vector<std::byte> junk(300, std::byte{0x31});
+  for (uint32_t i = 0; i < 20; ++i)
+    test_ucx::send_raw(*peer, junk, make_tag((peer->cs->peer_rx_id + 1 + i) & kRxIdMask, kHeaderKind, i));
+  EXPECT_TRUE(kvstream::testing::eventually(
+      [&] { return sample(text(), "kvstream_node_transport_strays_dropped_total") == 20; }))
+      << text();
+  EXPECT_EQ(sample(text(), "kvstream_node_transport_stray_bytes_total"), 20 * 300);
+}
+#endif
 
 // The listener answers GET /metrics, 404 and 405 otherwise, drops a request too long
 // or with no request line, and goes on answering after a peer that sends nothing

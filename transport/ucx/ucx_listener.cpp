@@ -57,6 +57,11 @@ class UcxListener final : public Listener {
 
   [[nodiscard]] std::string address() const override { return addr_; }
 
+  [[nodiscard]] std::optional<Strays> strays() const override {
+    std::lock_guard lk(eng_->mu);
+    return Strays{eng_->strays_dropped, eng_->stray_bytes};
+  }
+
  private:
   static constexpr std::chrono::seconds kSetupLimit{10};
 
