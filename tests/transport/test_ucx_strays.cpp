@@ -94,10 +94,10 @@ bool waiting(Engine& eng, uint64_t tag) {
 // through the client's key, and a rendezvous message (64 KiB over tcp) whose sender
 // waits for a receiver. Without a sweep all of it stays (as it did before sweeps,
 // and the rendezvous sender's send never ended). A first sweep keeps everything:
-// the oldest message is the client's, first in line for the first time. The next,
-// which finds the same message first and looks behind it, drops the six strays, ends the
-// rendezvous send, and leaves the client's messages, which the node then reads in
-// order.
+// the oldest message is the client's, first in line for less than it takes to be
+// called stuck. The next, which counts it stuck at once and looks behind it, drops
+// the six strays, ends the rendezvous send, and leaves the client's messages, which
+// the node then reads in order.
 TEST(UcxStrays, TheSweepDropsStraysBehindAConnectionsEarlyMessagesAndKeepsThem) {
   if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
   const BackendConfig cfg = ucx_config("tcp");
@@ -164,15 +164,15 @@ TEST(UcxStrays, TheSweepDropsStraysBehindAConnectionsEarlyMessagesAndKeepsThem) 
   {
     std::lock_guard lk(ne.mu);
     // The client's message is first in line for the first time: not yet taken as
-    // stuck, so the sweep does not look behind it.
-    const auto head = ne.sweep_strays_locked(/*look_behind=*/true);
+    // stuck (an hour would be needed), so the sweep does not look behind it.
+    const auto head = ne.sweep_strays_locked(/*look_behind=*/true, std::chrono::hours(1));
     EXPECT_EQ(head.dropped, 0u) << "the oldest message is the client's";
     EXPECT_FALSE(head.looked_behind);
   }
   for (uint64_t t : strays) EXPECT_TRUE(waiting(ne, t)) << std::hex << t;
   {
     std::lock_guard lk(ne.mu);
-    const auto all = ne.sweep_strays_locked(/*look_behind=*/true);
+    const auto all = ne.sweep_strays_locked(/*look_behind=*/true, /*stuck_after=*/{});
     EXPECT_EQ(all.dropped, strays.size() + 1);
     EXPECT_TRUE(all.looked_behind);
     EXPECT_EQ(ne.strays_dropped, strays.size() + 1);

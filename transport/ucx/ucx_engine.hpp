@@ -165,15 +165,17 @@ class Engine {
 
   /// Receives and drops the stray messages waiting in the worker's unexpected queue
   /// (ucx_strays.hpp): the oldest ones for as long as they are strays, and with
-  /// `look_behind`, when the oldest is a message kept for its connection that was
-  /// already the oldest at the sweep before, also those behind it (a probe per filter
-  /// of stray_cover; the background thread does that at most once a second).
-  /// Requires mu.
+  /// `look_behind`, when the oldest is a message kept for its connection that has
+  /// been first in line for `stuck_after` (as earlier sweeps saw it), also those
+  /// behind it (a probe per filter of stray_cover; the background thread does that at
+  /// most once a second). Requires mu.
   struct Sweep {
     size_t dropped = 0;
-    bool looked_behind = false;  // a message was kept first in line twice running, and the filters probed
+    bool looked_behind = false;  // a kept message was first in line for stuck_after, and the filters probed
   };
-  Sweep sweep_strays_locked(bool look_behind);
+  Sweep sweep_strays_locked(bool look_behind, Clock::duration stuck_after = kStuckAfter);
+  /// How long a kept message is first in line before a sweep looks behind it.
+  static constexpr Clock::duration kStuckAfter = std::chrono::milliseconds(100);
 
  private:
   struct Waiter {
@@ -262,7 +264,12 @@ class Engine {
   bool drop_stray_locked(uint64_t tag, uint64_t mask);
 
   Clock::time_point next_look_behind_{};
-  std::optional<uint64_t> kept_head_;  // the tag of the message the last sweep kept first in line
+  /// The message the last sweep kept first in line, and since when it is.
+  struct KeptHead {
+    uint64_t tag = 0;
+    Clock::time_point since{};
+  };
+  std::optional<KeptHead> kept_head_;
 
   std::thread bg_;
   std::atomic<bool> stop_{false};

@@ -131,7 +131,7 @@ bool Engine::drop_stray_locked(uint64_t tag, uint64_t mask) {
   return true;
 }
 
-Engine::Sweep Engine::sweep_strays_locked(bool look_behind) {
+Engine::Sweep Engine::sweep_strays_locked(bool look_behind, Clock::duration stuck_after) {
   std::erase_if(stray_receives, [](const std::unique_ptr<StrayReceive>& r) {
     if (!r->op.done) return false;
     r->op.release();
@@ -158,12 +158,17 @@ Engine::Sweep Engine::sweep_strays_locked(bool look_behind) {
     ++dropped;
   }
   // Strays behind a message kept for its connection are only reached by probes that
-  // skip it. A kept message is mostly gone by the next sweep (a body its reader
-  // receives, a header whose receive is posted again); one still first in line then
-  // waits on its reader, and strays may pile up behind it.
-  const bool stuck = kept && kept_head_ && *kept_head_ == info.sender_tag;
-  kept_head_ = kept ? std::optional<uint64_t>(info.sender_tag) : std::nullopt;
-  out.looked_behind = stuck && look_behind;
+  // skip it. A kept message is mostly gone within milliseconds (a body its reader or
+  // staging receives, a header whose receive is posted again); one first in line for
+  // `stuck_after` waits on a reader that does not read, and strays may pile up
+  // behind it.
+  const auto now = Clock::now();
+  if (!kept) {
+    kept_head_.reset();
+  } else if (!kept_head_ || kept_head_->tag != info.sender_tag) {
+    kept_head_ = KeptHead{info.sender_tag, now};
+  }
+  out.looked_behind = look_behind && kept_head_ && now - kept_head_->since >= stuck_after;
   if (out.looked_behind)
     for (const TagFilter& f : stray_cover(open))
       while (room() && drop_stray_locked(f.tag, f.mask)) ++dropped;
