@@ -26,6 +26,7 @@
 
 #include "kvstream/log.hpp"
 #include "kvstream/storage.hpp"
+#include "perf/node_sampler.hpp"
 #include "tests/support/node_process.hpp"
 #include "tests/support/raw_peer.hpp"
 
@@ -38,26 +39,12 @@ namespace {
 
 const std::string kVictimSecret = "victim-secret-0123456789", kAttackerSecret = "attacker-secret-012345678";
 
-uint64_t rss_bytes(pid_t pid) {
-  std::ifstream f(fmt::format("/proc/{}/status", pid));
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  return 0;
-}
-
 struct PhaseResult {
   std::string phase;
   uint64_t fetches = 0, fetch_ok = 0, logins = 0, login_ok = 0, peak_rss = 0;
   uint64_t node_log_lines = 0, attacks = 0;  // lines the node logged; attacking connections made
   double p50_ms = 0, p99_ms = 0;
 };
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
-}
 
 }  // namespace
 
@@ -103,10 +90,7 @@ int main(int argc, char** argv) {
     PhaseResult r;
     r.phase = name;
     std::vector<double> lat;
-    std::atomic<bool> stop{false};
-    std::thread sampler([&] {
-      while (!stop) r.peak_rss = std::max(r.peak_rss, rss_bytes(pid)), std::this_thread::sleep_for(20ms);
-    });
+    perf::PeakRss sampler(pid);
     std::vector<std::byte> buf(1 << 20);
     const uint64_t lines_before = node.log_lines();
     const auto end = transport::Clock::now() + std::chrono::duration<double>(seconds);
@@ -131,10 +115,9 @@ int main(int argc, char** argv) {
         lat.push_back(std::chrono::duration<double, std::milli>(transport::Clock::now() - t0).count());
       }
     }
-    stop = true;
-    sampler.join();
+    r.peak_rss = sampler.stop();
     r.node_log_lines = node.log_lines() - lines_before;
-    r.p50_ms = percentile(lat, 0.5), r.p99_ms = percentile(lat, 0.99);
+    r.p50_ms = perf::percentile(lat, 0.5), r.p99_ms = perf::percentile(lat, 0.99);
     return r;
   };
 

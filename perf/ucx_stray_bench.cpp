@@ -24,9 +24,9 @@
 
 #include "kvstream/log.hpp"
 #include "kvstream/storage.hpp"
+#include "perf/node_sampler.hpp"
 #include "tests/support/node_process.hpp"
-#include "transport/common/address.hpp"
-#include "transport/ucx/ucx_connection.hpp"
+#include "tests/transport/ucx_raw_client.hpp"
 
 using namespace kvstream;
 using namespace std::chrono_literals;
@@ -37,49 +37,16 @@ namespace {
 
 const std::string kVictimSecret = "victim-secret-0123456789";
 
-uint64_t rss_bytes(pid_t pid) {
-  std::ifstream f(fmt::format("/proc/{}/status", pid));
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  return 0;
-}
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
-}
-
 struct PhaseResult {
   std::string phase;
   uint64_t strays = 0, fetches = 0, fetch_ok = 0, peak_rss = 0, last_rss = 0;
   double p50_ms = 0, p99_ms = 0;
 };
 
-/// A peer of the node's UCX worker built from the engine up: a real handshake, then
-/// tag sends the Connection API never makes.
+/// A peer of the node's UCX worker built from the engine up (a real handshake), that
+/// sends under tags the Connection API never uses.
 struct StrayPeer {
-  std::shared_ptr<ux::Engine> eng;
-  std::shared_ptr<ux::ConnState> cs;
-  std::unique_ptr<transport::Connection> conn;
-
-  static Result<StrayPeer> connect(const std::string& address) {
-    transport::BackendConfig cfg;
-    cfg.name = "ucx";
-    cfg.ucx.tls = "tcp";
-    StrayPeer p;
-    KVS_ASSIGN_OR_RETURN(p.eng, ux::Engine::create(cfg));
-    KVS_ASSIGN_OR_RETURN(auto addrs, transport::resolve_address("ucx", address, false));
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addrs.front());
-    params.sockaddr.addrlen = transport::sockaddr_len(addrs.front());
-    KVS_ASSIGN_OR_RETURN(p.cs, ux::begin_establish(*p.eng, params, address, transport::Side::connected));
-    KVS_ASSIGN_OR_RETURN(p.conn, ux::finish_establish(p.eng, p.cs, transport::deadline_in(10s), nullptr));
-    return p;
-  }
+  test_ucx::RawClient raw;
 
   /// Sends 4 KiB messages under random rx ids other than its own connection's, 64 in
   /// flight, until `stop`; returns how many went out.
@@ -90,24 +57,24 @@ struct StrayPeer {
     uint64_t sent = 0;
     while (!stop) {
       for (auto& op : ops) {
-        std::lock_guard lk(eng->mu);
+        std::lock_guard lk(raw.eng->mu);
         if (!op.done) continue;
         op.release();
         uint32_t rx;
         do rx = rng() & ux::kRxIdMask;
-        while (rx == 0 || rx == cs->peer_rx_id);
+        while (rx == 0 || rx == raw.cs->peer_rx_id);
         op.arm();
         ucp_request_param_t p = ux::send_param(op);
-        if (!op.track(ucp_tag_send_nbx(cs->ep, body.data(), body.size(), ux::make_tag(rx, ux::kHeaderKind, 0), &p)))
-          return sent;
+        const uint64_t tag = ux::make_tag(rx, ux::kHeaderKind, 0);
+        if (!op.track(ucp_tag_send_nbx(raw.cs->ep, body.data(), body.size(), tag, &p))) return sent;
         ++sent;
       }
-      std::lock_guard lk(eng->mu);
-      eng->progress_locked();
+      std::lock_guard lk(raw.eng->mu);
+      raw.eng->progress_locked();
     }
-    (void)eng->wait_quiet([&] { return std::all_of(ops.begin(), ops.end(), [](const ux::Op& o) { return o.done; }); },
-                          10s);
-    std::lock_guard lk(eng->mu);
+    (void)raw.eng->wait_quiet(
+        [&] { return std::all_of(ops.begin(), ops.end(), [](const ux::Op& o) { return o.done; }); }, 10s);
+    std::lock_guard lk(raw.eng->mu);
     for (auto& op : ops) op.release();
     return sent;
   }
@@ -158,10 +125,7 @@ int main(int argc, char** argv) {
     PhaseResult r;
     r.phase = name;
     std::vector<double> lat;
-    std::atomic<bool> stop{false};
-    std::thread sampler([&] {
-      while (!stop) r.peak_rss = std::max(r.peak_rss, rss_bytes(pid)), std::this_thread::sleep_for(20ms);
-    });
+    perf::PeakRss sampler(pid);
     const auto end = transport::Clock::now() + std::chrono::duration<double>(seconds);
     for (uint64_t i = 0; transport::Clock::now() < end; ++i) {
       ++r.fetches;
@@ -172,22 +136,23 @@ int main(int argc, char** argv) {
         lat.push_back(std::chrono::duration<double, std::milli>(transport::Clock::now() - t0).count());
       }
     }
-    stop = true;
-    sampler.join();
-    r.last_rss = rss_bytes(pid);
-    r.peak_rss = std::max(r.peak_rss, r.last_rss);
-    r.p50_ms = percentile(lat, 0.5), r.p99_ms = percentile(lat, 0.99);
+    r.peak_rss = sampler.stop();
+    r.last_rss = perf::rss_bytes(pid);
+    r.p50_ms = perf::percentile(lat, 0.5), r.p99_ms = perf::percentile(lat, 0.99);
     return r;
   };
 
   std::vector<PhaseResult> results;
   results.push_back(victim_phase("unloaded"));
   {
-    auto peer = StrayPeer::connect(addr);
-    if (!peer.ok()) return fmt::print(stderr, "stray peer: {}\n", peer.status().to_string()), 2;
+    transport::BackendConfig pc;
+    pc.name = "ucx", pc.ucx.tls = "tcp";
+    auto raw = test_ucx::connect_raw(pc, addr);
+    if (!raw.ok()) return fmt::print(stderr, "stray peer: {}\n", raw.status().to_string()), 2;
+    StrayPeer peer{std::move(raw).value()};
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> sent{0};
-    std::thread flooder([&] { sent = peer->flood(stop); });
+    std::thread flooder([&] { sent = peer.flood(stop); });
     auto r = victim_phase("strays");
     stop = true;
     flooder.join();

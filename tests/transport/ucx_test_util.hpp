@@ -14,8 +14,7 @@
 #include "kvstream/transport.hpp"
 #include "tests/transport/transport_test_util.hpp"
 #if KVSTREAM_HAVE_UCX
-#include "transport/common/address.hpp"
-#include "transport/ucx/ucx_connection.hpp"
+#include "tests/transport/ucx_raw_client.hpp"
 #include "transport/ucx/ucx_listener.hpp"
 #endif
 
@@ -51,33 +50,6 @@ inline std::vector<std::byte> fill(size_t n, uint8_t seed) {
 }
 
 #if KVSTREAM_HAVE_UCX
-/// A client made from the engine up (ucx_handshake.cpp's two steps), so a test can
-/// reach its endpoint and connection state, and send what the Connection API never
-/// sends.
-struct RawClient {
-  std::shared_ptr<ucx_detail::Engine> eng;
-  std::shared_ptr<ucx_detail::ConnState> cs;
-  std::unique_ptr<Connection> conn;
-};
-
-/// Connects a RawClient to `address`; `keyless`: hellos as a peer from before
-/// connection keys sends them.
-inline Result<RawClient> connect_raw(const BackendConfig& cfg, const std::string& address, bool keyless = false) {
-  using namespace kvstream::transport::ucx_detail;
-  RawClient c;
-  KVS_ASSIGN_OR_RETURN(c.eng, Engine::create(cfg));
-  c.eng->keyless_hello = keyless;
-  KVS_ASSIGN_OR_RETURN(auto addrs, resolve_address("ucx", address, false));
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addrs.front());
-  params.sockaddr.addrlen = sockaddr_len(addrs.front());
-  KVS_ASSIGN_OR_RETURN(c.cs, begin_establish(*c.eng, params, address, Side::connected));
-  KVS_ASSIGN_OR_RETURN(c.conn, finish_establish(c.eng, c.cs, deadline_in(30s), nullptr));
-  return c;
-}
-
 /// Sends `bytes` under `tag` on the client's endpoint, outside the connection's
 /// framing, and waits until UCX is done with the send.
 inline void send_raw(RawClient& c, std::span<const std::byte> bytes, uint64_t tag) {
