@@ -1,19 +1,22 @@
-// kvstream-ucx-stray-bench: a storage node on UCX while a peer floods its worker with
-// messages no receive will take (transport/ucx/ucx_strays.hpp). The node runs as its
-// own process (kvstream-server --backend ucx --ucx-tls tcp, default settings), so its
-// resident size is read from /proc; --server-bin runs the same phases against another
-// build of the node (a node from before the sweep is the anchor).
-//   unloaded   a victim tenant fetches 1 MiB objects over UCX alone: the latency anchor;
-//   strays     the same while a peer that connected (a UCX handshake, no login) sends
-//              4 KiB messages under rx ids no connection uses, 64 in flight, as fast as
+// kvstream-stray-bench: a storage node while a peer floods its endpoint with tagged
+// messages no receive will take (UCX: transport/ucx/ucx_strays.hpp sweeps them;
+// libfabric: not swept). The node runs as its own process (kvstream-server --backend
+// ucx --ucx-tls tcp, or --backend libfabric over tcp;ofi_rxm, default settings), so
+// its resident size is read from /proc; --server-bin runs the same phases against
+// another build of the node (one from before the sweep is the anchor).
+//   unloaded   a victim tenant fetches 1 MiB objects alone: the latency anchor;
+//   strays     the same while a peer that connected (a handshake, no login) sends
+//              4 KiB messages under connection ids none uses, 64 in flight, as fast as
 //              it can;
 //   after      the victim alone again, the flood over (what the node still holds).
 // Per phase: strays sent, the node's peak and last RSS, the victim's fetches that
 // succeeded and their p50/p99 latency.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -26,6 +29,7 @@
 #include "kvstream/storage.hpp"
 #include "perf/node_sampler.hpp"
 #include "tests/support/node_process.hpp"
+#include "tests/transport/ofi_raw_peer.hpp"
 #include "tests/transport/ucx_raw_client.hpp"
 
 using namespace kvstream;
@@ -80,15 +84,52 @@ struct StrayPeer {
   }
 };
 
+/// The same over libfabric: a peer that said hello to the node's listener sends
+/// header-tagged messages under connection ids other than the one it was given.
+uint64_t flood_ofi(transport::test_util::RawOfiPeer& peer, const std::atomic<bool>& stop) {
+  namespace of = kvstream::transport::ofi;
+  std::vector<std::shared_ptr<of::Op>> ops;
+  for (int i = 0; i < 64; ++i) ops.push_back(nullptr);
+  std::mt19937 rng(1);
+  uint64_t sent = 0;
+  while (!stop) {
+    for (auto& op : ops) {
+      if (op && !op->done.load()) continue;
+      op = peer.ep->new_op(4096);
+      std::memset(op->buf.get(), 0x42, 4096);
+      auto desc = peer.ep->local_desc(*op);
+      if (!desc.ok()) return sent;
+      uint32_t conn;
+      do conn = rng() & uint32_t(of::Tag::kConnMask);
+      while (conn == 0 || conn == peer.greeted.id);
+      const ssize_t r = peer.ep->try_send(op, op->buf.get(), 4096, *desc, peer.server,
+                                          of::make_tag(of::MsgType::header, conn, 0));
+      if (r == -FI_EAGAIN) {
+        op.reset();
+        break;
+      }
+      if (r != 0) return sent;
+      ++sent;
+    }
+    std::this_thread::yield();
+  }
+  for (auto& op : ops)
+    if (op) (void)peer.ep->wait([&] { return op->done.load(); }, transport::deadline_in(10s), nullptr, "flood");
+  return sent;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"a storage node on UCX while a peer floods its worker with stray messages"};
+  CLI::App app{"a storage node while a peer floods its endpoint with stray messages"};
   std::string server_bin = (fs::read_symlink("/proc/self/exe").parent_path() / "kvstream-server").string();
-  std::string json_out, node_log_level = "warn";
+  std::string json_out, node_log_level = "warn", backend = "ucx";
   double seconds = 8;
   uint32_t objects = 32;
   app.add_option("--server-bin", server_bin, "kvstream-server to run")->capture_default_str();
+  app.add_option("--backend", backend, "ucx (over tcp) or libfabric (tcp;ofi_rxm)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ucx", "libfabric"}));
   app.add_option("--seconds", seconds, "length of each phase")->capture_default_str()->check(CLI::Range(1.0, 600.0));
   app.add_option("--objects", objects, "1 MiB objects the victim fetches")->capture_default_str()->check(CLI::Range(1u, 1024u));
   app.add_option("--json", json_out, "also write the table as JSON here");
@@ -97,22 +138,22 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   set_log_level(LogLevel::error);
 
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-ucx-strays-{}", ::getpid());
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvstream-strays-{}", ::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir / "store");
   std::ofstream(dir / "secrets.json") << fmt::format(R"({{"victim": "{}"}})", kVictimSecret);
   kvstream::testing::NodeProcess node;
-  if (!node.start(server_bin,
-                  {"--listen", "127.0.0.1:0", "--backend", "ucx", "--ucx-tls", "tcp", "--dir", (dir / "store").string(),
-                   "--secrets", (dir / "secrets.json").string()},
-                  node_log_level))
+  std::vector<std::string> args{"--listen",  "127.0.0.1:0", "--backend", backend, "--dir", (dir / "store").string(),
+                                "--secrets", (dir / "secrets.json").string()};
+  if (backend == "ucx") args.insert(args.end(), {"--ucx-tls", "tcp"});
+  if (!node.start(server_bin, args, node_log_level))
     return fmt::print(stderr, "{} did not start\n", server_bin), 2;
   const std::string addr = node.address();
   const pid_t pid = node.pid();
 
   storage::ClientConfig vc;
   vc.address = addr, vc.name_space = "victim", vc.secret = kVictimSecret;
-  vc.backend.name = "ucx", vc.backend.ucx.tls = "tcp";
+  vc.backend.name = backend, vc.backend.ucx.tls = "tcp";
   auto victim = storage::Client::connect(vc, transport::deadline_in(10s));
   if (!victim.ok()) return fmt::print(stderr, "victim: {}\n", victim.status().to_string()), 2;
   std::vector<std::byte> obj(1 << 20, std::byte{0x5a}), buf(1 << 20);
@@ -145,14 +186,24 @@ int main(int argc, char** argv) {
   std::vector<PhaseResult> results;
   results.push_back(victim_phase("unloaded"));
   {
-    transport::BackendConfig pc;
-    pc.name = "ucx", pc.ucx.tls = "tcp";
-    auto raw = test_ucx::connect_raw(pc, addr);
-    if (!raw.ok()) return fmt::print(stderr, "stray peer: {}\n", raw.status().to_string()), 2;
-    StrayPeer peer{std::move(raw).value()};
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> sent{0};
-    std::thread flooder([&] { sent = peer.flood(stop); });
+    std::thread flooder;
+    std::optional<StrayPeer> ucx_peer;
+    std::optional<transport::test_util::RawOfiPeer> ofi_peer;
+    if (backend == "ucx") {
+      transport::BackendConfig pc;
+      pc.name = "ucx", pc.ucx.tls = "tcp";
+      auto raw = test_ucx::connect_raw(pc, addr);
+      if (!raw.ok()) return fmt::print(stderr, "stray peer: {}\n", raw.status().to_string()), 2;
+      ucx_peer.emplace(StrayPeer{std::move(raw).value()});
+      flooder = std::thread([&] { sent = ucx_peer->flood(stop); });
+    } else {
+      auto raw = transport::test_util::raw_ofi_peer(vc.backend.libfabric, addr);
+      if (!raw.ok()) return fmt::print(stderr, "stray peer: {}\n", raw.status().to_string()), 2;
+      ofi_peer.emplace(std::move(raw).value());
+      flooder = std::thread([&] { sent = flood_ofi(*ofi_peer, stop); });
+    }
     auto r = victim_phase("strays");
     stop = true;
     flooder.join();
@@ -165,7 +216,7 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
 
   const double anchor = results[0].p99_ms;
-  fmt::print("server: {}\n", server_bin);
+  fmt::print("server: {} ({})\n", server_bin, backend);
   fmt::print("| phase | strays sent | strays (MiB) | node peak RSS (MiB) | node RSS at the end (MiB) | fetches ok | "
              "p50 (ms) | p99 (ms) | p99 / unloaded |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|\n");
