@@ -47,49 +47,43 @@ struct PhaseResult {
   double p50_ms = 0, p99_ms = 0;
 };
 
-/// A peer of the node's UCX worker built from the engine up (a real handshake), that
-/// sends under tags the Connection API never uses.
-struct StrayPeer {
-  test_ucx::RawClient raw;
-
-  /// Sends 4 KiB messages under random rx ids other than its own connection's, 64 in
-  /// flight, until `stop`; returns how many went out.
-  uint64_t flood(const std::atomic<bool>& stop) {
-    const std::vector<std::byte> body(4096, std::byte{0x42});
-    std::vector<ux::Op> ops(64);
-    std::mt19937 rng(1);
-    uint64_t sent = 0;
-    while (!stop) {
-      for (auto& op : ops) {
-        std::lock_guard lk(raw.eng->mu);
-        if (!op.done) continue;
-        op.release();
-        uint32_t rx;
-        do rx = rng() & ux::kRxIdMask;
-        while (rx == 0 || rx == raw.cs->peer_rx_id);
-        op.arm();
-        ucp_request_param_t p = ux::send_param(op);
-        const uint64_t tag = ux::make_tag(rx, ux::kHeaderKind, 0);
-        if (!op.track(ucp_tag_send_nbx(raw.cs->ep, body.data(), body.size(), tag, &p))) return sent;
-        ++sent;
-      }
+/// Sends, from a peer of the node's UCX worker built from the engine up (a real
+/// handshake), 4 KiB messages under random rx ids other than its own connection's, 64
+/// in flight, until `stop`; returns how many went out.
+uint64_t flood_ucx(test_ucx::RawClient& raw, const std::atomic<bool>& stop) {
+  const std::vector<std::byte> body(4096, std::byte{0x42});
+  std::vector<ux::Op> ops(64);
+  std::mt19937 rng(1);
+  uint64_t sent = 0;
+  while (!stop) {
+    for (auto& op : ops) {
       std::lock_guard lk(raw.eng->mu);
-      raw.eng->progress_locked();
+      if (!op.done) continue;
+      op.release();
+      uint32_t rx;
+      do rx = rng() & ux::kRxIdMask;
+      while (rx == 0 || rx == raw.cs->peer_rx_id);
+      op.arm();
+      ucp_request_param_t p = ux::send_param(op);
+      const uint64_t tag = ux::make_tag(rx, ux::kHeaderKind, 0);
+      if (!op.track(ucp_tag_send_nbx(raw.cs->ep, body.data(), body.size(), tag, &p))) return sent;
+      ++sent;
     }
-    (void)raw.eng->wait_quiet(
-        [&] { return std::all_of(ops.begin(), ops.end(), [](const ux::Op& o) { return o.done; }); }, 10s);
     std::lock_guard lk(raw.eng->mu);
-    for (auto& op : ops) op.release();
-    return sent;
+    raw.eng->progress_locked();
   }
-};
+  (void)raw.eng->wait_quiet(
+      [&] { return std::all_of(ops.begin(), ops.end(), [](const ux::Op& o) { return o.done; }); }, 10s);
+  std::lock_guard lk(raw.eng->mu);
+  for (auto& op : ops) op.release();
+  return sent;
+}
 
 /// The same over libfabric: a peer that said hello to the node's listener sends
 /// header-tagged messages under connection ids other than the one it was given.
 uint64_t flood_ofi(transport::test_util::RawOfiPeer& peer, const std::atomic<bool>& stop) {
   namespace of = kvstream::transport::ofi;
-  std::vector<std::shared_ptr<of::Op>> ops;
-  for (int i = 0; i < 64; ++i) ops.push_back(nullptr);
+  std::vector<std::shared_ptr<of::Op>> ops(64);
   std::mt19937 rng(1);
   uint64_t sent = 0;
   while (!stop) {
@@ -189,15 +183,15 @@ int main(int argc, char** argv) {
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> sent{0};
     std::thread flooder;
-    std::optional<StrayPeer> ucx_peer;
+    std::optional<test_ucx::RawClient> ucx_peer;
     std::optional<transport::test_util::RawOfiPeer> ofi_peer;
     if (backend == "ucx") {
       transport::BackendConfig pc;
       pc.name = "ucx", pc.ucx.tls = "tcp";
       auto raw = test_ucx::connect_raw(pc, addr);
       if (!raw.ok()) return fmt::print(stderr, "stray peer: {}\n", raw.status().to_string()), 2;
-      ucx_peer.emplace(StrayPeer{std::move(raw).value()});
-      flooder = std::thread([&] { sent = ucx_peer->flood(stop); });
+      ucx_peer.emplace(std::move(raw).value());
+      flooder = std::thread([&] { sent = flood_ucx(*ucx_peer, stop); });
     } else {
       auto raw = transport::test_util::raw_ofi_peer(vc.backend.libfabric, addr);
       if (!raw.ok()) return fmt::print(stderr, "stray peer: {}\n", raw.status().to_string()), 2;

@@ -69,22 +69,23 @@ TEST(UcxStrays, TheCoverMatchesExactlyTheStrays) {
 }
 
 #if KVSTREAM_HAVE_UCX
+/// Whether a message under exactly `tag` waits in `eng`'s unexpected queue. Requires
+/// eng.mu.
+bool waiting_locked(Engine& eng, uint64_t tag) {
+  ucp_tag_recv_info_t info{};
+  return ucp_tag_probe_nb(eng.worker, tag, kExactTag, 0, &info) != nullptr;
+}
+
 /// Waits (progressing `eng`'s worker) until a message under exactly `tag` waits in
 /// its unexpected queue.
 bool wait_unexpected(Engine& eng, uint64_t tag) {
-  return eng.wait_quiet(
-      [&] {
-        ucp_tag_recv_info_t info{};
-        return ucp_tag_probe_nb(eng.worker, tag, kExactTag, 0, &info) != nullptr;
-      },
-      30s);
+  return eng.wait_quiet([&] { return waiting_locked(eng, tag); }, 30s);
 }
 
 /// Whether a message under exactly `tag` waits in `eng`'s unexpected queue now.
 bool waiting(Engine& eng, uint64_t tag) {
   std::lock_guard lk(eng.mu);
-  ucp_tag_recv_info_t info{};
-  return ucp_tag_probe_nb(eng.worker, tag, kExactTag, 0, &info) != nullptr;
+  return waiting_locked(eng, tag);
 }
 
 // A node's worker holds, in this order: headers a client sent ahead of the node's

@@ -142,14 +142,17 @@ Engine::Sweep Engine::sweep_strays_locked(bool look_behind, Clock::duration stuc
   // Bounded per sweep: the engine's mutex is held throughout, and the application's
   // calls wait for it.
   auto room = [&] { return stray_receives.size() < kMaxStrayReceives && dropped < kMaxStraysPerSweep; };
-  ucp_tag_recv_info_t info{};
-  if (!room() || !ucp_tag_probe_nb(worker, 0, 0, 0, &info)) return out;  // nothing waits: the usual case
-  const std::vector<ExpectedSpace> open = open_spaces_locked();
   // The oldest waiting message first, for as long as it is a stray (a flood of them,
-  // or what a closed connection left).
-  bool kept = false;
-  while (room()) {
-    if (!ucp_tag_probe_nb(worker, 0, 0, 0, &info)) break;
+  // or what a closed connection left). Where nothing waits (the usual case) that is
+  // one probe, and the open connections are not looked at.
+  ucp_tag_recv_info_t info{};
+  std::vector<ExpectedSpace> open;
+  bool looked = false, kept = false;
+  while (room() && ucp_tag_probe_nb(worker, 0, 0, 0, &info)) {
+    if (!looked) {
+      open = open_spaces_locked();
+      looked = true;
+    }
     if (!is_stray(info.sender_tag, open)) {
       kept = true;
       break;
@@ -157,6 +160,7 @@ Engine::Sweep Engine::sweep_strays_locked(bool look_behind, Clock::duration stuc
     if (!drop_stray_locked(info.sender_tag, kExactTag)) break;
     ++dropped;
   }
+  if (!looked) return out;
   // Strays behind a message kept for its connection are only reached by probes that
   // skip it. A kept message is mostly gone within milliseconds (a body its reader or
   // staging receives, a header whose receive is posted again); one first in line for
