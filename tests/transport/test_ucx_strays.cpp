@@ -15,8 +15,6 @@ namespace {
 
 using namespace kvstream::transport::ucx_detail;
 
-bool matches(const TagFilter& f, uint64_t tag) { return (tag & f.mask) == (f.tag & f.mask); }
-
 // Three open connections: one at the start of its sequence with keys, one whose window
 // wraps around 2^32, one without keys. Every tag near the windows' edges, under each
 // kind and under neighbouring rx ids, and a million random ones: a tag is a stray
@@ -36,7 +34,8 @@ TEST(UcxStrays, TheCoverMatchesExactlyTheStrays) {
   for (const auto& s : open) {
     for (uint32_t rx : {s.rx_id - 1, s.rx_id, s.rx_id + 1}) {
       for (uint64_t kind : {uint64_t(0), kHeaderKind, kBodyKind, uint64_t(3), uint64_t(255)}) {
-        for (uint32_t d : {0u, 1u, kMaxLead - 1, kMaxLead, kMaxLead + 1, ~0u, ~0u - 1, 0x80000000u}) {
+        for (uint32_t d : {0u, 1u, uint32_t(kMaxLead - 1), uint32_t(kMaxLead), uint32_t(kMaxLead + 1), ~0u, ~0u - 1,
+                           0x80000000u}) {
           const uint32_t seq = s.from + d;
           const uint32_t x = kind == kBodyKind ? s.body_xor : 0;
           check(make_tag(rx, kind, seq ^ x));

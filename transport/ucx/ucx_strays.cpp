@@ -14,56 +14,12 @@ namespace {
 // A tag's upper half is kind (8 bits) | rx id (24); its lower half the sequence.
 static_assert(Tag::kConnShift == 32 && Tag::kKindShift == 56, "the sweep reads a tag as two 32-bit halves");
 
-constexpr uint32_t prefix_mask(unsigned bits) { return bits == 0 ? 0 : ~uint32_t(0) << (32 - bits); }
-
 uint32_t top_of(uint32_t kind, uint32_t rx_id) { return kind << 24 | rx_id; }
 
 const ExpectedSpace* find_open(std::span<const ExpectedSpace> open, uint32_t rx_id) {
   auto it = std::lower_bound(open.begin(), open.end(), rx_id,
                              [](const ExpectedSpace& s, uint32_t id) { return s.rx_id < id; });
   return it != open.end() && it->rx_id == rx_id ? &*it : nullptr;
-}
-
-/// Appends aligned blocks (value, prefix bits) that cover [lo, hi) of the 32-bit space
-/// exactly: at most 2 x 32 of them.
-template <typename Emit>
-void cover_range(uint64_t lo, uint64_t hi, Emit&& emit) {
-  while (lo < hi) {
-    unsigned size_bits = lo == 0 ? 32 : unsigned(__builtin_ctzll(lo));
-    while (size_bits > 0 && lo + (uint64_t(1) << size_bits) > hi) --size_bits;
-    emit(uint32_t(lo), 32 - size_bits);
-    lo += uint64_t(1) << size_bits;
-  }
-}
-
-/// Blocks of the upper halves holding none of `keys` (sorted), under block (value, bits).
-void cover_tops(std::span<const uint32_t> keys, uint32_t value, unsigned bits, std::vector<TagFilter>& out) {
-  const uint64_t lo = value, hi = lo + (uint64_t(1) << (32 - bits));
-  auto first = std::lower_bound(keys.begin(), keys.end(), lo);
-  if (first == keys.end() || *first >= hi) {
-    out.push_back({uint64_t(value) << 32, uint64_t(prefix_mask(bits)) << 32});
-    return;
-  }
-  if (bits == 32) return;  // an open connection's: its sequences are covered apart
-  cover_tops(keys, value, bits + 1, out);
-  cover_tops(keys, value | uint32_t(uint64_t(1) << (31 - bits)), bits + 1, out);
-}
-
-/// Sequences of upper half `top` outside [from, from + kMaxLead), read through `x`.
-void cover_sequences(uint32_t top, uint32_t from, uint32_t x, std::vector<TagFilter>& out) {
-  auto emit = [&](uint32_t value, unsigned bits) {
-    const uint32_t wire = value ^ (x & prefix_mask(bits));
-    out.push_back({uint64_t(top) << 32 | wire, uint64_t(~uint32_t(0)) << 32 | prefix_mask(bits)});
-  };
-  // The window's complement, [from + kMaxLead, from) around the circle, as at most two
-  // plain ranges.
-  const uint64_t start = uint32_t(from + kMaxLead), end = from;
-  if (start < end) {
-    cover_range(start, end, emit);
-  } else {
-    cover_range(start, uint64_t(1) << 32, emit);
-    cover_range(0, end, emit);
-  }
 }
 
 }  // namespace
@@ -78,19 +34,24 @@ bool is_stray(uint64_t tag, std::span<const ExpectedSpace> open) {
 }
 
 std::vector<TagFilter> stray_cover(std::span<const ExpectedSpace> open) {
-  std::vector<uint32_t> keys;
-  keys.reserve(open.size() * 2);
+  std::vector<uint64_t> tops;
+  tops.reserve(open.size() * 2);
   for (const auto& s : open) {
-    keys.push_back(top_of(uint32_t(kHeaderKind), s.rx_id));
-    keys.push_back(top_of(uint32_t(kBodyKind), s.rx_id));
+    tops.push_back(top_of(uint32_t(kHeaderKind), s.rx_id));
+    tops.push_back(top_of(uint32_t(kBodyKind), s.rx_id));
   }
-  std::sort(keys.begin(), keys.end());
+  std::sort(tops.begin(), tops.end());
   std::vector<TagFilter> out;
-  cover_tops(keys, 0, 0, out);
-  for (const auto& s : open) {
-    cover_sequences(top_of(uint32_t(kHeaderKind), s.rx_id), s.from, 0, out);
-    cover_sequences(top_of(uint32_t(kBodyKind), s.rx_id), s.from, s.body_xor, out);
-  }
+  // Upper halves no open connection uses: whole blocks of them.
+  const TagField top_field{32, 32};
+  cover_absent(tops, 32, [&](uint64_t v, unsigned bits) { out.push_back(top_field.block(v, bits)); });
+  // An open connection's sequences outside its window, a body's read through its key.
+  for (const auto& s : open)
+    for (uint64_t kind : {kHeaderKind, kBodyKind}) {
+      const TagField seq{0, 32, uint64_t(top_of(uint32_t(kind), s.rx_id)) << 32, ~uint64_t(0) << 32};
+      const uint64_t x = kind == kBodyKind ? s.body_xor : 0;
+      cover_outside(s.from, kMaxLead, 32, [&](uint64_t v, unsigned bits) { out.push_back(seq.block(v, bits, x)); });
+    }
   return out;
 }
 

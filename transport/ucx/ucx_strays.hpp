@@ -20,29 +20,20 @@
 #include <span>
 #include <vector>
 
+#include "transport/common/tag_cover.hpp"
+
 namespace kvstream::transport::ucx_detail {
 
-/// How far ahead of what its receiver has consumed a peer's message may be (in
-/// messages of one connection) and still be kept for it. A receiver posts 32 header
-/// receives ahead (kHeaderRing); a storage client has at most
-/// max_inflight_per_connection requests out (64 by default). A peer further ahead
-/// than this has the message dropped, and its receiver waits for it in vain.
-constexpr uint32_t kMaxLead = uint32_t(1) << 16;
+using transport::kMaxLead;
+using transport::TagFilter;
 
 /// What one open connection will still receive: messages under its rx id whose
 /// sequence number (a body's read through `body_xor`, the high half of its key, 0
-/// without keys) is in [from, from + kMaxLead).
+/// without keys) is in [from, from + kMaxLead) (transport/common/tag_cover.hpp).
 struct ExpectedSpace {
   uint32_t rx_id = 0;
   uint32_t from = 0;
   uint32_t body_xor = 0;
-};
-
-/// A probe of UCX's unexpected queue: the messages whose tag equals `tag` in the bits
-/// of `mask`.
-struct TagFilter {
-  uint64_t tag = 0;
-  uint64_t mask = 0;
 };
 
 /// Whether a message under `tag` is a stray, given the open connections' spaces
