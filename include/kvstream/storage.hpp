@@ -227,7 +227,7 @@ class Server {
     /// (transport::Listener::peer_entries: libfabric's address vector); none for tcp, UCX.
     std::optional<uint64_t> transport_peer_entries;
     /// Messages no receive would take that the transport dropped, and their bytes
-    /// (transport::Listener::strays: UCX); none for tcp, libfabric.
+    /// (transport::Listener::strays: UCX, libfabric over ofi_rxm); none for tcp, shm.
     std::optional<transport::Listener::Strays> transport_strays;
   };
   [[nodiscard]] virtual Counters counters() const = 0;

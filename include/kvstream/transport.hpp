@@ -196,15 +196,16 @@ class Listener {
   /// serves); nullopt where a peer's state is its connection alone (tcp, UCX).
   [[nodiscard]] virtual std::optional<uint64_t> peer_entries() const { return std::nullopt; }
   /// Messages that arrived under tags no receive would ever take (a closed
-  /// connection's, a peer's guesses), which the listener's worker received and
+  /// connection's, a peer's guesses), which the listener's worker or endpoint
   /// dropped, and their bytes as sent.
   struct Strays {
     uint64_t messages = 0;
     uint64_t bytes = 0;
   };
-  /// The strays dropped so far: UCX, whose tag matching keeps such a message until a
-  /// receive takes it; nullopt where nothing strays that way (tcp: each connection is
-  /// its own byte stream) or the backend does not count them (libfabric).
+  /// The strays dropped so far: UCX and libfabric over ofi_rxm, whose tag matching
+  /// keeps such a message until a receive takes it; nullopt where nothing strays that
+  /// way (tcp: each connection is its own byte stream) or they are not swept
+  /// (libfabric's shm, which cannot peek at its queue).
   [[nodiscard]] virtual std::optional<Strays> strays() const { return std::nullopt; }
 };
 

@@ -28,6 +28,9 @@
 #include "tests/transport/node_test_util.hpp"
 #include "tests/transport/transport_test_util.hpp"
 #include "tests/transport/ucx_test_util.hpp"
+#if KVSTREAM_HAVE_LIBFABRIC
+#include "tests/transport/ofi_raw_peer.hpp"
+#endif
 
 namespace kvstream::test_node_metrics {
 
@@ -159,6 +162,39 @@ TEST_F(NodeMetrics, AUcxNodeCountsTheStraysItDrops) {
   const std::vector<std::byte> junk(300, std::byte{0x31});
   for (uint32_t i = 0; i < 20; ++i)
     test_ucx::send_raw(*peer, junk, make_tag((peer->cs->peer_rx_id + 1 + i) & kRxIdMask, kHeaderKind, i));
+  EXPECT_TRUE(kvstream::testing::eventually(
+      [&] { return sample(text(), "kvstream_node_transport_strays_dropped_total") == 20; }))
+      << text();
+  EXPECT_EQ(sample(text(), "kvstream_node_transport_stray_bytes_total"), 20 * 300);
+}
+#endif
+
+#if KVSTREAM_HAVE_LIBFABRIC
+// The same over libfabric (transport/ofi/ofi_strays.hpp): a peer that said hello and
+// never logged in sends 20 messages of 300 bytes under connection ids other than its
+// own, at sequences no connection will reach, and the counters come to 20 and 6000.
+TEST_F(NodeMetrics, ALibfabricNodeCountsTheStraysItDrops) {
+  if (!test_util::backend_built("libfabric")) GTEST_SKIP() << "libfabric backend not built";
+  namespace of = kvstream::transport::ofi;
+  const ServerConfig cfg = node_util::node_config(tmp_.path(), {{"tenant-a", kSecretA}}, "libfabric");
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto text = [&] { return "\n" + metrics_text((*server)->counters(), {}); };
+  EXPECT_EQ(sample(text(), "kvstream_node_transport_strays_dropped_total"), 0);
+  auto peer = test_util::raw_ofi_peer(cfg.backend.libfabric, (*server)->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  std::vector<std::shared_ptr<of::Op>> ops;
+  for (uint32_t i = 0; i < 20; ++i) {
+    auto op = peer->ep->new_op(300);
+    std::memset(op->buf.get(), 0x31, 300);
+    auto desc = peer->ep->local_desc(*op);
+    ASSERT_TRUE(desc.ok()) << desc.status().to_string();
+    const uint32_t id = (peer->greeted.id + 1 + i) & uint32_t(of::Tag::kConnMask);
+    ASSERT_TRUE(peer->ep->post_send(op, op->buf.get(), 300, *desc, peer->server,
+                                    of::make_tag(of::MsgType::header, id, of::Tag::kSeqMask - i), deadline_in(10s), {})
+                    .ok());
+    ops.push_back(std::move(op));
+  }
   EXPECT_TRUE(kvstream::testing::eventually(
       [&] { return sample(text(), "kvstream_node_transport_strays_dropped_total") == 20; }))
       << text();

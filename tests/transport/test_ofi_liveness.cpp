@@ -222,7 +222,7 @@ TEST_P(OfiLiveness, AnEndpointAnswersOnlyForTheConnectionsItMade) {
   ASSERT_TRUE(node.ok()) << node.status().to_string();
   auto peer = (*node)->raw_peer();
   ASSERT_TRUE(peer.ok()) << peer.status().to_string();
-  const ofi::Greeted greeted = (*peer)->greeted;
+  const ofi::Greeted& greeted = (*peer)->greeted;
   auto answered = [&](uint32_t id, uint64_t seq, uint64_t nonce, std::chrono::milliseconds wait) {
     return probe_answered(**peer, id, seq, nonce, wait);
   };
@@ -275,7 +275,7 @@ TEST_P(OfiLiveness, QuestionsUnderMadeUpAddressesLeaveNoEntryBehind) {
     ASSERT_TRUE(ep->wait([&] { return (*q)->done.load(); }, deadline_in(10s), nullptr, "question").ok());
   }
   // Its own questions are still answered, and afterwards only its entry is left.
-  const ofi::Greeted greeted = (*peer)->greeted;
+  const ofi::Greeted& greeted = (*peer)->greeted;
   EXPECT_TRUE(said_unknown(**peer, greeted.id + 9, greeted.nonce ^ 4, 10s));
   EXPECT_TRUE(kvstream::testing::eventually([&] { return (*node)->peers() == 1; }))
       << (*node)->peers() << " entries left for answered questions";

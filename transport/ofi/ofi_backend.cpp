@@ -55,7 +55,7 @@ class OfiBackend final : public Backend {
     KVS_ASSIGN_OR_RETURN(Greeted g, say_hello(*ep, server.addr(), address, deadline, cancel,
                                               listener ? &*listener : nullptr));
     auto conn = std::make_unique<OfiConnection>(ep, std::move(server), g.id, fmt::format("{}:{}", host, port),
-                                                 Side::connected);
+                                                 Side::connected, std::move(g.hold));
     KVS_RETURN_IF_ERROR(conn->start());
     if (core_->peer_timeout.count() > 0) conn->probe_peer(g.nonce, core_->peer_timeout, listener, g.answers_questions);
     KVS_LOG_DEBUG("libfabric: connected to {} as connection {}", address, g.id);

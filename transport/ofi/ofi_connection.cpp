@@ -13,8 +13,8 @@ namespace kvstream::transport::ofi {
 using namespace std::chrono_literals;
 
 OfiConnection::OfiConnection(std::shared_ptr<Endpoint> ep, PeerTable::Use peer, uint32_t id, std::string peer_name,
-                             Side side)
-    : ep_(std::move(ep)), peer_(std::move(peer)), id_(id), peer_name_(std::move(peer_name)), side_(side),
+                             Side side, Endpoint::Expectation hold)
+    : ep_(std::move(ep)), expect_(hold ? std::move(hold) : ep_->expect(id)), peer_(std::move(peer)), id_(id), peer_name_(std::move(peer_name)), side_(side),
       shared_(std::make_shared<ConnShared>()) {}
 
 Status OfiConnection::start() {

@@ -35,7 +35,10 @@ class OfiConnection final : public Connection {
   /// listeners, whose connection ids can be the same as its own).
   /// `peer`: its use of the peer's entry in `ep`'s address vector, held as long as the
   /// connection lives (its operations hold their own).
-  OfiConnection(std::shared_ptr<Endpoint> ep, PeerTable::Use peer, uint32_t id, std::string peer_name, Side side);
+  /// `hold`: the endpoint's hold on `id` for this connection where the handshake
+  /// took it already (say_hello); made here otherwise.
+  OfiConnection(std::shared_ptr<Endpoint> ep, PeerTable::Use peer, uint32_t id, std::string peer_name, Side side,
+                Endpoint::Expectation hold = {});
   ~OfiConnection() override;
 
   /// Posts the receive for the peer's "bye".
@@ -126,6 +129,7 @@ class OfiConnection final : public Connection {
   Status peer_lost_status_locked() const;  // requires lost_mu_
 
   std::shared_ptr<Endpoint> ep_;
+  Endpoint::Expectation expect_;  // what the stray sweep keeps for this connection (after ep_: let go first)
   PeerTable::Use peer_;  // the peer's entry in ep_'s address vector
   uint32_t id_;
   std::string peer_name_;

@@ -19,9 +19,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kvstream/transport.hpp"
 #include "transport/common/wait.hpp"
 #include "transport/ofi/ofi_fabric.hpp"
 #include "transport/ofi/ofi_peer_table.hpp"
+#include "transport/ofi/ofi_strays.hpp"
 
 namespace kvstream::transport::ofi {
 
@@ -37,6 +39,7 @@ struct Op {
   size_t buf_size = 0;
   fid_mr* mr = nullptr;              // registration of buf where FI_MR_LOCAL is required
   bool counted = false;              // a send that keeps the progress thread busy until it completes
+  bool quiet = false;                // the stray sweep's peek: no waiter watches it, and it is no work
   std::function<void(Op&)> on_complete;  // runs in whichever thread reaps the completion
   std::shared_ptr<void> keep;            // memory the provider may still write (a staged read's buffer)
   PeerTable::Use peer;                   // the peer it was posted to or from: its address stays in the vector
@@ -168,6 +171,66 @@ class Endpoint {
   /// One pass over the CQ; routes completions. Returns how many it handled.
   int poll();
 
+  // ---- Strays (ofi_strays.hpp; the sweep is in ofi_strays.cpp) ----------------------
+
+  /// Sweep pace: at most every kSweepEvery on the progress thread (each of its passes
+  /// while the endpoint is busy, each wake otherwise); the look behind a kept message
+  /// once it has been first in line for kStuckAfter, at most every kLookBehindEvery
+  /// (a peek per filter of stray_cover, under the provider's lock each).
+  static constexpr std::chrono::milliseconds kSweepEvery{1};
+  static constexpr std::chrono::milliseconds kStuckAfter{100};
+  static constexpr std::chrono::seconds kLookBehindEvery{1};
+  /// Strays dropped by one sweep at most, so that the provider's lock is let go.
+  static constexpr size_t kMaxStraysPerSweep = 4096;
+
+  struct ExpectSlot;
+  /// A connection's hold on the messages under its id: while it lives, the sweep
+  /// keeps what the connection will still receive. Made before the connection's id
+  /// can reach its peer (a listener's before the hello-ack goes out). Moves only.
+  class Expectation {
+   public:
+    Expectation() = default;
+    Expectation(Expectation&& o) noexcept { *this = std::move(o); }
+    Expectation& operator=(Expectation&& o) noexcept;
+    Expectation(const Expectation&) = delete;
+    Expectation& operator=(const Expectation&) = delete;
+    ~Expectation() { release(); }
+    explicit operator bool() const { return slot_ != nullptr; }
+    /// The connection read every header before sequence `next`.
+    void read_up_to(uint64_t next);
+
+   private:
+    friend class Endpoint;
+    void release();
+    Endpoint* ep_ = nullptr;
+    std::shared_ptr<ExpectSlot> slot_;
+  };
+  /// The hold of connection `conn` on this endpoint.
+  Expectation expect(uint32_t conn);
+  /// The hold of a client's handshake under way (Expected::greeting), taken before
+  /// its hello goes out and let go once its connection holds its id.
+  Expectation expect_greeting();
+  /// The endpoint listens: hellos and probes under any id are taken here.
+  void set_listening();
+  /// What the endpoint expects now (its open connections, whether it listens).
+  Expected expected() const;
+  /// Whether a message under exactly `tag` waits in the unexpected queue (a peek;
+  /// false where the provider cannot peek).
+  bool waiting(uint64_t tag);
+  /// Strays dropped so far; nullopt where the provider cannot peek (shm).
+  std::optional<Listener::Strays> strays() const;
+
+  struct Sweep {
+    size_t dropped = 0;
+    bool looked_behind = false;  // the stray cover was peeked through
+  };
+  /// Drops the strays at the head of the unexpected queue; where a kept message is
+  /// first in line and has been for `stuck_after`, and `look_behind`, also those
+  /// behind it. One sweep at a time (the progress thread's, or a test's).
+  Sweep sweep_strays(bool look_behind, std::chrono::nanoseconds stuck_after = kStuckAfter);
+  /// Whether the progress thread sweeps (tests turn it off to sweep by hand).
+  std::atomic<bool> auto_sweep{true};
+
  private:
   Endpoint(std::shared_ptr<Core> core, bool shared) : core_(std::move(core)), shared_(shared) {}
   Status init(fi_info* info);
@@ -229,6 +292,35 @@ class Endpoint {
   std::atomic<int> parked_{0};
   std::mutex park_mu_;
   std::condition_variable park_cv_;
+  // Strays (ofi_strays.cpp).
+  struct Peeked {
+    uint64_t tag = 0;
+    size_t len = 0;
+  };
+  /// The oldest waiting message matching (tag, ignore), left where it is; nullopt
+  /// when none waits or the peek failed.
+  std::optional<Peeked> peek(uint64_t tag, uint64_t ignore);
+  /// Drops `p` (just peeked) if it is a stray by what the endpoint expects now.
+  bool drop_if_stray(const Peeked& p);
+  bool is_stray_now_locked(uint64_t tag) const;  // strays_mu_ held
+  /// The progress thread's sweep, at the pace above.
+  void sweep_when_due();
+
+  std::atomic<bool> sweeps_{false};  // the provider answers FI_PEEK (ofi_rxm)
+  mutable std::mutex strays_mu_;  // listening_, greetings_, expected_; held across a drop's discard call
+  bool listening_ = false;
+  int greetings_ = 0;  // handshakes under way (expect_greeting)
+  std::unordered_multimap<uint32_t, std::shared_ptr<ExpectSlot>> expected_;
+  std::atomic<uint64_t> strays_dropped_{0};
+  std::atomic<uint64_t> stray_bytes_{0};
+  std::mutex sweep_mu_;  // one sweep at a time; kept_head_
+  struct KeptHead {
+    uint64_t tag;
+    Clock::time_point since;
+  };
+  std::optional<KeptHead> kept_head_;
+  Clock::time_point last_sweep_{};        // the progress thread's alone
+  Clock::time_point last_look_behind_{};  // the progress thread's alone
   std::thread progress_;
 };
 

@@ -118,6 +118,9 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
     std::random_device rd;
     nonce = ((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(Clock::now().time_since_epoch().count())) & kNonceMask;
   }
+  // Until the connection holds its id, the stray sweep keeps what any connection
+  // of this endpoint might be sent (the listener may speak first).
+  const Endpoint::Expectation greeting = ep.expect_greeting();
   // Post the ack receive first, then say hello.
   auto ack = ep.new_op(sizeof(HelloAck));
   KVS_ASSIGN_OR_RETURN(void* adesc, ep.local_desc(*ack));
@@ -157,7 +160,8 @@ Result<Greeted> say_hello(Endpoint& ep, fi_addr_t server, const std::string& add
   std::memcpy(&a, ack->buf.get(), sizeof a);
   if (ack->err || ack->len != sizeof a || a.magic != kHelloMagic)
     return make_status(StatusCode::unavailable, "libfabric: bad hello-ack from {}", address);
-  return Greeted{a.conn_id & ~kAnswersQuestions, nonce, (a.conn_id & kAnswersQuestions) != 0};
+  const uint32_t id = a.conn_id & ~kAnswersQuestions;
+  return Greeted{id, nonce, (a.conn_id & kAnswersQuestions) != 0, ep.expect(id)};
 }
 
 }  // namespace kvstream::transport::ofi

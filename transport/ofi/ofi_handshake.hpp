@@ -83,6 +83,10 @@ struct Greeted {
   uint32_t id = 0;
   uint64_t nonce = 0;
   bool answers_questions = false;
+  /// The endpoint's hold on `id` (ofi_strays.hpp), for the connection to take over:
+  /// taken before the handshake's hold was let go, so that what the listener sends
+  /// first is never swept.
+  Endpoint::Expectation hold;
 };
 
 /// An operation whose buffer holds a Hello from `ep` (its address), with `magic`

@@ -42,6 +42,7 @@ class OfiListener final : public Listener {
   }
 
   Status start() {
+    ep_->set_listening();  // before the first hello receive: hellos and probes are ours
     KVS_ASSIGN_OR_RETURN(responder_, ProbeResponder::start(ep_));
     for (size_t i = 0; i < kHelloPool; ++i) KVS_RETURN_IF_ERROR(post_hello());
     return {};
@@ -89,6 +90,8 @@ class OfiListener final : public Listener {
   std::string address() const override { return address_; }
 
   std::optional<uint64_t> peer_entries() const override { return ep_->peer_count(); }
+
+  std::optional<Strays> strays() const override { return ep_->strays(); }
 
  private:
   static constexpr size_t kHelloPool = 8;  // hello receives kept posted

@@ -60,6 +60,7 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
   header.assign(op->buf.get() + sizeof prefix, op->buf.get() + op->len);
   if (probe_) probe_->heard();
   ++recv_seq_;
+  expect_.read_up_to(recv_seq_);
   body_size_ = prefix.body_size;
   body_pending_ = body_size_ > 0;
   return size_t(prefix.body_size);

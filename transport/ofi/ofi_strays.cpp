@@ -1,0 +1,295 @@
+// Stray messages on a libfabric endpoint (ofi_strays.hpp): which tags are strays, the
+// filters that reach all of them, the connections' holds on their ids, and the sweep
+// that peeks at the unexpected queue and drops them.
+#include "transport/ofi/ofi_strays.hpp"
+
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "core/log.hpp"
+#include "transport/ofi/ofi_endpoint.hpp"
+
+namespace kvstream::transport::ofi {
+
+namespace {
+
+constexpr unsigned kKindBits = 4, kConnBits = 20, kSeqBits = 24;
+static_assert(Tag::pack({1, 0, 0, 0}) == uint64_t(1) << 60 && Tag::kSeqMask == (uint64_t(1) << kSeqBits) - 1 &&
+                  Tag::kConnMask == (uint64_t(1) << kConnBits) - 1,
+              "the cover's fields are the tag's");
+
+/// Where the body window starts: the body of the header read last comes after it.
+uint64_t body_from(uint64_t from) { return (from - 1) & Tag::kSeqMask; }
+
+bool in_window(uint64_t seq, uint64_t from, uint64_t lead) { return ((seq - from) & Tag::kSeqMask) < lead; }
+
+constexpr uint64_t kind_of(MsgType t) { return uint64_t(t); }
+
+}  // namespace
+
+bool is_stray(uint64_t tag, const Expected& e) {
+  const TagFields f = Tag::unpack(tag);
+  switch (MsgType(f.kind)) {
+    case MsgType::hello:
+    case MsgType::probe:
+      return !e.listening;
+    case MsgType::header:
+    case MsgType::body:
+    case MsgType::bye:
+      if (e.greeting) return false;
+      break;
+    default:  // hello-acks and probe answers meet a posted receive; other kinds are never sent
+      return true;
+  }
+  auto [lo, hi] = std::equal_range(e.open.begin(), e.open.end(), ExpectedSpace{uint32_t(f.conn), 0},
+                                   [](const ExpectedSpace& a, const ExpectedSpace& b) { return a.conn < b.conn; });
+  for (auto it = lo; it != hi; ++it) {
+    if (MsgType(f.kind) == MsgType::bye) return false;
+    const uint64_t from = it->from & Tag::kSeqMask;
+    if (MsgType(f.kind) == MsgType::header && in_window(f.seq, from, kMaxLead)) return false;
+    if (MsgType(f.kind) == MsgType::body && in_window(f.seq, body_from(from), kMaxLead + 1)) return false;
+  }
+  return true;
+}
+
+std::vector<TagFilter> stray_cover(const Expected& e) {
+  std::vector<TagFilter> out;
+  constexpr MsgType kConnKinds[] = {MsgType::header, MsgType::body, MsgType::bye};
+  // Kinds nothing is kept under, whole.
+  std::vector<uint64_t> kept;
+  if (e.listening) kept = {kind_of(MsgType::hello), kind_of(MsgType::probe)};
+  if (!e.open.empty() || e.greeting)
+    for (MsgType k : kConnKinds) kept.push_back(kind_of(k));
+  std::sort(kept.begin(), kept.end());
+  const TagField kinds{Tag::kKindShift, kKindBits};
+  cover_absent(kept, kKindBits, [&](uint64_t v, unsigned bits) { out.push_back(kinds.block(v, bits)); });
+  if (e.open.empty() || e.greeting) return out;
+  // Under a connection's kinds, the ids no open connection has.
+  std::vector<uint64_t> ids;
+  for (const auto& s : e.open) ids.push_back(s.conn);  // sorted already
+  const uint64_t kind_mask = Tag::kKindMask << Tag::kKindShift;
+  for (MsgType k : kConnKinds) {
+    const TagField conns{Tag::kConnShift, kConnBits, kind_of(k) << Tag::kKindShift, kind_mask};
+    cover_absent(ids, kConnBits, [&](uint64_t v, unsigned bits) { out.push_back(conns.block(v, bits)); });
+  }
+  // An open connection's headers and bodies outside its windows (segments alike).
+  const uint64_t top_mask = kind_mask | (Tag::kConnMask << Tag::kConnShift);
+  for (size_t i = 0; i < e.open.size(); ++i) {
+    const ExpectedSpace& s = e.open[i];
+    if ((i > 0 && e.open[i - 1].conn == s.conn) || (i + 1 < e.open.size() && e.open[i + 1].conn == s.conn))
+      continue;  // open twice: the union of two windows is no window
+    const uint64_t from = s.from & Tag::kSeqMask;
+    const TagField header{Tag::kSeqShift, kSeqBits, make_tag(MsgType::header, s.conn), top_mask};
+    cover_outside(from, kMaxLead, kSeqBits, [&](uint64_t v, unsigned bits) { out.push_back(header.block(v, bits)); });
+    const TagField body{Tag::kSeqShift, kSeqBits, make_tag(MsgType::body, s.conn), top_mask};
+    cover_outside(body_from(from), kMaxLead + 1, kSeqBits,
+                  [&](uint64_t v, unsigned bits) { out.push_back(body.block(v, bits)); });
+  }
+  return out;
+}
+
+// ---- The connections' holds ----------------------------------------------------------
+
+struct Endpoint::ExpectSlot {
+  static constexpr uint32_t kGreeting = ~uint32_t(0);  // above every connection id
+  uint32_t conn = 0;
+  std::atomic<uint64_t> from{0};
+};
+
+Endpoint::Expectation& Endpoint::Expectation::operator=(Expectation&& o) noexcept {
+  if (this != &o) {
+    release();
+    ep_ = std::exchange(o.ep_, nullptr);
+    slot_ = std::move(o.slot_);
+  }
+  return *this;
+}
+
+void Endpoint::Expectation::read_up_to(uint64_t next) {
+  if (slot_) slot_->from.store(next, std::memory_order_relaxed);
+}
+
+void Endpoint::Expectation::release() {
+  if (!ep_ || !slot_) return;
+  std::lock_guard lock(ep_->strays_mu_);
+  if (slot_->conn == ExpectSlot::kGreeting) --ep_->greetings_;
+  auto [lo, hi] = ep_->expected_.equal_range(slot_->conn);
+  for (auto it = lo; it != hi; ++it)
+    if (it->second == slot_) {
+      ep_->expected_.erase(it);
+      break;
+    }
+  ep_ = nullptr;
+  slot_.reset();
+}
+
+Endpoint::Expectation Endpoint::expect(uint32_t conn) {
+  Expectation e;
+  e.ep_ = this;
+  e.slot_ = std::make_shared<ExpectSlot>();
+  e.slot_->conn = conn;
+  std::lock_guard lock(strays_mu_);
+  expected_.emplace(conn, e.slot_);
+  return e;
+}
+
+Endpoint::Expectation Endpoint::expect_greeting() {
+  Expectation e;
+  e.ep_ = this;
+  e.slot_ = std::make_shared<ExpectSlot>();
+  e.slot_->conn = ExpectSlot::kGreeting;
+  std::lock_guard lock(strays_mu_);
+  ++greetings_;
+  return e;
+}
+
+void Endpoint::set_listening() {
+  std::lock_guard lock(strays_mu_);
+  listening_ = true;
+}
+
+Expected Endpoint::expected() const {
+  Expected e;
+  std::lock_guard lock(strays_mu_);
+  e.listening = listening_;
+  e.greeting = greetings_ > 0;
+  e.open.reserve(expected_.size());
+  for (const auto& [conn, slot] : expected_)
+    e.open.push_back({conn, uint32_t(slot->from.load(std::memory_order_relaxed) & Tag::kSeqMask)});
+  std::sort(e.open.begin(), e.open.end(), [](const auto& a, const auto& b) { return a.conn < b.conn; });
+  return e;
+}
+
+std::optional<Listener::Strays> Endpoint::strays() const {
+  if (!sweeps_.load()) return std::nullopt;
+  return Listener::Strays{strays_dropped_.load(), stray_bytes_.load()};
+}
+
+bool Endpoint::waiting(uint64_t tag) { return sweeps_.load() && peek(tag, 0).has_value(); }
+
+bool Endpoint::is_stray_now_locked(uint64_t tag) const {
+  Expected e;
+  e.listening = listening_;
+  e.greeting = greetings_ > 0;
+  auto [lo, hi] = expected_.equal_range(uint32_t(Tag::unpack(tag).conn));
+  for (auto it = lo; it != hi; ++it)
+    e.open.push_back({it->first, uint32_t(it->second->from.load(std::memory_order_relaxed) & Tag::kSeqMask)});
+  return is_stray(tag, e);
+}
+
+// ---- The sweep -----------------------------------------------------------------------
+
+std::optional<Endpoint::Peeked> Endpoint::peek(uint64_t tag, uint64_t ignore) {
+  if (!ep_) return std::nullopt;
+  auto op = new_op();
+  op->quiet = true;
+  track(op);
+  fi_msg_tagged m{};
+  m.addr = FI_ADDR_UNSPEC;
+  m.tag = tag;
+  m.ignore = ignore;
+  m.context = &op->ctx;
+  const ssize_t r = locked([&] { return fi_trecvmsg(ep_, &m, FI_PEEK); });
+  if (r != 0) {
+    untrack(op.get());
+    return std::nullopt;
+  }
+  // ofi_rxm answers within the call; the bound is for a provider that answers late.
+  for (int i = 0; i < 1000 && !op->done.load(std::memory_order_acquire); ++i)
+    if (poll() == 0) std::this_thread::yield();
+  if (!op->done.load(std::memory_order_acquire)) {
+    // Left tracked: its answer, whenever it comes, is routed and dropped.
+    KVS_LOG_WARN("libfabric: provider {} did not answer a peek at its queue; strays are no longer swept",
+                 core_->provider);
+    sweeps_.store(false);
+    return std::nullopt;
+  }
+  if (op->err) return std::nullopt;  // FI_ENOMSG: nothing waits
+  return Peeked{op->tag, op->len};
+}
+
+bool Endpoint::drop_if_stray(const Peeked& p) {
+  if (!ep_) return false;
+  auto op = new_op();
+  op->quiet = true;
+  track(op);
+  fi_msg_tagged m{};
+  m.addr = FI_ADDR_UNSPEC;
+  m.tag = p.tag;
+  m.context = &op->ctx;
+  ssize_t r = 0;
+  {
+    // Judged by what is expected now, and dropped before a connection can claim the
+    // id (it registers under this lock before it posts a receive): a stray at the
+    // check is one at the drop. The first message under its exact tag is the one
+    // peeked: any older one matched the peek's filter too, and would have come first.
+    std::lock_guard lock(strays_mu_);
+    if (!is_stray_now_locked(p.tag)) {
+      untrack(op.get());
+      return false;
+    }
+    r = locked([&] { return fi_trecvmsg(ep_, &m, FI_PEEK | FI_DISCARD); });
+  }
+  if (r != 0) {
+    untrack(op.get());
+    return false;
+  }
+  // Waited for outside strays_mu_: the completions it routes run callbacks, and a
+  // callback may end a connection, whose hold takes that lock.
+  for (int i = 0; i < 1000 && !op->done.load(std::memory_order_acquire); ++i)
+    if (poll() == 0) std::this_thread::yield();
+  if (!op->done.load(std::memory_order_acquire) || op->err) return false;
+  strays_dropped_.fetch_add(1, std::memory_order_relaxed);
+  stray_bytes_.fetch_add(p.len, std::memory_order_relaxed);
+  return true;
+}
+
+Endpoint::Sweep Endpoint::sweep_strays(bool look_behind, std::chrono::nanoseconds stuck_after) {
+  Sweep out;
+  if (!sweeps_.load()) return out;
+  std::lock_guard sweeping(sweep_mu_);
+  // The oldest waiting message first, for as long as it is a stray (a flood of them,
+  // or what a closed connection left). Where nothing waits (the usual case) that is
+  // one peek, answered "no message" within the call.
+  std::optional<Peeked> head;
+  while (out.dropped < kMaxStraysPerSweep && (head = peek(0, ~uint64_t(0)))) {
+    if (!drop_if_stray(*head)) break;
+    ++out.dropped;
+    head.reset();
+  }
+  // A kept message is mostly gone within milliseconds (a header whose receive is
+  // posted next, a body its reader takes); one first in line for `stuck_after` waits
+  // on a reader that does not read, and strays may pile up behind it, where only
+  // peeks that skip it reach them.
+  const auto now = Clock::now();
+  if (!head)
+    kept_head_.reset();
+  else if (!kept_head_ || kept_head_->tag != head->tag)
+    kept_head_ = KeptHead{head->tag, now};
+  out.looked_behind = look_behind && kept_head_ && now - kept_head_->since >= stuck_after;
+  if (out.looked_behind)
+    for (const TagFilter& f : stray_cover(expected())) {
+      while (out.dropped < kMaxStraysPerSweep) {
+        auto p = peek(f.tag, ~f.mask);
+        if (!p || !drop_if_stray(*p)) break;  // none left, or the filter is older than a new connection
+        ++out.dropped;
+      }
+      if (out.dropped >= kMaxStraysPerSweep) break;
+    }
+  if (out.dropped)
+    KVS_LOG_DEBUG("libfabric: dropped {} stray message(s) no connection will receive ({} so far, {} bytes)",
+                  out.dropped, strays_dropped_.load(), stray_bytes_.load());
+  return out;
+}
+
+void Endpoint::sweep_when_due() {
+  const auto now = Clock::now();
+  if (now - last_sweep_ < kSweepEvery) return;
+  last_sweep_ = now;
+  if (sweep_strays(now - last_look_behind_ >= kLookBehindEvery).looked_behind) last_look_behind_ = now;
+}
+
+}  // namespace kvstream::transport::ofi
