@@ -444,12 +444,14 @@ void Endpoint::progress_loop() {
     // here, unless an insert holds the vector now (the next round does it then).
     if (peers_->unused() > 0)
       if (std::unique_lock lock(av_mu_, std::try_to_lock); lock) remove_unused_peers_locked();
-    if (auto_sweep.load(std::memory_order_relaxed)) sweep_when_due();
-    if (const uint64_t c = completions_.load(); wait_fd_ >= 0 && (c != seen || reaped || sending)) {
+    // A sweep that dropped strays is work: a flood brings no completions, and the
+    // thread would otherwise sleep on the queue while it piles up.
+    const bool swept = sweep_when_due() > 0;
+    if (const uint64_t c = completions_.load(); wait_fd_ >= 0 && (c != seen || reaped || sending || swept)) {
       seen = c;
       last_work = Clock::now();
     }
-    if (reaped) {
+    if (reaped || swept) {
       backoff.reset();
       continue;
     }

@@ -145,6 +145,7 @@ class Endpoint {
         [&](bool& moved) -> std::optional<Status> {
           seen = completions_.load();
           moved = poll() > 0;
+          sweep_when_due();
           if (pred()) return Status{};
           return std::nullopt;
         },
@@ -300,11 +301,17 @@ class Endpoint {
   /// The oldest waiting message matching (tag, ignore), left where it is; nullopt
   /// when none waits or the peek failed.
   std::optional<Peeked> peek(uint64_t tag, uint64_t ignore);
-  /// Drops `p` (just peeked) if it is a stray by what the endpoint expects now.
-  bool drop_if_stray(const Peeked& p);
+  /// Drops `p` (just peeked) if it is a stray by what the endpoint expects now: the
+  /// discard's operation, whose completion counts it; nullptr where `p` is kept.
+  std::shared_ptr<Op> drop_if_stray(const Peeked& p);
+  /// Polls until `ops` completed (a bounded while; ofi_rxm completes them at once).
+  void reap(std::vector<std::shared_ptr<Op>>& ops);
   bool is_stray_now_locked(uint64_t tag) const;  // strays_mu_ held
-  /// The progress thread's sweep, at the pace above.
-  void sweep_when_due();
+  Sweep sweep_locked(bool look_behind, std::chrono::nanoseconds stuck_after = kStuckAfter);  // sweep_mu_ held
+  /// A sweep at the pace above, by the progress thread or a caller waiting on the
+  /// endpoint (either may be the one that reads a flood off the wire); none where
+  /// another thread sweeps. The strays dropped.
+  size_t sweep_when_due();
 
   std::atomic<bool> sweeps_{false};  // the provider answers FI_PEEK (ofi_rxm)
   mutable std::mutex strays_mu_;  // listening_, greetings_, expected_; held across a drop's discard call
@@ -313,14 +320,14 @@ class Endpoint {
   std::unordered_multimap<uint32_t, std::shared_ptr<ExpectSlot>> expected_;
   std::atomic<uint64_t> strays_dropped_{0};
   std::atomic<uint64_t> stray_bytes_{0};
-  std::mutex sweep_mu_;  // one sweep at a time; kept_head_
+  std::mutex sweep_mu_;  // one sweep at a time; kept_head_, last_look_behind_
   struct KeptHead {
     uint64_t tag;
     Clock::time_point since;
   };
   std::optional<KeptHead> kept_head_;
-  Clock::time_point last_sweep_{};        // the progress thread's alone
-  Clock::time_point last_look_behind_{};  // the progress thread's alone
+  Clock::time_point last_look_behind_{};
+  std::atomic<int64_t> last_sweep_ns_{0};  // steady clock
   std::thread progress_;
 };
 

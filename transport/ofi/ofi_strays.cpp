@@ -16,6 +16,10 @@ namespace kvstream::transport::ofi {
 
 namespace {
 
+/// This thread is sweeping: the completions its peeks route run callbacks, and no
+/// sweep may start inside another.
+thread_local bool t_sweeping = false;
+
 constexpr unsigned kKindBits = 4, kConnBits = 20, kSeqBits = 24;
 static_assert(Tag::pack({1, 0, 0, 0}) == uint64_t(1) << 60 && Tag::kSeqMask == (uint64_t(1) << kSeqBits) - 1 &&
                   Tag::kConnMask == (uint64_t(1) << kConnBits) - 1,
@@ -211,10 +215,15 @@ std::optional<Endpoint::Peeked> Endpoint::peek(uint64_t tag, uint64_t ignore) {
   return Peeked{op->tag, op->len};
 }
 
-bool Endpoint::drop_if_stray(const Peeked& p) {
-  if (!ep_) return false;
+std::shared_ptr<Op> Endpoint::drop_if_stray(const Peeked& p) {
+  if (!ep_) return nullptr;
   auto op = new_op();
   op->quiet = true;
+  op->on_complete = [this, len = p.len](Op& o) {
+    if (o.err) return;
+    strays_dropped_.fetch_add(1, std::memory_order_relaxed);
+    stray_bytes_.fetch_add(len, std::memory_order_relaxed);
+  };
   track(op);
   fi_msg_tagged m{};
   m.addr = FI_ADDR_UNSPEC;
@@ -229,34 +238,50 @@ bool Endpoint::drop_if_stray(const Peeked& p) {
     std::lock_guard lock(strays_mu_);
     if (!is_stray_now_locked(p.tag)) {
       untrack(op.get());
-      return false;
+      return nullptr;
     }
     r = locked([&] { return fi_trecvmsg(ep_, &m, FI_PEEK | FI_DISCARD); });
   }
   if (r != 0) {
     untrack(op.get());
-    return false;
+    return nullptr;
   }
-  // Waited for outside strays_mu_: the completions it routes run callbacks, and a
-  // callback may end a connection, whose hold takes that lock.
-  for (int i = 0; i < 1000 && !op->done.load(std::memory_order_acquire); ++i)
+  // Not waited for here: ofi_rxm takes the message off the queue within the call, and
+  // its completion is reaped with the next peek's (one read of the queue per stray,
+  // and so at most one message taken off the wire per stray dropped).
+  return op;
+}
+
+void Endpoint::reap(std::vector<std::shared_ptr<Op>>& ops) {
+  for (int i = 0; i < 1000; ++i) {
+    std::erase_if(ops, [](const std::shared_ptr<Op>& o) { return o->done.load(std::memory_order_acquire); });
+    if (ops.empty()) return;
     if (poll() == 0) std::this_thread::yield();
-  if (!op->done.load(std::memory_order_acquire) || op->err) return false;
-  strays_dropped_.fetch_add(1, std::memory_order_relaxed);
-  stray_bytes_.fetch_add(p.len, std::memory_order_relaxed);
-  return true;
+  }
 }
 
 Endpoint::Sweep Endpoint::sweep_strays(bool look_behind, std::chrono::nanoseconds stuck_after) {
-  Sweep out;
-  if (!sweeps_.load()) return out;
+  if (!sweeps_.load()) return {};
   std::lock_guard sweeping(sweep_mu_);
+  return sweep_locked(look_behind, stuck_after);
+}
+
+Endpoint::Sweep Endpoint::sweep_locked(bool look_behind, std::chrono::nanoseconds stuck_after) {
+  t_sweeping = true;
+  struct Leave {
+    ~Leave() { t_sweeping = false; }
+  } leave;
+  Sweep out;
   // The oldest waiting message first, for as long as it is a stray (a flood of them,
   // or what a closed connection left). Where nothing waits (the usual case) that is
   // one peek, answered "no message" within the call.
   std::optional<Peeked> head;
+  std::vector<std::shared_ptr<Op>> drops;  // whose completions are not reaped yet
   while (out.dropped < kMaxStraysPerSweep && (head = peek(0, ~uint64_t(0)))) {
-    if (!drop_if_stray(*head)) break;
+    auto drop = drop_if_stray(*head);
+    if (!drop) break;
+    drops.push_back(std::move(drop));
+    if (drops.size() >= 256) std::erase_if(drops, [](const auto& o) { return o->done.load(std::memory_order_acquire); });
     ++out.dropped;
     head.reset();
   }
@@ -274,22 +299,34 @@ Endpoint::Sweep Endpoint::sweep_strays(bool look_behind, std::chrono::nanosecond
     for (const TagFilter& f : stray_cover(expected())) {
       while (out.dropped < kMaxStraysPerSweep) {
         auto p = peek(f.tag, ~f.mask);
-        if (!p || !drop_if_stray(*p)) break;  // none left, or the filter is older than a new connection
+        auto drop = p ? drop_if_stray(*p) : nullptr;
+        if (!drop) break;  // none left, or the filter is older than a new connection
+        drops.push_back(std::move(drop));
         ++out.dropped;
       }
       if (out.dropped >= kMaxStraysPerSweep) break;
     }
+  reap(drops);  // the counters are whole when the sweep returns
   if (out.dropped)
     KVS_LOG_DEBUG("libfabric: dropped {} stray message(s) no connection will receive ({} so far, {} bytes)",
                   out.dropped, strays_dropped_.load(), stray_bytes_.load());
   return out;
 }
 
-void Endpoint::sweep_when_due() {
+size_t Endpoint::sweep_when_due() {
+  if (t_sweeping || !sweeps_.load(std::memory_order_relaxed) || !auto_sweep.load(std::memory_order_relaxed)) return 0;
   const auto now = Clock::now();
-  if (now - last_sweep_ < kSweepEvery) return;
-  last_sweep_ = now;
-  if (sweep_strays(now - last_look_behind_ >= kLookBehindEvery).looked_behind) last_look_behind_ = now;
+  const int64_t now_ns = now.time_since_epoch().count();
+  int64_t last = last_sweep_ns_.load(std::memory_order_relaxed);
+  if (now_ns - last < std::chrono::nanoseconds(kSweepEvery).count()) return 0;
+  // One thread per interval, and none while another sweeps: a caller waiting for its
+  // own completion does not wait for a sweep as well.
+  if (!last_sweep_ns_.compare_exchange_strong(last, now_ns)) return 0;
+  std::unique_lock lock(sweep_mu_, std::try_to_lock);
+  if (!lock) return 0;
+  const Sweep s = sweep_locked(now - last_look_behind_ >= kLookBehindEvery);
+  if (s.looked_behind) last_look_behind_ = now;
+  return s.dropped;
 }
 
 }  // namespace kvstream::transport::ofi
