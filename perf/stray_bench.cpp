@@ -1,6 +1,6 @@
 // kvstream-stray-bench: a storage node while a peer floods its endpoint with tagged
-// messages no receive will take (UCX: transport/ucx/ucx_strays.hpp sweeps them;
-// libfabric: not swept). The node runs as its own process (kvstream-server --backend
+// messages no receive will take (transport/ucx/ucx_strays.hpp and
+// transport/ofi/ofi_strays.hpp sweep them). The node runs as its own process (kvstream-server --backend
 // ucx --ucx-tls tcp, or --backend libfabric over tcp;ofi_rxm, default settings), so
 // its resident size is read from /proc; --server-bin runs the same phases against
 // another build of the node (one from before the sweep is the anchor).
