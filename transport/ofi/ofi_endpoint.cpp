@@ -347,27 +347,39 @@ void Endpoint::close_now() {
   ep_ = nullptr;
 }
 
-int Endpoint::poll() {
+int Endpoint::read_locked(std::vector<Reaped>& out) {
   fi_cq_tagged_entry e[16];
-  ssize_t n;
-  fi_cq_err_entry err{};
-  int got_err = 0;
-  {
-    std::lock_guard fl(fi_mu_);
-    n = fi_cq_read(cq_, e, 16);
-    if (n == -FI_EAVAIL) got_err = int(fi_cq_readerr(cq_, &err, 0));
-  }
+  const ssize_t n = fi_cq_read(cq_, e, 16);
   if (n > 0) {
-    for (ssize_t i = 0; i < n; ++i) complete(e[i].op_context, 0, e[i].len, e[i].tag);
+    for (ssize_t i = 0; i < n; ++i) out.push_back({e[i].op_context, 0, e[i].len, e[i].tag});
     return int(n);
   }
-  if (n == -FI_EAVAIL && got_err == 1) {
-    // FI_ENOMSG: a stray sweep's peek found nothing (ofi_strays.cpp), the usual answer.
-    if (err.err != FI_ECANCELED && err.err != FI_ENOMSG) KVS_LOG_DEBUG("libfabric: completion error {}", fi_err(err.err));
-    complete(err.op_context, err.err ? err.err : FI_EIO, err.len, err.tag);
+  fi_cq_err_entry err{};
+  if (n == -FI_EAVAIL && fi_cq_readerr(cq_, &err, 0) == 1) {
+    out.push_back({err.op_context, err.err ? err.err : FI_EIO, err.len, err.tag});
     return 1;
   }
   return 0;
+}
+
+void Endpoint::route(const std::vector<Reaped>& got) {
+  for (const Reaped& r : got) {
+    // FI_ENOMSG: a stray sweep's peek found nothing (ofi_strays.cpp), the usual answer.
+    if (r.err && r.err != FI_ECANCELED && r.err != FI_ENOMSG)
+      KVS_LOG_DEBUG("libfabric: completion error {}", fi_err(r.err));
+    complete(r.context, r.err, r.len, r.tag);
+  }
+}
+
+int Endpoint::poll() {
+  std::vector<Reaped> got;
+  got.reserve(16);
+  {
+    std::lock_guard fl(fi_mu_);
+    read_locked(got);
+  }
+  route(got);
+  return int(got.size());
 }
 
 void Endpoint::track(const std::shared_ptr<Op>& op) {

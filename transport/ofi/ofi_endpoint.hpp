@@ -250,6 +250,17 @@ class Endpoint {
     return call();
   }
 
+  /// A completion read off the queue under fi_mu_, routed (complete) after it.
+  struct Reaped {
+    void* context;
+    int err;
+    size_t len;
+    uint64_t tag;
+  };
+  /// One read of the queue (up to 16 completions, or one error) into `out`; how many.
+  int read_locked(std::vector<Reaped>& out);  // fi_mu_ held
+  void route(const std::vector<Reaped>& got);
+
   void track(const std::shared_ptr<Op>& op);
   bool untrack(Op* op);
   void complete(void* context, int err, size_t len, uint64_t tag);

@@ -196,12 +196,29 @@ std::optional<Endpoint::Peeked> Endpoint::peek(uint64_t tag, uint64_t ignore) {
   m.tag = tag;
   m.ignore = ignore;
   m.context = &op->ctx;
-  const ssize_t r = locked([&] { return fi_trecvmsg(ep_, &m, FI_PEEK); });
+  // ofi_rxm answers within the call: the answer is read off the queue under the same
+  // hold of the provider's lock, so that no other thread takes it and leaves this one
+  // waiting while it routes it (on a loaded node such waits, each a yield of the CPU,
+  // let a flood outrun the sweep). Whatever else is read with it is routed too.
+  std::vector<Reaped> got;
+  got.reserve(16);
+  ssize_t r = 0;
+  {
+    std::lock_guard fl(fi_mu_);
+    r = fi_trecvmsg(ep_, &m, FI_PEEK);
+    for (int i = 0; r == 0 && i < 64; ++i) {
+      const size_t before = got.size();
+      if (read_locked(got) == 0) break;
+      if (std::any_of(got.begin() + long(before), got.end(), [&](const Reaped& e) { return e.context == &op->ctx; }))
+        break;
+    }
+  }
+  route(got);
   if (r != 0) {
     untrack(op.get());
     return std::nullopt;
   }
-  // ofi_rxm answers within the call; the bound is for a provider that answers late.
+  // The bound is for a provider that answers late.
   for (int i = 0; i < 1000 && !op->done.load(std::memory_order_acquire); ++i)
     if (poll() == 0) std::this_thread::yield();
   if (!op->done.load(std::memory_order_acquire)) {
