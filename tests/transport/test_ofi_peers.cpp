@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <future>
 #include <thread>
 
 #include "tests/support/hang_guard.hpp"
+#include "tests/transport/free_port.hpp"
 #include "tests/transport/ofi_test_util.hpp"
 #if KVSTREAM_HAVE_LIBFABRIC
 #include "tests/transport/ofi_raw_peer.hpp"
@@ -210,6 +213,37 @@ TEST_P(LibfabricProvider, JunkUnderTheHelloTagDoesNotStopTheListener) {
   EXPECT_EQ((*node)->accepted(), 3);
 }
 #endif
+
+// An shm endpoint's region is a file under /dev/shm named after it, and a process
+// that dies leaves it there: libfabric 1.17 then fails every endpoint of that name
+// (fi_enable: EBUSY). A listener on a port of the user's choosing says so and names
+// the file; one on port 0 passes over ports whose file exists (before, it failed with
+// EBUSY where the kernel handed it such a port: the shm tests failed now and then on a
+// host where earlier runs had left files).
+TEST(libfabric, AnShmNameTakenOnTheHostIsSaidOrPassedOver) {
+  if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+  auto server = create_backend(ofi_config("shm"));
+  if (!server.ok()) GTEST_SKIP() << "provider shm not available: " << server.status().to_string();
+  const uint16_t port = test_util::free_port();
+  const std::string name = fmt::format("127.0.0.1:{}", port), file = "/dev/shm/" + name;
+  {
+    std::ofstream left(file);  // what a dead process's region leaves
+    left << "stale";
+  }
+  ASSERT_TRUE(ofi::shm_name_on_host("fi_ns://" + name));
+  auto taken = (*server)->listen(name);
+  std::filesystem::remove(file);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_EQ(taken.status().code(), StatusCode::unavailable);
+  EXPECT_NE(taken.status().message().find("taken on this host (" + file), std::string::npos)
+      << taken.status().to_string();
+  EXPECT_FALSE(ofi::shm_name_on_host("fi_ns://" + name));
+  auto freed = (*server)->listen(name);
+  ASSERT_TRUE(freed.ok()) << freed.status().to_string();
+  EXPECT_TRUE(ofi::shm_name_on_host("fi_ns://" + name)) << "a live listener's region";
+  auto other = (*server)->listen("127.0.0.1:0");
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+}
 
 // libfabric's shm keeps the name and memory of every endpoint a process opened in a
 // process-wide list and leaves them there when the endpoint closes (ofi_shm_local.hpp).

@@ -154,9 +154,10 @@ Result<int> reserve_port(const std::string& host, uint16_t& port) {
   return fd;
 }
 
-/// reserve_port, passing over ports whose shm names this process closed
-/// (ofi_shm_local.hpp): those are held until a fresh one is found, so the kernel
-/// does not hand them out again meanwhile.
+/// reserve_port, passing over ports whose shm names this process closed, or whose
+/// region is on the host already (another process's listener, or a file a dead one
+/// left under /dev/shm: ofi_shm_local.hpp): those are held until a fresh one is
+/// found, so the kernel does not hand them out again meanwhile.
 Result<int> reserve_fresh_port(const Core& core, const std::string& host, uint16_t& port) {
   std::vector<int> passed;
   struct ClosePassed {
@@ -170,15 +171,17 @@ Result<int> reserve_fresh_port(const Core& core, const std::string& host, uint16
     uint16_t p = 0;
     KVS_ASSIGN_OR_RETURN(int fd, reserve_port(host, p));
     InfoPtr info;
+    const auto name = [&] { return std::string_view(static_cast<const char*>(info.p->src_addr), info.p->src_addrlen); };
     if (!core.shm() || core.getinfo(host, p, FI_SOURCE, info) != 0 || !info.p->src_addr ||
-        !shm_name_was_closed(std::string_view(static_cast<const char*>(info.p->src_addr), info.p->src_addrlen))) {
+        (!shm_name_was_closed(name()) && !shm_name_on_host(name()))) {
       port = p;
       return fd;
     }
     passed.push_back(fd);
   }
   return make_status(StatusCode::resource_exhausted,
-                     "libfabric: {} ports on {} in a row name shm endpoints this process closed", kTries, host);
+                     "libfabric: {} ports on {} in a row name shm endpoints this process closed or that "
+                     "exist on the host", kTries, host);
 }
 
 }  // namespace
@@ -200,8 +203,17 @@ Result<std::unique_ptr<Listener>> listen_on(const std::shared_ptr<Core>& core, c
     return make_status(StatusCode::unavailable, "libfabric: cannot listen on {} with {}: {}", address,
                        core->provider, fi_err(r));
   }
-  if (core->shm() && info.p->src_addr &&
-      shm_name_was_closed(std::string_view(static_cast<const char*>(info.p->src_addr), info.p->src_addrlen)))
+  const std::string_view shm_name =
+      core->shm() && info.p->src_addr
+          ? std::string_view(static_cast<const char*>(info.p->src_addr), info.p->src_addrlen)
+          : std::string_view();
+  if (reserved < 0 && !shm_name.empty() && shm_name_on_host(shm_name) && !shm_name_was_closed(shm_name))
+    return make_status(StatusCode::unavailable,
+                       "libfabric: cannot listen on {} over shm: its name is taken on this host (/dev/shm/{}: "
+                       "a live endpoint's, or one a process that died left; remove it if no process "
+                       "holds it)",
+                       address, shm_list_name(shm_name));
+  if (!shm_name.empty() && shm_name_was_closed(shm_name))
     KVS_LOG_WARN("libfabric: listening on {} under the name of an shm endpoint this process closed: other "
                  "processes reach it, this one cannot (the provider keeps the closed one's unmapped memory "
                  "under the name)",

@@ -1,6 +1,8 @@
 // This process's shm endpoints: see ofi_shm_local.hpp.
 #include "transport/ofi/ofi_shm_local.hpp"
 
+#include <unistd.h>
+
 #include <rdma/fi_endpoint.h>
 
 #include <algorithm>
@@ -54,6 +56,11 @@ bool shm_name_was_closed(std::string_view name) {
   auto& r = registry();
   std::lock_guard lock(r.mu);
   return r.closed.contains(shm_list_name(name));
+}
+
+bool shm_name_on_host(std::string_view name) {
+  const std::string path = "/dev/shm/" + shm_list_name(name);
+  return ::access(path.c_str(), F_OK) == 0;
 }
 
 void shm_endpoint_opened(std::string_view name) {

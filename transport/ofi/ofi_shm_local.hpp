@@ -50,6 +50,12 @@ std::string shm_list_name(std::string_view name);
 /// was chosen by address (a listener's): such a name is never inserted again.
 [[nodiscard]] bool shm_name_was_closed(std::string_view name);
 
+/// Whether the region of shm name `name` exists on this host (its file under
+/// /dev/shm): a live endpoint of some process, or one a dead process left. The
+/// provider cannot open another endpoint of that name (libfabric 1.17: fi_enable
+/// fails EBUSY).
+[[nodiscard]] bool shm_name_on_host(std::string_view name);
+
 /// This process opened the shm endpoint `name` (its fi_getname string).
 void shm_endpoint_opened(std::string_view name);
 
