@@ -70,8 +70,9 @@ std::string metrics_text(const Server::Counters& c, const std::vector<Server::Na
   if (c.transport_peer_entries)
     write({"transport_peer_entries", false, "Peers the transport keeps state for apart from their connections.",
            *c.transport_peer_entries});
-  // Only where the transport can be sent messages no receive takes (UCX): what a
-  // peer's guesses, or clients cut short, cost the node.
+  // Only where the transport can be sent messages no receive takes and sweeps them
+  // (UCX, libfabric over ofi_rxm): what a peer's guesses, or clients cut short, cost
+  // the node.
   if (c.transport_strays) {
     write({"transport_strays_dropped_total", true,
            "Messages under tags no receive would take (a closed connection's, a peer's guesses) the transport "
