@@ -174,14 +174,16 @@ class Endpoint {
 
   // ---- Strays (ofi_strays.hpp; the sweep is in ofi_strays.cpp) ----------------------
 
-  /// Sweep pace: at most every kSweepEvery on the progress thread (each of its passes
-  /// while the endpoint is busy, each wake otherwise); the look behind a kept message
+  /// Sweep pace: at most every kSweepEvery, by the progress thread (each of its passes
+  /// while the endpoint is busy, each wake otherwise) or a call waiting on the
+  /// endpoint, whichever comes first; the look behind a kept message
   /// once it has been first in line for kStuckAfter, at most every kLookBehindEvery
   /// (a peek per filter of stray_cover, under the provider's lock each).
   static constexpr std::chrono::milliseconds kSweepEvery{1};
   static constexpr std::chrono::milliseconds kStuckAfter{100};
   static constexpr std::chrono::seconds kLookBehindEvery{1};
-  /// Strays dropped by one sweep at most, so that the provider's lock is let go.
+  /// Strays dropped by one sweep at most: a caller that sweeps while it waits gets
+  /// back to its own call.
   static constexpr size_t kMaxStraysPerSweep = 4096;
 
   struct ExpectSlot;
@@ -227,9 +229,11 @@ class Endpoint {
   };
   /// Drops the strays at the head of the unexpected queue; where a kept message is
   /// first in line and has been for `stuck_after`, and `look_behind`, also those
-  /// behind it. One sweep at a time (the progress thread's, or a test's).
+  /// behind it. One sweep at a time (the progress thread's, a waiting call's, or a
+  /// test's).
   Sweep sweep_strays(bool look_behind, std::chrono::nanoseconds stuck_after = kStuckAfter);
-  /// Whether the progress thread sweeps (tests turn it off to sweep by hand).
+  /// Whether the progress thread and waiting calls sweep (tests turn it off to sweep
+  /// by hand).
   std::atomic<bool> auto_sweep{true};
 
  private:
