@@ -317,10 +317,17 @@ class Endpoint {
   /// when none waits or the peek failed.
   std::optional<Peeked> peek(uint64_t tag, uint64_t ignore);
   /// Drops `p` (just peeked) if it is a stray by what the endpoint expects now: the
-  /// discard's operation, whose completion counts it; nullptr where `p` is kept.
+  /// operation of the receive that takes it, whose completion counts it; nullptr
+  /// where `p` is kept.
   std::shared_ptr<Op> drop_if_stray(const Peeked& p);
-  /// Polls until `ops` completed (a bounded while; ofi_rxm completes them at once).
+  /// Polls until `ops` completed, for kReapLimit at most (a stray's receive ends
+  /// within the call, a rendezvous one after a round trip to its sender).
   void reap(std::vector<std::shared_ptr<Op>>& ops);
+  static constexpr std::chrono::milliseconds kReapLimit{200};
+  static constexpr size_t kStraySinkBytes = 64;
+  /// Strays up to this size are discarded, larger ones received into the sink
+  /// (ofi_rxm's default eager size: above it a sender waits for a receive).
+  static constexpr size_t kDiscardUpTo = 16384;
   bool is_stray_now_locked(uint64_t tag) const;  // strays_mu_ held
   Sweep sweep_locked(bool look_behind, std::chrono::nanoseconds stuck_after = kStuckAfter);  // sweep_mu_ held
   /// A sweep at the pace above, by the progress thread or a caller waiting on the
@@ -333,6 +340,7 @@ class Endpoint {
   bool listening_ = false;
   int greetings_ = 0;  // handshakes under way (expect_greeting)
   std::unordered_multimap<uint32_t, std::shared_ptr<ExpectSlot>> expected_;
+  std::shared_ptr<Staging> stray_sink_;  // what stray receives land in, never read (sweep_mu_)
   std::atomic<uint64_t> strays_dropped_{0};
   std::atomic<uint64_t> stray_bytes_{0};
   std::mutex sweep_mu_;  // one sweep at a time; kept_head_, last_look_behind_
