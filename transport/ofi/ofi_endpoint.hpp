@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvstream/transport.hpp"
+#include "transport/common/kept_head.hpp"
 #include "transport/common/wait.hpp"
 #include "transport/ofi/ofi_fabric.hpp"
 #include "transport/ofi/ofi_peer_table.hpp"
@@ -176,12 +177,11 @@ class Endpoint {
 
   /// Sweep pace: at most every kSweepEvery, by the progress thread (each of its passes
   /// while the endpoint is busy, each wake otherwise) or a call waiting on the
-  /// endpoint, whichever comes first; the look behind a kept message
-  /// once it has been first in line for kStuckAfter, at most every kLookBehindEvery
-  /// (a peek per filter of stray_cover, under the provider's lock each).
+  /// endpoint, whichever comes first; the look behind a kept message once it has
+  /// been first in line for kStuckAfter, at most every kLookBehindEvery
+  /// (transport/common/kept_head.hpp; a peek per filter of stray_cover, under the
+  /// provider's lock each).
   static constexpr std::chrono::milliseconds kSweepEvery{1};
-  static constexpr std::chrono::milliseconds kStuckAfter{100};
-  static constexpr std::chrono::seconds kLookBehindEvery{1};
   /// Strays dropped by one sweep at most: a caller that sweeps while it waits gets
   /// back to its own call.
   static constexpr size_t kMaxStraysPerSweep = 4096;
@@ -223,10 +223,7 @@ class Endpoint {
   /// Strays dropped so far; nullopt where the provider cannot peek (shm).
   std::optional<Listener::Strays> strays() const;
 
-  struct Sweep {
-    size_t dropped = 0;
-    bool looked_behind = false;  // the stray cover was peeked through
-  };
+  using Sweep = StraySweep;
   /// Drops the strays at the head of the unexpected queue; where a kept message is
   /// first in line and has been for `stuck_after`, and `look_behind`, also those
   /// behind it. One sweep at a time (the progress thread's, a waiting call's, or a
@@ -329,6 +326,8 @@ class Endpoint {
   /// (ofi_rxm's default eager size: above it a sender waits for a receive).
   static constexpr size_t kDiscardUpTo = 16384;
   bool is_stray_now_locked(uint64_t tag) const;  // strays_mu_ held
+  /// expected(), of connection `only` where given (unsorted then). strays_mu_ held.
+  Expected expected_locked(std::optional<uint32_t> only) const;
   Sweep sweep_locked(bool look_behind, std::chrono::nanoseconds stuck_after = kStuckAfter);  // sweep_mu_ held
   /// A sweep at the pace above, by the progress thread or a caller waiting on the
   /// endpoint (either may be the one that reads a flood off the wire); none where
@@ -344,11 +343,7 @@ class Endpoint {
   std::atomic<uint64_t> strays_dropped_{0};
   std::atomic<uint64_t> stray_bytes_{0};
   std::mutex sweep_mu_;  // one sweep at a time; kept_head_, last_look_behind_
-  struct KeptHead {
-    uint64_t tag;
-    Clock::time_point since;
-  };
-  std::optional<KeptHead> kept_head_;
+  KeptHead kept_head_;
   Clock::time_point last_look_behind_{};
   std::atomic<int64_t> last_sweep_ns_{0};  // steady clock
   std::thread progress_;

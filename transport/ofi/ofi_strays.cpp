@@ -157,14 +157,25 @@ void Endpoint::set_listening() {
 }
 
 Expected Endpoint::expected() const {
-  Expected e;
   std::lock_guard lock(strays_mu_);
+  return expected_locked(std::nullopt);
+}
+
+Expected Endpoint::expected_locked(std::optional<uint32_t> only) const {
+  Expected e;
   e.listening = listening_;
   e.greeting = greetings_ > 0;
+  auto add = [&](uint32_t conn, const ExpectSlot& slot) {
+    e.open.push_back({conn, uint32_t(slot.from.load(std::memory_order_relaxed) & Tag::kSeqMask)});
+  };
+  if (only) {
+    auto [lo, hi] = expected_.equal_range(*only);
+    for (auto it = lo; it != hi; ++it) add(it->first, *it->second);
+    return e;
+  }
   e.open.reserve(expected_.size());
-  for (const auto& [conn, slot] : expected_)
-    e.open.push_back({conn, uint32_t(slot->from.load(std::memory_order_relaxed) & Tag::kSeqMask)});
-  std::sort(e.open.begin(), e.open.end(), [](const auto& a, const auto& b) { return a.conn < b.conn; });
+  for (const auto& [conn, slot] : expected_) add(conn, *slot);
+  std::sort(e.open.begin(), e.open.end(), [](const auto& x, const auto& y) { return x.conn < y.conn; });
   return e;
 }
 
@@ -176,13 +187,7 @@ std::optional<Listener::Strays> Endpoint::strays() const {
 bool Endpoint::waiting(uint64_t tag) { return sweeps_.load() && peek(tag, 0).has_value(); }
 
 bool Endpoint::is_stray_now_locked(uint64_t tag) const {
-  Expected e;
-  e.listening = listening_;
-  e.greeting = greetings_ > 0;
-  auto [lo, hi] = expected_.equal_range(uint32_t(Tag::unpack(tag).conn));
-  for (auto it = lo; it != hi; ++it)
-    e.open.push_back({it->first, uint32_t(it->second->from.load(std::memory_order_relaxed) & Tag::kSeqMask)});
-  return is_stray(tag, e);
+  return is_stray(tag, expected_locked(uint32_t(Tag::unpack(tag).conn)));
 }
 
 // ---- The sweep -----------------------------------------------------------------------
@@ -316,32 +321,29 @@ Endpoint::Sweep Endpoint::sweep_locked(bool look_behind, std::chrono::nanosecond
   // one peek, answered "no message" within the call.
   std::optional<Peeked> head;
   std::vector<std::shared_ptr<Op>> drops;  // whose completions are not reaped yet
-  while (out.dropped < kMaxStraysPerSweep && (head = peek(0, ~uint64_t(0)))) {
-    auto drop = drop_if_stray(*head);
-    if (!drop) break;
+  auto note_drop = [&](std::shared_ptr<Op> drop) {
     drops.push_back(std::move(drop));
     if (drops.size() >= 256) std::erase_if(drops, [](const auto& o) { return o->done.load(std::memory_order_acquire); });
     ++out.dropped;
+  };
+  while (out.dropped < kMaxStraysPerSweep && (head = peek(0, ~uint64_t(0)))) {
+    auto drop = drop_if_stray(*head);
+    if (!drop) break;
+    note_drop(std::move(drop));
     head.reset();
   }
-  // A kept message is mostly gone within milliseconds (a header whose receive is
-  // posted next, a body its reader takes); one first in line for `stuck_after` waits
-  // on a reader that does not read, and strays may pile up behind it, where only
-  // peeks that skip it reach them.
-  const auto now = Clock::now();
-  if (!head)
-    kept_head_.reset();
-  else if (!kept_head_ || kept_head_->tag != head->tag)
-    kept_head_ = KeptHead{head->tag, now};
-  out.looked_behind = look_behind && kept_head_ && now - kept_head_->since >= stuck_after;
+  // Strays behind a kept message are reached only by peeks that skip it
+  // (transport/common/kept_head.hpp).
+  const bool stuck =
+      kept_head_.stuck(head ? std::optional(head->tag) : std::nullopt, Clock::now(), stuck_after);
+  out.looked_behind = look_behind && stuck;
   if (out.looked_behind)
     for (const TagFilter& f : stray_cover(expected())) {
       while (out.dropped < kMaxStraysPerSweep) {
         auto p = peek(f.tag, ~f.mask);
         auto drop = p ? drop_if_stray(*p) : nullptr;
         if (!drop) break;  // none left, or the filter is older than a new connection
-        drops.push_back(std::move(drop));
-        ++out.dropped;
+        note_drop(std::move(drop));
       }
       if (out.dropped >= kMaxStraysPerSweep) break;
     }

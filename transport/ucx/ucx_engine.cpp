@@ -92,7 +92,7 @@ void Engine::sweep_when_due(Clock::time_point now) {
   // nothing waits, a sweep is one probe of an empty queue. The look behind a kept
   // message (a probe per filter, each through the whole queue) once a second at most.
   if (!auto_sweep.load(std::memory_order_relaxed)) return;
-  if (sweep_strays_locked(now >= next_look_behind_).looked_behind) next_look_behind_ = now + 1s;
+  if (sweep_strays_locked(now >= next_look_behind_).looked_behind) next_look_behind_ = now + kLookBehindEvery;
 }
 
 }  // namespace kvstream::transport::ucx_detail

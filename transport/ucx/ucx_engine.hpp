@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kvstream/transport.hpp"
+#include "transport/common/kept_head.hpp"
 #include "transport/common/registration.hpp"
 #include "transport/common/wait.hpp"
 #include "transport/ucx/ucx_context.hpp"
@@ -169,13 +170,8 @@ class Engine {
   /// been first in line for `stuck_after` (as earlier sweeps saw it), also those
   /// behind it (a probe per filter of stray_cover; the background thread does that at
   /// most once a second). Requires mu.
-  struct Sweep {
-    size_t dropped = 0;
-    bool looked_behind = false;  // a kept message was first in line for stuck_after, and the filters probed
-  };
-  Sweep sweep_strays_locked(bool look_behind, Clock::duration stuck_after = kStuckAfter);
-  /// How long a kept message is first in line before a sweep looks behind it.
-  static constexpr Clock::duration kStuckAfter = std::chrono::milliseconds(100);
+  using Sweep = transport::StraySweep;
+  Sweep sweep_strays_locked(bool look_behind, Clock::duration stuck_after = transport::kStuckAfter);
 
  private:
   struct Waiter {
@@ -264,12 +260,7 @@ class Engine {
   bool drop_stray_locked(uint64_t tag, uint64_t mask);
 
   Clock::time_point next_look_behind_{};
-  /// The message the last sweep kept first in line, and since when it is.
-  struct KeptHead {
-    uint64_t tag = 0;
-    Clock::time_point since{};
-  };
-  std::optional<KeptHead> kept_head_;
+  transport::KeptHead kept_head_;
 
   std::thread bg_;
   std::atomic<bool> stop_{false};

@@ -123,17 +123,9 @@ Engine::Sweep Engine::sweep_strays_locked(bool look_behind, Clock::duration stuc
   }
   if (!looked) return out;
   // Strays behind a message kept for its connection are only reached by probes that
-  // skip it. A kept message is mostly gone within milliseconds (a body its reader or
-  // staging receives, a header whose receive is posted again); one first in line for
-  // `stuck_after` waits on a reader that does not read, and strays may pile up
-  // behind it.
-  const auto now = Clock::now();
-  if (!kept) {
-    kept_head_.reset();
-  } else if (!kept_head_ || kept_head_->tag != info.sender_tag) {
-    kept_head_ = KeptHead{info.sender_tag, now};
-  }
-  out.looked_behind = look_behind && kept_head_ && now - kept_head_->since >= stuck_after;
+  // skip it (transport/common/kept_head.hpp).
+  const bool stuck = kept_head_.stuck(kept ? std::optional(info.sender_tag) : std::nullopt, Clock::now(), stuck_after);
+  out.looked_behind = look_behind && stuck;
   if (out.looked_behind)
     for (const TagFilter& f : stray_cover(open))
       while (room() && drop_stray_locked(f.tag, f.mask)) ++dropped;
