@@ -317,14 +317,10 @@ class Endpoint {
   /// operation of the receive that takes it, whose completion counts it; nullptr
   /// where `p` is kept.
   std::shared_ptr<Op> drop_if_stray(const Peeked& p);
-  /// Polls until `ops` completed, for kReapLimit at most (a stray's receive ends
-  /// within the call, a rendezvous one after a round trip to its sender).
+  /// Polls until `ops` completed, for kReapLimit at most (a discard's completion is
+  /// written within the call).
   void reap(std::vector<std::shared_ptr<Op>>& ops);
   static constexpr std::chrono::milliseconds kReapLimit{200};
-  static constexpr size_t kStraySinkBytes = 64;
-  /// Strays up to this size are discarded, larger ones received into the sink
-  /// (ofi_rxm's default eager size: above it a sender waits for a receive).
-  static constexpr size_t kDiscardUpTo = 16384;
   bool is_stray_now_locked(uint64_t tag) const;  // strays_mu_ held
   /// expected(), of connection `only` where given (unsorted then). strays_mu_ held.
   Expected expected_locked(std::optional<uint32_t> only) const;
@@ -339,7 +335,6 @@ class Endpoint {
   bool listening_ = false;
   int greetings_ = 0;  // handshakes under way (expect_greeting)
   std::unordered_multimap<uint32_t, std::shared_ptr<ExpectSlot>> expected_;
-  std::shared_ptr<Staging> stray_sink_;  // what stray receives land in, never read (sweep_mu_)
   std::atomic<uint64_t> strays_dropped_{0};
   std::atomic<uint64_t> stray_bytes_{0};
   std::mutex sweep_mu_;  // one sweep at a time; kept_head_, last_look_behind_

@@ -240,25 +240,19 @@ std::optional<Endpoint::Peeked> Endpoint::peek(uint64_t tag, uint64_t ignore) {
 
 std::shared_ptr<Op> Endpoint::drop_if_stray(const Peeked& p) {
   if (!ep_) return nullptr;
-  // Up to ofi_rxm's eager size a message travels whole and its send ended when it was
-  // sent: FI_DISCARD drops it (its completion reads with the others; a receive's is an
-  // error, truncated, read one at a time: a flood of small strays outran the sweep).
-  // A larger one's rendezvous sender waits for a receive, and gets it.
-  const bool receive = p.len > kDiscardUpTo;
-  if (receive && !stray_sink_) {
-    auto sink = new_staging(kStraySinkBytes);
-    if (!sink.ok()) return nullptr;
-    stray_sink_ = std::move(sink).value();
-  }
+  // Always discarded, never received: ofi_rxm 1.17 keeps a rendezvous message in its
+  // queue after its sender's connection closed, and a receive that matches it then
+  // reads through the closed connection and crashes the process (a peer that sends a
+  // large stray and hangs up). A discard only frees the queued message. A live
+  // rendezvous sender of a stray is not told: its send ends when its endpoint closes.
   auto op = new_op();
   op->quiet = true;
   op->on_complete = [this, len = p.len](Op& o) {
-    if (o.err && o.err != FI_ETRUNC) return;
+    if (o.err) return;
     strays_dropped_.fetch_add(1, std::memory_order_relaxed);
     stray_bytes_.fetch_add(len, std::memory_order_relaxed);
   };
   track(op);
-  void* desc = receive && stray_sink_->mr ? fi_mr_desc(stray_sink_->mr) : nullptr;
   fi_msg_tagged m{};
   m.addr = FI_ADDR_UNSPEC;
   m.tag = p.tag;
@@ -269,28 +263,21 @@ std::shared_ptr<Op> Endpoint::drop_if_stray(const Peeked& p) {
     // (it registers under this lock before it posts a receive): a stray at the check
     // is one at the drop. The first message under its exact tag is the one peeked:
     // any older one matched the peek's filter too, and would have come first, so the
-    // receive takes it at once.
+    // discard takes it at once.
     std::lock_guard lock(strays_mu_);
     if (!is_stray_now_locked(p.tag)) {
       untrack(op.get());
       return nullptr;
     }
-    // A large one into a small sink: ofi_rxm ends a rendezvous send only for a
-    // receive (it reads the sink's worth and answers), so its sender is told its send
-    // is done instead of waiting for ever.
-    r = locked([&] {
-      return receive
-                 ? fi_trecv(ep_, stray_sink_->buf.get(), kStraySinkBytes, desc, FI_ADDR_UNSPEC, p.tag, 0, &op->ctx)
-                 : fi_trecvmsg(ep_, &m, FI_PEEK | FI_DISCARD);
-    });
+    r = locked([&] { return fi_trecvmsg(ep_, &m, FI_PEEK | FI_DISCARD); });
   }
   if (r != 0) {
     untrack(op.get());
     return nullptr;
   }
-  // Not waited for here: ofi_rxm takes an eager message off the queue within the
-  // call, and its completion is reaped with the next peek's (one read of the queue
-  // per stray, and so at most one message taken off the wire per stray dropped).
+  // Not waited for here: ofi_rxm takes the message off the queue within the call, and
+  // its completion is reaped with the next peek's (one read of the queue per stray,
+  // and so at most one message taken off the wire per stray dropped).
   return op;
 }
 
