@@ -260,6 +260,84 @@ TEST(OfiStrays, ALargeStrayWhoseSenderHungUpIsDroppedSafely) {
   EXPECT_EQ(rop->len, 64u);
 }
 
+// A peer sends a header and a 1 MiB body at once (over ofi_rxm, a rendezvous: only
+// its announcement is queued) and hangs up before the node reads the body; ofi_rxm
+// 1.17 keeps the announcement, and a receive that matched it crashed the process.
+// The node's receive discards it first (whether or not the header said the body
+// would wait for a clear) and fails cleanly; a client connected afterwards is served.
+TEST(OfiStrays, ABodyFromAPeerThatHungUpFailsTheReceiveCleanly) {
+  if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+  const BackendConfig cfg = ofi_config("tcp;ofi_rxm");
+  auto sb = create_backend(cfg);
+  if (!sb.ok()) GTEST_SKIP() << "tcp;ofi_rxm: " << sb.status().to_string();
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  const size_t body = size_t(1) << 20;
+  std::vector<std::byte> dest(body);
+  auto mr = (*sb)->register_memory(dest.data(), body, MemoryType::host);
+  ASSERT_TRUE(mr.ok()) << mr.status().to_string();
+  for (const bool says_it_waits : {true, false}) {
+    SCOPED_TRACE(says_it_waits ? "the header says the body waits" : "the header does not");
+    auto pending = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
+    auto raw = test_util::raw_ofi_peer(cfg.libfabric, (*l)->address());
+    ASSERT_TRUE(raw.ok()) << raw.status().to_string();
+    auto conn = pending.get();
+    ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+    const uint32_t id = raw->greeted.id;
+    const uint64_t body_tag = make_tag(MsgType::body, id, 0, 0);
+    {
+      auto hop = raw->ep->new_op(sizeof(HeaderPrefix) + 4);
+      const HeaderPrefix prefix{kHeaderMagic, 4 | (says_it_waits ? kWaitsForClear : 0), body};
+      std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
+      auto hdesc = raw->ep->local_desc(*hop);
+      ASSERT_TRUE(hdesc.ok());
+      ASSERT_TRUE(raw->ep->post_send(hop, hop->buf.get(), sizeof(HeaderPrefix) + 4, *hdesc, raw->server,
+                                     make_tag(MsgType::header, id, 0), deadline_in(30s), {})
+                      .ok());
+      auto bop = send_tagged(*raw->ep, raw->server, body_tag, body);
+      std::vector<std::byte> h;
+      auto len = (*conn)->recv_header(h, deadline_in(30s), {});
+      ASSERT_TRUE(len.ok()) << len.status().to_string();
+      ASSERT_EQ(*len, body);
+      ASSERT_TRUE(kvstream::testing::eventually([&] {
+        (void)raw->ep->poll();
+        return !bop->done.load();  // still waiting: the announcement is at the node
+      }));
+      raw->server_entry = {};
+      raw->ep.reset();  // hangs up
+      raw->core.reset();
+    }
+    // Given the node's progress time to read the hang-up (before, the receive
+    // crashed here every time).
+    std::this_thread::sleep_for(300ms);
+    const auto before = (*l)->strays();
+    ASSERT_TRUE(before.has_value());
+    auto st = (*conn)->recv_body(mr->span(0, body), deadline_in(1s), {});
+    EXPECT_FALSE(st.ok()) << "nothing came after the clear";
+    const auto after = (*l)->strays();
+    ASSERT_TRUE(after.has_value());
+    EXPECT_EQ(after->messages, before->messages + 1) << "the body sent without its clear is discarded";
+    EXPECT_EQ(after->bytes, before->bytes + body);
+  }
+  // The node goes on: a client's body is received.
+  auto cb = create_backend(cfg);
+  ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+  std::unique_ptr<Connection> c, s;
+  ASSERT_NO_FATAL_FAILURE(test_ofi::connect_through(**l, **cb, c, s));
+  std::vector<std::byte> src(body, std::byte{7});
+  auto smr = (*cb)->register_memory(src.data(), body, MemoryType::host);
+  ASSERT_TRUE(smr.ok()) << smr.status().to_string();
+  const std::byte hdr[1] = {std::byte{1}};
+  auto seq = c->post_send(hdr, smr->span(0, body));
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  std::vector<std::byte> h;
+  auto len = s->recv_header(h, deadline_in(30s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  ASSERT_TRUE(s->recv_body(mr->span(0, body), deadline_in(30s), {}).ok());
+  EXPECT_EQ(dest[body - 1], std::byte{7});
+  EXPECT_TRUE(c->wait_sends(*seq, deadline_in(30s), {}).ok());
+}
+
 void send_header(Connection& c, const std::string& text) {
   std::vector<std::byte> h(text.size());
   std::memcpy(h.data(), text.data(), text.size());

@@ -42,6 +42,18 @@
 //    wait_sends, so a large blocking send needs a peer that reads. An orderly
 //    Connection destruction sends "bye" with the number of messages sent; a receiver
 //    that has consumed all of them gets StatusCode::unavailable at once.
+//    On ofi_rxm a body larger than the inject size is held until the receiver says
+//    "clear" (MsgType::clear, tagged with the message's sequence; the header's
+//    kWaitsForClear says so), which it sends once the body's receives are posted,
+//    and every receive first discards queued messages it should not take (larger
+//    than it takes; for a body on its clear, any). ofi_rxm 1.17 keeps a large message
+//    queued after its sender's connection closed, and a receive that matched it then
+//    crashed the process: a peer that sent a header and a large body and hung up (or
+//    died) before the body was read brought the node down. A body now meets a posted
+//    receive, while its sender's connection is open (Core::cleared_bodies). Each
+//    connection keeps one receive for its peer's clears posted; a clear's callback
+//    sends the body from whichever thread reaps it. The hello's magic changed with
+//    this (kHelloMagic): clients and nodes of the version before are refused.
 //  * ofi_rma: registrations and one-sided reads (where the provider grants FI_RMA and
 //    FI_READ: tcp;ofi_rxm and shm here, verbs/efa elsewhere): MemoryRegion::expose
 //    packs fi_mr_key and the domain's addressing mode (virtual address or offset);

@@ -28,8 +28,14 @@ Status OfiConnection::start() {
     sh->bye.store(true, std::memory_order_release);
   };
   KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*bye_op_));
-  return ep_->post_recv(bye_op_, bye_op_->buf.get(), sizeof(uint64_t), desc, make_tag(MsgType::bye, id_), 0,
-                        deadline_in(5s), recv_from());
+  KVS_RETURN_IF_ERROR(ep_->post_recv(bye_op_, bye_op_->buf.get(), sizeof(uint64_t), desc, make_tag(MsgType::bye, id_),
+                                     0, deadline_in(5s), recv_from()));
+  if (!ep_->core().cleared_bodies) return {};
+  {
+    std::lock_guard lock(shared_->conn_mu);
+    shared_->conn = this;
+  }
+  return post_clear_recv();
 }
 
 OfiConnection::~OfiConnection() {
@@ -63,6 +69,16 @@ OfiConnection::~OfiConnection() {
                          .ok())
       (void)ep_->wait([&] { return op->done.load(); }, deadline_in(500ms), nullptr, "bye");
   }
+  {
+    std::lock_guard lock(shared_->conn_mu);  // a clear's callback running now ends first
+    shared_->conn = nullptr;
+  }
+  std::shared_ptr<Op> clear_op;
+  {
+    std::lock_guard lock(clears_mu_);
+    clear_op = std::move(clear_op_);
+  }
+  if (clear_op) ep_->cancel_and_drain(*clear_op, 1s);
   if (bye_op_) ep_->cancel_and_drain(*bye_op_, 1s);
   if (hdr_op_) ep_->cancel_and_drain(*hdr_op_, 1s);
   for (auto& op : body_ops_) ep_->cancel_and_drain(*op, 1s);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,12 @@
 namespace kvstream::transport::ofi {
 
 /// State the completion callbacks touch (outlives the Connection if need be).
+class OfiConnection;
 struct ConnShared {
+  /// Recursive: a clear's callback may poll (a full provider queue), and the poll
+  /// route the next clear of the same connection on the same thread.
+  std::recursive_mutex conn_mu;
+  OfiConnection* conn = nullptr;  // while it lives (conn_mu): the clears' callbacks reach it
   std::atomic<bool> bye{false};
   std::atomic<uint64_t> peer_sent{0};  // messages the peer says it sent (valid once bye)
   std::atomic<int> send_error{0};      // first async send error (FI_E*)
@@ -74,6 +80,12 @@ class OfiConnection final : public Connection {
     uint64_t tag;
     bool inject;
   };
+  /// A message's body pieces, held until the receiver's clear for it arrives
+  /// (Core::cleared_bodies).
+  struct Held {
+    uint64_t seq;  // on the wire
+    std::vector<Piece> pieces;
+  };
   /// A posted message and the operations it is made of.
   struct Msg {
     uint64_t seq;  // as returned by post_send
@@ -83,8 +95,16 @@ class OfiConnection final : public Connection {
   // Sending side (ofi_send.cpp).
   Status send_usable() const;
   std::shared_ptr<Op> new_send_op(size_t buf_size);
-  /// Hands queued pieces to the provider, in order, until it says its queue is full.
+  /// Hands queued pieces to the provider, in order, until it says its queue is full;
+  /// first the held bodies whose clear arrived join the queue.
   Status flush();
+  /// Moves the held bodies whose clear arrived (in order) to the backlog. backlog_mu_ held.
+  void release_cleared_locked();
+  /// Posts the standing receive of the peer's clears (any sequence of this connection).
+  Status post_clear_recv();
+  /// A clear arrived (the standing receive completed, in whichever thread reaped it):
+  /// noted, the receive posted again, and the body sent where no flush is under way.
+  void on_clear(const Op& o);
   Status flush_locked();  // backlog_mu_ held
   /// The receiving side's share of sending: flushes what the provider pushed back,
   /// unless the sender is flushing right now or the sending side is broken.
@@ -103,6 +123,8 @@ class OfiConnection final : public Connection {
   /// request into another client's logged-in connection.
   fi_addr_t recv_from() const { return peer_.addr(); }
   Status fail_body(const Status& st);
+  /// Tells the peer to send message `seq`'s body (its receives are posted).
+  Status send_clear(uint64_t seq, Deadline deadline, const CancelToken& cancel);
   Result<size_t> corrupt(std::string_view what);
   /// ep_->wait(pred) for a call that waits on the peer: where the peer is probed it
   /// also ends once the peer answered no liveness probe for the timeout, and answers
@@ -146,12 +168,20 @@ class OfiConnection final : public Connection {
   uint64_t send_seq_ = 0;          // messages posted
   std::mutex backlog_mu_;
   std::deque<Piece> backlog_;      // pieces waiting for room in the provider's queue
+  std::deque<Held> held_;          // bodies waiting for their clear (backlog_mu_)
+  std::set<uint64_t> cleared_ready_;  // clears not yet matched to a held body (backlog_mu_)
+  std::mutex clears_mu_;
+  std::vector<uint64_t> clears_in_;   // clears arrived, not yet seen by a flush (clears_mu_)
+  std::shared_ptr<Op> clear_op_;      // the standing receive of the peer's clears (clears_mu_)
+  std::atomic<uint64_t> clears_arrived_{0};
   std::deque<Msg> outstanding_;    // posted messages not yet known complete
   // Receiving side.
   uint64_t recv_seq_ = 0;
   std::shared_ptr<Op> hdr_op_;
   std::vector<std::shared_ptr<Op>> body_ops_;
   bool body_pending_ = false;
+  bool body_waits_ = false;            // the pending body is sent on our clear
+  std::optional<uint64_t> cleared_;    // the message whose clear went out (a retried recv_body sends none)
   uint64_t body_size_ = 0;
   std::string broken_;
   std::mutex staging_mu_;

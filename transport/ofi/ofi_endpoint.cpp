@@ -242,13 +242,21 @@ Status Endpoint::retry_post(Attempt attempt, std::string_view call, std::string_
 }
 
 Status Endpoint::post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag,
-                           uint64_t ignore, Deadline deadline, fi_addr_t src) {
+                           uint64_t ignore, Deadline deadline, fi_addr_t src, std::optional<size_t> keep_queued_up_to) {
   if (!ep_) return closed_error();
   op->peer = peers_->hold(src);
   if (!core_->directed_recv) src = FI_ADDR_UNSPEC;
   track(op);
+  const bool guard = core_->cleared_bodies && sweeps_.load();
+  std::vector<Reaped> got;
   for (Backoff backoff;;) {
-    const ssize_t r = locked([&] { return fi_trecv(ep_, buf, len, desc, src, tag, ignore, &op->ctx); });
+    ssize_t r = 0;
+    {
+      std::lock_guard fl(fi_mu_);
+      if (guard) r = discard_oversized_locked(tag, ignore, src, keep_queued_up_to.value_or(len), got);
+      if (r == 0) r = fi_trecv(ep_, buf, len, desc, src, tag, ignore, &op->ctx);
+    }
+    defer(got);
     if (r == 0) return {};
     if (r != -FI_EAGAIN || Clock::now() >= deadline) {
       untrack(op.get());
@@ -374,12 +382,28 @@ void Endpoint::route(const std::vector<Reaped>& got) {
 int Endpoint::poll() {
   std::vector<Reaped> got;
   got.reserve(16);
+  if (has_deferred_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(deferred_mu_);
+    got.swap(deferred_);
+    has_deferred_.store(false, std::memory_order_release);
+  }
   {
     std::lock_guard fl(fi_mu_);
     read_locked(got);
   }
   route(got);
   return int(got.size());
+}
+
+void Endpoint::defer(std::vector<Reaped>& got) {
+  if (got.empty()) return;
+  {
+    std::lock_guard lock(deferred_mu_);
+    deferred_.insert(deferred_.end(), got.begin(), got.end());
+    has_deferred_.store(true, std::memory_order_release);
+  }
+  got.clear();
+  wake();  // the progress thread may sleep on the queue these were read off
 }
 
 void Endpoint::track(const std::shared_ptr<Op>& op) {

@@ -119,9 +119,14 @@ class Endpoint {
 
   /// Posts a tagged receive (retrying while the provider says EAGAIN, until the
   /// deadline), of a message from `src` only where it is a peer's address
-  /// (Core::directed_recv), else from anyone.
+  /// (Core::directed_recv), else from anyone. Where the provider is ofi_rxm
+  /// (Core::cleared_bodies), queued messages the receive would match that are larger
+  /// than `keep_queued_up_to` (by default `len`: larger than the receive takes) are
+  /// discarded first, counted as strays, in the same hold of the provider's lock: a
+  /// large message is matched only on arrival, while its sender's connection is open.
   Status post_recv(const std::shared_ptr<Op>& op, void* buf, size_t len, void* desc, uint64_t tag, uint64_t ignore,
-                   Deadline deadline, fi_addr_t src = FI_ADDR_UNSPEC);
+                   Deadline deadline, fi_addr_t src = FI_ADDR_UNSPEC,
+                   std::optional<size_t> keep_queued_up_to = std::nullopt);
   /// Posts a tagged send from `buf` to `dest` (retrying while the provider says EAGAIN).
   Status post_send(const std::shared_ptr<Op>& op, const void* buf, size_t len, void* desc, fi_addr_t dest,
                    uint64_t tag, Deadline deadline, const CancelToken& cancel);
@@ -258,6 +263,12 @@ class Endpoint {
     size_t len;
     uint64_t tag;
   };
+  /// Completions read off the queue where they could not be routed (a post's guard,
+  /// whose caller may hold locks the callbacks take): the next poll routes them.
+  void defer(std::vector<Reaped>& got);
+  std::mutex deferred_mu_;
+  std::vector<Reaped> deferred_;  // deferred_mu_
+  std::atomic<bool> has_deferred_{false};
   /// One read of the queue (up to 16 completions, or one error) into `out`; how many.
   int read_locked(std::vector<Reaped>& out);  // fi_mu_ held
   void route(const std::vector<Reaped>& got);
@@ -321,6 +332,14 @@ class Endpoint {
   /// written within the call).
   void reap(std::vector<std::shared_ptr<Op>>& ops);
   static constexpr std::chrono::milliseconds kReapLimit{200};
+  /// Discards the queued messages matching (tag, ignore, src) while the first is
+  /// larger than `keep` (post_recv's guard). fi_mu_ held; what it reads off the
+  /// completion queue is appended to `got`, to be routed once the lock is let go.
+  /// The provider's error, 0 when the queue is clear.
+  ssize_t discard_oversized_locked(uint64_t tag, uint64_t ignore, fi_addr_t src, size_t keep,
+                                   std::vector<Reaped>& got);
+  /// A quiet operation whose completion counts a dropped stray of `len` bytes.
+  std::shared_ptr<Op> stray_drop_op(size_t len);
   bool is_stray_now_locked(uint64_t tag) const;  // strays_mu_ held
   /// expected(), of connection `only` where given (unsorted then). strays_mu_ held.
   Expected expected_locked(std::optional<uint32_t> only) const;

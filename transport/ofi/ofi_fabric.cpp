@@ -100,6 +100,7 @@ Result<std::shared_ptr<Core>> open_core(const LibfabricSettings& settings, bool 
   core->hmem = want_cuda && (got->caps & FI_HMEM);
   core->rma = core->rma && (got->caps & FI_RMA) && (got->caps & FI_READ);
   core->staged_reads = core->provider.find("ofi_rxm") != std::string::npos;
+  core->cleared_bodies = core->staged_reads;
   core->inject = std::min<size_t>(got->tx_attr->inject_size, 4096);
   core->segment = std::min<size_t>(got->ep_attr->max_msg_size ? got->ep_attr->max_msg_size : kMaxSegmentBytes,
                                    kMaxSegmentBytes);

@@ -49,6 +49,14 @@ struct Core {
   /// 1.17 (SIGSEGV in about 1 of 15 reads interrupted by their deadline), so an
   /// interrupted read must not close the endpoint under it.
   bool staged_reads = false;
+  /// ofi_rxm: a body larger than `inject` is sent only once its receiver has posted
+  /// the receives for it and said so (MsgType::clear), and a receive is never posted
+  /// over a queued message it should not take. ofi_rxm 1.17 keeps a large (rendezvous
+  /// or segmented) message queued after its sender's connection closed, and a receive
+  /// that matches it then reads through the closed connection and crashes the process:
+  /// a body that arrives only after its receive was posted is matched while its
+  /// sender's connection is open.
+  bool cleared_bodies = false;
   /// Receives can name their source (FI_DIRECTED_RECV): a client's connections to
   /// different listeners, whose connection ids may be equal, can share an endpoint.
   bool directed_recv = false;

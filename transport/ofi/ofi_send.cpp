@@ -16,6 +16,12 @@ namespace kvstream::transport::ofi {
 
 using namespace std::chrono_literals;
 
+namespace {
+/// The connection whose backlog this thread is flushing: a clear routed meanwhile
+/// (a poll inside the flush) leaves its body to that flush.
+thread_local const OfiConnection* t_flushing = nullptr;
+}  // namespace
+
 Result<uint64_t> OfiConnection::post_send(std::span<const std::byte> header, std::span<const std::byte> body) {
   if (header.size() > kMaxHeaderBytes)
     return make_status(StatusCode::invalid_argument, "libfabric: header of {} bytes exceeds {}", header.size(),
@@ -34,10 +40,13 @@ Result<uint64_t> OfiConnection::post_send(std::span<const std::byte> header, std
   const uint64_t seq = send_seq_;  // on the wire; the caller sees seq + 1
   Msg msg{seq + 1, {}};
   std::vector<Piece> pieces;
+  // A body past the inject size waits for the receiver's clear (Core::cleared_bodies;
+  // the connection's standing clear receive takes it).
+  const bool waits = core.cleared_bodies && !body.empty() && !body_inject;
 
   // Header message: copied (prefix + header), injected when small enough.
   const size_t hlen = sizeof(HeaderPrefix) + header.size();
-  HeaderPrefix prefix{kHeaderMagic, uint32_t(header.size()), uint64_t(body.size())};
+  HeaderPrefix prefix{kHeaderMagic, uint32_t(header.size()) | (waits ? kWaitsForClear : 0), uint64_t(body.size())};
   auto hop = new_send_op(hlen);
   std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
   if (!header.empty()) std::memcpy(hop->buf.get() + sizeof prefix, header.data(), header.size());
@@ -63,7 +72,12 @@ Result<uint64_t> OfiConnection::post_send(std::span<const std::byte> header, std
   outstanding_.push_back(std::move(msg));
   {
     std::lock_guard lock(backlog_mu_);
-    for (auto& p : pieces) backlog_.push_back(std::move(p));
+    backlog_.push_back(std::move(pieces.front()));  // the header
+    if (waits) {
+      held_.push_back({seq, {std::make_move_iterator(pieces.begin() + 1), std::make_move_iterator(pieces.end())}});
+    } else {
+      for (size_t i = 1; i < pieces.size(); ++i) backlog_.push_back(std::move(pieces[i]));
+    }
   }
   ++send_seq_;  // the message is committed: it goes out whole, or the connection breaks
   if (Status st = flush(); !st.ok()) {
@@ -130,11 +144,89 @@ std::shared_ptr<Op> OfiConnection::new_send_op(size_t buf_size) {
 }
 
 Status OfiConnection::flush() {
-  std::lock_guard lock(backlog_mu_);
-  return flush_locked();
+  // Again while clears arrived meanwhile: one that came while this thread held the
+  // lock could not send its body itself.
+  for (;;) {
+    const uint64_t seen = clears_arrived_.load(std::memory_order_acquire);
+    Status st;
+    {
+      std::lock_guard lock(backlog_mu_);
+      t_flushing = this;
+      st = flush_locked();
+      t_flushing = nullptr;
+    }
+    if (!st.ok() || clears_arrived_.load(std::memory_order_acquire) == seen) return st;
+  }
+}
+
+void OfiConnection::release_cleared_locked() {
+  {
+    std::lock_guard lock(clears_mu_);
+    cleared_ready_.insert(clears_in_.begin(), clears_in_.end());
+    clears_in_.clear();
+  }
+  // Clears carry the sequence as the tag does (its low 24 bits).
+  while (!held_.empty() && cleared_ready_.erase(held_.front().seq & Tag::kSeqMask) > 0) {
+    for (auto& p : held_.front().pieces) backlog_.push_back(std::move(p));
+    held_.pop_front();
+  }
+  // Clears no held body answers (a peer's junk, or ones that came after an abort)
+  // are forgotten, so that they cannot pile up: a held body has one clear at most.
+  if (held_.empty()) {
+    cleared_ready_.clear();
+  } else if (cleared_ready_.size() > held_.size()) {
+    std::set<uint64_t> answered;
+    for (const Held& h : held_)
+      if (cleared_ready_.count(h.seq & Tag::kSeqMask)) answered.insert(h.seq & Tag::kSeqMask);
+    cleared_ready_.swap(answered);
+  }
+}
+
+void OfiConnection::on_clear(const Op& o) {
+  if (o.err) return;  // cancelled: the connection is closing
+  {
+    std::lock_guard lock(clears_mu_);
+    clears_in_.push_back(Tag::unpack(o.tag).seq);
+  }
+  clears_arrived_.fetch_add(1, std::memory_order_acq_rel);
+  if (Status st = post_clear_recv(); !st.ok()) {
+    int expected = 0;
+    shared_->send_error.compare_exchange_strong(expected, FI_EIO);
+    KVS_LOG_WARN("libfabric: connection to {} cannot take clears any more: {}", peer_name_, st.to_string());
+    return;
+  }
+  // Sends the body now, unless this thread is inside this connection's flush (it sees
+  // the clear when it looks again) or another thread is (flush looks again too).
+  if (t_flushing == this) return;
+  std::unique_lock lock(backlog_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  for (;;) {
+    const uint64_t seen = clears_arrived_.load(std::memory_order_acquire);
+    if (shared_->send_error.load() != 0) return;
+    t_flushing = this;
+    (void)flush_locked();
+    t_flushing = nullptr;
+    if (clears_arrived_.load(std::memory_order_acquire) == seen) return;
+  }
+}
+
+Status OfiConnection::post_clear_recv() {
+  auto op = ep_->new_op(sizeof(uint64_t));
+  op->on_complete = [sh = shared_](Op& o) {
+    std::lock_guard lock(sh->conn_mu);
+    if (sh->conn) sh->conn->on_clear(o);
+  };
+  KVS_ASSIGN_OR_RETURN(void* desc, ep_->local_desc(*op));
+  constexpr uint64_t kAnySeq = (Tag::kSeqMask << Tag::kSeqShift) | Tag::kSegMask;
+  KVS_RETURN_IF_ERROR(ep_->post_recv(op, op->buf.get(), sizeof(uint64_t), desc, make_tag(MsgType::clear, id_), kAnySeq,
+                                     deadline_in(1s), recv_from()));
+  std::lock_guard lock(clears_mu_);
+  clear_op_ = std::move(op);
+  return {};
 }
 
 Status OfiConnection::flush_locked() {
+  release_cleared_locked();
   while (!backlog_.empty()) {
     Piece& p = backlog_.front();
     const ssize_t r = p.inject ? ep_->try_inject(p.buf, p.len, peer_.addr(), p.tag)
@@ -160,7 +252,10 @@ void OfiConnection::progress_sends() {
   // inside flush right now is progressing its pieces itself.
   if (shared_->send_error.load() != 0) return;
   std::unique_lock lock(backlog_mu_, std::try_to_lock);
-  if (lock.owns_lock()) (void)flush_locked();  // an error lands in send_error: the sender's next call reports it
+  if (!lock.owns_lock()) return;
+  t_flushing = this;
+  (void)flush_locked();  // an error lands in send_error: the sender's next call reports it
+  t_flushing = nullptr;
 }
 
 void OfiConnection::reap() {
@@ -181,6 +276,14 @@ void OfiConnection::abort_sends() {
       p.op->done.store(true, std::memory_order_release);
     }
     backlog_.clear();
+    // Bodies still waiting for their clear were never handed to the provider: they
+    // end here (their clears' receives are cancelled below).
+    for (auto& h : held_)
+      for (auto& p : h.pieces) {
+        p.op->err = FI_ECANCELED;
+        p.op->done.store(true, std::memory_order_release);
+      }
+    held_.clear();
   }
   auto all_done = [&] {
     for (auto& m : outstanding_)

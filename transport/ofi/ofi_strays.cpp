@@ -44,6 +44,7 @@ bool is_stray(uint64_t tag, const Expected& e) {
     case MsgType::header:
     case MsgType::body:
     case MsgType::bye:
+    case MsgType::clear:
       if (e.greeting) return false;
       break;
     default:  // hello-acks and probe answers meet a posted receive; other kinds are never sent
@@ -52,7 +53,8 @@ bool is_stray(uint64_t tag, const Expected& e) {
   auto [lo, hi] = std::equal_range(e.open.begin(), e.open.end(), ExpectedSpace{uint32_t(f.conn), 0},
                                    [](const ExpectedSpace& a, const ExpectedSpace& b) { return a.conn < b.conn; });
   for (auto it = lo; it != hi; ++it) {
-    if (MsgType(f.kind) == MsgType::bye) return false;
+    // A bye, or a clear (whose standing receive is posted again after each one).
+    if (MsgType(f.kind) == MsgType::bye || MsgType(f.kind) == MsgType::clear) return false;
     const uint64_t from = it->from & Tag::kSeqMask;
     if (MsgType(f.kind) == MsgType::header && in_window(f.seq, from, kMaxLead)) return false;
     if (MsgType(f.kind) == MsgType::body && in_window(f.seq, body_from(from), kMaxLead + 1)) return false;
@@ -62,7 +64,7 @@ bool is_stray(uint64_t tag, const Expected& e) {
 
 std::vector<TagFilter> stray_cover(const Expected& e) {
   std::vector<TagFilter> out;
-  constexpr MsgType kConnKinds[] = {MsgType::header, MsgType::body, MsgType::bye};
+  constexpr MsgType kConnKinds[] = {MsgType::header, MsgType::body, MsgType::bye, MsgType::clear};
   // Kinds nothing is kept under, whole.
   std::vector<uint64_t> kept;
   if (e.listening) kept = {kind_of(MsgType::hello), kind_of(MsgType::probe)};
@@ -245,14 +247,7 @@ std::shared_ptr<Op> Endpoint::drop_if_stray(const Peeked& p) {
   // reads through the closed connection and crashes the process (a peer that sends a
   // large stray and hangs up). A discard only frees the queued message. A live
   // rendezvous sender of a stray is not told: its send ends when its endpoint closes.
-  auto op = new_op();
-  op->quiet = true;
-  op->on_complete = [this, len = p.len](Op& o) {
-    if (o.err) return;
-    strays_dropped_.fetch_add(1, std::memory_order_relaxed);
-    stray_bytes_.fetch_add(len, std::memory_order_relaxed);
-  };
-  track(op);
+  auto op = stray_drop_op(p.len);
   fi_msg_tagged m{};
   m.addr = FI_ADDR_UNSPEC;
   m.tag = p.tag;
@@ -279,6 +274,62 @@ std::shared_ptr<Op> Endpoint::drop_if_stray(const Peeked& p) {
   // its completion is reaped with the next peek's (one read of the queue per stray,
   // and so at most one message taken off the wire per stray dropped).
   return op;
+}
+
+std::shared_ptr<Op> Endpoint::stray_drop_op(size_t len) {
+  auto op = new_op();
+  op->quiet = true;
+  op->on_complete = [this, len](Op& o) {
+    if (o.err) return;
+    strays_dropped_.fetch_add(1, std::memory_order_relaxed);
+    stray_bytes_.fetch_add(len, std::memory_order_relaxed);
+  };
+  track(op);
+  return op;
+}
+
+ssize_t Endpoint::discard_oversized_locked(uint64_t tag, uint64_t ignore, fi_addr_t src, size_t keep,
+                                           std::vector<Reaped>& got) {
+  // Each round: a peek at the first queued message the receive would match (ofi_rxm
+  // answers within the call, its answer read here), and while that is larger than
+  // the receive keeps, its discard (which frees the queued message and touches no
+  // connection). Bounded: a queue that refills as fast is the sweep's to drain.
+  for (int round = 0; round < 64; ++round) {
+    auto op = new_op();
+    op->quiet = true;
+    track(op);
+    fi_msg_tagged m{};
+    m.addr = src;
+    m.tag = tag;
+    m.ignore = ignore;
+    m.context = &op->ctx;
+    if (const ssize_t r = fi_trecvmsg(ep_, &m, FI_PEEK); r != 0) {
+      untrack(op.get());
+      return r;
+    }
+    const Reaped* answer = nullptr;
+    for (int i = 0; !answer && i < 64; ++i) {
+      const size_t before = got.size();
+      if (read_locked(got) == 0) break;
+      for (size_t j = before; j < got.size(); ++j)
+        if (got[j].context == &op->ctx) answer = &got[j];
+    }
+    if (!answer) return -FI_EAGAIN;  // unanswered: no post over what may be queued (the peek is routed later)
+    if (answer->err || answer->len <= keep) return 0;  // nothing queued (FI_ENOMSG), or the first is fine
+    const uint64_t found = answer->tag;
+    auto drop = stray_drop_op(answer->len);
+    fi_msg_tagged d{};
+    d.addr = src;
+    d.tag = found;
+    d.context = &drop->ctx;
+    if (const ssize_t r = fi_trecvmsg(ep_, &d, FI_PEEK | FI_DISCARD); r != 0) {
+      untrack(drop.get());
+      return r;
+    }
+    KVS_LOG_DEBUG("libfabric: discarded a queued message of {} bytes under tag {:#x} before a receive of {}",
+                  answer->len, found, keep);
+  }
+  return -FI_EAGAIN;
 }
 
 void Endpoint::reap(std::vector<std::shared_ptr<Op>>& ops) {

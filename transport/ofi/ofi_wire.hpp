@@ -14,7 +14,19 @@ namespace kvstream::transport::ofi {
 /// listener's endpoint, and a receive names exactly the piece it wants.
 using Tag = TagLayout<4, 20, 24, 16>;
 
-enum class MsgType : uint64_t { hello = 1, hello_ack = 2, header = 3, body = 4, bye = 5, probe = 6, probe_ack = 7 };
+/// `clear`: the receiver of a message whose body is larger than the provider's inject
+/// size tells its sender to send that body (tagged with the message's sequence), once
+/// the body's receives are posted (Core::cleared_bodies).
+enum class MsgType : uint64_t {
+  hello = 1,
+  hello_ack = 2,
+  header = 3,
+  body = 4,
+  bye = 5,
+  probe = 6,
+  probe_ack = 7,
+  clear = 8
+};
 
 constexpr uint64_t make_tag(MsgType t, uint64_t conn, uint64_t seq = 0, uint64_t seg = 0) {
   return Tag::pack({uint64_t(t), conn, seq, seg});
@@ -30,7 +42,11 @@ constexpr uint64_t hello_ack_tag(uint64_t nonce) { return make_tag(MsgType::hell
 /// Largest single tagged message, whatever the provider allows.
 inline constexpr size_t kMaxSegmentBytes = size_t(1) << 30;
 
-inline constexpr uint32_t kHelloMagic = 0x6b764f48;   // "kvOH"
+/// The hello of this wire version: bodies larger than the inject size wait for the
+/// receiver's clear. A listener refuses hellos of the version before it (kHelloMagicV1,
+/// bodies sent at once, which a receiver of this version would take for strays).
+inline constexpr uint32_t kHelloMagic = 0x6b764f49;    // "kvOI"
+inline constexpr uint32_t kHelloMagicV1 = 0x6b764f48;  // "kvOH"
 /// A Hello with this magic, tagged (hello, connection id), asks a listener whether it
 /// still knows that connection (ofi_liveness.hpp); one that does not (a node that
 /// restarted) answers a HelloAck with kUnknownMagic under the connection's ack tag.
@@ -68,9 +84,13 @@ struct Probe {
 /// Starts a header message; the header follows it, the body comes as separate segments.
 struct HeaderPrefix {
   uint32_t magic;
-  uint32_t header_len;
+  uint32_t header_len;  // with kWaitsForClear where the body is sent on the receiver's clear
   uint64_t body_size;
 };
+/// Set in HeaderPrefix::header_len (headers are at most kMaxHeaderBytes): the sender
+/// sends the body once the receiver sends a clear for this message.
+inline constexpr uint32_t kWaitsForClear = uint32_t(1) << 31;
+static_assert(kMaxHeaderBytes < kWaitsForClear, "the flag lies above every header length");
 inline constexpr size_t kHeaderBufBytes = sizeof(HeaderPrefix) + kMaxHeaderBytes;
 
 /// Wire form of a libfabric remote key (RemoteRegion::key): u64 key, then one byte
