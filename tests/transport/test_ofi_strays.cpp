@@ -304,7 +304,8 @@ TEST(OfiStrays, ABodyFromAPeerThatHungUpFailsTheReceiveCleanly) {
         return !bop->done.load();  // still waiting: the announcement is at the node
       }));
       raw->server_entry = {};
-      raw->ep.reset();  // hangs up
+      raw->greeted.hold = {};  // holds on the endpoint: let go first
+      raw->ep.reset();         // hangs up
       raw->core.reset();
     }
     // Given the node's progress time to read the hang-up (before, the receive
