@@ -52,8 +52,11 @@
 //    died) before the body was read brought the node down. A body now meets a posted
 //    receive, while its sender's connection is open (Core::cleared_bodies). Each
 //    connection keeps one receive for its peer's clears posted; a clear's callback
-//    sends the body from whichever thread reaps it. The hello's magic changed with
-//    this (kHelloMagic): clients and nodes of the version before are refused.
+//    sends the body from whichever thread reaps it. A receive posted ahead
+//    (post_recv) sends its clear at once, so a body that waits for it leaves as soon
+//    as it is sent: the round trip a clear costs is hidden where receivers post
+//    ahead. The hello's magic changed with this (kHelloMagic): clients and nodes of
+//    the version before are refused.
 //  * ofi_rma: registrations and one-sided reads (where the provider grants FI_RMA and
 //    FI_READ: tcp;ofi_rxm and shm here, verbs/efa elsewhere): MemoryRegion::expose
 //    packs fi_mr_key and the domain's addressing mode (virtual address or offset);

@@ -82,6 +82,8 @@ OfiConnection::~OfiConnection() {
   if (bye_op_) ep_->cancel_and_drain(*bye_op_, 1s);
   if (hdr_op_) ep_->cancel_and_drain(*hdr_op_, 1s);
   for (auto& op : body_ops_) ep_->cancel_and_drain(*op, 1s);
+  for (auto& p : posted_) withdraw(p);
+  if (current_post_) withdraw(*current_post_);
 }
 
 void OfiConnection::answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce) {

@@ -63,6 +63,10 @@ class OfiConnection final : public Connection {
 
   Result<uint64_t> post_send(std::span<const std::byte> header, std::span<const std::byte> body) override;
   Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
+  /// Posts `dest` for the body of the next message not yet received nor posted for
+  /// (Connection::post_recv); over ofi_rxm its clear goes out at once, so a body that
+  /// waits for it starts moving as soon as it is sent.
+  Status post_recv(std::span<std::byte> dest) override;
   Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override;
   Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override;
   Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
@@ -170,12 +174,27 @@ class OfiConnection final : public Connection {
   std::deque<Piece> backlog_;      // pieces waiting for room in the provider's queue
   std::deque<Held> held_;          // bodies waiting for their clear (backlog_mu_)
   std::set<uint64_t> cleared_ready_;  // clears not yet matched to a held body (backlog_mu_)
+  uint64_t posted_upto_ = 0;          // send_seq_ as of the last post_send (backlog_mu_)
   std::mutex clears_mu_;
   std::vector<uint64_t> clears_in_;   // clears arrived, not yet seen by a flush (clears_mu_)
   std::shared_ptr<Op> clear_op_;      // the standing receive of the peer's clears (clears_mu_)
   std::atomic<uint64_t> clears_arrived_{0};
   std::deque<Msg> outstanding_;    // posted messages not yet known complete
   // Receiving side.
+  /// A receive posted ahead for message `seq` (post_recv): `dest` empty reserves the
+  /// message for recv_body; else one receive per segment of `dest`.
+  struct Posted {
+    uint64_t seq = 0;
+    std::span<std::byte> dest;
+    std::vector<std::shared_ptr<Op>> ops;
+  };
+  /// Withdraws a post's receives (cancelled and drained).
+  void withdraw(Posted& p);
+  /// recv_body of a message posted ahead: waits for its receives, then copies into
+  /// `dest` where that is another span.
+  Status recv_posted_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel);
+  std::deque<Posted> posted_;          // ahead of recv_seq_, in order
+  std::optional<Posted> current_post_;  // the post of the message recv_header returned last
   uint64_t recv_seq_ = 0;
   std::shared_ptr<Op> hdr_op_;
   std::vector<std::shared_ptr<Op>> body_ops_;

@@ -66,7 +66,114 @@ Result<size_t> OfiConnection::recv_header(std::vector<std::byte>& header, Deadli
   body_size_ = prefix.body_size;
   body_pending_ = body_size_ > 0;
   body_waits_ = waits;
+  // The receive posted ahead for this message, if any; one without a body lets it go.
+  current_post_.reset();
+  if (!posted_.empty() && posted_.front().seq == recv_seq_ - 1) {
+    current_post_ = std::move(posted_.front());
+    posted_.pop_front();
+    if (!body_pending_) {
+      withdraw(*current_post_);
+      current_post_.reset();
+    }
+  }
   return size_t(prefix.body_size);
+}
+
+Status OfiConnection::post_recv(std::span<std::byte> dest) {
+  if (peer_lost_.load()) return peer_lost_status();
+  if (!broken_.empty()) return detail::repeated_status(StatusCode::unavailable, "libfabric: {}", broken_);
+  Core& core = ep_->core();
+  Posted p;
+  p.seq = recv_seq_ + posted_.size();
+  p.dest = dest;
+  if (!dest.empty()) {
+    void* desc = core.desc_for(dest.data(), dest.size());
+    if (!desc && core.mr_local)
+      return make_status(StatusCode::invalid_argument,
+                         "libfabric: posted buffer is not registered with this backend (provider needs FI_MR_LOCAL)");
+    // What is queued for it already and no larger than the inject size was sent at
+    // once, and is taken; anything larger came before its clear, and is discarded.
+    const std::optional<size_t> keep = core.cleared_bodies ? std::optional<size_t>(core.inject) : std::nullopt;
+    const size_t seg = core.segment, nseg = (dest.size() + seg - 1) / seg;
+    for (size_t i = 0; i < nseg; ++i) {
+      const size_t off = i * seg, len = std::min(seg, dest.size() - off);
+      auto op = ep_->new_op();
+      Status st = ep_->post_recv(op, dest.data() + off, len, desc, make_tag(MsgType::body, id_, p.seq, i), 0,
+                                 deadline_in(5s), recv_from(), keep);
+      if (!st.ok()) {
+        withdraw(p);
+        return st;
+      }
+      p.ops.push_back(std::move(op));
+    }
+    if (core.cleared_bodies) {
+      if (Status st = send_clear(p.seq, deadline_in(5s), {}); !st.ok()) {
+        withdraw(p);
+        return st;
+      }
+    }
+  }
+  posted_.push_back(std::move(p));
+  return {};
+}
+
+void OfiConnection::withdraw(Posted& p) {
+  for (auto& op : p.ops)
+    if (!ep_->cancel_and_drain(*op, 1s))
+      KVS_LOG_ERROR("libfabric: a receive posted ahead into a caller's buffer could not be withdrawn");
+  p.ops.clear();
+}
+
+Status OfiConnection::recv_posted_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) {
+  Posted& p = *current_post_;
+  Core& core = ep_->core();
+  const size_t n = body_size_;
+  if (n > p.dest.size()) {
+    broken_ = fmt::format("a body of {} bytes from {} for a receive posted with {}", n, peer_name_, p.dest.size());
+    withdraw(p);
+    current_post_.reset();
+    return make_status(StatusCode::invalid_argument, "libfabric: {}", broken_);
+  }
+  const size_t seg = core.segment, nseg = (n + seg - 1) / seg;
+  // Receives for segments past the body's last are never matched.
+  while (p.ops.size() > nseg) {
+    (void)ep_->cancel_and_drain(*p.ops.back(), 1s);
+    p.ops.pop_back();
+  }
+  auto all_done = [&] {
+    for (auto& o : p.ops)
+      if (!o->done.load(std::memory_order_acquire)) return false;
+    return true;
+  };
+  auto st = wait_on_peer(
+      [&] {
+        if (all_done()) return true;
+        progress_sends();
+        return false;
+      },
+      deadline, cancel, "recv_body");
+  // The post stays on a timeout or cancel: the next recv_body waits for it again (its
+  // memory is the caller's until then, as post_recv says).
+  if (!st.ok()) return st;
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& o = *p.ops[i];
+    if (o.err) {
+      auto e = peer_fault(side_, StatusCode::unavailable, "libfabric: body from {} failed: {}", peer_name_,
+                          fi_err(o.err));
+      broken_ = e.message();
+      current_post_.reset();
+      return e;
+    }
+    if (o.len != std::min(seg, n - i * seg)) {
+      current_post_.reset();
+      return corrupt("a body segment of the wrong size").status();
+    }
+  }
+  if (!dest.empty() && dest.data() != p.dest.data()) std::memcpy(dest.data(), p.dest.data(), n);
+  current_post_.reset();
+  body_pending_ = false;
+  if (probe_) probe_->heard();
+  return {};
 }
 
 Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) {
@@ -80,6 +187,8 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   if (!dest.empty() && dest.size() < n)
     return make_status(StatusCode::invalid_argument, "libfabric: body of {} bytes does not fit {} bytes", n,
                        dest.size());
+  if (current_post_ && !current_post_->dest.empty()) return recv_posted_body(dest, deadline, cancel);
+  current_post_.reset();  // reserved for recv_body alone
   Core& core = ep_->core();
   const uint64_t seq = recv_seq_ - 1;
   const size_t seg = core.segment, nseg = (n + seg - 1) / seg;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "transport/common/tag_cover.hpp"
 #include "transport/ofi/ofi_connection.hpp"
 
 namespace kvstream::transport::ofi {
@@ -72,6 +73,7 @@ Result<uint64_t> OfiConnection::post_send(std::span<const std::byte> header, std
   outstanding_.push_back(std::move(msg));
   {
     std::lock_guard lock(backlog_mu_);
+    posted_upto_ = seq + 1;
     backlog_.push_back(std::move(pieces.front()));  // the header
     if (waits) {
       held_.push_back({seq, {std::make_move_iterator(pieces.begin() + 1), std::make_move_iterator(pieces.end())}});
@@ -170,16 +172,12 @@ void OfiConnection::release_cleared_locked() {
     for (auto& p : held_.front().pieces) backlog_.push_back(std::move(p));
     held_.pop_front();
   }
-  // Clears no held body answers (a peer's junk, or ones that came after an abort)
-  // are forgotten, so that they cannot pile up: a held body has one clear at most.
-  if (held_.empty()) {
-    cleared_ready_.clear();
-  } else if (cleared_ready_.size() > held_.size()) {
-    std::set<uint64_t> answered;
-    for (const Held& h : held_)
-      if (cleared_ready_.count(h.seq & Tag::kSeqMask)) answered.insert(h.seq & Tag::kSeqMask);
-    cleared_ready_.swap(answered);
-  }
+  // A clear may come before its message is posted (a receive posted ahead clears at
+  // once). Those behind the first message not yet sent (answered, released with no
+  // body, or junk) and those further ahead than a window are forgotten, so that they
+  // cannot pile up.
+  const uint64_t next = (held_.empty() ? posted_upto_ : held_.front().seq) & Tag::kSeqMask;
+  std::erase_if(cleared_ready_, [&](uint64_t c) { return ((c - next) & Tag::kSeqMask) >= kMaxLead; });
 }
 
 void OfiConnection::on_clear(const Op& o) {
