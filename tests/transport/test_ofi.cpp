@@ -264,6 +264,31 @@ TEST_P(LibfabricProvider, TimedOutBodyCanBeRetried) {
   EXPECT_EQ(r, s);
 }
 
+// A receive posted ahead takes its body as soon as the sender sends it: the sender's
+// wait ends before the receiver calls recv_body (over ofi_rxm the post sent the
+// message's clear at once, and the sender's progress thread sent the held body when
+// the clear came, the sender itself idle), and recv_body then finds it there.
+TEST_P(LibfabricProvider, ABodyPostedForAheadMovesBeforeRecvBody) {
+  const size_t n = size_t(1) << 20;
+  std::vector<std::byte> s(n, std::byte(7)), r(n);  // before the pair: they outlive it
+  auto p = make_ofi_pair(GetParam());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto smr = p->client_backend->register_memory(s.data(), n, MemoryType::host);
+  auto rmr = p->server_backend->register_memory(r.data(), n, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && rmr.ok());
+  ASSERT_TRUE(p->server->post_recv(rmr->span(0, n)).ok());
+  const std::byte hdr[1] = {std::byte(3)};
+  auto seq = p->client->post_send(hdr, smr->span(0, n));
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  std::vector<std::byte> h;
+  auto len = p->server->recv_header(h, deadline_in(10s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  ASSERT_EQ(*len, n);
+  EXPECT_TRUE(p->client->wait_sends(*seq, deadline_in(10s), {}).ok()) << "the body moved without recv_body";
+  ASSERT_TRUE(p->server->recv_body(rmr->span(0, n), deadline_in(10s), {}).ok());
+  EXPECT_EQ(r, s);
+}
+
 TEST_P(LibfabricProvider, PostedSendsAreZeroCopyAndWaitBreaksOnTimeout) {
   auto p = make_ofi_pair(GetParam());
   ASSERT_TRUE(p.ok()) << p.status().to_string();
