@@ -127,6 +127,8 @@ class OfiConnection final : public Connection {
   /// request into another client's logged-in connection.
   fi_addr_t recv_from() const { return peer_.addr(); }
   Status fail_body(const Status& st);
+  /// Waits for a body's receives (the connection's sends progressing meanwhile).
+  Status wait_body(const std::vector<std::shared_ptr<Op>>& ops, Deadline deadline, const CancelToken& cancel);
   /// Tells the peer to send message `seq`'s body (its receives are posted).
   Status send_clear(uint64_t seq, Deadline deadline, const CancelToken& cancel);
   Result<size_t> corrupt(std::string_view what);

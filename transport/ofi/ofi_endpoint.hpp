@@ -332,6 +332,15 @@ class Endpoint {
   /// written within the call).
   void reap(std::vector<std::shared_ptr<Op>>& ops);
   static constexpr std::chrono::milliseconds kReapLimit{200};
+  /// A peek (FI_PEEK) posted at the first queued message matching (tag, ignore, src),
+  /// and the queue read until its answer came (ofi_rxm answers within the call; 64
+  /// reads at most). fi_mu_ held; what else was read is appended to `got`.
+  struct PeekPost {
+    std::shared_ptr<Op> op;  // tracked and quiet: routed with `got`
+    ssize_t err = 0;         // the provider's, when the peek could not be posted
+    std::optional<Reaped> answer;
+  };
+  PeekPost peek_locked(uint64_t tag, uint64_t ignore, fi_addr_t src, std::vector<Reaped>& got);
   /// Discards the queued messages matching (tag, ignore, src) while the first is
   /// larger than `keep` (post_recv's guard). fi_mu_ held; what it reads off the
   /// completion queue is appended to `got`, to be routed once the lock is let go.

@@ -140,18 +140,7 @@ Status OfiConnection::recv_posted_body(std::span<std::byte> dest, Deadline deadl
     (void)ep_->cancel_and_drain(*p.ops.back(), 1s);
     p.ops.pop_back();
   }
-  auto all_done = [&] {
-    for (auto& o : p.ops)
-      if (!o->done.load(std::memory_order_acquire)) return false;
-    return true;
-  };
-  auto st = wait_on_peer(
-      [&] {
-        if (all_done()) return true;
-        progress_sends();
-        return false;
-      },
-      deadline, cancel, "recv_body");
+  auto st = wait_body(p.ops, deadline, cancel);
   // The post stays on a timeout or cancel: the next recv_body waits for it again (its
   // memory is the caller's until then, as post_recv says).
   if (!st.ok()) return st;
@@ -236,18 +225,7 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
     }
     cleared_ = seq;
   }
-  auto all_done = [&] {
-    for (auto& o : body_ops_)
-      if (!o->done.load(std::memory_order_acquire)) return false;
-    return true;
-  };
-  auto st = wait_on_peer(
-      [&] {
-        if (all_done()) return true;
-        progress_sends();
-        return false;
-      },
-      deadline, cancel, "recv_body");
+  auto st = wait_body(body_ops_, deadline, cancel);
   if (!st.ok()) {
     // Nothing may write into the caller's buffer after we return.
     for (auto& o : body_ops_)
@@ -269,6 +247,20 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   body_pending_ = false;
   if (probe_) probe_->heard();
   return {};
+}
+
+Status OfiConnection::wait_body(const std::vector<std::shared_ptr<Op>>& ops, Deadline deadline,
+                                const CancelToken& cancel) {
+  return wait_on_peer(
+      [&] {
+        for (auto& o : ops)
+          if (!o->done.load(std::memory_order_acquire)) {
+            progress_sends();
+            return false;
+          }
+        return true;
+      },
+      deadline, cancel, "recv_body");
 }
 
 Status OfiConnection::send_clear(uint64_t seq, Deadline deadline, const CancelToken& cancel) {

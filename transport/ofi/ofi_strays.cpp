@@ -194,38 +194,45 @@ bool Endpoint::is_stray_now_locked(uint64_t tag) const {
 
 // ---- The sweep -----------------------------------------------------------------------
 
-std::optional<Endpoint::Peeked> Endpoint::peek(uint64_t tag, uint64_t ignore) {
-  if (!ep_) return std::nullopt;
-  auto op = new_op();
-  op->quiet = true;
-  track(op);
+Endpoint::PeekPost Endpoint::peek_locked(uint64_t tag, uint64_t ignore, fi_addr_t src, std::vector<Reaped>& got) {
+  PeekPost out;
+  out.op = new_op();
+  out.op->quiet = true;
+  track(out.op);
   fi_msg_tagged m{};
-  m.addr = FI_ADDR_UNSPEC;
+  m.addr = src;
   m.tag = tag;
   m.ignore = ignore;
-  m.context = &op->ctx;
+  m.context = &out.op->ctx;
+  if ((out.err = fi_trecvmsg(ep_, &m, FI_PEEK)) != 0) {
+    untrack(out.op.get());
+    return out;
+  }
+  for (int i = 0; !out.answer && i < 64; ++i) {
+    const size_t before = got.size();
+    if (read_locked(got) == 0) break;
+    for (size_t j = before; j < got.size(); ++j)
+      if (got[j].context == &out.op->ctx) out.answer = got[j];
+  }
+  return out;
+}
+
+std::optional<Endpoint::Peeked> Endpoint::peek(uint64_t tag, uint64_t ignore) {
+  if (!ep_) return std::nullopt;
   // ofi_rxm answers within the call: the answer is read off the queue under the same
   // hold of the provider's lock, so that no other thread takes it and leaves this one
   // waiting while it routes it (on a loaded node such waits, each a yield of the CPU,
   // let a flood outrun the sweep). Whatever else is read with it is routed too.
   std::vector<Reaped> got;
   got.reserve(16);
-  ssize_t r = 0;
+  PeekPost pp;
   {
     std::lock_guard fl(fi_mu_);
-    r = fi_trecvmsg(ep_, &m, FI_PEEK);
-    for (int i = 0; r == 0 && i < 64; ++i) {
-      const size_t before = got.size();
-      if (read_locked(got) == 0) break;
-      if (std::any_of(got.begin() + long(before), got.end(), [&](const Reaped& e) { return e.context == &op->ctx; }))
-        break;
-    }
+    pp = peek_locked(tag, ignore, FI_ADDR_UNSPEC, got);
   }
   route(got);
-  if (r != 0) {
-    untrack(op.get());
-    return std::nullopt;
-  }
+  if (pp.err != 0) return std::nullopt;
+  const std::shared_ptr<Op>& op = pp.op;
   // The bound is for a provider that answers late.
   for (int i = 0; i < 1000 && !op->done.load(std::memory_order_acquire); ++i)
     if (poll() == 0) std::this_thread::yield();
@@ -295,26 +302,10 @@ ssize_t Endpoint::discard_oversized_locked(uint64_t tag, uint64_t ignore, fi_add
   // the receive keeps, its discard (which frees the queued message and touches no
   // connection). Bounded: a queue that refills as fast is the sweep's to drain.
   for (int round = 0; round < 64; ++round) {
-    auto op = new_op();
-    op->quiet = true;
-    track(op);
-    fi_msg_tagged m{};
-    m.addr = src;
-    m.tag = tag;
-    m.ignore = ignore;
-    m.context = &op->ctx;
-    if (const ssize_t r = fi_trecvmsg(ep_, &m, FI_PEEK); r != 0) {
-      untrack(op.get());
-      return r;
-    }
-    const Reaped* answer = nullptr;
-    for (int i = 0; !answer && i < 64; ++i) {
-      const size_t before = got.size();
-      if (read_locked(got) == 0) break;
-      for (size_t j = before; j < got.size(); ++j)
-        if (got[j].context == &op->ctx) answer = &got[j];
-    }
-    if (!answer) return -FI_EAGAIN;  // unanswered: no post over what may be queued (the peek is routed later)
+    const PeekPost pp = peek_locked(tag, ignore, src, got);
+    if (pp.err != 0) return pp.err;
+    if (!pp.answer) return -FI_EAGAIN;  // unanswered: no post over what may be queued (the peek is routed later)
+    const Reaped* answer = &*pp.answer;
     if (answer->err || answer->len <= keep) return 0;  // nothing queued (FI_ENOMSG), or the first is fine
     const uint64_t found = answer->tag;
     auto drop = stray_drop_op(answer->len);
