@@ -339,6 +339,39 @@ TEST(OfiStrays, ABodyFromAPeerThatHungUpFailsTheReceiveCleanly) {
   EXPECT_TRUE(c->wait_sends(*seq, deadline_in(30s), {}).ok());
 }
 
+// A body that does not come in time after its clear ends the connection: it may
+// still come, and no later receive may take it from the queue (its sender may have
+// hung up by then). The receive says timed_out, the next call unavailable.
+TEST(OfiStrays, ABodyLateAfterItsClearEndsTheConnection) {
+  if (!have_libfabric()) GTEST_SKIP() << "libfabric backend not built";
+  const BackendConfig cfg = ofi_config("tcp;ofi_rxm");
+  auto sb = create_backend(cfg);
+  if (!sb.ok()) GTEST_SKIP() << "tcp;ofi_rxm: " << sb.status().to_string();
+  auto l = (*sb)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto pending = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
+  auto raw = test_util::raw_ofi_peer(cfg.libfabric, (*l)->address());
+  ASSERT_TRUE(raw.ok()) << raw.status().to_string();
+  auto conn = pending.get();
+  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+  const size_t body = size_t(1) << 20;
+  auto hop = raw->ep->new_op(sizeof(HeaderPrefix));
+  const HeaderPrefix prefix{kHeaderMagic, kWaitsForClear, body};  // an empty header; the body never sent
+  std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
+  auto hdesc = raw->ep->local_desc(*hop);
+  ASSERT_TRUE(hdesc.ok());
+  ASSERT_TRUE(raw->ep->post_send(hop, hop->buf.get(), sizeof prefix, *hdesc, raw->server,
+                                 make_tag(MsgType::header, raw->greeted.id, 0), deadline_in(30s), {})
+                  .ok());
+  std::vector<std::byte> h, dest(body);
+  auto mr = (*sb)->register_memory(dest.data(), body, MemoryType::host);
+  ASSERT_TRUE(mr.ok()) << mr.status().to_string();
+  auto len = (*conn)->recv_header(h, deadline_in(30s), {});
+  ASSERT_TRUE(len.ok()) << len.status().to_string();
+  EXPECT_EQ((*conn)->recv_body(mr->span(0, body), deadline_in(200ms), {}).code(), StatusCode::timed_out);
+  EXPECT_EQ((*conn)->recv_body(mr->span(0, body), deadline_in(200ms), {}).code(), StatusCode::unavailable);
+}
+
 void send_header(Connection& c, const std::string& text) {
   std::vector<std::byte> h(text.size());
   std::memcpy(h.data(), text.data(), text.size());

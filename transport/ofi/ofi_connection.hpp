@@ -202,7 +202,7 @@ class OfiConnection final : public Connection {
   std::vector<std::shared_ptr<Op>> body_ops_;
   bool body_pending_ = false;
   bool body_waits_ = false;            // the pending body is sent on our clear
-  std::optional<uint64_t> cleared_;    // the message whose clear went out (a retried recv_body sends none)
+  std::optional<uint64_t> cleared_;    // the message whose clear went out
   uint64_t body_size_ = 0;
   std::string broken_;
   std::mutex staging_mu_;

@@ -200,8 +200,8 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   // A body sent on our clear arrives after its receives are posted: one already
   // queued came without it and is discarded (a receive matching a large queued
   // message of a peer that hung up crashes ofi_rxm 1.17: Core::cleared_bodies), as
-  // is a queued one larger than the inject size that was not to wait. Retried after
-  // a clear went out, the body may be queued by right (the one case left open).
+  // is a queued one larger than the inject size that was not to wait. (A body that
+  // timed out after its clear ends the connection: no retry takes it from the queue.)
   const bool clear_now = body_waits_ && cleared_ != seq;
   std::optional<size_t> keep;
   if (clear_now) keep = 0;
@@ -233,7 +233,15 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
         broken_ = "a body receive could not be cancelled";
         KVS_LOG_ERROR("libfabric: a receive into a caller's buffer could not be cancelled");
       }
-    return fail_body(st);
+    Status failed = fail_body(st);
+    // Once its clear went out the body may come at any time, and a receive posted
+    // later would have to take it from the queue, where ofi_rxm cannot hand over a
+    // large message of a peer that hung up since: the connection ends here.
+    if (!failed.ok() && cleared_ == seq && broken_.empty()) {
+      broken_ = "a body did not come in time after its clear";
+      KVS_LOG_WARN("libfabric: connection to {} unusable: {}", peer_name_, broken_);
+    }
+    return failed;
   }
   for (auto& o : body_ops_)
     if (o->err) {
