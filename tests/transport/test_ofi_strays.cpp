@@ -260,6 +260,31 @@ TEST(OfiStrays, ALargeStrayWhoseSenderHungUpIsDroppedSafely) {
   EXPECT_EQ(rop->len, 64u);
 }
 
+/// A raw peer that said hello to `l`, and the connection `l` accepted for it.
+struct RawThrough {
+  test_util::RawOfiPeer raw;
+  std::unique_ptr<Connection> conn;
+};
+Result<RawThrough> connect_raw(Listener& l, const LibfabricSettings& settings) {
+  auto pending = std::async(std::launch::async, [&] { return l.accept(deadline_in(30s), {}); });
+  auto raw = test_util::raw_ofi_peer(settings, l.address());
+  auto conn = pending.get();
+  if (!raw.ok()) return raw.status();
+  if (!conn.ok()) return conn.status();
+  return RawThrough{std::move(raw).value(), std::move(conn).value()};
+}
+
+/// Sends the header message of `raw`'s first message: an empty header announcing a
+/// body of `body` bytes, which waits for a clear where `waits`.
+Status send_raw_header(test_util::RawOfiPeer& raw, bool waits, uint64_t body) {
+  auto hop = raw.ep->new_op(sizeof(HeaderPrefix));
+  const HeaderPrefix prefix{kHeaderMagic, waits ? kWaitsForClear : 0, body};
+  std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
+  KVS_ASSIGN_OR_RETURN(void* desc, raw.ep->local_desc(*hop));
+  return raw.ep->post_send(hop, hop->buf.get(), sizeof prefix, desc, raw.server,
+                           make_tag(MsgType::header, raw.greeted.id, 0), deadline_in(30s), {});
+}
+
 // A peer sends a header and a 1 MiB body at once (over ofi_rxm, a rendezvous: only
 // its announcement is queued) and hangs up before the node reads the body; ofi_rxm
 // 1.17 keeps the announcement, and a receive that matched it crashed the process.
@@ -278,25 +303,16 @@ TEST(OfiStrays, ABodyFromAPeerThatHungUpFailsTheReceiveCleanly) {
   ASSERT_TRUE(mr.ok()) << mr.status().to_string();
   for (const bool says_it_waits : {true, false}) {
     SCOPED_TRACE(says_it_waits ? "the header says the body waits" : "the header does not");
-    auto pending = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
-    auto raw = test_util::raw_ofi_peer(cfg.libfabric, (*l)->address());
-    ASSERT_TRUE(raw.ok()) << raw.status().to_string();
-    auto conn = pending.get();
-    ASSERT_TRUE(conn.ok()) << conn.status().to_string();
-    const uint32_t id = raw->greeted.id;
-    const uint64_t body_tag = make_tag(MsgType::body, id, 0, 0);
+    auto through = connect_raw(**l, cfg.libfabric);
+    ASSERT_TRUE(through.ok()) << through.status().to_string();
+    test_util::RawOfiPeer* raw = &through->raw;
+    std::unique_ptr<Connection>& conn = through->conn;
+    const uint64_t body_tag = make_tag(MsgType::body, raw->greeted.id, 0, 0);
     {
-      auto hop = raw->ep->new_op(sizeof(HeaderPrefix) + 4);
-      const HeaderPrefix prefix{kHeaderMagic, 4 | (says_it_waits ? kWaitsForClear : 0), body};
-      std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
-      auto hdesc = raw->ep->local_desc(*hop);
-      ASSERT_TRUE(hdesc.ok());
-      ASSERT_TRUE(raw->ep->post_send(hop, hop->buf.get(), sizeof(HeaderPrefix) + 4, *hdesc, raw->server,
-                                     make_tag(MsgType::header, id, 0), deadline_in(30s), {})
-                      .ok());
+      ASSERT_TRUE(send_raw_header(*raw, says_it_waits, body).ok());
       auto bop = send_tagged(*raw->ep, raw->server, body_tag, body);
       std::vector<std::byte> h;
-      auto len = (*conn)->recv_header(h, deadline_in(30s), {});
+      auto len = conn->recv_header(h, deadline_in(30s), {});
       ASSERT_TRUE(len.ok()) << len.status().to_string();
       ASSERT_EQ(*len, body);
       ASSERT_TRUE(kvstream::testing::eventually([&] {
@@ -313,7 +329,7 @@ TEST(OfiStrays, ABodyFromAPeerThatHungUpFailsTheReceiveCleanly) {
     std::this_thread::sleep_for(300ms);
     const auto before = (*l)->strays();
     ASSERT_TRUE(before.has_value());
-    auto st = (*conn)->recv_body(mr->span(0, body), deadline_in(1s), {});
+    auto st = conn->recv_body(mr->span(0, body), deadline_in(1s), {});
     EXPECT_FALSE(st.ok()) << "nothing came after the clear";
     const auto after = (*l)->strays();
     ASSERT_TRUE(after.has_value());
@@ -349,27 +365,18 @@ TEST(OfiStrays, ABodyLateAfterItsClearEndsTheConnection) {
   if (!sb.ok()) GTEST_SKIP() << "tcp;ofi_rxm: " << sb.status().to_string();
   auto l = (*sb)->listen("127.0.0.1:0");
   ASSERT_TRUE(l.ok()) << l.status().to_string();
-  auto pending = std::async(std::launch::async, [&] { return (*l)->accept(deadline_in(30s), {}); });
-  auto raw = test_util::raw_ofi_peer(cfg.libfabric, (*l)->address());
-  ASSERT_TRUE(raw.ok()) << raw.status().to_string();
-  auto conn = pending.get();
-  ASSERT_TRUE(conn.ok()) << conn.status().to_string();
+  auto through = connect_raw(**l, cfg.libfabric);
+  ASSERT_TRUE(through.ok()) << through.status().to_string();
   const size_t body = size_t(1) << 20;
-  auto hop = raw->ep->new_op(sizeof(HeaderPrefix));
-  const HeaderPrefix prefix{kHeaderMagic, kWaitsForClear, body};  // an empty header; the body never sent
-  std::memcpy(hop->buf.get(), &prefix, sizeof prefix);
-  auto hdesc = raw->ep->local_desc(*hop);
-  ASSERT_TRUE(hdesc.ok());
-  ASSERT_TRUE(raw->ep->post_send(hop, hop->buf.get(), sizeof prefix, *hdesc, raw->server,
-                                 make_tag(MsgType::header, raw->greeted.id, 0), deadline_in(30s), {})
-                  .ok());
+  ASSERT_TRUE(send_raw_header(through->raw, /*waits=*/true, body).ok());  // the body is never sent
   std::vector<std::byte> h, dest(body);
   auto mr = (*sb)->register_memory(dest.data(), body, MemoryType::host);
   ASSERT_TRUE(mr.ok()) << mr.status().to_string();
-  auto len = (*conn)->recv_header(h, deadline_in(30s), {});
+  Connection& conn = *through->conn;
+  auto len = conn.recv_header(h, deadline_in(30s), {});
   ASSERT_TRUE(len.ok()) << len.status().to_string();
-  EXPECT_EQ((*conn)->recv_body(mr->span(0, body), deadline_in(200ms), {}).code(), StatusCode::timed_out);
-  EXPECT_EQ((*conn)->recv_body(mr->span(0, body), deadline_in(200ms), {}).code(), StatusCode::unavailable);
+  EXPECT_EQ(conn.recv_body(mr->span(0, body), deadline_in(200ms), {}).code(), StatusCode::timed_out);
+  EXPECT_EQ(conn.recv_body(mr->span(0, body), deadline_in(200ms), {}).code(), StatusCode::unavailable);
 }
 
 void send_header(Connection& c, const std::string& text) {

@@ -21,8 +21,9 @@
 
 namespace kvstream::transport::ofi {
 
-/// State the completion callbacks touch (outlives the Connection if need be).
 class OfiConnection;
+
+/// State the completion callbacks touch (outlives the Connection if need be).
 struct ConnShared {
   /// Recursive: a clear's callback may poll (a full provider queue), and the poll
   /// route the next clear of the same connection on the same thread.
@@ -127,6 +128,14 @@ class OfiConnection final : public Connection {
   /// request into another client's logged-in connection.
   fi_addr_t recv_from() const { return peer_.addr(); }
   Status fail_body(const Status& st);
+  /// Posts the receives of message `seq`'s body into `size` bytes at `base`, one per
+  /// segment, into `ops` (Endpoint::post_recv's guard keeping queued pieces up to
+  /// `keep`); on an error those posted are withdrawn.
+  Status post_body_recvs(uint64_t seq, std::byte* base, size_t size, void* desc, std::optional<size_t> keep,
+                         Deadline deadline, std::vector<std::shared_ptr<Op>>& ops,
+                         const std::shared_ptr<std::byte[]>& scratch = nullptr);
+  /// A body's receives that ended in error: the connection breaks (its first error).
+  Status body_error(const std::vector<std::shared_ptr<Op>>& ops);
   /// Waits for a body's receives (the connection's sends progressing meanwhile).
   Status wait_body(const std::vector<std::shared_ptr<Op>>& ops, Deadline deadline, const CancelToken& cancel);
   /// Tells the peer to send message `seq`'s body (its receives are posted).
@@ -202,7 +211,6 @@ class OfiConnection final : public Connection {
   std::vector<std::shared_ptr<Op>> body_ops_;
   bool body_pending_ = false;
   bool body_waits_ = false;            // the pending body is sent on our clear
-  std::optional<uint64_t> cleared_;    // the message whose clear went out
   uint64_t body_size_ = 0;
   std::string broken_;
   std::mutex staging_mu_;

@@ -325,13 +325,10 @@ class Endpoint {
   /// when none waits or the peek failed.
   std::optional<Peeked> peek(uint64_t tag, uint64_t ignore);
   /// Drops `p` (just peeked) if it is a stray by what the endpoint expects now: the
-  /// operation of the receive that takes it, whose completion counts it; nullptr
-  /// where `p` is kept.
+  /// discard's operation, whose completion counts it; nullptr where `p` is kept.
   std::shared_ptr<Op> drop_if_stray(const Peeked& p);
-  /// Polls until `ops` completed, for kReapLimit at most (a discard's completion is
-  /// written within the call).
+  /// Polls until `ops` completed (a bounded while; ofi_rxm completes them at once).
   void reap(std::vector<std::shared_ptr<Op>>& ops);
-  static constexpr std::chrono::milliseconds kReapLimit{200};
   /// A peek (FI_PEEK) posted at the first queued message matching (tag, ignore, src),
   /// and the queue read until its answer came (ofi_rxm answers within the call; 64
   /// reads at most). fi_mu_ held; what else was read is appended to `got`.

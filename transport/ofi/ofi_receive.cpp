@@ -93,19 +93,7 @@ Status OfiConnection::post_recv(std::span<std::byte> dest) {
                          "libfabric: posted buffer is not registered with this backend (provider needs FI_MR_LOCAL)");
     // What is queued for it already and no larger than the inject size was sent at
     // once, and is taken; anything larger came before its clear, and is discarded.
-    const std::optional<size_t> keep = core.cleared_bodies ? std::optional<size_t>(core.inject) : std::nullopt;
-    const size_t seg = core.segment, nseg = (dest.size() + seg - 1) / seg;
-    for (size_t i = 0; i < nseg; ++i) {
-      const size_t off = i * seg, len = std::min(seg, dest.size() - off);
-      auto op = ep_->new_op();
-      Status st = ep_->post_recv(op, dest.data() + off, len, desc, make_tag(MsgType::body, id_, p.seq, i), 0,
-                                 deadline_in(5s), recv_from(), keep);
-      if (!st.ok()) {
-        withdraw(p);
-        return st;
-      }
-      p.ops.push_back(std::move(op));
-    }
+    KVS_RETURN_IF_ERROR(post_body_recvs(p.seq, dest.data(), dest.size(), desc, core.inject, deadline_in(5s), p.ops));
     if (core.cleared_bodies) {
       if (Status st = send_clear(p.seq, deadline_in(5s), {}); !st.ok()) {
         withdraw(p);
@@ -114,6 +102,27 @@ Status OfiConnection::post_recv(std::span<std::byte> dest) {
     }
   }
   posted_.push_back(std::move(p));
+  return {};
+}
+
+Status OfiConnection::post_body_recvs(uint64_t seq, std::byte* base, size_t size, void* desc,
+                                      std::optional<size_t> keep, Deadline deadline,
+                                      std::vector<std::shared_ptr<Op>>& ops,
+                                      const std::shared_ptr<std::byte[]>& scratch) {
+  const size_t seg = ep_->core().segment, nseg = (size + seg - 1) / seg;
+  for (size_t i = 0; i < nseg; ++i) {
+    const size_t off = i * seg, len = std::min(seg, size - off);
+    auto op = ep_->new_op();
+    if (scratch) op->buf = scratch;  // the operations keep a discard's buffer alive
+    Status st = ep_->post_recv(op, base + off, len, desc, make_tag(MsgType::body, id_, seq, i), 0, deadline,
+                               recv_from(), keep);
+    if (!st.ok()) {
+      for (auto& o : ops) ep_->cancel_and_drain(*o);
+      ops.clear();
+      return st;
+    }
+    ops.push_back(std::move(op));
+  }
   return {};
 }
 
@@ -144,20 +153,15 @@ Status OfiConnection::recv_posted_body(std::span<std::byte> dest, Deadline deadl
   // The post stays on a timeout or cancel: the next recv_body waits for it again (its
   // memory is the caller's until then, as post_recv says).
   if (!st.ok()) return st;
-  for (size_t i = 0; i < p.ops.size(); ++i) {
-    const Op& o = *p.ops[i];
-    if (o.err) {
-      auto e = peer_fault(side_, StatusCode::unavailable, "libfabric: body from {} failed: {}", peer_name_,
-                          fi_err(o.err));
-      broken_ = e.message();
-      current_post_.reset();
-      return e;
-    }
-    if (o.len != std::min(seg, n - i * seg)) {
+  if (Status failed = body_error(p.ops); !failed.ok()) {
+    current_post_.reset();
+    return failed;
+  }
+  for (size_t i = 0; i < p.ops.size(); ++i)  // posted with room to spare: the sizes are checked
+    if (p.ops[i]->len != std::min(seg, n - i * seg)) {
       current_post_.reset();
       return corrupt("a body segment of the wrong size").status();
     }
-  }
   if (!dest.empty() && dest.data() != p.dest.data()) std::memcpy(dest.data(), p.dest.data(), n);
   current_post_.reset();
   body_pending_ = false;
@@ -180,7 +184,6 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   current_post_.reset();  // reserved for recv_body alone
   Core& core = ep_->core();
   const uint64_t seq = recv_seq_ - 1;
-  const size_t seg = core.segment, nseg = (n + seg - 1) / seg;
   std::byte* base = dest.data();
   void* desc = nullptr;
   std::shared_ptr<Op> scratch_holder;
@@ -200,30 +203,19 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
   // A body sent on our clear arrives after its receives are posted: one already
   // queued came without it and is discarded (a receive matching a large queued
   // message of a peer that hung up crashes ofi_rxm 1.17: Core::cleared_bodies), as
-  // is a queued one larger than the inject size that was not to wait. (A body that
-  // timed out after its clear ends the connection: no retry takes it from the queue.)
-  const bool clear_now = body_waits_ && cleared_ != seq;
-  std::optional<size_t> keep;
-  if (clear_now) keep = 0;
-  else if (!body_waits_) keep = core.inject;  // sent at once, so no larger than the inject size (eager)
-  for (size_t i = 0; i < nseg; ++i) {
-    const size_t off = i * seg, len = std::min(seg, n - off);
-    auto op = ep_->new_op();
-    if (scratch_holder) op->buf = scratch_holder->buf;
-    auto st = ep_->post_recv(op, base + off, len, desc, make_tag(MsgType::body, id_, seq, i), 0, deadline,
-                             recv_from(), keep);
-    if (!st.ok()) {
-      for (auto& o : body_ops_) ep_->cancel_and_drain(*o);
-      return fail_body(st);
-    }
-    body_ops_.push_back(std::move(op));
-  }
-  if (clear_now) {
+  // is a queued one larger than the inject size that was not to wait (those are sent
+  // at once, eager). A body that times out after its clear ends the connection, so
+  // no retry ever takes one from the queue.
+  const std::optional<size_t> keep = body_waits_ ? 0 : core.inject;
+  if (Status st = post_body_recvs(seq, base, n, desc, keep, deadline, body_ops_,
+                                  scratch_holder ? scratch_holder->buf : nullptr);
+      !st.ok())
+    return fail_body(st);
+  if (body_waits_) {
     if (Status st = send_clear(seq, deadline, cancel); !st.ok()) {
       for (auto& o : body_ops_) ep_->cancel_and_drain(*o);
       return fail_body(st);
     }
-    cleared_ = seq;
   }
   auto st = wait_body(body_ops_, deadline, cancel);
   if (!st.ok()) {
@@ -237,23 +229,28 @@ Status OfiConnection::recv_body(std::span<std::byte> dest, Deadline deadline, co
     // Once its clear went out the body may come at any time, and a receive posted
     // later would have to take it from the queue, where ofi_rxm cannot hand over a
     // large message of a peer that hung up since: the connection ends here.
-    if (!failed.ok() && cleared_ == seq && broken_.empty()) {
+    if (!failed.ok() && body_waits_ && broken_.empty()) {
       broken_ = "a body did not come in time after its clear";
       KVS_LOG_WARN("libfabric: connection to {} unusable: {}", peer_name_, broken_);
     }
     return failed;
   }
-  for (auto& o : body_ops_)
+  Status failed = body_error(body_ops_);
+  body_ops_.clear();
+  if (!failed.ok()) return failed;
+  body_pending_ = false;
+  if (probe_) probe_->heard();
+  return {};
+}
+
+Status OfiConnection::body_error(const std::vector<std::shared_ptr<Op>>& ops) {
+  for (auto& o : ops)
     if (o->err) {
       auto e = peer_fault(side_, StatusCode::unavailable, "libfabric: body from {} failed: {}", peer_name_,
                           fi_err(o->err));
-      body_ops_.clear();
       broken_ = e.message();
       return e;
     }
-  body_ops_.clear();
-  body_pending_ = false;
-  if (probe_) probe_->heard();
   return {};
 }
 
