@@ -13,13 +13,13 @@
 namespace kvstream::storage {
 namespace {
 
-constexpr uint32_t kMagic = 0x4d53564b;  // "KVSM"; the record's u64 is the time in seconds
+constexpr uint32_t kMemberMarkMagic = 0x4d53564b;  // "KVSM"; the record's u64 is the time in seconds
 
 }  // namespace
 
 std::optional<std::chrono::system_clock::time_point> read_member_mark(const std::string& dir) {
   const std::string path = dir + "/" + kMemberMarkFile;
-  const auto r = read_mark_record(path, kMagic);
+  const auto r = read_mark_record(path, kMemberMarkMagic);
   if (!r) {
     if (::access(path.c_str(), F_OK) == 0) KVS_LOG_WARN("store '{}': the member mark does not verify; taken as none", dir);
     return std::nullopt;
@@ -30,7 +30,7 @@ std::optional<std::chrono::system_clock::time_point> read_member_mark(const std:
 Status write_member_mark(const std::string& dir, std::chrono::system_clock::time_point at) {
   const std::string path = dir + "/" + kMemberMarkFile;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(at.time_since_epoch()).count();
-  const auto b = encode_mark_record(kMagic, {0, uint64_t(seconds)});
+  const auto b = encode_mark_record(kMemberMarkMagic, {0, uint64_t(seconds)});
   if (const int e = replace_file(path, std::string_view(reinterpret_cast<const char*>(b.data()), b.size()))) {
     KVS_LOG_WARN("cannot write the member mark '{}': {}", path, std::strerror(e));
     return make_status(StatusCode::io_error, "cannot write the member mark '{}': {}", path, std::strerror(e));

@@ -12,11 +12,11 @@
 namespace kvstream::storage {
 
 namespace {
-constexpr uint32_t kMagic = 0x5553564b;  // "KVSU"; the record's u32 is the depth, its u64 the stamp
+constexpr uint32_t kUseMarkMagic = 0x5553564b;  // "KVSU"; the record's u32 is the depth, its u64 the stamp
 }  // namespace
 
 std::optional<UseMark> read_use_mark(const std::string& context_dir) {
-  const auto r = read_mark_record(context_dir + "/" + kUseMarkFile, kMagic);
+  const auto r = read_mark_record(context_dir + "/" + kUseMarkFile, kUseMarkMagic);
   if (!r) return std::nullopt;
   return UseMark{r->large, r->small};
 }
@@ -29,7 +29,7 @@ Status write_use_mark(const std::string& context_dir, UseMark mark) {
     KVS_LOG_WARN("cannot write the use mark '{}': {}", path, std::strerror(e));
     return make_status(StatusCode::io_error, "cannot keep a context's use mark: {}", std::strerror(e));
   }
-  const auto b = encode_mark_record(kMagic, {mark.depth, mark.stamp});
+  const auto b = encode_mark_record(kUseMarkMagic, {mark.depth, mark.stamp});
   const ssize_t n = ::pwrite(fd, b.data(), b.size(), 0);
   const int e = errno;
   ::close(fd);
