@@ -151,6 +151,16 @@ class Connection {
     return {};
   }
 
+  /// Withdraws every receive posted ahead (post_recv) that no recv_body has taken, so
+  /// that their memory is the caller's again at once: for a caller whose exchange
+  /// failed part way (a malformed or late message) and who will not read on. Ends the
+  /// connection when there was any (later calls fail with unavailable): the messages
+  /// they were for can no longer be received in step. Errors: internal when a
+  /// receive could not be withdrawn and may still write its memory (the connection is
+  /// failed; that memory must then live until the connection is destroyed). Backends
+  /// that ignore post_recv have nothing to withdraw.
+  virtual Status abandon_posts() { return {}; }
+
   /// Receives the next message's header into `header` (resized) and returns the size
   /// of its body, which must then be read with recv_body before the next message.
   virtual Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) = 0;

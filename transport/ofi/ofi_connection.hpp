@@ -68,6 +68,7 @@ class OfiConnection final : public Connection {
   /// (Connection::post_recv); over ofi_rxm its clear goes out at once, so a body that
   /// waits for it starts moving as soon as it is sent.
   Status post_recv(std::span<std::byte> dest) override;
+  Status abandon_posts() override;
   Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override;
   Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override;
   Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
@@ -199,8 +200,9 @@ class OfiConnection final : public Connection {
     std::span<std::byte> dest;
     std::vector<std::shared_ptr<Op>> ops;
   };
-  /// Withdraws a post's receives (cancelled and drained).
-  void withdraw(Posted& p);
+  /// Withdraws a post's receives (cancelled and drained); false (logged) when one
+  /// did not end, so its memory may still be written.
+  bool withdraw(Posted& p);
   /// recv_body of a message posted ahead: waits for its receives, then copies into
   /// `dest` where that is another span.
   Status recv_posted_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel);

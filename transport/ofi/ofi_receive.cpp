@@ -126,11 +126,33 @@ Status OfiConnection::post_body_recvs(uint64_t seq, std::byte* base, size_t size
   return {};
 }
 
-void OfiConnection::withdraw(Posted& p) {
+bool OfiConnection::withdraw(Posted& p) {
+  bool all = true;
   for (auto& op : p.ops)
-    if (!ep_->cancel_and_drain(*op, 1s))
+    if (!ep_->cancel_and_drain(*op, 1s)) {
       KVS_LOG_ERROR("libfabric: a receive posted ahead into a caller's buffer could not be withdrawn");
+      all = false;
+    }
   p.ops.clear();
+  return all;
+}
+
+Status OfiConnection::abandon_posts() {
+  if (posted_.empty() && !current_post_) return {};
+  bool all = true;
+  for (auto& p : posted_) all = withdraw(p) && all;
+  if (current_post_) all = withdraw(*current_post_) && all;
+  posted_.clear();
+  current_post_.reset();
+  // Bodies already cleared for may still come; with nothing posted for them they
+  // could only be discarded, so the connection's messages are out of step from here.
+  if (broken_.empty()) broken_ = "receives posted ahead were abandoned";
+  if (!all)
+    return make_status(StatusCode::internal,
+                       "libfabric: a receive posted ahead from {} could not be withdrawn; its memory may still be "
+                       "written until the connection is destroyed",
+                       peer_name_);
+  return {};
 }
 
 Status OfiConnection::recv_posted_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) {

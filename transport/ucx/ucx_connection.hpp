@@ -51,6 +51,7 @@ struct ConnState {
   uint64_t peer_key = 0;  // the peer's, from its hello
   bool failed = false;
   bool closed = false;
+  bool ended_here = false;  // abandon_posts ended it: no header is delivered after (a peer's failure leaves them)
   std::string fail_msg;
   uint32_t hello_out[kHelloWords] = {kHelloMagic, 0, 0, 0, 0};
   Op hello_op;
@@ -165,6 +166,7 @@ class UcxConnection final : public Connection {
   Status wait_sends(uint64_t seq, Deadline deadline, const CancelToken& cancel) override;
   Result<size_t> recv_header(std::vector<std::byte>& header, Deadline deadline, const CancelToken& cancel) override;
   Status post_recv(std::span<std::byte> dest) override;
+  Status abandon_posts() override;
   Status recv_body(std::span<std::byte> dest, Deadline deadline, const CancelToken& cancel) override;
   Status read(std::span<std::byte> dest, const RemoteRegion& src, uint64_t offset, Deadline deadline,
               const CancelToken& cancel) override;

@@ -50,6 +50,7 @@ Result<size_t> UcxConnection::recv_header(std::vector<std::byte>& header, Deadli
     bool prepared = false, drop_body = false;
     Status s = e.wait(
         [&]() -> std::optional<Status> {
+          if (cs_->ended_here) return cs_->failure();
           if (!prepared) {
             if (cs_->body_pending) {
               drop_body = true;
@@ -157,7 +158,10 @@ Status UcxConnection::post_recv(std::span<std::byte> dest) {
   if (uint32_t(seq - cs_->rx_next) >= (uint32_t(1) << 30))
     return make_status(StatusCode::resource_exhausted, "ucx: too many receives posted ahead");
   cs_->post_next++;
-  if (dest.empty()) return {};
+  // A body the background thread is receiving already (its header came in, and
+  // nobody asked for it in time) has its receive: a second one with the same tag would
+  // never be matched. recv_body copies it out of staging instead.
+  if (dest.empty() || cs_->staged.count(seq)) return {};
   auto po = std::make_unique<ConnState::Posted>();
   po->dest = dest.data();
   po->capacity = dest.size();
@@ -168,6 +172,45 @@ Status UcxConnection::post_recv(std::span<std::byte> dest) {
                        ucs_status_string(st));
   }
   cs_->posted.emplace(seq, std::move(po));
+  return {};
+}
+
+Status UcxConnection::abandon_posts() {
+  Engine& e = *eng_;
+  e.touch();
+  {
+    std::lock_guard lk(e.mu);
+    if (cs_->posted.empty()) return {};
+    // A cancelled receive that was not matched ends at once; a matched one when its
+    // data has landed. Either way the bodies that follow are out of step.
+    for (auto& [seq, po] : cs_->posted)
+      if (!po->op.done && po->op.req) ucp_request_cancel(e.worker, po->op.req);
+    cs_->fail(fmt::format("receives posted ahead from {} were abandoned", cs_->peer), spdlog::level::debug);
+    cs_->ended_here = true;
+  }
+  auto all_done = [&] {
+    for (const auto& [seq, po] : cs_->posted)
+      if (!po->op.done) return false;
+    return true;
+  };
+  if (!e.wait_quiet(all_done, 5s)) {
+    {
+      std::lock_guard lk(e.mu);
+      if (cs_->ep) force_close_locked();  // every request on the endpoint ends
+    }
+    if (!e.wait_quiet(all_done, 5s)) {
+      // The entries stay with the connection state, which close_conn keeps while a
+      // request may still point into it.
+      KVS_LOG_ERROR("ucx: a receive posted ahead from {} did not end after cancel and endpoint close", cs_->peer);
+      return make_status(StatusCode::internal,
+                         "ucx: a receive posted ahead from {} could not be withdrawn; its memory may still be written "
+                         "until the connection is destroyed",
+                         cs_->peer);
+    }
+  }
+  std::lock_guard lk(e.mu);
+  for (auto& [seq, po] : cs_->posted) po->op.release();
+  cs_->posted.clear();
   return {};
 }
 
