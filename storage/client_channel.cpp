@@ -298,10 +298,16 @@ Status Channel::land_get(const Response& r, size_t first_len, bool abandoned, co
   const uint64_t total = r.total;
   const bool fits = range ? total == capacity : total <= capacity;
   const bool keep = !abandoned && fits;
+  // Every segment has its own place in the destination, so the receives of the next
+  // kGetPostAhead go out ahead of their headers (a transport that holds a body for its
+  // receiver, libfabric over ofi_rxm, then sends it without waiting for this loop).
+  // Only this thread completes requests, so the destination stays the caller's until
+  // the body has landed or the posts are withdrawn.
+  constexpr uint64_t kGetPostAhead = 8;
   KVS_RETURN_IF_ERROR(recv_segmented(
       *conn_, false, r.id, total, first_len,
       [&](uint64_t i, uint64_t len) { return keep ? dest.span(offset + i * kSegmentBytes, len) : std::span<std::byte>(); },
-      [](std::span<std::byte>) {}, 30s, stop_));
+      [](std::span<std::byte>) {}, 30s, stop_, kGetPostAhead));
   if (abandoned) {
     complete(r.id, Status{}, {});
     return {};

@@ -482,49 +482,6 @@ std::vector<std::byte> data_response_header(uint64_t id) {
   return encode(d);
 }
 
-Status send_segmented(transport::Connection& c, std::span<const std::byte> first_header,
-                      std::span<const std::byte> body,
-                      const std::function<std::vector<std::byte>(uint32_t)>& data_header,
-                      transport::Deadline deadline, const transport::CancelToken& cancel) {
-  const uint64_t n = segment_count(body.size());
-  KVS_ASSIGN_OR_RETURN(uint64_t seq, c.post_send(first_header, body.first(segment_bytes(body.size(), 0))));
-  for (uint64_t i = 1; i < n; ++i) {
-    KVS_ASSIGN_OR_RETURN(seq, c.post_send(data_header(uint32_t(i)),
-                                          body.subspan(i * kSegmentBytes, segment_bytes(body.size(), i))));
-  }
-  return c.wait_sends(seq, deadline, cancel);
-}
-
-Status recv_segmented(transport::Connection& c, bool of_request, uint64_t id, uint64_t total, size_t first_len,
-                      const std::function<std::span<std::byte>(uint64_t i, uint64_t len)>& dest,
-                      const std::function<void(std::span<std::byte>)>& landed,
-                      std::chrono::milliseconds per_segment, const transport::CancelToken& cancel) {
-  if (first_len != segment_bytes(total, 0))
-    return make_status(StatusCode::corrupt_data, "message {}: first segment of {} bytes for a body of {}", id,
-                       first_len, total);
-  std::vector<std::byte> header;
-  for (uint64_t i = 0, n = segment_count(total); i < n; ++i) {
-    const uint64_t len = segment_bytes(total, i);
-    const auto deadline = transport::deadline_in(per_segment);
-    if (i > 0) {
-      KVS_ASSIGN_OR_RETURN(size_t got, c.recv_header(header, deadline, cancel));
-      bool ok = got == len;
-      if (of_request) {
-        auto d = decode_request(header);
-        ok = ok && d.ok() && d->op == Op::data && d->id == id && d->chunk == i;
-      } else {
-        auto d = decode_response(header);
-        ok = ok && d.ok() && d->op == Op::data && d->id == id;
-      }
-      if (!ok) return make_status(StatusCode::corrupt_data, "segment {} of message {} is malformed", i, id);
-    }
-    const auto span = dest(i, len);
-    KVS_RETURN_IF_ERROR(c.recv_body(span, deadline, cancel));
-    landed(span);
-  }
-  return {};
-}
-
 uint64_t next_write_version() {
   static std::atomic<uint64_t> last{0};
   const uint64_t now = uint64_t(

@@ -166,10 +166,20 @@ Status send_segmented(transport::Connection& c, std::span<const std::byte> first
 /// `dest(i, len)` (an empty span discards it) and hands what landed to `landed`. Each
 /// segment has `per_segment` to arrive. Errors: corrupt_data (framing: the connection
 /// can no longer be trusted), the connection's.
+///
+/// Segment i's receive is posted ahead (Connection::post_recv) once segment
+/// i - 1 - `ahead` has landed, before its header is read, so a transport that holds a
+/// body until the receiver is ready (libfabric over ofi_rxm) or lands it on arrival
+/// (UCX) need not wait for this side to reach it: `dest(i, len)` is asked for then,
+/// and must not be memory that segments i - 1 - ahead + 1 .. i - 1 still use (with
+/// `ahead` 0 one buffer serves; with 1, two in turn). On an error the receives posted
+/// and not yet taken are withdrawn (Connection::abandon_posts) before returning, so
+/// no memory `dest` gave out is written afterwards.
 Status recv_segmented(transport::Connection& c, bool of_request, uint64_t id, uint64_t total, size_t first_len,
                       const std::function<std::span<std::byte>(uint64_t i, uint64_t len)>& dest,
                       const std::function<void(std::span<std::byte>)>& landed,
-                      std::chrono::milliseconds per_segment, const transport::CancelToken& cancel);
+                      std::chrono::milliseconds per_segment, const transport::CancelToken& cancel,
+                      uint64_t ahead = 0);
 
 /// Body of a stat response: per chunk its level sizes, then per level its parts, and
 /// with `versions` (a stat asked with kStatVersions) per level its write version

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 
 #include "kvstream/status.hpp"
 
@@ -48,6 +49,10 @@ class MemoryBudget {
   /// Takes `n` bytes, asking the reclaimer for room when the budget is short.
   /// Errors: resource_exhausted.
   Result<Lease> acquire(uint64_t n);
+  /// Takes `n` bytes only when `leave` more would still be free afterwards, without
+  /// asking the reclaimer and without counting a refusal: for a spare that speeds a
+  /// transfer up but must cost no other request its room nor the cache its chunks.
+  std::optional<Lease> try_acquire(uint64_t n, uint64_t leave);
   /// Who gives room back (the cache): called, without any lock of the budget held,
   /// with the number of bytes wanted.
   void set_reclaimer(std::function<void(uint64_t)> reclaim);
@@ -61,7 +66,7 @@ class MemoryBudget {
 
  private:
   void release(uint64_t n) noexcept { used_.fetch_sub(n, std::memory_order_acq_rel); }
-  bool take(uint64_t n);
+  bool take(uint64_t n, uint64_t leave = 0);  // n bytes, if `leave` more stay free
   const uint64_t limit_;
   std::atomic<uint64_t> used_{0}, peak_{0}, refusals_{0};
   std::mutex reclaim_mu_;

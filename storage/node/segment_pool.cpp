@@ -48,6 +48,28 @@ Result<SegmentPool::Segment> SegmentPool::acquire() {
   return Segment(this, std::move(b));
 }
 
+SegmentPool::Segment SegmentPool::acquire_spare() {
+  {
+    std::lock_guard lock(mu_);
+    if (!idle_.empty()) {
+      auto b = std::move(idle_.back());
+      idle_.pop_back();
+      return Segment(this, std::move(b));
+    }
+  }
+  auto lease = budget_.try_acquire(segment_bytes_, segment_bytes_);
+  if (!lease) return {};
+  auto b = std::make_unique<Buffer>();
+  void* p = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return {};
+  b->data = static_cast<std::byte*>(p), b->size = segment_bytes_;
+  b->lease = std::move(*lease);
+  auto region = backend_.register_memory(b->data, b->size, transport::MemoryType::host);
+  if (!region.ok()) return {};
+  b->region = std::move(region).value();
+  return Segment(this, std::move(b));
+}
+
 void SegmentPool::give_back(std::unique_ptr<Buffer> b) {
   std::lock_guard lock(mu_);
   if (idle_.size() < keep_idle_) idle_.push_back(std::move(b));

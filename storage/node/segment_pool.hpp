@@ -49,6 +49,11 @@ class SegmentPool {
   /// A buffer from the idle ones or a new one. Errors: resource_exhausted (the budget
   /// has no room or the system no memory), the backend's registration errors.
   Result<Segment> acquire();
+  /// A second buffer for a transfer that can use one (a put's next segment landing
+  /// while the last is written): an idle one, or a new one only while the budget
+  /// would keep room for another segment besides (MemoryBudget::try_acquire). Invalid
+  /// when there is none; never an error.
+  Segment acquire_spare();
 
  private:
   void give_back(std::unique_ptr<Buffer> b);

@@ -499,10 +499,15 @@ class ServerImpl final : public Server {
   Status receive_put(Connection& c, const ObjectKey& key, const Request& req, const CancelToken& cancel,
                      Status& outcome) {
     Status& st = outcome;
-    SegmentPool::Segment seg;
+    // Two segments where the put has more than one and a spare is to be had: one is
+    // written to the store while the next lands in the other, its receive posted
+    // ahead (recv_segmented), so the client need not wait for the write to send it.
+    SegmentPool::Segment segs[2];
     std::optional<ChunkStore::PendingPut> pending;
-    if (auto s = segments_->acquire(); s.ok()) seg = std::move(s).value();
+    if (auto s = segments_->acquire(); s.ok()) segs[0] = std::move(s).value();
     else st = s.status();
+    if (st.ok() && segment_count(req.total) > 1) segs[1] = segments_->acquire_spare();
+    const uint64_t nsegs = segs[1].valid() ? 2 : 1;
     if (st.ok()) {
       if (auto p = store_->begin_put(key, req.total, req.version, req.parts); p.ok())
         pending.emplace(std::move(p).value());
@@ -510,11 +515,11 @@ class ServerImpl final : public Server {
     }
     KVS_RETURN_IF_ERROR(recv_segmented(
         c, true, req.id, req.total, segment_bytes(req.total, 0),
-        [&](uint64_t, uint64_t len) { return st.ok() ? seg.span(len) : std::span<std::byte>(); },
+        [&](uint64_t i, uint64_t len) { return st.ok() ? segs[i % nsegs].span(len) : std::span<std::byte>(); },
         [&](std::span<std::byte> got) {
           if (st.ok()) st = pending->append(got);
         },
-        cfg_.idle_timeout, cancel));
+        cfg_.idle_timeout, cancel, nsegs - 1));
     bytes_in_ += req.total;
     if (st.ok()) st = store_->commit(std::move(*pending), req.checksum);
     if (st.ok()) {
