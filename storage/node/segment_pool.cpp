@@ -29,16 +29,15 @@ std::span<std::byte> SegmentPool::Segment::span(size_t n) const {
   return buffer_ ? std::span<std::byte>(buffer_->data, std::min(n, buffer_->size)) : std::span<std::byte>();
 }
 
-Result<SegmentPool::Segment> SegmentPool::acquire() {
-  {
-    std::lock_guard lock(mu_);
-    if (!idle_.empty()) {
-      auto b = std::move(idle_.back());
-      idle_.pop_back();
-      return Segment(this, std::move(b));
-    }
-  }
-  KVS_ASSIGN_OR_RETURN(auto lease, budget_.acquire(segment_bytes_));
+std::unique_ptr<SegmentPool::Buffer> SegmentPool::take_idle() {
+  std::lock_guard lock(mu_);
+  if (idle_.empty()) return nullptr;
+  auto b = std::move(idle_.back());
+  idle_.pop_back();
+  return b;
+}
+
+Result<SegmentPool::Segment> SegmentPool::make(MemoryBudget::Lease lease) {
   auto b = std::make_unique<Buffer>();
   void* p = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return make_status(StatusCode::resource_exhausted, "no memory for a body segment");
@@ -48,26 +47,18 @@ Result<SegmentPool::Segment> SegmentPool::acquire() {
   return Segment(this, std::move(b));
 }
 
+Result<SegmentPool::Segment> SegmentPool::acquire() {
+  if (auto b = take_idle()) return Segment(this, std::move(b));
+  KVS_ASSIGN_OR_RETURN(auto lease, budget_.acquire(segment_bytes_));
+  return make(std::move(lease));
+}
+
 SegmentPool::Segment SegmentPool::acquire_spare() {
-  {
-    std::lock_guard lock(mu_);
-    if (!idle_.empty()) {
-      auto b = std::move(idle_.back());
-      idle_.pop_back();
-      return Segment(this, std::move(b));
-    }
-  }
+  if (auto b = take_idle()) return Segment(this, std::move(b));
   auto lease = budget_.try_acquire(segment_bytes_, segment_bytes_);
   if (!lease) return {};
-  auto b = std::make_unique<Buffer>();
-  void* p = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return {};
-  b->data = static_cast<std::byte*>(p), b->size = segment_bytes_;
-  b->lease = std::move(*lease);
-  auto region = backend_.register_memory(b->data, b->size, transport::MemoryType::host);
-  if (!region.ok()) return {};
-  b->region = std::move(region).value();
-  return Segment(this, std::move(b));
+  auto s = make(std::move(*lease));
+  return s.ok() ? std::move(s).value() : Segment();
 }
 
 void SegmentPool::give_back(std::unique_ptr<Buffer> b) {

@@ -56,6 +56,8 @@ class SegmentPool {
   Segment acquire_spare();
 
  private:
+  std::unique_ptr<Buffer> take_idle();  // null when none is idle
+  Result<Segment> make(MemoryBudget::Lease lease);  // a new buffer under `lease`
   void give_back(std::unique_ptr<Buffer> b);
   transport::Backend& backend_;
   MemoryBudget& budget_;
