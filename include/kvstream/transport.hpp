@@ -155,10 +155,11 @@ class Connection {
   /// that their memory is the caller's again at once: for a caller whose exchange
   /// failed part way (a malformed or late message) and who will not read on. Ends the
   /// connection when there was any (later calls fail with unavailable): the messages
-  /// they were for can no longer be received in step. Errors: internal when a
-  /// receive could not be withdrawn and may still write its memory (the connection is
-  /// failed; that memory must then live until the connection is destroyed). Backends
-  /// that ignore post_recv have nothing to withdraw.
+  /// they were for can no longer be received in step. Waits a bounded time (seconds at
+  /// most) for the transport to end them, as a destructor does. Errors: internal when
+  /// a receive could not be withdrawn and may still write its memory (the connection
+  /// is failed; that memory must then live until the connection is destroyed).
+  /// Backends that ignore post_recv have nothing to withdraw.
   virtual Status abandon_posts() { return {}; }
 
   /// Receives the next message's header into `header` (resized) and returns the size
