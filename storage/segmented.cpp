@@ -44,15 +44,18 @@ class SegmentReceiver {
 
   // Where segment `i` (the next to land) goes: its post's memory, or, not posted,
   // dest's.
-  std::span<std::byte> take(uint64_t i, uint64_t len) {
-    if (posted_.empty() || posted_.front().first != i) return dest_(i, len);
-    auto span = posted_.front().second;
-    posted_.pop_front();
-    return span;
+  std::span<std::byte> place(uint64_t i, uint64_t len) {
+    return posted_.empty() || posted_.front().first != i ? dest_(i, len) : posted_.front().second;
   }
 
-  // An error ends the exchange: posts not taken are withdrawn first (a failure to do
-  // so is the worse error, as their memory may still be written).
+  // Segment `i` has landed: its post, if it had one, is over.
+  void landed(uint64_t i) {
+    if (!posted_.empty() && posted_.front().first == i) posted_.pop_front();
+  }
+
+  // An error ends the exchange: posts that did not land are withdrawn first (the
+  // segment being received too: a post stays through a receive that timed out). A
+  // failure to withdraw is the worse error, as their memory may still be written.
   Status fail(Status st) {
     if (posted_.empty()) return st;
     posted_.clear();
@@ -100,8 +103,9 @@ Status recv_segmented(transport::Connection& c, bool of_request, uint64_t id, ui
       }
       if (!ok) return rx.fail(make_status(StatusCode::corrupt_data, "segment {} of message {} is malformed", i, id));
     }
-    const auto span = rx.take(i, len);
+    const auto span = rx.place(i, len);
     if (Status st = c.recv_body(span, deadline, cancel); !st.ok()) return rx.fail(st);
+    rx.landed(i);
     landed(span);
   }
   return {};

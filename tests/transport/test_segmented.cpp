@@ -5,6 +5,7 @@
 // they had is freed at once (ASan watches) while the rest of the body is on its way.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <future>
 #include <memory>
 
@@ -95,6 +96,34 @@ TEST_P(Segmented, AWrongSegmentEndsTheExchangeWithItsPostsWithdrawn) {
   (void)sent.get();  // segments 3..5 may find no receive: the send ends at its deadline
   pair_.client.reset();
   pair_.server.reset();
+}
+
+// The rest of a body that never comes: the segment's wait ends at its deadline, and
+// the posts are withdrawn as on any error.
+TEST_P(Segmented, ASegmentThatNeverComesEndsTheExchangeWithItsPostsWithdrawn) {
+  const size_t n = 3 * kSegmentBytes;
+  std::vector<std::byte> src = pattern(kSegmentBytes, 9);
+  auto dest = std::make_unique<std::vector<std::byte>>(n);
+  auto smr = pair_.client_backend->register_memory(src.data(), src.size(), MemoryType::host);
+  auto dmr = pair_.server_backend->register_memory(dest->data(), n, MemoryType::host);
+  ASSERT_TRUE(smr.ok() && dmr.ok());
+  // The first segment alone, as if its sender stopped there.
+  auto sent = std::async(std::launch::async, [&]() -> Status {
+    KVS_ASSIGN_OR_RETURN(uint64_t seq, pair_.client->post_send(data_request_header(7, 0), smr->span(0, kSegmentBytes)));
+    return pair_.client->wait_sends(seq, deadline_in(10s), {});
+  });
+  std::vector<std::byte> h;
+  auto first = pair_.server->recv_header(h, deadline_in(10s), {});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  Status st = recv_segmented(
+      *pair_.server, true, 7, n, *first, [&](uint64_t i, uint64_t len) { return dmr->span(i * kSegmentBytes, len); },
+      [](std::span<std::byte>) {}, 300ms, {}, 8);
+  EXPECT_EQ(st.code(), StatusCode::timed_out) << st.to_string();
+  EXPECT_TRUE(sent.get().ok());
+  EXPECT_EQ(0, std::memcmp(dest->data(), src.data(), kSegmentBytes));  // the first landed
+  if (GetParam() != "tcp") EXPECT_FALSE(pair_.server->recv_header(h, deadline_in(10s), {}).ok());
+  { auto released = std::move(*dmr); }
+  dest.reset();
 }
 
 std::vector<std::string> backends() {
