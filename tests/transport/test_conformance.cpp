@@ -432,17 +432,9 @@ TEST_P(Conformance, BadAddressesAreRejected) {
   EXPECT_FALSE((*b)->connect("nohost", deadline_in(1s), {}).ok());
 }
 
-std::vector<std::string> backends() {
-  auto v = available_backends();
-  // tcp again with TLS 1.3: the same contract must hold through the record layer.
-  if (std::find(v.begin(), v.end(), "tcp") != v.end()) v.push_back(transport::test_util::kTlsTcp);
-  if (v.empty()) v.push_back("none");  // keeps the suite instantiated; every test then fails clearly
-  return v;
-}
-
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()),
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(transport::test_util::backend_params()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace kvstream::test_conformance

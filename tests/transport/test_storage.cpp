@@ -638,17 +638,9 @@ TEST_P(Storage, RangePastTheEndLeavesTheDestinationUntouched) {
   EXPECT_EQ(std::memcmp(buf.data(), obj.data() + size - 10, 10), 0);
 }
 
-std::vector<std::string> backends() {
-  auto v = available_backends();
-  // The node's protocol over TLS 1.3 too.
-  if (std::find(v.begin(), v.end(), "tcp") != v.end()) v.push_back(transport::test_util::kTlsTcp);
-  if (v.empty()) v.push_back("none");
-  return v;
-}
-
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Backends, Storage, ::testing::ValuesIn(backends()),
+INSTANTIATE_TEST_SUITE_P(Backends, Storage, ::testing::ValuesIn(transport::test_util::backend_params()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace kvstream::test_storage

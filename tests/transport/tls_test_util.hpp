@@ -2,7 +2,11 @@
 // a temporary directory (tests/support/test_certs.hpp), removed when it exits.
 #pragma once
 
+#include <algorithm>
 #include <string>
+#include <vector>
+
+#include "kvstream/transport.hpp"
 
 #include "kvstream/transport_config.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -43,6 +47,17 @@ inline BackendConfig config_for(const std::string& param) {
   BackendConfig cfg;
   cfg.name = param;
   return cfg;
+}
+
+/// The parameters of a suite run over every backend built: each backend, and tcp
+/// again with TLS 1.3 (the same contract must hold through the record layer); "none"
+/// where none is built, which keeps the suite instantiated (every test then fails
+/// clearly).
+inline std::vector<std::string> backend_params() {
+  auto v = available_backends();
+  if (std::find(v.begin(), v.end(), "tcp") != v.end()) v.push_back(kTlsTcp);
+  if (v.empty()) v.push_back("none");
+  return v;
 }
 
 }  // namespace kvstream::transport::test_util

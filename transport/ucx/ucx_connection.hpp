@@ -193,7 +193,7 @@ class UcxConnection final : public Connection {
   Status wait_for_body(std::unique_lock<std::mutex>& lk, const Op& op, Deadline deadline, const CancelToken& cancel);
   Status body_wait(const Op& op, Deadline deadline, const CancelToken& cancel);
   Status take_landed_body(Op& op, const std::byte* landed, std::span<std::byte> dest);
-  void withdraw_receive(Op& op);
+  bool withdraw_receives(const std::vector<Op*>& ops);
   void finish_body_locked();
 
   // ucx_connection.cpp

@@ -178,35 +178,23 @@ Status UcxConnection::post_recv(std::span<std::byte> dest) {
 Status UcxConnection::abandon_posts() {
   Engine& e = *eng_;
   e.touch();
+  std::vector<Op*> ops;
   {
     std::lock_guard lk(e.mu);
     if (cs_->posted.empty()) return {};
-    // A cancelled receive that was not matched ends at once; a matched one when its
-    // data has landed. Either way the bodies that follow are out of step.
-    for (auto& [seq, po] : cs_->posted)
-      if (!po->op.done && po->op.req) ucp_request_cancel(e.worker, po->op.req);
+    // The bodies that follow are out of step, whether or not these had landed.
     cs_->fail(fmt::format("receives posted ahead from {} were abandoned", cs_->peer), spdlog::level::debug);
     cs_->ended_here = true;
+    for (auto& [seq, po] : cs_->posted) ops.push_back(&po->op);
   }
-  auto all_done = [&] {
-    for (const auto& [seq, po] : cs_->posted)
-      if (!po->op.done) return false;
-    return true;
-  };
-  if (!e.wait_quiet(all_done, 5s)) {
-    {
-      std::lock_guard lk(e.mu);
-      if (cs_->ep) force_close_locked();  // every request on the endpoint ends
-    }
-    if (!e.wait_quiet(all_done, 5s)) {
-      // The entries stay with the connection state, which close_conn keeps while a
-      // request may still point into it.
-      KVS_LOG_ERROR("ucx: a receive posted ahead from {} did not end after cancel and endpoint close", cs_->peer);
-      return make_status(StatusCode::internal,
-                         "ucx: a receive posted ahead from {} could not be withdrawn; its memory may still be written "
-                         "until the connection is destroyed",
-                         cs_->peer);
-    }
+  if (!withdraw_receives(ops)) {
+    // The entries stay with the connection state, which close_conn keeps while a
+    // request may still point into it.
+    KVS_LOG_ERROR("ucx: a receive posted ahead from {} did not end after cancel and endpoint close", cs_->peer);
+    return make_status(StatusCode::internal,
+                       "ucx: a receive posted ahead from {} could not be withdrawn; its memory may still be written "
+                       "until the connection is destroyed",
+                       cs_->peer);
   }
   std::lock_guard lk(e.mu);
   for (auto& [seq, po] : cs_->posted) po->op.release();
@@ -342,7 +330,7 @@ Status UcxConnection::recv_unexpected_body(std::unique_lock<std::mutex>& lk, std
   cs_->body_claimed = true;
   lk.unlock();
   Status s = body_wait(op, deadline, cancel);
-  if (!s.ok()) withdraw_receive(op);
+  if (!s.ok()) withdraw_receives({&op});
   lk.lock();
   if (!op.done) {
     // UCX completes a cancelled receive, and every request of a force-closed
@@ -370,24 +358,30 @@ Status UcxConnection::recv_unexpected_body(std::unique_lock<std::mutex>& lk, std
   return body_outcome(op, size, *cs_);
 }
 
-/// Withdraws a receive nobody waits for any more: cancelled (an unmatched receive
+/// Withdraws receives nobody waits for any more: cancelled (an unmatched receive
 /// completes at once; a matched one when its data comes), and if that does not
-/// complete it, the endpoint force-closed (every request on it then completes with
-/// an error), which breaks the connection.
-void UcxConnection::withdraw_receive(Op& op) {
+/// complete them, the endpoint force-closed (every request on it then completes with
+/// an error), which breaks the connection. Whether they all completed.
+bool UcxConnection::withdraw_receives(const std::vector<Op*>& ops) {
   Engine& e = *eng_;
+  auto all_done = [&] {
+    for (const Op* op : ops)
+      if (!op->done) return false;
+    return true;
+  };
   {
     std::lock_guard lk(e.mu);
-    if (!op.done && op.req) ucp_request_cancel(e.worker, op.req);
+    for (Op* op : ops)
+      if (!op->done && op->req) ucp_request_cancel(e.worker, op->req);
   }
-  if (e.wait_quiet([&] { return op.done; }, 5s)) return;
+  if (e.wait_quiet(all_done, 5s)) return true;
   KVS_LOG_WARN("ucx: a body receive from {} did not complete after cancel; closing the endpoint", cs_->peer);
   {
     std::lock_guard lk(e.mu);
     cs_->fail(fmt::format("connection to {} unusable after a body receive that did not cancel", cs_->peer));
-    if (cs_->ep && !op.done) force_close_locked();
+    if (cs_->ep && !all_done()) force_close_locked();
   }
-  (void)e.wait_quiet([&] { return op.done; }, 5s);
+  return e.wait_quiet(all_done, 5s);
 }
 
 }  // namespace kvstream::transport::ucx_detail
