@@ -22,6 +22,7 @@
 #include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_registration.hpp"
+#include "storage/cluster/wait_warning.hpp"
 #include "storage/node/chunk_store.hpp"
 
 namespace kvstream::cluster {
@@ -193,10 +194,9 @@ class Rebalancer {
   // retry pass sends only what is still missing.
   uint64_t delivered_gen_ = 0;
   std::unordered_set<uint64_t> delivered_;
-  // The worker's alone: since when a fenced node's trims have waited on members, and
-  // when that was last said (fence_waits).
-  std::optional<transport::Clock::time_point> fence_wait_since_;
-  transport::Clock::time_point fence_warned_at_{};
+  // The worker's alone: how long a fenced node's trims have waited on members, and
+  // when that is said (fence_waits).
+  WaitWarning fence_wait_{kFenceWaitWarn};
 
   std::unique_ptr<NodeRegistration> registration_;
   std::unique_ptr<MembershipWatch> watch_;

@@ -47,15 +47,9 @@ bool Rebalancer::current(uint64_t gen) {
 
 void Rebalancer::fence_waits(const std::vector<std::string>& whom, std::string_view why) {
   if (!store_.fenced()) return;
-  const auto now = Clock::now();
-  if (!fence_wait_since_) {
-    fence_wait_since_ = now, fence_warned_at_ = now;
-    return;
-  }
-  if (now - fence_warned_at_ < kFenceWaitWarn) return;
-  fence_warned_at_ = now;
-  KVS_LOG_WARN("rebalance: node {} has served nothing it held for {:.0f} s: it waits on {} ({})", self_,
-               std::chrono::duration<double>(now - *fence_wait_since_).count(), fmt::join(whom, ", "), why);
+  if (const auto lasted = fence_wait_.waiting(Clock::now()))
+    KVS_LOG_WARN("rebalance: node {} has served nothing it held for {:.0f} s: it waits on {} ({})", self_,
+                 std::chrono::duration<double>(*lasted).count(), fmt::join(whom, ", "), why);
 }
 
 bool Rebalancer::settle_fence(const HashRing& members, const std::vector<MigrationReport>& reports) {
@@ -178,7 +172,7 @@ Rebalancer::TrimResult Rebalancer::trim(const Members& members, uint64_t gen, Ta
     // says nothing of that: a node its cluster dropped while it ran may see that set
     // after it fenced, before it is a member again.)
     if (!settle_fence(ring, theirs)) return current(gen) ? TrimResult::again : TrimResult::cut;
-    fence_wait_since_.reset();
+    fence_wait_.ended();
   }
   if (!cfg_.trim_surplus) return TrimResult::finished;  // the surplus copies stay
 

@@ -1,7 +1,8 @@
 // Surplus copies (storage/cluster/surplus_copies.hpp): the write versions a stat
 // carries on the wire, a node's removal of one object only while it holds the write
 // that was checked, and the verdict that keeps every copy an owner lacks. The
-// rebalance that drops them runs in test_etcd_membership.cpp.
+// rebalance that drops them runs in test_etcd_membership.cpp. And the rhythm of the
+// warning a fenced node gives while its trim waits on other members.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include "kvstream/storage.hpp"
 #include "storage/cluster/surplus_copies.hpp"
+#include "storage/cluster/wait_warning.hpp"
 #include "storage/node/chunk_store.hpp"
 #include "storage/protocol.hpp"
 #include "tests/transport/node_test_util.hpp"
@@ -144,6 +146,30 @@ TEST(SurplusCopies, ACopyGoesToTheOwnersThatNeedItUnlessAnOwnerDoesNotSay) {
   EXPECT_EQ(plan({OwnerHolds::none, OwnerHolds::unsaid}).action, Action::keep) << "the copy may be the newest";
   EXPECT_EQ(plan({OwnerHolds::unsaid, OwnerHolds::same_or_newer}).action, Action::keep);
   EXPECT_EQ(plan({}).action, Action::drop);
+}
+
+// The times are the test's: a wait is said once it has lasted the period, then once
+// each period (not at each look, 200 ms apart in the rebalancer), and one that ended
+// starts afresh.
+TEST(SurplusCopies, AFencedNodesWaitIsSaidEachPeriodWhileItLasts) {
+  using namespace std::chrono_literals;
+  cluster::WaitWarning w(30s);
+  const transport::Clock::time_point t0{};
+  EXPECT_FALSE(w.waiting(t0)) << "the first look starts the wait";
+  EXPECT_FALSE(w.waiting(t0 + 200ms));
+  EXPECT_FALSE(w.waiting(t0 + 29s));
+  ASSERT_TRUE(w.waiting(t0 + 30s));
+  EXPECT_FALSE(w.waiting(t0 + 30200ms)) << "said once a period";
+  EXPECT_FALSE(w.waiting(t0 + 59s));
+  const auto lasted = w.waiting(t0 + 61s);
+  ASSERT_TRUE(lasted);
+  EXPECT_EQ(*lasted, 61s) << "how long, from the first look";
+  w.ended();
+  EXPECT_FALSE(w.waiting(t0 + 100s)) << "a new wait";
+  EXPECT_FALSE(w.waiting(t0 + 129s));
+  const auto again = w.waiting(t0 + 130s);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, 30s);
 }
 
 }  // namespace
