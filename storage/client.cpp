@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "core/log.hpp"
+#include "storage/backend_client.hpp"
 #include "storage/client_channel.hpp"
 #include "storage/client_redial.hpp"
 #include "storage/members_link.hpp"
@@ -33,8 +34,10 @@ using client_detail::Done;
 using client_detail::Pending;
 using client_detail::Redial;
 
-class ClientImpl final : public Client {
+class ClientImpl final : public BackendClient {
  public:
+  ClientImpl() : BackendClient(nullptr) {}
+
   /// Over `backend`, or over one of its own made from cfg.backend when that is null.
   /// `members`: the replicated client's member set, named in each request (may be null).
   static Result<std::unique_ptr<Client>> create(const ClientConfig& cfg, std::shared_ptr<transport::Backend> backend,
@@ -70,25 +73,6 @@ class ClientImpl final : public Client {
       std::lock_guard lock(channels_mu_);
       channels.swap(channels_), retired.swap(retired_);
     }
-  }
-
-  const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
-
-  Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    return register_memory(data, size, transport::MemoryType::host);
-  }
-  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
-    return backend_->register_memory(data, size, type);
-  }
-
-  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
-             Deadline deadline, const CancelToken& cancel) override {
-    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
-  }
-
-  Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
-                       uint64_t version, Deadline deadline, const CancelToken& cancel) override {
-    return put_parts(context, chunk, level, bytes, {}, version, deadline, cancel);
   }
 
   // The parts travel in the put's header (kMaxRequestHeaderBytes); the node keeps them
@@ -275,7 +259,6 @@ class ClientImpl final : public Client {
     (void)body;
     return {};
   }
-  std::shared_ptr<transport::Backend> backend_;  // outlives the channels (declared first)
   ClientConfig cfg_;
   std::shared_ptr<MembersLink> members_;  // members_link.hpp; null outside a replicated client
   std::mutex channels_mu_;  // channels_, retired_

@@ -20,7 +20,6 @@ using storage::ChunkStat;
 using transport::CancelToken;
 using transport::Clock;
 using transport::Deadline;
-using transport::MemoryRegion;
 
 ReplicatedClient::~ReplicatedClient() {
   // The gets waiting on a read of the member set end (cancelled); one that misses
@@ -230,6 +229,10 @@ Result<std::vector<ChunkStat>> ReplicatedClient::stat(const std::string& context
   auto merged = merge_stats(context, std::move(answers.values));
   if (merged.empty()) return make_status(StatusCode::not_found, "no context '{}'", context);
   return merged;
+}
+
+Status ReplicatedClient::remove(const std::string& context, Deadline deadline, const CancelToken& cancel) {
+  return remove_up_to(context, storage::next_write_version(), deadline, cancel);
 }
 
 Status ReplicatedClient::remove_up_to(const std::string& context, uint64_t version, Deadline deadline,

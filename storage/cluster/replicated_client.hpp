@@ -18,11 +18,15 @@
 #include "storage/cluster/member_catch_up.hpp"
 #include "storage/cluster/membership_watch.hpp"
 #include "storage/cluster/node_links.hpp"
+#include "storage/backend_client.hpp"
 #include "storage/members_link.hpp"
 
 namespace kvstream::cluster {
 
-class ReplicatedClient final : public storage::Client {
+// Every node's client is on the one backend (BackendClient's): one endpoint or worker,
+// and one registration of each caller's buffer, however many nodes there are, so a
+// region registered here serves gets from any replica as it is.
+class ReplicatedClient final : public storage::BackendClient {
   using CancelToken = transport::CancelToken;
   using Clock = transport::Clock;
   using Deadline = transport::Deadline;
@@ -40,27 +44,6 @@ class ReplicatedClient final : public storage::Client {
   static Result<std::unique_ptr<storage::Client>> create(ClusterConfig cfg, Deadline deadline,
                                                          const CancelToken& cancel);
 
-  // Every node's client is on the one backend, so a region registered here serves
-  // gets from any replica as it is.
-  const transport::Capabilities* capabilities() const override { return &backend_->capabilities(); }
-
-  Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    return register_memory(data, size, transport::MemoryType::host);
-  }
-  Result<MemoryRegion> register_memory(void* data, size_t size, transport::MemoryType type) override {
-    return backend_->register_memory(data, size, type);
-  }
-
-  Status put(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
-             Deadline deadline, const CancelToken& cancel) override {
-    return put_parts(context, chunk, level, bytes, {}, 0, deadline, cancel);
-  }
-
-  Status put_versioned(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
-                       uint64_t version, Deadline deadline, const CancelToken& cancel) override {
-    return put_parts(context, chunk, level, bytes, {}, version, deadline, cancel);
-  }
-
   // Every replica gets the bytes, the parts and one write version.
   Status put_parts(const std::string& context, uint32_t chunk, uint32_t level, std::span<const std::byte> bytes,
                    std::span<const storage::ObjectPart> parts, uint64_t version, Deadline deadline,
@@ -77,10 +60,9 @@ class ReplicatedClient final : public storage::Client {
   Result<std::vector<ChunkStat>> stat(const std::string& context, Deadline deadline,
                                       const CancelToken& cancel) override;
 
-  Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override {
-    // One version for every node: each remembers the same remove.
-    return remove_up_to(context, storage::next_write_version(), deadline, cancel);
-  }
+  // remove_up_to at this process's clock now: one version for every node, so each
+  // remembers the same remove.
+  Status remove(const std::string& context, Deadline deadline, const CancelToken& cancel) override;
 
   // Every member is asked, as a remove must reach every copy (past owners' too); each
   // remembers it, whether it held the context or not.
@@ -105,14 +87,11 @@ class ReplicatedClient final : public storage::Client {
   }
 
   ReplicatedClient(ClusterConfig cfg, std::shared_ptr<transport::Backend> backend)
-      : cfg_(std::move(cfg)),
-        backend_(std::move(backend)),
+      : BackendClient(std::move(backend)),
+        cfg_(std::move(cfg)),
         set_link_(cfg_.etcd.endpoints.empty() ? nullptr : std::make_shared<storage::MembersLink>()) {}
 
   ClusterConfig cfg_;
-  // Shared by every node's client: one endpoint or worker, and one registration of
-  // each caller's buffer, however many nodes there are.
-  std::shared_ptr<transport::Backend> backend_;
   // Every node ever a member (never shrinks: views and calls hold their pointers).
   std::vector<std::unique_ptr<Node>> all_nodes_;  // guarded by apply_mu_
   std::mutex apply_mu_;                           // one membership change at a time

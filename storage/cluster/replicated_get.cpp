@@ -7,12 +7,11 @@
 
 #include "core/log.hpp"
 #include "storage/cluster/replicated_client.hpp"
+#include "storage/cluster/write_outcome.hpp"
 #include "storage/protocol.hpp"
 
 namespace kvstream::cluster {
 
-using namespace std::chrono_literals;
-using storage::ChunkStat;
 using transport::CancelToken;
 using transport::Clock;
 using transport::Deadline;

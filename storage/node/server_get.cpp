@@ -11,11 +11,9 @@
 
 namespace kvstream::storage {
 
-using namespace std::chrono_literals;
 using transport::CancelToken;
 using transport::Connection;
 using transport::deadline_in;
-using transport::Deadline;
 
 Status ServerImpl::send_get(Connection& c, const ObjectKey& key, const Request& req, Response& r,
                             const CancelToken& cancel) {

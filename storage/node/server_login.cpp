@@ -8,7 +8,6 @@
 
 namespace kvstream::storage {
 
-using namespace std::chrono_literals;
 using transport::CancelToken;
 using transport::Connection;
 using transport::deadline_in;

@@ -11,11 +11,9 @@
 
 namespace kvstream::storage {
 
-using namespace std::chrono_literals;
 using transport::CancelToken;
 using transport::Connection;
 using transport::deadline_in;
-using transport::Deadline;
 
 void ServerImpl::serve(Connection& c, const CancelToken& handshake, const CancelToken& cancel,
                        PreAuthPool::Ticket& ticket) {
