@@ -53,6 +53,10 @@ class OfiConnection final : public Connection {
   /// Accepted side: `responder` answers the peer's liveness probes for this
   /// connection until it closes.
   void answer_probes(std::shared_ptr<ProbeResponder> responder, uint64_t nonce);
+  /// Accepted side: the handshake ended without the hello-ack completing, so the peer
+  /// never learned of this connection: closing it waits for nothing and sends no bye
+  /// (to a peer that may not be reachable at all, where each bye waits 500 ms).
+  void never_acknowledged() { peer_lost_.store(true); }
   /// Connecting side: calls that wait on the peer probe it, their probes carrying the
   /// hello's `nonce`; when a probe goes unanswered, `listener` (if any) looks whether
   /// anything still listens at its address, and a peer that `answers_questions` is

@@ -82,24 +82,35 @@ void answer_verify(Endpoint& ep, const ProbeResponder& responder, const HelloQue
                 r == 0 ? "" : fmt::format(" (not sent: {})", fi_err(int(-r))));
 }
 
-Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const CancelToken& cancel) {
-  Status st;
-  const Deadline until = std::min(deadline, hs.give_up);
-  if (!hs.posted) {
-    st = ep.post_send(hs.ack, hs.ack->buf.get(), sizeof(HelloAck), hs.desc, hs.peer, hs.tag, until, cancel);
-    hs.posted = st.ok();
+Result<bool> step_handshake(Endpoint& ep, Handshake& hs) {
+  const auto now = Clock::now();
+  if (!hs.posted && now >= hs.retry_at) {
+    const ssize_t r = ep.try_send(hs.ack, hs.ack->buf.get(), sizeof(HelloAck), hs.desc, hs.peer, hs.tag);
+    if (r == 0) {
+      hs.posted = true;
+    } else if (r != -FI_EAGAIN) {
+      return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} not sent: {}",
+                        hs.conn->describe(), fi_err(int(-r)));
+    } else {
+      hs.retry_gap = std::clamp<Clock::duration>(hs.retry_gap * 2, 100us, 20ms);
+      hs.retry_at = now + hs.retry_gap;
+    }
   }
-  if (st.ok())
-    st = ep.wait([&] { return hs.ack->done.load(std::memory_order_acquire); }, until, &cancel,
-                 "accept (hello-ack)");
-  if (st.code() == StatusCode::timed_out && Clock::now() >= hs.give_up)
+  if (hs.posted && hs.ack->done.load(std::memory_order_acquire)) {
+    if (hs.ack->err)
+      return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}",
+                        hs.conn->describe(), fi_err(hs.ack->err));
+    return true;
+  }
+  if (now >= hs.give_up)
     return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} did not complete in {} s",
                       hs.conn->describe(), kHandshakeLimit.count());
-  KVS_RETURN_IF_ERROR(st);
-  if (hs.ack->err)
-    return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}",
-                      hs.conn->describe(), fi_err(hs.ack->err));
-  return {};
+  return false;
+}
+
+bool handshake_due(const Handshake& hs, Clock::time_point now) {
+  return (hs.posted && hs.ack->done.load(std::memory_order_acquire)) || (!hs.posted && now >= hs.retry_at) ||
+         now >= hs.give_up;
 }
 
 Result<std::shared_ptr<Op>> hello_op(Endpoint& ep, uint32_t magic, uint64_t nonce) {

@@ -56,6 +56,11 @@ struct Handshake {
   uint32_t id = 0;
   bool posted = false;  // the ack is with the provider
   Deadline give_up{};   // kHandshakeLimit after the hello was taken
+  // The ack's next post attempt while the provider refuses it (EAGAIN: over ofi_rxm,
+  // while it connects to the client, or tries to reach one that is gone), spaced by
+  // a gap that doubles up to 20 ms.
+  Deadline retry_at{};
+  Clock::duration retry_gap{};
 };
 
 /// Makes the connection `hello` asks for, as connection `id` on the listener's
@@ -68,11 +73,16 @@ Result<std::unique_ptr<Handshake>> begin_handshake(const std::shared_ptr<Endpoin
 /// that hears nothing asks again at its next probe).
 void answer_verify(Endpoint& ep, const ProbeResponder& responder, const HelloQueue::Verify& v);
 
-/// Posts the handshake's ack (if not yet posted) and waits for it to complete.
-/// timed_out or cancelled leave it pending; both make progress even past the
-/// deadline (one post attempt, one poll), so a caller that keeps calling gets
-/// through. unavailable once kHandshakeLimit has passed or the ack failed.
-Status finish_handshake(Endpoint& ep, Handshake& hs, Deadline deadline, const CancelToken& cancel);
+/// One step of a taken hello's handshake, without waiting: posts the ack where the
+/// provider has not taken it yet (one attempt, when its retry is due), then says
+/// whether it completed. A listener steps every pending handshake in turn, so a
+/// client that cannot be reached (gone before its ack, or a hello naming an address
+/// where nothing listens) holds up none of the others. Errors (the handshake is over):
+/// unavailable once the ack failed, or kHandshakeLimit passed without it completing.
+Result<bool> step_handshake(Endpoint& ep, Handshake& hs);
+/// Whether step_handshake has something to do now: the ack completed, its post is due,
+/// or kHandshakeLimit has passed.
+[[nodiscard]] bool handshake_due(const Handshake& hs, Clock::time_point now);
 
 // ---- Client side -------------------------------------------------------------------
 

@@ -9,8 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -32,7 +34,11 @@ class OfiListener final : public Listener {
         hellos_(std::make_shared<HelloQueue>()) {}
 
   ~OfiListener() override {
-    pending_.reset();  // a handshake no accept() finished: its connection says bye
+    // Handshakes no accept() finished: a connection whose ack completed says bye, the
+    // others were never known to their peers.
+    for (auto& hs : pending_)
+      if (!hs->posted || !hs->ack->done.load(std::memory_order_acquire)) hs->conn->never_acknowledged();
+    pending_.clear();
     {
       std::lock_guard lock(hellos_->mu);
       hellos_->closing = true;
@@ -48,43 +54,70 @@ class OfiListener final : public Listener {
     return {};
   }
 
+  /// Hellos are taken as they come and their handshakes stepped side by side (at most
+  /// kMaxPending at once), so a client that cannot be reached holds up none of the
+  /// others. Before, one handshake at a time: a client gone before its ack (its connect
+  /// timed out on a loaded host) held the accept loop for kHandshakeLimit while the
+  /// provider refused the ack, and clients that gave up meanwhile and said hello again
+  /// kept it held: the node stopped accepting (the crash checker over libfabric, four
+  /// at once on two cores, hung 10 runs of 11).
   /// The caller's deadline bounds the wait for a connection, not the life of one that
   /// came: a hello taken from the queue is the client's only connection request, so a
-  /// deadline or cancel that ends this call before its hello-ack completes keeps the
-  /// handshake pending, and the next call finishes it before waiting for another (one
-  /// whose ack has not completed within kHandshakeLimit is dropped, unavailable).
-  /// Dropping it at the caller's deadline lost connections the client already counted
-  /// as made: the storage node accepts in 200 ms rounds, and under TSan the first send
-  /// on a new tcp;ofi_rxm listener endpoint (the first hello-ack) takes about 100 ms.
+  /// handshake a deadline or cancel interrupts stays pending, and the next call steps
+  /// it before waiting for another (one whose ack has not completed within
+  /// kHandshakeLimit is dropped, unavailable). Dropping it at the caller's deadline
+  /// lost connections the client already counted as made: the storage node accepts in
+  /// 200 ms rounds, and under TSan the first send on a new tcp;ofi_rxm listener
+  /// endpoint (the first hello-ack) takes about 100 ms.
   Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
-    while (!pending_) {
+    for (;;) {
+      // The first handshake that completed is this call's connection; one that failed
+      // is dropped, and its error returned when none completed (the caller logs it).
+      Status dropped;
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        const Result<bool> step = step_handshake(*ep_, **it);
+        if (step.ok() && !*step) {
+          ++it;
+          continue;
+        }
+        std::unique_ptr<Handshake> hs = std::move(*it);
+        it = pending_.erase(it);
+        if (!step.ok()) {
+          hs->conn->never_acknowledged();
+          if (dropped.ok()) dropped = step.status();
+          continue;
+        }
+        KVS_LOG_DEBUG("libfabric: accepted {} as connection {}", hs->conn->describe(), hs->id);
+        return std::unique_ptr<Connection>(std::move(hs->conn));
+      }
+      KVS_RETURN_IF_ERROR(dropped);
       std::optional<Hello> h;
       bool spent = false;
       std::deque<HelloQueue::Verify> verifies;
       KVS_RETURN_IF_ERROR(ep_->wait(
           [&] {
-            std::lock_guard lock(hellos_->mu);
-            spent = std::exchange(hellos_->spent, 0) > 0;
-            verifies.swap(hellos_->verifies);
-            if (!hellos_->hellos.empty()) {
-              h = hellos_->hellos.front();
-              hellos_->hellos.pop_front();
+            {
+              std::lock_guard lock(hellos_->mu);
+              spent = std::exchange(hellos_->spent, 0) > 0;
+              verifies.swap(hellos_->verifies);
+              if (pending_.size() < kMaxPending && !hellos_->hellos.empty()) {
+                h = hellos_->hellos.front();
+                hellos_->hellos.pop_front();
+              }
             }
-            return h || spent || !verifies.empty();
+            if (h || spent || !verifies.empty()) return true;
+            const auto now = Clock::now();
+            return std::any_of(pending_.begin(), pending_.end(),
+                               [&](const std::unique_ptr<Handshake>& hs) { return handshake_due(*hs, now); });
           },
           deadline, &cancel, "accept"));
       refill_hellos();
       for (const auto& v : verifies) answer_verify(*ep_, *responder_, v);
-      if (!h) continue;  // only spent receives and questions: wait on
-      KVS_ASSIGN_OR_RETURN(pending_, begin_handshake(ep_, *h, responder_->draw_id(), responder_));
+      if (h) {
+        KVS_ASSIGN_OR_RETURN(auto hs, begin_handshake(ep_, *h, responder_->draw_id(), responder_));
+        pending_.push_back(std::move(hs));
+      }
     }
-    if (Status st = finish_handshake(*ep_, *pending_, deadline, cancel); !st.ok()) {
-      if (st.code() != StatusCode::timed_out && st.code() != StatusCode::cancelled) pending_.reset();
-      return st;
-    }
-    auto hs = std::move(pending_);
-    KVS_LOG_DEBUG("libfabric: accepted {} as connection {}", hs->conn->describe(), hs->id);
-    return std::unique_ptr<Connection>(std::move(hs->conn));
   }
 
   std::string address() const override { return address_; }
@@ -94,7 +127,8 @@ class OfiListener final : public Listener {
   std::optional<Strays> strays() const override { return ep_->strays(); }
 
  private:
-  static constexpr size_t kHelloPool = 8;  // hello receives kept posted
+  static constexpr size_t kHelloPool = 8;    // hello receives kept posted
+  static constexpr size_t kMaxPending = 64;  // handshakes stepped at once; later hellos wait
 
   /// Keeps kHelloPool hello receives posted: one completes per hello, and one that
   /// took a question, junk or an error is replaced as soon as accept() sees it.
@@ -121,7 +155,8 @@ class OfiListener final : public Listener {
   std::shared_ptr<HelloQueue> hellos_;
   std::vector<std::shared_ptr<Op>> hello_ops_;
   std::shared_ptr<ProbeResponder> responder_;  // shared with the accepted connections
-  std::unique_ptr<Handshake> pending_;  // taken hello whose ack a deadline interrupted
+  // Taken hellos whose acks have not completed (their handshakes), oldest first.
+  std::vector<std::unique_ptr<Handshake>> pending_;
 };
 
 /// The port of a socket-address endpoint name, if it is one.
