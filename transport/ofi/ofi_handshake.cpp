@@ -92,7 +92,11 @@ Result<bool> step_handshake(Endpoint& ep, Handshake& hs) {
       return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} not sent: {}",
                         hs.conn->describe(), fi_err(int(-r)));
     } else {
-      hs.retry_gap = std::clamp<Clock::duration>(hs.retry_gap * 2, 100us, 20ms);
+      // Doubling from 100 us: up to 1 ms while the handshake is young (a first ack
+      // over ofi_rxm waits for its connection to the client, and each ms of it is the
+      // client's), up to 20 ms after (one that cannot be reached costs little).
+      const bool young = now - (hs.give_up - kHandshakeLimit) < 100ms;
+      hs.retry_gap = std::clamp<Clock::duration>(hs.retry_gap * 2, 100us, young ? 1ms : 20ms);
       hs.retry_at = now + hs.retry_gap;
     }
   }

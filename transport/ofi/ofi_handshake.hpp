@@ -58,7 +58,7 @@ struct Handshake {
   Deadline give_up{};   // kHandshakeLimit after the hello was taken
   // The ack's next post attempt while the provider refuses it (EAGAIN: over ofi_rxm,
   // while it connects to the client, or tries to reach one that is gone), spaced by
-  // a gap that doubles up to 20 ms.
+  // a gap that doubles up to 1 ms in the first 100 ms, up to 20 ms after.
   Deadline retry_at{};
   Clock::duration retry_gap{};
 };
