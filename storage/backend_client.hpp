@@ -35,7 +35,7 @@ class BackendClient : public Client {
 
   // A base's member: it outlives every connection and registration of the client
   // built on it (the derived class's members go first).
-  std::shared_ptr<transport::Backend> backend_;
+  const std::shared_ptr<transport::Backend> backend_;
 };
 
 }  // namespace kvstream::storage

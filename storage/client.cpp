@@ -36,7 +36,7 @@ using client_detail::Redial;
 
 class ClientImpl final : public BackendClient {
  public:
-  ClientImpl() : BackendClient(nullptr) {}
+  explicit ClientImpl(std::shared_ptr<transport::Backend> backend) : BackendClient(std::move(backend)) {}
 
   /// Over `backend`, or over one of its own made from cfg.backend when that is null.
   /// `members`: the replicated client's member set, named in each request (may be null).
@@ -46,11 +46,10 @@ class ClientImpl final : public BackendClient {
     KVS_RETURN_IF_ERROR(validate_id(cfg.name_space, kMaxNamespaceBytes, "namespace"));
     if (cfg.connections == 0 || cfg.connections > 64)
       return make_status(StatusCode::invalid_argument, "{} connections (1..64)", cfg.connections);
-    auto c = std::make_unique<ClientImpl>();
     if (!backend) {
       KVS_ASSIGN_OR_RETURN(backend, transport::create_backend(cfg.backend));
     }
-    c->backend_ = std::move(backend);
+    auto c = std::make_unique<ClientImpl>(std::move(backend));
     c->cfg_ = cfg;
     c->members_ = std::move(members);
     for (uint32_t i = 0; i < cfg.connections; ++i) {

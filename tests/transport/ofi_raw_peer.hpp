@@ -11,6 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include <netinet/in.h>
+
+#include <cstring>
+
+#include "tests/transport/free_port.hpp"
 #include "transport/common/address.hpp"
 #include "transport/ofi/ofi_handshake.hpp"
 
@@ -40,6 +45,26 @@ inline Result<RawOfiPeer> raw_ofi_peer(const LibfabricSettings& settings, const 
   p.server = p.server_entry.addr();
   KVS_ASSIGN_OR_RETURN(p.greeted, ofi::say_hello(*p.ep, p.server, address, deadline_in(std::chrono::seconds(30)), {}));
   return p;
+}
+
+/// Sends the listener, from `p`'s endpoint and under the hello tag with connection
+/// field `conn`, a hello of `magic` (kHelloMagic, or kVerifyMagic for a question) and
+/// `nonce` whose address is `p`'s with a port where nothing listens: an answer to it
+/// cannot be delivered. Only for providers whose names are socket addresses.
+inline Status send_hello_from_nowhere(RawOfiPeer& p, uint32_t magic, uint64_t nonce, uint32_t conn) {
+  KVS_ASSIGN_OR_RETURN(auto op, ofi::hello_op(*p.ep, magic, nonce));
+  ofi::Hello h{};
+  std::memcpy(&h, op->buf.get(), sizeof h);
+  sockaddr_in in{};
+  std::memcpy(&in, h.addr, sizeof in);
+  in.sin_port = htons(free_port());
+  std::memcpy(h.addr, &in, sizeof in);
+  std::memcpy(op->buf.get(), &h, sizeof h);
+  KVS_ASSIGN_OR_RETURN(void* desc, p.ep->local_desc(*op));
+  KVS_RETURN_IF_ERROR(p.ep->post_send(op, op->buf.get(), sizeof h, desc, p.server,
+                                      ofi::make_tag(ofi::MsgType::hello, conn), deadline_in(std::chrono::seconds(10)),
+                                      {}));
+  return p.ep->wait([&] { return op->done.load(); }, deadline_in(std::chrono::seconds(10)), nullptr, "hello");
 }
 
 /// A libfabric listener that keeps accepting on a thread of its own, as a node does

@@ -5,7 +5,6 @@
 // process closed, a peer here that goes. The fixture and its instantiation are
 // test_ofi.cpp's (ofi_test_util.hpp).
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 
 #include <atomic>
 #include <filesystem>
@@ -226,23 +225,9 @@ TEST_P(LibfabricProvider, HellosFromPeersThatCannotBeReachedHoldUpNoOtherClient)
   auto peer = (*node)->raw_peer();
   ASSERT_TRUE(peer.ok()) << peer.status().to_string();
   if (!(*peer)->core->sockaddr_names()) GTEST_SKIP() << GetParam() << " names are no socket addresses";
-  auto& ep = (*peer)->ep;
   for (uint32_t i = 0; i < 3; ++i) {
-    auto hello = ofi::hello_op(*ep, ofi::kHelloMagic, 0x6000 + i);
-    ASSERT_TRUE(hello.ok()) << hello.status().to_string();
-    ofi::Hello h{};
-    std::memcpy(&h, (*hello)->buf.get(), sizeof h);
-    sockaddr_in in{};
-    std::memcpy(&in, h.addr, sizeof in);
-    in.sin_port = htons(test_util::free_port());  // nothing listens there
-    std::memcpy(h.addr, &in, sizeof in);
-    std::memcpy((*hello)->buf.get(), &h, sizeof h);
-    auto desc = ep->local_desc(**hello);
-    ASSERT_TRUE(desc.ok());
-    ASSERT_TRUE(ep->post_send(*hello, (*hello)->buf.get(), sizeof h, *desc, (*peer)->server,
-                              ofi::make_tag(ofi::MsgType::hello, 0), deadline_in(10s), {})
-                    .ok());
-    ASSERT_TRUE(ep->wait([&] { return (*hello)->done.load(); }, deadline_in(10s), nullptr, "hello").ok());
+    const Status sent = test_util::send_hello_from_nowhere(**peer, ofi::kHelloMagic, 0x6000 + i, 0);
+    ASSERT_TRUE(sent.ok()) << sent.to_string();
   }
   auto fresh = create_backend(ofi_config(GetParam()));
   ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();

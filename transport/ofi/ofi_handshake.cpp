@@ -84,6 +84,7 @@ void answer_verify(Endpoint& ep, const ProbeResponder& responder, const HelloQue
 
 Result<bool> step_handshake(Endpoint& ep, Handshake& hs) {
   const auto now = Clock::now();
+  if (!handshake_due(hs, now)) return false;
   if (!hs.posted && now >= hs.retry_at) {
     const ssize_t r = ep.try_send(hs.ack, hs.ack->buf.get(), sizeof(HelloAck), hs.desc, hs.peer, hs.tag);
     if (r == 0) {
@@ -100,7 +101,7 @@ Result<bool> step_handshake(Endpoint& ep, Handshake& hs) {
       hs.retry_at = now + hs.retry_gap;
     }
   }
-  if (hs.posted && hs.ack->done.load(std::memory_order_acquire)) {
+  if (hs.acked()) {
     if (hs.ack->err)
       return peer_fault(Side::accepted, StatusCode::unavailable, "libfabric: hello-ack to {} failed: {}",
                         hs.conn->describe(), fi_err(hs.ack->err));
@@ -113,8 +114,7 @@ Result<bool> step_handshake(Endpoint& ep, Handshake& hs) {
 }
 
 bool handshake_due(const Handshake& hs, Clock::time_point now) {
-  return (hs.posted && hs.ack->done.load(std::memory_order_acquire)) || (!hs.posted && now >= hs.retry_at) ||
-         now >= hs.give_up;
+  return hs.acked() || (!hs.posted && now >= hs.retry_at) || now >= hs.give_up;
 }
 
 Result<std::shared_ptr<Op>> hello_op(Endpoint& ep, uint32_t magic, uint64_t nonce) {

@@ -61,6 +61,9 @@ struct Handshake {
   // a gap that doubles up to 1 ms in the first 100 ms, up to 20 ms after.
   Deadline retry_at{};
   Clock::duration retry_gap{};
+
+  /// The ack was posted and has completed (well or not).
+  [[nodiscard]] bool acked() const { return posted && ack->done.load(std::memory_order_acquire); }
 };
 
 /// Makes the connection `hello` asks for, as connection `id` on the listener's

@@ -37,7 +37,7 @@ class OfiListener final : public Listener {
     // Handshakes no accept() finished: a connection whose ack completed says bye, the
     // others were never known to their peers.
     for (auto& hs : pending_)
-      if (!hs->posted || !hs->ack->done.load(std::memory_order_acquire)) hs->conn->never_acknowledged();
+      if (!hs->acked()) hs->conn->never_acknowledged();
     pending_.clear();
     {
       std::lock_guard lock(hellos_->mu);
