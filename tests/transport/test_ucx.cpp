@@ -3,9 +3,11 @@
 // are kvstream-perf's (perf/kvstream_perf.cpp: --backend ucx --ucx-tls tcp).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <thread>
+#include <vector>
 
 #include "kvstream/transport.hpp"
 #include "tests/transport/ucx_test_util.hpp"
@@ -358,6 +360,42 @@ TEST(ucx, AConnectionToAPeerWithoutKeysWorks) {
     expect_message(*client.conn, *server, fill(16, uint8_t(n)), fill(n, 1));
     expect_message(*server, *client.conn, fill(16, uint8_t(n + 1)), fill(n, 2));
   }
+}
+
+// Peers that make UCX's connection and never say hello (a hostile peer, a client that
+// died right after UCX's own setup) are set up beside the others, and a client that
+// comes after them connects. Before, the listener set up one request at a time, each
+// for up to its 10 s limit: the second silent peer waited that long for the node's
+// hello, and three held a client back for 30 s.
+TEST(ucx, PeersThatNeverSayHelloHoldUpNoOtherClient) {
+  if (!have_ucx()) GTEST_SKIP() << "ucx backend not built";
+  const BackendConfig cfg = ucx_config("tcp");
+  auto node = create_backend(cfg);
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto l = (*node)->listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  std::atomic<int> accepted{0};
+  std::vector<std::unique_ptr<Connection>> kept;
+  std::jthread acceptor([&](std::stop_token stop) {  // in short rounds, as the storage node's
+    while (!stop.stop_requested())
+      if (auto c = (*l)->accept(deadline_in(100ms), {}); c.ok()) kept.push_back(std::move(c).value()), ++accepted;
+  });
+  std::vector<std::unique_ptr<SilentPeer>> silent;
+  for (int i = 0; i < 3; ++i) {
+    auto p = SilentPeer::connect(cfg, (*l)->address());
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    silent.push_back(std::move(p).value());
+  }
+  for (size_t i = 0; i < silent.size(); ++i)
+    EXPECT_TRUE(silent[i]->hello_by(8s)) << "silent peer " << i << ": the node took its request only after the others'";
+  auto client = create_backend(cfg);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  auto c = (*client)->connect((*l)->address(), deadline_in(8s), {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  c->reset();
+  acceptor.request_stop();
+  acceptor.join();
+  EXPECT_EQ(accepted.load(), 1) << "the client; none of the silent peers";
 }
 #endif
 

@@ -220,6 +220,10 @@ Result<std::shared_ptr<ConnState>> begin_establish(Engine& eng, ucp_ep_params_t 
 Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engine>& eng,
                                                      const std::shared_ptr<ConnState>& cs, Deadline deadline,
                                                      const CancelToken* cancel);
+/// How a setup begin_establish started stands: nullopt while the peer's hello or the
+/// send of ours is outstanding, OK once both are done (finish_establish then returns
+/// at once), else why it failed. Requires mu.
+std::optional<Status> setup_outcome(const ConnState& cs);
 /// Closes a half-made connection (a listener dropping a setup that never finished).
 void abandon_establish(Engine& eng, const std::shared_ptr<ConnState>& cs, std::string_view why);
 

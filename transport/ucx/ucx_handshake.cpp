@@ -175,20 +175,20 @@ Result<std::unique_ptr<Connection>> establish(const std::shared_ptr<Engine>& eng
   return conn;
 }
 
+std::optional<Status> setup_outcome(const ConnState& cs) {
+  if (cs.failed) return cs.failure();
+  if (cs.hello_op.done && cs.hello_op.status != UCS_OK)
+    return peer_fault(cs.side, StatusCode::unavailable, "ucx: handshake with {} failed: {}", cs.peer,
+                      ucs_status_string(cs.hello_op.status));
+  if (cs.hello && cs.hello_op.done) return Status{};
+  return std::nullopt;
+}
+
 Result<std::unique_ptr<Connection>> finish_establish(const std::shared_ptr<Engine>& eng,
                                                      const std::shared_ptr<ConnState>& cs, Deadline deadline,
                                                      const CancelToken* cancel) {
   Engine& e = *eng;
-  Status s = e.wait(
-      [&]() -> std::optional<Status> {
-        if (cs->failed) return cs->failure();
-        if (cs->hello_op.done && cs->hello_op.status != UCS_OK)
-          return peer_fault(cs->side, StatusCode::unavailable, "ucx: handshake with {} failed: {}", cs->peer,
-                            ucs_status_string(cs->hello_op.status));
-        if (cs->hello && cs->hello_op.done) return Status{};
-        return std::nullopt;
-      },
-      deadline, cancel, cs->who, "connection setup");
+  Status s = e.wait([&] { return setup_outcome(*cs); }, deadline, cancel, cs->who, "connection setup");
   if (!s.ok()) {
     // A deadline or cancel leaves the setup to the caller (establish closes it, a
     // listener keeps it for its next accept); a failure closes it here.

@@ -1,13 +1,16 @@
 // Connection requests queue in the listener (UCX calls the handler inside progress,
-// with the engine mutex held); accept waits for one and runs the handshake on it. A
-// deadline or cancel that ends accept() while a taken request's handshake is still
-// running leaves that handshake pending: the next accept() finishes it first, so a
-// connection the client is already making is not reset because one accept round
-// ended (the storage node accepts in 200 ms rounds; on a loaded machine a setup can
-// outlast one). A setup not finished within kSetupLimit is dropped.
+// with the engine mutex held); accept takes them and steps their handshakes side by
+// side. A deadline or cancel that ends accept() leaves the handshakes it took pending:
+// the next accept() goes on with them, so a connection the client is already making is
+// not reset because one accept round ended (the storage node accepts in 200 ms rounds;
+// on a loaded machine a setup can outlast one). A setup not finished within
+// kSetupLimit is dropped.
 #include "transport/ucx/ucx_listener.hpp"
 
+#include <algorithm>
 #include <deque>
+#include <optional>
+#include <vector>
 
 #include "core/log.hpp"
 #include "transport/common/address.hpp"
@@ -30,29 +33,64 @@ class UcxListener final : public Listener {
       : eng_(std::move(eng)), ls_(std::move(ls)), addr_(std::move(addr)), who_("ucx " + addr_) {}
 
   ~UcxListener() override {
-    if (setup_) abandon_establish(*eng_, setup_, "the listener closed during connection setup");
+    for (auto& s : setups_) abandon_establish(*eng_, s.cs, "the listener closed during connection setup");
     std::lock_guard lk(eng_->mu);
     for (auto* r : ls_->pending) ucp_listener_reject(ls_->h, r);
     ls_->pending.clear();
     ucp_listener_destroy(ls_->h);
   }
 
+  /// Requests are taken as they come and their handshakes stepped side by side (at
+  /// most kMaxSetups at once), so a peer that connects and never says hello (a hostile
+  /// one, or a client that died after UCX's own connection setup) holds up none of the
+  /// others. Before, one setup at a time: each such peer held the accept loop for
+  /// kSetupLimit while every later client waited behind it.
+  /// The caller's deadline bounds the wait for a connection, not the life of a setup
+  /// already taken: a request taken from the queue is the client's only one.
   Result<std::unique_ptr<Connection>> accept(Deadline deadline, const CancelToken& cancel) override {
-    if (!setup_) KVS_RETURN_IF_ERROR(take_request(deadline, cancel));
-    const Deadline until = std::min(deadline, setup_give_up_);
-    auto conn = finish_establish(eng_, setup_, until, &cancel);
-    if (conn.ok() || (conn.status().code() != StatusCode::timed_out && conn.status().code() != StatusCode::cancelled)) {
-      setup_.reset();  // made, or failed and closed by finish_establish
-      return conn;
+    for (;;) {
+      // The first setup that finished is this call's connection; one that failed or
+      // ran out of time is dropped, and its error returned when none finished (the
+      // caller logs it).
+      Status dropped;
+      const auto now = Clock::now();
+      for (auto it = setups_.begin(); it != setups_.end();) {
+        if (!it->outcome && now < it->give_up) {
+          ++it;
+          continue;
+        }
+        Setup s = std::move(*it);
+        it = setups_.erase(it);
+        if (!s.outcome)
+          s.outcome = peer_fault(Side::accepted, StatusCode::unavailable,
+                                 "ucx: connection setup with {} did not finish in {} s", s.cs->peer,
+                                 kSetupLimit.count());
+        if (s.outcome->ok()) return finish_establish(eng_, s.cs, now, &cancel);  // settled: at once
+        abandon_establish(*eng_, s.cs, s.outcome->message());
+        if (dropped.ok()) dropped = *s.outcome;
+      }
+      KVS_RETURN_IF_ERROR(dropped);
+      ucp_conn_request_h req = nullptr;
+      KVS_RETURN_IF_ERROR(eng_->wait(
+          [&]() -> std::optional<Status> {
+            bool settled = false;
+            for (auto& s : setups_) {
+              if (!s.outcome) s.outcome = setup_outcome(*s.cs);
+              settled |= s.outcome.has_value();
+            }
+            if (setups_.size() < kMaxSetups && !ls_->pending.empty()) {
+              req = ls_->pending.front();
+              ls_->pending.pop_front();
+              return Status{};
+            }
+            const auto t = Clock::now();
+            if (settled || std::any_of(setups_.begin(), setups_.end(), [&](const Setup& s) { return t >= s.give_up; }))
+              return Status{};
+            return std::nullopt;
+          },
+          deadline, &cancel, who_, "accept"));
+      if (req) KVS_RETURN_IF_ERROR(take_request(req));
     }
-    if (Clock::now() >= setup_give_up_) {
-      auto st = peer_fault(Side::accepted, StatusCode::unavailable,
-                           "ucx: connection setup with {} did not finish in {} s", setup_->peer, kSetupLimit.count());
-      abandon_establish(*eng_, setup_, st.message());
-      setup_.reset();
-      return st;
-    }
-    return conn.status();  // the caller's deadline or cancel: the setup stays pending
   }
 
   [[nodiscard]] std::string address() const override { return addr_; }
@@ -64,22 +102,21 @@ class UcxListener final : public Listener {
 
  private:
   static constexpr std::chrono::seconds kSetupLimit{10};
+  static constexpr size_t kMaxSetups = 64;  // setups stepped at once; later requests wait
 
-  // Waits for a connection request and starts its handshake (setup_).
-  Status take_request(Deadline deadline, const CancelToken& cancel) {
+  /// A taken request's handshake.
+  struct Setup {
+    std::shared_ptr<ConnState> cs;
+    Clock::time_point give_up;
+    std::optional<Status> outcome;  // setup_outcome once it settled
+  };
+
+  /// Makes the endpoint for request `req` and sends the hello (a new Setup).
+  Status take_request(ucp_conn_request_h req) {
     Engine& e = *eng_;
-    KVS_RETURN_IF_ERROR(e.wait(
-        [&]() -> std::optional<Status> {
-          if (!ls_->pending.empty()) return Status{};
-          return std::nullopt;
-        },
-        deadline, &cancel, who_, "accept"));
-    ucp_conn_request_h req;
     std::string peer = "?";
     {
       std::lock_guard lk(e.mu);
-      req = ls_->pending.front();
-      ls_->pending.pop_front();
       ucp_conn_request_attr_t attr{};
       attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
       if (ucp_conn_request_query(req, &attr) == UCS_OK) peer = format_address(attr.client_address);
@@ -87,14 +124,13 @@ class UcxListener final : public Listener {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     params.conn_request = req;
-    KVS_ASSIGN_OR_RETURN(setup_, begin_establish(e, params, peer, Side::accepted));
-    setup_give_up_ = Clock::now() + kSetupLimit;
+    KVS_ASSIGN_OR_RETURN(auto cs, begin_establish(e, params, peer, Side::accepted));
+    setups_.push_back(Setup{std::move(cs), Clock::now() + kSetupLimit, std::nullopt});
     return {};
   }
 
   std::shared_ptr<Engine> eng_;
-  std::shared_ptr<ConnState> setup_;  // a taken request whose handshake an accept deadline interrupted
-  Clock::time_point setup_give_up_{};
+  std::vector<Setup> setups_;  // taken requests whose handshakes have not settled, oldest first
   std::unique_ptr<ListenState> ls_;
   std::string addr_;
   std::string who_;
