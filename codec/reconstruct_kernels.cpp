@@ -44,7 +44,9 @@ KVS_CLONED_FOR_SIMD void dequant_portable(const int8_t* __restrict q, const floa
 #if defined(__x86_64__)
 // GCC 12 warns falsely inside its own AVX-512 headers (GCC bug 105593).
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // a GCC-only warning: clang warns of the unknown name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // The same with 512-bit vectors (the compiler's AVX-512 clone above keeps to 256 bits
 // and widens int8 in three shuffles).
 __attribute__((target("avx512f"))) void dequant_avx512(const int8_t* q, const float* pred, const float* step,

@@ -22,7 +22,9 @@ __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* s, uint16
 }
 // GCC 12 warns falsely inside its own AVX-512 headers (GCC bug 105593).
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // a GCC-only warning: clang warns of the unknown name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // The same conversion 16 lanes at a time (AVX-512F has the 512-bit form of vcvtps2ph).
 __attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* s, uint16_t* d, size_t n) {
   size_t i = 0;

@@ -42,7 +42,7 @@ class HashRing {
   /// of address sets), max/mean load about 1.05 on 100 nodes; the ring holds 16 KiB
   /// per node (a client keeps 4 rings: 6.5 MB at 100 nodes; prefer 256 from about
   /// 1000 nodes, where the keys' own spread dominates).
-  static constexpr uint32_t kDefaultVirtualNodes = 1024;
+  static constexpr uint32_t kDefaultVirtualNodes = cluster::kDefaultVirtualNodes;
   explicit HashRing(uint32_t virtual_nodes = kDefaultVirtualNodes);
 
   /// Adds a node. Errors: already_exists, invalid_argument (empty address).

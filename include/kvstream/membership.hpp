@@ -39,6 +39,11 @@ struct EtcdConfig {
   std::chrono::milliseconds request_timeout{2000};
 };
 
+/// The ring points per node that nodes (RebalanceConfig) and clients (ClusterConfig,
+/// HashRing) default to: one constant, so both place every chunk on the same nodes
+/// (why 1024: HashRing, cluster.hpp).
+inline constexpr uint32_t kDefaultVirtualNodes = 1024;
+
 /// A storage node's part in etcd membership (ServerConfig::membership; off while
 /// etcd.endpoints is empty). The node registers `advertise` under a lease and follows
 /// the member set. After every change it copies each chunk it holds and is the sender
@@ -57,7 +62,7 @@ struct RebalanceConfig {
   /// R and the ring's points per node: as the clients' ClusterConfig, so nodes and
   /// clients place every chunk on the same nodes.
   uint32_t replication = 2;
-  uint32_t virtual_nodes = 1024;
+  uint32_t virtual_nodes = kDefaultVirtualNodes;
   /// Bound on the copy rate of one node (bytes of chunks per second; 0: none), so a
   /// rebalance leaves room for the traffic of serving.
   uint64_t bytes_per_second = uint64_t(64) << 20;

@@ -18,9 +18,6 @@ namespace kvstream::cluster {
 using namespace std::chrono_literals;
 using transport::Clock;
 
-static_assert(RebalanceConfig{}.virtual_nodes == HashRing::kDefaultVirtualNodes,
-              "nodes and clients must default to the same ring");
-
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
