@@ -79,14 +79,10 @@ class SilentPeer {
   ~SilentPeer() {
     if (!ep_) return;
     std::lock_guard lk(eng_->mu);
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* r = ucp_ep_close_nbx(ep_, &p);
-    if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+    transport::ucx_detail::force_close_endpoint(ep_);
   }
 
-  /// Whether the listener's hello came by `deadline` (the worker progressed meanwhile).
+  /// Whether the listener's hello came within `limit` (the worker progressed meanwhile).
   bool hello_by(std::chrono::milliseconds limit) {
     return eng_->wait_quiet([&] { return hello_seen_.load(); }, limit);
   }

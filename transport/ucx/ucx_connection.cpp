@@ -99,13 +99,17 @@ void close_conn(Engine& eng, const std::shared_ptr<ConnState>& cs) {
   }
 }
 
-void UcxConnection::force_close_locked() {
-  destroy_rkeys_locked(*cs_);
+void force_close_endpoint(ucp_ep_h ep) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* r = ucp_ep_close_nbx(cs_->ep, &p);
+  void* r = ucp_ep_close_nbx(ep, &p);
   if (r && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+}
+
+void UcxConnection::force_close_locked() {
+  destroy_rkeys_locked(*cs_);
+  force_close_endpoint(cs_->ep);
   eng_->by_ep.erase(cs_->ep);
   cs_->ep = nullptr;
 }

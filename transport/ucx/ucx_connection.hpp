@@ -231,6 +231,10 @@ void abandon_establish(Engine& eng, const std::shared_ptr<ConnState>& cs, std::s
 /// state whose requests did not finish goes to the graveyard (ucx_connection.cpp).
 void close_conn(Engine& eng, const std::shared_ptr<ConnState>& cs);
 
+/// Closes `ep` at once, without waiting for its peer or its requests (UCX frees the
+/// close request when it completes). Requires mu.
+void force_close_endpoint(ucp_ep_h ep);
+
 /// The endpoint's error handler: the peer failed (ucx_connection.cpp).
 void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
 
